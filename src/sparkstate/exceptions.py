@@ -1,0 +1,85 @@
+"""The exceptions sparkstate raises.
+
+Every error is one of ours and also the builtin a caller would catch anyway::
+
+    SparkstateError
+    ├── ConfigurationError (ValueError)          bad option, unknown provider, unsupported query
+    ├── StateStoreError
+    │   ├── StateFileError (OSError)              a durable file cannot be used
+    │   │   ├── CorruptStateFileError             checksum, truncation, bad header
+    │   │   └── MissingVersionError (FileNotFoundError)
+    │   ├── SchemaMismatchError (ValueError)      key/value schema or partition layout changed
+    │   ├── ProviderMismatchError (ValueError)    checkpoint written by another provider
+    │   ├── StoreLockedError (TimeoutError)       another live writer holds the partition
+    │   └── StoreClosedError (RuntimeError)       store used after commit/abort/close
+    └── QueryError (RuntimeError)                 a streaming query failed or cannot start
+        └── CheckpointInUseError                  a second query on the same checkpoint
+
+Messages name the store, the version and the file involved, so that an operator of a production
+pipeline can act on the message alone.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointInUseError",
+    "ConfigurationError",
+    "CorruptStateFileError",
+    "MissingVersionError",
+    "ProviderMismatchError",
+    "QueryError",
+    "SchemaMismatchError",
+    "SparkstateError",
+    "StateFileError",
+    "StateStoreError",
+    "StoreClosedError",
+    "StoreLockedError",
+]
+
+
+class SparkstateError(Exception):
+    """Base class of every error raised by sparkstate."""
+
+
+class ConfigurationError(SparkstateError, ValueError):
+    """An option, provider name or query shape that sparkstate cannot run."""
+
+
+class StateStoreError(SparkstateError):
+    """A state store could not do what was asked."""
+
+
+class StateFileError(StateStoreError, OSError):
+    """A durable state file is missing, unreadable or damaged."""
+
+
+class CorruptStateFileError(StateFileError):
+    """A durable file failed its checksum, is truncated or has a bad header."""
+
+
+class MissingVersionError(StateFileError, FileNotFoundError):
+    """The files needed to load a version do not exist."""
+
+
+class SchemaMismatchError(StateStoreError, ValueError):
+    """The key/value schema or partition layout differs from the one on the checkpoint."""
+
+
+class ProviderMismatchError(StateStoreError, ValueError):
+    """The checkpoint was written by a different state store provider."""
+
+
+class StoreLockedError(StateStoreError, TimeoutError):
+    """Another live process holds the lock on a store's local directory."""
+
+
+class StoreClosedError(StateStoreError, RuntimeError):
+    """A store was used after it committed, aborted or was closed."""
+
+
+class QueryError(SparkstateError, RuntimeError):
+    """A streaming query failed, or cannot start as configured."""
+
+
+class CheckpointInUseError(QueryError):
+    """Another running query already uses this checkpoint location."""

@@ -1,0 +1,433 @@
+"""The state store contract: a versioned, partitioned key-value store of typed rows.
+
+A provider owns the durable files of one store (one operator partition); a store is one version of it
+opened for reading and writing by one task. Batch ``b`` opens version ``b`` and commits ``b + 1``.
+
+Providers implement a small byte-level core (``raw_*`` methods over *physical keys*, which are an
+encoded column-family prefix followed by the order-preserving key encoding) plus ``_commit`` and
+``_abort``. Everything typed (schemas, codecs, column families, batch calls over Arrow) lives here,
+once, for every provider.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError, StoreClosedError
+from sparkstate.store.codec import KeyCodec, ValueCodec
+
+__all__ = [
+    "DEFAULT_CF",
+    "ColumnFamily",
+    "KeyRows",
+    "Row",
+    "StateStore",
+    "StateStoreProvider",
+    "StoreConf",
+    "StoreId",
+    "StoreMetrics",
+    "cf_prefix",
+]
+
+DEFAULT_CF = "default"
+MAX_CF_NAME_BYTES = 200
+
+Row = tuple[Any, ...]
+KeyRows = Sequence[Row] | pa.Table | pa.RecordBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreId:
+    """Names one store: an operator's partition under a checkpoint root (a path or URI)."""
+
+    checkpoint_root: str
+    operator_id: int
+    partition_id: int
+    store_name: str = DEFAULT_CF
+
+    def __str__(self) -> str:
+        return (
+            f"StateStore[op={self.operator_id}, part={self.partition_id}, "
+            f"name={self.store_name}, root={self.checkpoint_root}]"
+        )
+
+    @property
+    def relative_dir(self) -> str:
+        """``state/<op>/<part>[/<store>]`` under the checkpoint root."""
+        base = f"state/{self.operator_id}/{self.partition_id}"
+        return base if self.store_name == DEFAULT_CF else f"{base}/{self.store_name}"
+
+
+def _default_local_dir() -> str:
+    return os.environ.get("SPARKSTATE_LOCAL_DIR") or os.path.join(
+        tempfile.gettempdir(), f"sparkstate-{os.getuid()}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConf:
+    """Settings of a provider. Defaults work out of the box; every field is validated."""
+
+    min_deltas_for_snapshot: int = 10
+    min_versions_to_retain: int = 100
+    compression: str = "zstd"
+    local_dir: str = dataclasses.field(default_factory=_default_local_dir)
+    block_cache_mb: int = 64
+    write_buffer_mb: int = 64
+    lock_timeout_s: float = 120.0
+    num_partitions: int | None = None
+    #: Memory provider: how many recent versions to keep in memory.
+    max_versions_in_memory: int = 2
+
+    def __post_init__(self) -> None:
+        if self.min_deltas_for_snapshot < 1:
+            msg = f"min_deltas_for_snapshot must be >= 1, got {self.min_deltas_for_snapshot}"
+            raise ConfigurationError(msg)
+        if self.min_versions_to_retain < 1:
+            msg = f"min_versions_to_retain must be >= 1, got {self.min_versions_to_retain}"
+            raise ConfigurationError(msg)
+        if self.compression not in ("zstd", "lz4", "none"):
+            msg = f"compression must be 'zstd', 'lz4' or 'none', got {self.compression!r}"
+            raise ConfigurationError(msg)
+        for name in ("block_cache_mb", "write_buffer_mb"):
+            if getattr(self, name) < 1:
+                msg = f"{name} must be >= 1 MB, got {getattr(self, name)}"
+                raise ConfigurationError(msg)
+        if self.num_partitions is not None and self.num_partitions < 1:
+            msg = f"num_partitions must be >= 1, got {self.num_partitions}"
+            raise ConfigurationError(msg)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> StoreConf:
+        """Build from string options (as given to ``.option(...)``); unknown keys are an error."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in options.items():
+            if key not in fields:
+                msg = f"unknown state store option {key!r}; known: {sorted(fields)}"
+                raise ConfigurationError(msg)
+            default = fields[key].default
+            try:
+                if isinstance(default, bool):
+                    kwargs[key] = str(raw).lower() in ("1", "true", "yes")
+                elif isinstance(default, int) or key == "num_partitions":
+                    kwargs[key] = int(raw)
+                elif isinstance(default, float):
+                    kwargs[key] = float(raw)
+                else:
+                    kwargs[key] = str(raw)
+            except ValueError as exc:
+                msg = f"state store option {key}={raw!r} is not a valid value"
+                raise ConfigurationError(msg) from exc
+        return cls(**kwargs)
+
+
+@dataclasses.dataclass
+class StoreMetrics:
+    """What one store did in one version, in the names of Spark's ``stateOperators`` progress."""
+
+    num_keys: int = 0
+    num_updated: int = 0
+    num_removed: int = 0
+    memory_used_bytes: int = 0
+    commit_time_ms: int = 0
+    load_time_ms: int = 0
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def cf_prefix(name: str) -> bytes:
+    """The physical key prefix of a column family: one length byte, then the UTF-8 name.
+
+    The default family has the empty name, so its prefix is the single byte ``0x00``.
+    """
+    raw = b"" if name == DEFAULT_CF else name.encode("utf-8")
+    if len(raw) > MAX_CF_NAME_BYTES:
+        msg = f"column family name {name!r} is longer than {MAX_CF_NAME_BYTES} bytes"
+        raise ConfigurationError(msg)
+    return bytes([len(raw)]) + raw
+
+
+class ColumnFamily:
+    """A typed keyspace of a store: its codecs and physical key prefix."""
+
+    def __init__(self, name: str, key_schema: pa.Schema, value_schema: pa.Schema) -> None:
+        self.name = name
+        self.key_schema = key_schema
+        self.value_schema = value_schema
+        self.prefix = cf_prefix(name)
+        self.key_codec = KeyCodec(key_schema)
+        self.value_codec = ValueCodec(value_schema)
+
+    def physical_key(self, key: Row) -> bytes:
+        return self.prefix + self.key_codec.encode(key)
+
+    def physical_keys(self, keys: KeyRows) -> list[bytes]:
+        p = self.prefix
+        return [p + k for k in self.key_codec.encode_many(keys)]
+
+    def end_of_family(self) -> bytes:
+        """The smallest physical key greater than every key of this family."""
+        return _successor(self.prefix)
+
+
+def _successor(prefix: bytes) -> bytes:
+    """Smallest byte string greater than every string that starts with ``prefix``."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return b"\xff" * (len(prefix) + 1)
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+class StateStore(ABC):
+    """One version of a store, opened by one task. Commit or abort ends it.
+
+    Reads see the writes made earlier in the same version. Range scans are ordered by key value
+    (the key codec preserves order). After ``commit()`` or ``abort()`` the store cannot be used.
+    """
+
+    def __init__(
+        self, store_id: StoreId, version: int, families: dict[str, ColumnFamily], *, read_only: bool
+    ) -> None:
+        self.id = store_id
+        self.version = version
+        self._families = families
+        self._read_only = read_only
+        self._done = False
+        self._committed = False
+        self._num_updated = 0
+        self._num_removed = 0
+        #: Set by ``commit()``: the checkpoint id of the committed version ``version + 1``.
+        self.checkpoint_id: str | None = None
+
+    # --- provider core -------------------------------------------------------------------------
+
+    @abstractmethod
+    def raw_get(self, key: bytes) -> bytes | None: ...
+
+    def raw_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [self.raw_get(k) for k in keys]
+
+    @abstractmethod
+    def raw_put(self, key: bytes, value: bytes) -> None: ...
+
+    def raw_put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        for k, v in zip(keys, values, strict=True):
+            self.raw_put(k, v)
+
+    @abstractmethod
+    def raw_delete(self, key: bytes) -> None: ...
+
+    def raw_delete_many(self, keys: Sequence[bytes]) -> None:
+        for k in keys:
+            self.raw_delete(k)
+
+    @abstractmethod
+    def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Pairs with ``start <= key < end`` in ascending byte order, pending writes included."""
+
+    @abstractmethod
+    def raw_num_keys(self) -> int:
+        """Number of live keys over all families, pending writes included (may be an estimate)."""
+
+    @abstractmethod
+    def _commit(self) -> None:
+        """Make version ``self.version + 1`` durable and visible; set ``self.checkpoint_id``."""
+
+    @abstractmethod
+    def _abort(self) -> None:
+        """Discard pending writes."""
+
+    def _custom_metrics(self) -> dict[str, float]:
+        return {}
+
+    def _memory_used_bytes(self) -> int:
+        return 0
+
+    # --- typed API -------------------------------------------------------------------------------
+
+    @property
+    def has_committed(self) -> bool:
+        return self._committed
+
+    def column_family(self, name: str = DEFAULT_CF) -> ColumnFamily:
+        try:
+            return self._families[name]
+        except KeyError:
+            msg = f"{self.id}: no column family {name!r}; known: {sorted(self._families)}"
+            raise ConfigurationError(msg) from None
+
+    def _writable(self) -> None:
+        if self._done:
+            msg = f"{self.id} version {self.version} was already committed or aborted"
+            raise StoreClosedError(msg)
+        if self._read_only:
+            msg = f"{self.id} version {self.version} was opened read-only"
+            raise StoreClosedError(msg)
+
+    def _readable(self) -> None:
+        if self._done:
+            msg = f"{self.id} version {self.version} was already committed or aborted"
+            raise StoreClosedError(msg)
+
+    def get(self, key: Row, cf: str = DEFAULT_CF) -> Row | None:
+        self._readable()
+        fam = self.column_family(cf)
+        raw = self.raw_get(fam.physical_key(key))
+        return None if raw is None else fam.value_codec.decode(raw)
+
+    def put(self, key: Row, value: Row, cf: str = DEFAULT_CF) -> None:
+        self._writable()
+        fam = self.column_family(cf)
+        self.raw_put(fam.physical_key(key), fam.value_codec.encode(value))
+        self._num_updated += 1
+
+    def remove(self, key: Row, cf: str = DEFAULT_CF) -> None:
+        self._writable()
+        fam = self.column_family(cf)
+        self.raw_delete(fam.physical_key(key))
+        self._num_removed += 1
+
+    def get_many(self, keys: KeyRows, cf: str = DEFAULT_CF) -> list[Row | None]:
+        self._readable()
+        fam = self.column_family(cf)
+        return fam.value_codec.decode_many(self.raw_get_many(fam.physical_keys(keys)))
+
+    def put_many(self, keys: KeyRows, values: KeyRows, cf: str = DEFAULT_CF) -> None:
+        self._writable()
+        fam = self.column_family(cf)
+        pkeys = fam.physical_keys(keys)
+        encoded = fam.value_codec.encode_many(values)
+        if len(pkeys) != len(encoded):
+            msg = f"{self.id}: put_many got {len(pkeys)} keys but {len(encoded)} values"
+            raise ValueError(msg)
+        self.raw_put_many(pkeys, encoded)
+        self._num_updated += len(pkeys)
+
+    def remove_many(self, keys: KeyRows, cf: str = DEFAULT_CF) -> None:
+        self._writable()
+        fam = self.column_family(cf)
+        pkeys = fam.physical_keys(keys)
+        self.raw_delete_many(pkeys)
+        self._num_removed += len(pkeys)
+
+    def iterator(self, cf: str = DEFAULT_CF) -> Iterator[tuple[Row, Row]]:
+        """Every (key, value) of a family, in key order."""
+        self._readable()
+        fam = self.column_family(cf)
+        return self._decode_scan(fam, fam.prefix, fam.end_of_family())
+
+    def prefix_scan(self, prefix: Row, cf: str = DEFAULT_CF) -> Iterator[tuple[Row, Row]]:
+        """Pairs whose key starts with the values of ``prefix`` (the first ``len(prefix)`` columns)."""
+        self._readable()
+        fam = self.column_family(cf)
+        start = fam.prefix + fam.key_codec.encode_prefix(prefix)
+        return self._decode_scan(fam, start, _successor(start))
+
+    def range_scan(
+        self, start: Row | None = None, end: Row | None = None, cf: str = DEFAULT_CF
+    ) -> Iterator[tuple[Row, Row]]:
+        """Pairs with ``start <= key < end`` in key order; a bound may be a key prefix or None."""
+        self._readable()
+        fam = self.column_family(cf)
+        lo = fam.prefix if start is None else fam.prefix + fam.key_codec.encode_prefix(start)
+        hi = fam.end_of_family() if end is None else fam.prefix + fam.key_codec.encode_prefix(end)
+        return self._decode_scan(fam, lo, hi)
+
+    def _decode_scan(
+        self, fam: ColumnFamily, start: bytes, end: bytes
+    ) -> Iterator[tuple[Row, Row]]:
+        skip = len(fam.prefix)
+        kdec, vdec = fam.key_codec.decode, fam.value_codec.decode
+        for k, v in self.raw_scan(start, end):
+            yield kdec(k[skip:]), vdec(v)
+
+    def commit(self) -> int:
+        """Make this version's writes durable as version ``version + 1`` and return that number."""
+        self._writable()
+        self._commit()
+        self._done = True
+        self._committed = True
+        return self.version + 1
+
+    def abort(self) -> None:
+        """Discard this version's writes. Safe to call more than once and after a failed commit."""
+        if self._done and self._committed:
+            return
+        if not self._done:
+            self._abort()
+        self._done = True
+
+    def metrics(self) -> StoreMetrics:
+        return StoreMetrics(
+            num_keys=self.raw_num_keys(),
+            num_updated=self._num_updated,
+            num_removed=self._num_removed,
+            memory_used_bytes=self._memory_used_bytes(),
+            custom=self._custom_metrics(),
+        )
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._committed:
+            self.abort()
+
+
+class StateStoreProvider(ABC):
+    """Owns the durable files of one store and hands out versions of it."""
+
+    #: Name recorded in ``_schema.json``; a checkpoint written by another provider is refused.
+    name: ClassVar[str]
+
+    @abstractmethod
+    def init(
+        self,
+        store_id: StoreId,
+        key_schema: pa.Schema,
+        value_schema: pa.Schema,
+        conf: StoreConf | None = None,
+        column_families: dict[str, tuple[pa.Schema, pa.Schema]] | None = None,
+    ) -> None:
+        """Bind to a store; check (or write, on first use) its ``_schema.json``."""
+
+    @abstractmethod
+    def get_store(self, version: int, checkpoint_id: str | None = None) -> StateStore:
+        """Open ``version`` for writing. ``checkpoint_id`` picks the lineage (None: the newest)."""
+
+    @abstractmethod
+    def get_read_store(self, version: int, checkpoint_id: str | None = None) -> StateStore:
+        """Open ``version`` read-only."""
+
+    @abstractmethod
+    def latest_version(self) -> int:
+        """Newest committed version on durable storage (0 if none)."""
+
+    @abstractmethod
+    def last_checkpoint_id(self) -> str | None:
+        """Checkpoint id of the version this provider committed last, for the engine's commit log."""
+
+    @abstractmethod
+    def do_maintenance(self) -> None:
+        """Take due snapshots and delete versions and files no longer needed."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release local resources (open databases, locks). Durable files stay."""
+
+    @classmethod
+    def supported_custom_metrics(cls) -> list[str]:
+        return []
+
+    def __enter__(self) -> StateStoreProvider:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
