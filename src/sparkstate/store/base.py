@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
@@ -205,6 +206,9 @@ class StateStore(ABC):
         self._num_removed = 0
         #: Set by ``commit()``: the checkpoint id of the committed version ``version + 1``.
         self.checkpoint_id: str | None = None
+        #: Providers set the load time; ``commit()`` measures the commit time.
+        self.load_time_ms = 0
+        self.commit_time_ms = 0
 
     # --- provider core -------------------------------------------------------------------------
 
@@ -351,7 +355,9 @@ class StateStore(ABC):
     def commit(self) -> int:
         """Make this version's writes durable as version ``version + 1`` and return that number."""
         self._writable()
+        start = time.perf_counter()
         self._commit()
+        self.commit_time_ms = int((time.perf_counter() - start) * 1000)
         self._done = True
         self._committed = True
         return self.version + 1
@@ -370,6 +376,8 @@ class StateStore(ABC):
             num_updated=self._num_updated,
             num_removed=self._num_removed,
             memory_used_bytes=self._memory_used_bytes(),
+            commit_time_ms=self.commit_time_ms,
+            load_time_ms=self.load_time_ms,
             custom=self._custom_metrics(),
         )
 

@@ -1,0 +1,178 @@
+"""The one I/O boundary to durable storage: a directory behind ``pyarrow.fs``.
+
+Local paths, ``file://`` and ``s3://`` URIs (with ``?endpoint_override=...&scheme=http`` for an S3
+endpoint of your own) work; so does anything else ``pyarrow.fs.FileSystem.from_uri`` knows.
+
+A file becomes visible only once it is complete: on a file system with rename, it is written to a
+temporary name and renamed; on an object store, a single-object put is atomic by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import uuid
+
+import pyarrow.fs as pafs
+
+from sparkstate.exceptions import ConfigurationError, MissingVersionError, StateFileError
+
+__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry"]
+
+#: Files whose name starts with this are being written; readers ignore them, maintenance deletes
+#: old ones.
+TMP_PREFIX = ".tmp-"
+_COPY_CHUNK = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    name: str
+    size: int
+    mtime_s: float
+
+
+def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in uri:
+        path = os.path.abspath(uri)
+        return pafs.LocalFileSystem(), path
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (ValueError, OSError) as exc:
+        msg = f"cannot use {uri!r} as a state location: {exc}"
+        raise ConfigurationError(msg) from exc
+    return fs, path.rstrip("/")
+
+
+class DurableDir:
+    """A directory on durable storage. Names passed to methods are relative to it."""
+
+    def __init__(
+        self, uri: str, *, _fs: pafs.FileSystem | None = None, _path: str | None = None
+    ) -> None:
+        self.uri = uri.rstrip("/")
+        if _fs is not None and _path is not None:
+            self.fs, self.path = _fs, _path
+        else:
+            self.fs, self.path = _resolve(uri)
+        self._renames = isinstance(self.fs, pafs.LocalFileSystem)
+        self._made = False
+
+    def child(self, *parts: str) -> DurableDir:
+        sub = "/".join(p.strip("/") for p in parts if p)
+        return DurableDir(f"{self.uri}/{sub}", _fs=self.fs, _path=f"{self.path}/{sub}")
+
+    def where(self, name: str) -> str:
+        """The full URI of a file, for messages."""
+        return f"{self.uri}/{name}"
+
+    def _full(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def _ensure_dir(self) -> None:
+        if not self._made:
+            self.fs.create_dir(self.path, recursive=True)
+            self._made = True
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        """Write ``name`` so that readers see either nothing or the whole file."""
+        try:
+            self._ensure_dir()
+            if self._renames:
+                tmp = self._full(f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+                with self.fs.open_output_stream(tmp) as out:
+                    out.write(data)
+                self.fs.move(tmp, self._full(name))
+            else:
+                with self.fs.open_output_stream(self._full(name)) as out:
+                    out.write(data)
+        except OSError as exc:
+            msg = f"cannot write {self.where(name)}: {exc}"
+            raise StateFileError(msg) from exc
+
+    def write_if_absent(self, name: str, data: bytes) -> bool:
+        """Write ``name`` unless it exists; True if this call wrote it (best effort on S3)."""
+        if self.exists(name):
+            return False
+        self.write_atomic(name, data)
+        return True
+
+    def read(self, name: str) -> bytes:
+        try:
+            with self.fs.open_input_stream(self._full(name)) as src:
+                data: bytes = src.read()
+                return data
+        except FileNotFoundError as exc:
+            msg = f"missing state file {self.where(name)}"
+            raise MissingVersionError(msg) from exc
+        except OSError as exc:
+            if "not exist" in str(exc) or "NoSuchKey" in str(exc):
+                msg = f"missing state file {self.where(name)}"
+                raise MissingVersionError(msg) from exc
+            msg = f"cannot read {self.where(name)}: {exc}"
+            raise StateFileError(msg) from exc
+
+    def exists(self, name: str) -> bool:
+        info = self.fs.get_file_info(self._full(name))
+        return bool(info.type != pafs.FileType.NotFound)
+
+    def list(self, *, include_tmp: bool = False) -> list[FileEntry]:
+        """Files directly in this directory (none if it does not exist)."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        except OSError as exc:
+            msg = f"cannot list {self.uri}: {exc}"
+            raise StateFileError(msg) from exc
+        out = []
+        for info in infos:
+            if info.type != pafs.FileType.File:
+                continue
+            if not include_tmp and info.base_name.startswith(TMP_PREFIX):
+                continue
+            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            out.append(FileEntry(info.base_name, info.size or 0, mtime))
+        return out
+
+    def delete(self, name: str) -> None:
+        """Delete ``name``; a file that is already gone is fine."""
+        try:
+            self.fs.delete_file(self._full(name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if not self.exists(name):
+                return
+            msg = f"cannot delete {self.where(name)}: {exc}"
+            raise StateFileError(msg) from exc
+
+    def upload(self, local_path: str, name: str) -> int:
+        """Copy a local file to ``name`` atomically; returns the bytes copied."""
+        try:
+            self._ensure_dir()
+            target = (
+                self._full(f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+                if self._renames
+                else self._full(name)
+            )
+            with open(local_path, "rb") as src, self.fs.open_output_stream(target) as out:
+                shutil.copyfileobj(src, out, _COPY_CHUNK)
+            if self._renames:
+                self.fs.move(target, self._full(name))
+            return os.path.getsize(local_path)
+        except OSError as exc:
+            msg = f"cannot upload {local_path} to {self.where(name)}: {exc}"
+            raise StateFileError(msg) from exc
+
+    def download(self, name: str, local_path: str) -> int:
+        """Copy ``name`` to a local file; returns the bytes copied."""
+        try:
+            with self.fs.open_input_stream(self._full(name)) as src, open(local_path, "wb") as out:
+                shutil.copyfileobj(src, out, _COPY_CHUNK)
+            return os.path.getsize(local_path)
+        except FileNotFoundError as exc:
+            msg = f"missing state file {self.where(name)}"
+            raise MissingVersionError(msg) from exc
+        except OSError as exc:
+            msg = f"cannot download {self.where(name)} to {local_path}: {exc}"
+            raise StateFileError(msg) from exc

@@ -1,0 +1,183 @@
+"""Names of a store's durable files, the index of what exists, and the ``_schema.json`` check.
+
+Every file a commit writes is named ``<version>_<checkpoint id>.<ext>``. Checkpoint ids are fresh per
+attempt and sort by creation time, so zombie or retried attempts never overwrite each other and,
+without an engine saying which attempt won, the newest complete attempt of a version is the one
+loaded (Spark's last-writer-wins for a re-run batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from sparkstate.exceptions import (
+    MissingVersionError,
+    ProviderMismatchError,
+    SchemaMismatchError,
+)
+from sparkstate.store.durable import DurableDir, FileEntry
+
+__all__ = [
+    "SCHEMA_FILE",
+    "VersionIndex",
+    "VersionRef",
+    "check_schema_file",
+    "file_name",
+    "new_checkpoint_id",
+    "parse_file_name",
+]
+
+SCHEMA_FILE = "_schema.json"
+CODEC_VERSION = 1
+_NAME = re.compile(r"^(\d+)_([0-9a-f]{16}[0-9a-f]{8})\.([a-z]+)$")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class VersionRef:
+    """One committed attempt of a version: its number and checkpoint id."""
+
+    version: int
+    checkpoint_id: str
+
+    def __str__(self) -> str:
+        return f"{self.version}_{self.checkpoint_id}"
+
+
+def new_checkpoint_id() -> str:
+    """A fresh id that sorts after every id made earlier in this or another process."""
+    return f"{time.time_ns():016x}{os.urandom(4).hex()}"
+
+
+def file_name(ref: VersionRef, ext: str) -> str:
+    return f"{ref.version}_{ref.checkpoint_id}.{ext}"
+
+
+def parse_file_name(name: str) -> tuple[VersionRef, str] | None:
+    m = _NAME.match(name)
+    if m is None:
+        return None
+    return VersionRef(int(m.group(1)), m.group(2)), m.group(3)
+
+
+class VersionIndex:
+    """What versioned files exist in a store directory, from one listing."""
+
+    def __init__(self, entries: list[FileEntry]) -> None:
+        self.files: dict[VersionRef, dict[str, FileEntry]] = {}
+        self.others: list[FileEntry] = []
+        for entry in entries:
+            parsed = parse_file_name(entry.name)
+            if parsed is None:
+                self.others.append(entry)
+                continue
+            ref, ext = parsed
+            self.files.setdefault(ref, {})[ext] = entry
+
+    @classmethod
+    def scan(cls, directory: DurableDir) -> VersionIndex:
+        return cls(directory.list())
+
+    def has(self, ref: VersionRef, ext: str) -> bool:
+        return ext in self.files.get(ref, {})
+
+    def refs(self, ext: str) -> list[VersionRef]:
+        return sorted(r for r, exts in self.files.items() if ext in exts)
+
+    def latest(self, ext: str) -> VersionRef | None:
+        """The newest attempt of the highest version that has a file of ``ext``."""
+        refs = self.refs(ext)
+        return refs[-1] if refs else None
+
+    def resolve(self, version: int, checkpoint_id: str | None, ext: str, where: str) -> VersionRef:
+        """The attempt of ``version`` to load: the one named, else the newest with ``ext``."""
+        if checkpoint_id is not None:
+            ref = VersionRef(version, checkpoint_id)
+            if not self.files.get(ref):
+                msg = f"{where}: version {version} has no attempt {checkpoint_id} on durable storage"
+                raise MissingVersionError(msg)
+            return ref
+        candidates = [r for r in self.refs(ext) if r.version == version]
+        candidates += [r for r in self.refs("snapshot") if r.version == version]
+        if not candidates:
+            latest = self.latest(ext)
+            newest = latest.version if latest else 0
+            msg = (
+                f"{where}: version {version} does not exist on durable storage "
+                f"(newest committed version: {newest})"
+            )
+            raise MissingVersionError(msg)
+        return max(candidates)
+
+
+def _schema_json(schema: pa.Schema) -> list[list[Any]]:
+    return [[f.name, str(f.type), f.nullable] for f in schema]
+
+
+def schema_description(
+    provider: str,
+    families: dict[str, tuple[pa.Schema, pa.Schema]],
+    num_partitions: int | None,
+) -> dict[str, Any]:
+    return {
+        "provider": provider,
+        "codec_version": CODEC_VERSION,
+        "num_partitions": num_partitions,
+        "column_families": {
+            name: {"key": _schema_json(k), "value": _schema_json(v)}
+            for name, (k, v) in sorted(families.items())
+        },
+    }
+
+
+def check_schema_file(directory: DurableDir, expected: dict[str, Any], where: str) -> None:
+    """Write ``_schema.json`` on first use; on later opens fail clearly on any difference.
+
+    Column families not yet recorded are added (a new state variable is not a mismatch).
+    """
+    if not directory.exists(SCHEMA_FILE):
+        directory.write_atomic(SCHEMA_FILE, json.dumps(expected, indent=2).encode())
+        return
+    found = json.loads(directory.read(SCHEMA_FILE))
+    file = directory.where(SCHEMA_FILE)
+    if found.get("provider") != expected["provider"]:
+        msg = (
+            f"{where}: the checkpoint was written by state store provider "
+            f"{found.get('provider')!r} but this query uses {expected['provider']!r} ({file}). "
+            "Use the original provider, or start from a new checkpoint location."
+        )
+        raise ProviderMismatchError(msg)
+    if found.get("num_partitions") != expected["num_partitions"]:
+        msg = (
+            f"{where}: the checkpoint has {found.get('num_partitions')} state partitions but "
+            f"this query uses {expected['num_partitions']} ({file}). The partition count is "
+            "fixed for the life of a checkpoint."
+        )
+        raise SchemaMismatchError(msg)
+    if found.get("codec_version") != expected["codec_version"]:
+        msg = f"{where}: unsupported state encoding version {found.get('codec_version')} ({file})"
+        raise SchemaMismatchError(msg)
+    known = found.get("column_families", {})
+    changed = False
+    for name, want in expected["column_families"].items():
+        have = known.get(name)
+        if have is None:
+            known[name] = want
+            changed = True
+            continue
+        for part in ("key", "value"):
+            if have[part] != want[part]:
+                msg = (
+                    f"{where}: the {part} schema of column family {name!r} changed: "
+                    f"checkpoint has {have[part]}, query has {want[part]} ({file})"
+                )
+                raise SchemaMismatchError(msg)
+    if changed:
+        found["column_families"] = known
+        directory.write_atomic(SCHEMA_FILE, json.dumps(found, indent=2).encode())

@@ -1,0 +1,188 @@
+"""What both built-in providers share: durable layout, schema check, changelogs, lineage, retention.
+
+A subclass says how it holds state in the worker and how it writes and reads a snapshot; this base
+owns which files exist, which of them a version needs, and which can go.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError, CorruptStateFileError
+from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
+from sparkstate.store.changelog import Changelog, decode_changelog, encode_changelog
+from sparkstate.store.durable import DurableDir
+from sparkstate.store.layout import (
+    VersionIndex,
+    VersionRef,
+    check_schema_file,
+    file_name,
+    schema_description,
+)
+from sparkstate.store.lineage import LoadPlan, plan_load
+
+__all__ = ["VersionedProvider"]
+
+log = logging.getLogger("sparkstate.store")
+T = TypeVar("T")
+
+#: Temporary files older than this are leftovers of a crashed writer and are deleted.
+STALE_TMP_S = 3600.0
+
+
+class VersionedProvider(StateStoreProvider):
+    """Base of providers that write one changelog per version and snapshots every N versions."""
+
+    delta_ext: ClassVar[str]
+    delta_kind: ClassVar[bytes]
+
+    def init(
+        self,
+        store_id: StoreId,
+        key_schema: pa.Schema,
+        value_schema: pa.Schema,
+        conf: StoreConf | None = None,
+        column_families: dict[str, tuple[pa.Schema, pa.Schema]] | None = None,
+    ) -> None:
+        if not key_schema:
+            msg = f"{store_id}: the key schema needs at least one column"
+            raise ConfigurationError(msg)
+        self.id = store_id
+        self.conf = conf or StoreConf()
+        specs = {DEFAULT_CF: (key_schema, value_schema), **(column_families or {})}
+        self.families = {n: ColumnFamily(n, k, v) for n, (k, v) in specs.items()}
+        self.dir = DurableDir(store_id.checkpoint_root).child(store_id.relative_dir)
+        self._check_schema()
+        self.where = str(store_id)
+        self._last_ref: VersionRef | None = None
+        self.corrupt_snapshots_skipped = 0
+
+    def _check_schema(self) -> None:
+        specs = {n: (f.key_schema, f.value_schema) for n, f in self.families.items()}
+        expected = schema_description(self.name, specs, self.conf.num_partitions)
+        check_schema_file(self.dir, expected, str(self.id))
+
+    def register_column_family(self, name: str, key_schema: pa.Schema, value_schema: pa.Schema) -> None:
+        """Add a column family (recorded in ``_schema.json``; a changed schema is an error)."""
+        fam = self.families.get(name)
+        if fam is not None and fam.key_schema == key_schema and fam.value_schema == value_schema:
+            return
+        self.families[name] = ColumnFamily(name, key_schema, value_schema)
+        self._check_schema()
+
+    # --- versions --------------------------------------------------------------------------------
+
+    def index(self) -> VersionIndex:
+        return VersionIndex.scan(self.dir)
+
+    def latest_version(self) -> int:
+        idx = self.index()
+        refs = idx.refs(self.delta_ext) + idx.refs("snapshot")
+        return max((r.version for r in refs), default=0)
+
+    def last_checkpoint_id(self) -> str | None:
+        return None if self._last_ref is None else self._last_ref.checkpoint_id
+
+    def resolve(self, version: int, checkpoint_id: str | None, index: VersionIndex) -> VersionRef | None:
+        """The attempt to load for ``version`` (None for the empty version 0)."""
+        if version < 0:
+            msg = f"{self.id}: version must be >= 0, got {version}"
+            raise ValueError(msg)
+        if version == 0:
+            return None
+        return index.resolve(version, checkpoint_id, self.delta_ext, self.where)
+
+    def write_changelog(
+        self,
+        ref: VersionRef,
+        parent: VersionRef | None,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+    ) -> int:
+        """Write the changelog of ``ref``; returns its size in bytes."""
+        header: dict[str, Any] = {
+            "version": ref.version,
+            "checkpoint_id": ref.checkpoint_id,
+            "parent": None if parent is None else [parent.version, parent.checkpoint_id],
+            "count": len(keys),
+        }
+        data = encode_changelog(self.delta_kind, header, keys, values, self.conf.compression)
+        self.dir.write_atomic(file_name(ref, self.delta_ext), data)
+        self._last_ref = ref
+        return len(data)
+
+    def read_changelog(self, ref: VersionRef) -> Changelog:
+        name = file_name(ref, self.delta_ext)
+        return decode_changelog(self.delta_kind, self.dir.read(name), self.dir.where(name))
+
+    def load(
+        self,
+        target: VersionRef | None,
+        index: VersionIndex,
+        load_snapshot: Callable[[VersionRef], T],
+        local: VersionRef | None = None,
+    ) -> tuple[LoadPlan, T | None]:
+        """Plan a load and read its snapshot; a corrupt snapshot is skipped for an older base."""
+        skip: set[VersionRef] = set()
+        while True:
+            plan = plan_load(
+                target,
+                index,
+                self.delta_ext,
+                self.read_changelog,
+                local=local,
+                skip_snapshots=frozenset(skip),
+                where=self.where,
+            )
+            if plan.snapshot is None:
+                return plan, None
+            try:
+                return plan, load_snapshot(plan.snapshot)
+            except CorruptStateFileError as exc:
+                skip.add(plan.snapshot)
+                self.corrupt_snapshots_skipped += 1
+                log.warning("%s: skipping corrupt snapshot %s: %s", self.where, plan.snapshot, exc)
+
+    # --- maintenance -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def _maybe_snapshot(self, index: VersionIndex) -> None:
+        """Write a snapshot of the newest version if enough changelogs piled up since the last."""
+
+    def _delete_orphans(self, index: VersionIndex, oldest_kept: int) -> None:
+        """Hook: delete provider-specific orphans (rocksdb: unreferenced SST files)."""
+
+    def do_maintenance(self) -> None:
+        index = self.index()
+        self._maybe_snapshot(index)
+        self.cleanup(self.index())
+
+    def cleanup(self, index: VersionIndex) -> list[str]:
+        """Delete versions older than ``min_versions_to_retain`` and stale temporary files."""
+        deleted: list[str] = []
+        refs = index.refs(self.delta_ext) + index.refs("snapshot")
+        if refs:
+            latest = max(r.version for r in refs)
+            min_keep = latest - self.conf.min_versions_to_retain + 1
+            base = [r.version for r in index.refs("snapshot") if r.version <= min_keep]
+            if base:
+                oldest_kept = max(base)
+                for ref, exts in index.files.items():
+                    if ref.version < oldest_kept:
+                        for ext in exts:
+                            name = file_name(ref, ext)
+                            self.dir.delete(name)
+                            deleted.append(name)
+                self._delete_orphans(index, oldest_kept)
+        now = time.time()
+        for entry in self.dir.list(include_tmp=True):
+            if entry.name.startswith(".tmp-") and now - entry.mtime_s > STALE_TMP_S:
+                self.dir.delete(entry.name)
+                deleted.append(entry.name)
+        return deleted
