@@ -1,7 +1,8 @@
 """The state store contract: a versioned, partitioned key-value store of typed rows.
 
-A provider owns the durable files of one store (one operator partition); a store is one version of it
-opened for reading and writing by one task. Batch ``b`` opens version ``b`` and commits ``b + 1``.
+A provider owns the durable files of one store (one operator partition); a store is one version
+of it, opened for reading and writing by one task. Batch ``b`` opens version ``b`` and commits
+``b + 1``.
 
 Providers implement a small byte-level core (``raw_*`` methods over *physical keys*, which are an
 encoded column-family prefix followed by the order-preserving key encoding) plus ``_commit`` and
@@ -328,7 +329,7 @@ class StateStore(ABC):
         return self._decode_scan(fam, fam.prefix, fam.end_of_family())
 
     def prefix_scan(self, prefix: Row, cf: str = DEFAULT_CF) -> Iterator[tuple[Row, Row]]:
-        """Pairs whose key starts with the values of ``prefix`` (the first ``len(prefix)`` columns)."""
+        """Pairs whose key starts with ``prefix`` (values of the first ``len(prefix)`` columns)."""
         self._readable()
         fam = self.column_family(cf)
         start = fam.prefix + fam.key_codec.encode_prefix(prefix)
@@ -420,7 +421,7 @@ class StateStoreProvider(ABC):
 
     @abstractmethod
     def last_checkpoint_id(self) -> str | None:
-        """Checkpoint id of the version this provider committed last, for the engine's commit log."""
+        """Checkpoint id of the version this provider committed last (for the commit log)."""
 
     @abstractmethod
     def do_maintenance(self) -> None:

@@ -45,9 +45,7 @@ def encode_changelog(
     values: Sequence[bytes | None],
     compression: str,
 ) -> bytes:
-    table = pa.table(
-        [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=_SCHEMA
-    )
+    table = pa.table([pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=_SCHEMA)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, _SCHEMA) as writer:
         writer.write_table(table, max_chunksize=1 << 20)

@@ -1,7 +1,7 @@
 """Names of a store's durable files, the index of what exists, and the ``_schema.json`` check.
 
-Every file a commit writes is named ``<version>_<checkpoint id>.<ext>``. Checkpoint ids are fresh per
-attempt and sort by creation time, so zombie or retried attempts never overwrite each other and,
+Every file a commit writes is named ``<version>_<checkpoint id>.<ext>``. Checkpoint ids are fresh
+per attempt and sort by creation time, so zombie or retried attempts never overwrite each other and,
 without an engine saying which attempt won, the newest complete attempt of a version is the one
 loaded (Spark's last-writer-wins for a re-run batch).
 """
@@ -100,7 +100,7 @@ class VersionIndex:
         if checkpoint_id is not None:
             ref = VersionRef(version, checkpoint_id)
             if not self.files.get(ref):
-                msg = f"{where}: version {version} has no attempt {checkpoint_id} on durable storage"
+                msg = f"{where}: version {version} has no attempt {checkpoint_id} on storage"
                 raise MissingVersionError(msg)
             return ref
         candidates = [r for r in self.refs(ext) if r.version == version]

@@ -1,7 +1,7 @@
 """Plan how to load a version: a base (empty, a snapshot, or the local copy) plus changelogs.
 
-Each changelog names its parent attempt, so the plan follows the committed lineage backwards from the
-requested attempt until it reaches version 0, a usable snapshot, or the attempt the local copy holds.
+Each changelog names its parent attempt, so the plan follows the committed lineage backwards from
+the requested attempt until it reaches version 0, a usable snapshot, or the local copy's attempt.
 """
 
 from __future__ import annotations

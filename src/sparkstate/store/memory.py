@@ -90,7 +90,7 @@ class MemoryStateStore(StateStore):
 
     def _custom_metrics(self) -> dict[str, float]:
         return {
-                        "deltaBytesWritten": self._delta_bytes,
+            "deltaBytesWritten": self._delta_bytes,
             "corruptSnapshotsSkipped": self._provider.corrupt_snapshots_skipped,
         }
 
@@ -135,10 +135,8 @@ class MemoryStateStoreProvider(VersionedProvider):
             older = [r for r in self._cache if r is not None and r.version < target.version]
             local = max(older) if older else None
             plan, snap = self.load(target, index, self._read_snapshot, local=local)
-            if plan.from_local and local is not None:
-                data = dict(self._cache[local])
-            else:
-                data = snap or {}
+            from_local = plan.from_local and local is not None
+            data = dict(self._cache[local]) if from_local and local else (snap or {})
             for _, log in plan.changelogs:
                 for k, v in zip(log.keys, log.values, strict=True):
                     if v is None:

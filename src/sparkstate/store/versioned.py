@@ -68,7 +68,9 @@ class VersionedProvider(StateStoreProvider):
         expected = schema_description(self.name, specs, self.conf.num_partitions)
         check_schema_file(self.dir, expected, str(self.id))
 
-    def register_column_family(self, name: str, key_schema: pa.Schema, value_schema: pa.Schema) -> None:
+    def register_column_family(
+        self, name: str, key_schema: pa.Schema, value_schema: pa.Schema
+    ) -> None:
         """Add a column family (recorded in ``_schema.json``; a changed schema is an error)."""
         fam = self.families.get(name)
         if fam is not None and fam.key_schema == key_schema and fam.value_schema == value_schema:
@@ -89,7 +91,9 @@ class VersionedProvider(StateStoreProvider):
     def last_checkpoint_id(self) -> str | None:
         return None if self._last_ref is None else self._last_ref.checkpoint_id
 
-    def resolve(self, version: int, checkpoint_id: str | None, index: VersionIndex) -> VersionRef | None:
+    def resolve(
+        self, version: int, checkpoint_id: str | None, index: VersionIndex
+    ) -> VersionRef | None:
         """The attempt to load for ``version`` (None for the empty version 0)."""
         if version < 0:
             msg = f"{self.id}: version must be >= 0, got {version}"
