@@ -1,0 +1,49 @@
+"""``sparkstate`` command line: ``demo``, ``bench``, ``inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+#: bench name -> module with ``run(args) -> int`` and ``add_arguments(parser)``.
+BENCHES = {
+    "store": "sparkstate.bench.store",
+    "aggregate": "sparkstate.bench.aggregate",
+    "arbitrary": "sparkstate.bench.arbitrary",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparkstate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the demo streaming pipeline")
+    demo.add_argument("--out", default=None, help="directory for output and checkpoints")
+    demo.add_argument("--batches", type=int, default=None, help="number of input batches")
+    demo.add_argument("--store-only", action="store_true", help="run the state store demo only")
+
+    bench = sub.add_parser("bench", help="run a benchmark against Spark's built-ins")
+    bench.add_argument("name", choices=sorted(BENCHES))
+    bench.add_argument("--quick", action="store_true", help="smaller sizes for a fast run")
+    bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
+    bench.add_argument("--systems", default=None, help="comma-separated subset of systems")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "demo":
+        module = importlib.import_module("sparkstate.demo")
+        return int(module.run(args))
+    if args.command == "bench":
+        module = importlib.import_module(BENCHES[args.name])
+        return int(module.run(args))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

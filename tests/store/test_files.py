@@ -1,0 +1,103 @@
+"""Durable files: frames, changelogs, names, the version index, the schema check."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from sparkstate.exceptions import (
+    CorruptStateFileError,
+    MissingVersionError,
+    ProviderMismatchError,
+    SchemaMismatchError,
+)
+from sparkstate.store.changelog import decode_changelog, encode_changelog
+from sparkstate.store.durable import DurableDir
+from sparkstate.store.frames import decode_frame, encode_frame
+from sparkstate.store.layout import (
+    VersionIndex,
+    VersionRef,
+    check_schema_file,
+    file_name,
+    new_checkpoint_id,
+    parse_file_name,
+    schema_description,
+)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
+def test_frame_round_trip(codec: str) -> None:
+    payload = b"state" * 1000
+    assert decode_frame(b"TEST", encode_frame(b"TEST", payload, codec), "f") == payload
+
+
+def test_frame_detects_truncation_bit_flips_and_wrong_kind() -> None:
+    data = encode_frame(b"TEST", b"x" * 5000, "zstd")
+    with pytest.raises(CorruptStateFileError, match="truncated.*file-a"):
+        decode_frame(b"TEST", data[:-3], "file-a")
+    with pytest.raises(CorruptStateFileError, match="truncated"):
+        decode_frame(b"TEST", data[:10], "file-a")
+    flipped = bytearray(data)
+    flipped[-5] ^= 0x10
+    with pytest.raises(CorruptStateFileError, match="checksum.*file-b"):
+        decode_frame(b"TEST", bytes(flipped), "file-b")
+    with pytest.raises(CorruptStateFileError, match="expected"):
+        decode_frame(b"OTHR", data, "file-c")
+
+
+def test_changelog_round_trip_keeps_deletes_and_parent() -> None:
+    header = {"version": 3, "checkpoint_id": "abc", "parent": [2, "def"], "count": 3}
+    data = encode_changelog(b"CLOG", header, [b"a", b"b", b""], [b"1", None, b"3"], "zstd")
+    log = decode_changelog(b"CLOG", data, "x")
+    assert log.keys == [b"a", b"b", b""]
+    assert log.values == [b"1", None, b"3"]
+    assert log.parent == (2, "def")
+
+
+def test_checkpoint_ids_sort_by_creation_and_names_parse() -> None:
+    ids = [new_checkpoint_id() for _ in range(100)]
+    assert ids == sorted(ids)
+    ref = VersionRef(12, ids[0])
+    assert parse_file_name(file_name(ref, "delta")) == (ref, "delta")
+    assert parse_file_name("12_nothex.delta") is None
+    assert parse_file_name("_schema.json") is None
+
+
+def test_atomic_write_leaves_no_temporary_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d = DurableDir(str(tmp_path / "a"))
+    d.write_atomic("f", b"1")
+    d.write_atomic("f", b"2")
+    assert d.read("f") == b"2"
+    assert [e.name for e in d.list(include_tmp=True)] == ["f"]
+    with pytest.raises(MissingVersionError, match="missing state file"):
+        d.read("nope")
+    assert d.list() == [] or d.child("sub").list() == []
+
+
+def test_index_resolves_newest_attempt_and_names_missing_versions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d = DurableDir(str(tmp_path))
+    first, second = VersionRef(1, new_checkpoint_id()), VersionRef(1, new_checkpoint_id())
+    for ref in (first, second):
+        d.write_atomic(file_name(ref, "delta"), b"")
+    index = VersionIndex.scan(d)
+    assert index.resolve(1, None, "delta", "store") == second
+    assert index.resolve(1, first.checkpoint_id, "delta", "store") == first
+    with pytest.raises(MissingVersionError, match="version 5 does not exist.*newest committed"):
+        index.resolve(5, None, "delta", "store")
+
+
+def test_schema_file_refuses_changes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    d = DurableDir(str(tmp_path))
+    k, v = pa.schema([("k", pa.int64())]), pa.schema([("v", pa.string())])
+    check_schema_file(d, schema_description("memory", {"default": (k, v)}, 4), "s")
+    check_schema_file(d, schema_description("memory", {"default": (k, v)}, 4), "s")
+    with pytest.raises(ProviderMismatchError, match="'memory' but this query uses 'rocksdb'"):
+        check_schema_file(d, schema_description("rocksdb", {"default": (k, v)}, 4), "s")
+    with pytest.raises(SchemaMismatchError, match="4 state partitions.*uses 8"):
+        check_schema_file(d, schema_description("memory", {"default": (k, v)}, 8), "s")
+    with pytest.raises(SchemaMismatchError, match="key schema of column family 'default'"):
+        check_schema_file(d, schema_description("memory", {"default": (v, v)}, 4), "s")
+    more = {"default": (k, v), "timers": (k, k)}
+    check_schema_file(d, schema_description("memory", more, 4), "s")
+    with pytest.raises(SchemaMismatchError, match="'timers'"):
+        check_schema_file(d, schema_description("memory", {"timers": (v, v)}, 4), "s")
