@@ -1,0 +1,14 @@
+"""Stateful operators over Arrow record batches and a state store. Imports no pyspark."""
+
+from sparkstate.operators.aggregate import AggregateFunction, StreamingAggregate
+from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
+from sparkstate.operators.dedup import Deduplicate
+
+__all__ = [
+    "AggregateFunction",
+    "BatchContext",
+    "Deduplicate",
+    "OperatorMetrics",
+    "StatefulOperator",
+    "StreamingAggregate",
+]

@@ -1,0 +1,281 @@
+"""Keyed streaming aggregation: merge each batch's partial aggregates into per-key state.
+
+Spark computes, per micro-batch, one row per distinct key holding partial aggregation buffers (a
+count, a sum, a min...). This operator merges those rows with the buffers kept in the store, writes
+the merged buffers back, and emits final values: the updated keys (update mode) or every key
+(complete mode). Types and null rules follow Spark: ``count`` is a long and never null, ``sum`` of
+nothing but nulls is null, ``avg`` is ``sum / count`` as a double, ``min``/``max`` ignore nulls and
+treat NaN as the largest double.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators._arrow import conform, is_late, lookup, max_event_time_ms, scan
+from sparkstate.operators.base import BatchContext, StatefulOperator, schema_to_json
+from sparkstate.store.base import StateStore
+
+__all__ = ["AGGREGATE_FUNCTIONS", "AggregateFunction", "StreamingAggregate"]
+
+#: Buffers of each function, in order: (suffix, merge kind).
+_BUFFERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "count": (("count", "count"),),
+    "sum": (("sum", "sum"),),
+    "min": (("min", "min"),),
+    "max": (("max", "max"),),
+    "avg": (("sum", "sum"), ("count", "count")),
+}
+AGGREGATE_FUNCTIONS = tuple(_BUFFERS)
+
+#: Hidden input column: rows of the raw input behind each partial row (for ``numInputRows``).
+ROWS_COLUMN = "__ss_rows"
+#: Hidden input column: largest event time behind each partial row (for the watermark).
+EVENT_TIME_COLUMN = "__ss_event_time"
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregateFunction:
+    """One aggregate of the query: its function, output column and types.
+
+    ``input_type`` is the type of the aggregated column (None for ``count(*)``); ``output_type`` is
+    the result type Spark gives it; buffer types follow from both.
+    """
+
+    func: str
+    output_name: str
+    output_type: pa.DataType
+    input_type: pa.DataType | None = None
+
+    def __post_init__(self) -> None:
+        if self.func not in _BUFFERS:
+            msg = (
+                f"aggregate {self.func!r} cannot be merged across batches; "
+                f"use one of {list(AGGREGATE_FUNCTIONS)}"
+            )
+            raise ConfigurationError(msg)
+
+    def buffer_types(self) -> list[pa.DataType]:
+        if self.func == "count":
+            return [pa.int64()]
+        if self.func == "avg":
+            return [pa.float64(), pa.int64()]
+        if self.func == "sum":
+            return [self.output_type]
+        assert self.input_type is not None or self.func in ("min", "max")
+        return [self.output_type]
+
+    def buffer_kinds(self) -> list[str]:
+        return [kind for _, kind in _BUFFERS[self.func]]
+
+    def describe(self) -> dict[str, Any]:
+        return {"func": self.func, "name": self.output_name, "type": str(self.output_type)}
+
+
+def buffer_column(index: int, func: str, part: int) -> str:
+    """Name of the ``part``-th buffer of the ``index``-th aggregate, in input batches and state."""
+    return f"__ss_agg{index}_{_BUFFERS[func][part][0]}"
+
+
+Merge = Callable[[pa.Array, pa.Array], pa.Array]
+
+
+def _merge_count(state: pa.Array, batch: pa.Array) -> pa.Array:
+    return pc.add_checked(pc.fill_null(state, 0), pc.fill_null(batch, 0))
+
+
+def _merge_sum(state: pa.Array, batch: pa.Array) -> pa.Array:
+    total = pc.add_checked(state, batch)
+    if total.type != state.type:  # decimal addition widens the precision by one
+        total = total.cast(state.type)
+    return pc.coalesce(total, state, batch)
+
+
+def _pick(better: Callable[[pa.Array, pa.Array], pa.Array]) -> Merge:
+    def merge(state: pa.Array, batch: pa.Array) -> pa.Array:
+        take_batch = pc.or_kleene(
+            pc.is_null(state), pc.and_kleene(pc.is_valid(batch), better(batch, state))
+        )
+        return pc.if_else(pc.fill_null(take_batch, False), batch, state)
+
+    return merge
+
+
+def _less(a: pa.Array, b: pa.Array) -> pa.Array:
+    if pa.types.is_floating(a.type):  # NaN is the largest value in Spark
+        nan_a, nan_b = pc.is_nan(a), pc.is_nan(b)
+        return pc.or_kleene(pc.less(a, b), pc.and_kleene(nan_b, pc.invert(nan_a)))
+    return pc.less(a, b)
+
+
+def _greater(a: pa.Array, b: pa.Array) -> pa.Array:
+    return _less(b, a)
+
+
+_MERGES: dict[str, Merge] = {
+    "count": _merge_count,
+    "sum": _merge_sum,
+    "min": _pick(_less),
+    "max": _pick(_greater),
+}
+
+
+class StreamingAggregate(StatefulOperator):
+    """``groupBy(keys).agg(...)`` over partial aggregates, one row per key and batch.
+
+    Input batches hold the key columns, the buffer columns named by :func:`buffer_column`, and
+    optionally ``__ss_rows`` (raw rows behind the partial row) and ``__ss_event_time`` (largest
+    event time behind it). ``watermark_key``, when set, names a key column holding event time:
+    partial rows at or below the watermark are dropped (counted as dropped by watermark) and, in
+    update mode, state rows at or below it are evicted, as Spark does.
+    """
+
+    kind: ClassVar[str] = "aggregate"
+    progress_name: ClassVar[str] = "stateStoreSave"
+    supported_output_modes: ClassVar[tuple[str, ...]] = ("update", "complete")
+
+    def __init__(
+        self,
+        key_schema: pa.Schema,
+        aggregates: list[AggregateFunction],
+        *,
+        output_schema: pa.Schema | None = None,
+        watermark_key: str | None = None,
+        has_event_time: bool = False,
+    ) -> None:
+        if not aggregates:
+            msg = "an aggregation needs at least one aggregate function"
+            raise ConfigurationError(msg)
+        if watermark_key is not None and watermark_key not in key_schema.names:
+            msg = f"watermark key {watermark_key!r} is not a grouping column of {key_schema.names}"
+            raise ConfigurationError(msg)
+        self.aggregates = list(aggregates)
+        self.key_schema = key_schema
+        self.watermark_key = watermark_key
+        self.has_event_time = has_event_time
+        self._buffers: list[tuple[str, str, pa.DataType]] = []  # (column, merge kind, type)
+        for i, agg in enumerate(self.aggregates):
+            for part, (kind, typ) in enumerate(
+                zip(agg.buffer_kinds(), agg.buffer_types(), strict=True)
+            ):
+                self._buffers.append((buffer_column(i, agg.func, part), kind, typ))
+        self.value_schema = pa.schema([pa.field(n, t) for n, _, t in self._buffers])
+        fields = list(key_schema) + [pa.field(n, t) for n, _, t in self._buffers]
+        fields.append(pa.field(ROWS_COLUMN, pa.int64()))
+        if has_event_time:
+            fields.append(pa.field(EVENT_TIME_COLUMN, pa.timestamp("us", tz="UTC")))
+        self.input_schema = pa.schema(fields)
+        default_output = pa.schema(
+            list(key_schema) + [pa.field(a.output_name, a.output_type) for a in self.aggregates]
+        )
+        self.output_schema = output_schema if output_schema is not None else default_output
+        if len(self.output_schema) != len(default_output):
+            msg = (
+                f"output schema has {len(self.output_schema)} columns, expected "
+                f"{len(default_output)} (keys, then one per aggregate)"
+            )
+            raise ConfigurationError(msg)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["aggregates"] = [a.describe() for a in self.aggregates]
+        out["watermark_key"] = self.watermark_key
+        out["output_schema"] = schema_to_json(self.output_schema)
+        return out
+
+    # --- processing ------------------------------------------------------------------------------
+
+    def process(
+        self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
+    ) -> Iterator[pa.RecordBatch]:
+        fam = store.column_family()
+        emit_updates = ctx.output_mode == "update"
+        m = ctx.metrics
+        drop_late = self.watermark_key is not None and ctx.watermark_ms > 0
+        drop_late = drop_late and ctx.output_mode != "complete"
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if ROWS_COLUMN in batch.schema.names:
+                m.num_input_rows += int(pc.sum(batch.column(ROWS_COLUMN)).as_py() or 0)
+            if EVENT_TIME_COLUMN in batch.schema.names:
+                m.observe_event_time(max_event_time_ms(batch.column(EVENT_TIME_COLUMN)))
+            if drop_late:
+                assert self.watermark_key is not None
+                late = is_late(batch.column(self.watermark_key), ctx.watermark_ms)
+                n_late = int(pc.sum(late.cast(pa.int64())).as_py() or 0)
+                if n_late:
+                    m.num_rows_dropped_by_watermark += n_late
+                    batch = batch.filter(pc.invert(late))
+                    if batch.num_rows == 0:
+                        continue
+            started = time.perf_counter()
+            keys = conform(batch, self.key_schema)
+            pkeys, state, _found = lookup(store, fam, pa.Table.from_batches([keys]))
+            merged = [
+                _MERGES[kind](state.column(name).combine_chunks(), _as_type(batch, name, typ))
+                for name, kind, typ in self._buffers
+            ]
+            values = pa.RecordBatch.from_arrays(merged, schema=self.value_schema)
+            store.raw_put_many(pkeys, fam.value_codec.encode_many(values))
+            m.num_rows_updated += len(pkeys)
+            m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
+            if emit_updates:
+                out = self._finish(keys, values)
+                m.num_output_rows += out.num_rows
+                yield out
+        if ctx.output_mode == "update" and self.watermark_key is not None and ctx.watermark_ms > 0:
+            self._evict(store, ctx)
+        if ctx.output_mode == "complete":
+            for _pkeys, keys_table, values_table in scan(store, fam):
+                out = self._finish(keys_table, values_table)
+                m.num_output_rows += out.num_rows
+                yield out
+
+    def _evict(self, store: StateStore, ctx: BatchContext) -> None:
+        """Remove state rows whose event-time key is at or below the watermark."""
+        assert self.watermark_key is not None
+        started = time.perf_counter()
+        fam = store.column_family()
+        doomed: list[bytes] = []
+        for pkeys, keys_table, _values in scan(store, fam):
+            late = is_late(keys_table.column(self.watermark_key), ctx.watermark_ms)
+            doomed.extend(k for k, d in zip(pkeys, late.to_pylist(), strict=True) if d)
+        if doomed:
+            store.raw_delete_many(doomed)
+            ctx.metrics.num_rows_removed += len(doomed)
+        ctx.metrics.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+
+    def _finish(
+        self, keys: pa.Table | pa.RecordBatch, values: pa.Table | pa.RecordBatch
+    ) -> pa.RecordBatch:
+        """Final output rows: the keys, then each aggregate's result from its buffers."""
+        columns: list[pa.Array | pa.ChunkedArray] = [
+            keys.column(i) for i in range(keys.num_columns)
+        ]
+        for i, agg in enumerate(self.aggregates):
+            first = values.column(buffer_column(i, agg.func, 0))
+            if agg.func == "count":
+                result = pc.fill_null(first, 0)
+            elif agg.func == "avg":
+                count = values.column(buffer_column(i, agg.func, 1))
+                nonzero = pc.greater(pc.fill_null(count, 0), 0)
+                quotient = pc.divide(first, pc.if_else(nonzero, count, 1).cast(pa.float64()))
+                result = pc.if_else(nonzero, quotient, pa.scalar(None, pa.float64()))
+            else:
+                result = first
+            columns.append(result)
+        table = pa.Table.from_arrays(columns, names=self.output_schema.names)
+        return conform(table, self.output_schema)
+
+
+def _as_type(batch: pa.RecordBatch, name: str, typ: pa.DataType) -> pa.Array:
+    col = batch.column(name)
+    return col if col.type == typ else col.cast(typ)
