@@ -1,0 +1,33 @@
+"""Test helpers for users of sparkstate: the provider contract suite and store factories.
+
+``StateStoreContract`` needs pytest; it is imported on first use, so that importing
+``sparkstate.testing`` for the other helpers does not.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from sparkstate.testing.factory import KEY_SCHEMA, VALUE_SCHEMA, ProviderFactory
+
+if TYPE_CHECKING:
+    from sparkstate.testing.contract import StateStoreContract
+
+__all__ = ["KEY_SCHEMA", "VALUE_SCHEMA", "ProviderFactory", "StateStoreContract"]
+
+_CONTRACT = "sparkstate.testing.contract"
+
+
+def __getattr__(name: str) -> Any:
+    if name != "StateStoreContract":
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    if _CONTRACT not in sys.modules:
+        import pytest
+
+        # Plain asserts in the suite then report the values compared, as in the user's own tests.
+        pytest.register_assert_rewrite(_CONTRACT)
+    from sparkstate.testing.contract import StateStoreContract
+
+    return StateStoreContract
