@@ -18,7 +18,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import pyarrow as pa
 
@@ -41,8 +41,8 @@ __all__ = [
 DEFAULT_CF = "default"
 MAX_CF_NAME_BYTES = 200
 
-Row = tuple[Any, ...]
-KeyRows = Sequence[Row] | pa.Table | pa.RecordBatch
+Row: TypeAlias = tuple[Any, ...]
+KeyRows: TypeAlias = Sequence[Row] | pa.Table | pa.RecordBatch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,9 +108,11 @@ class VersionedProvider(StateStoreProvider):
         parent: VersionRef | None,
         keys: Sequence[bytes],
         values: Sequence[bytes | None],
+        extra: dict[str, Any] | None = None,
     ) -> int:
-        """Write the changelog of ``ref``; returns its size in bytes."""
+        """Write the changelog of ``ref`` (``extra`` goes into its header); returns its size."""
         header: dict[str, Any] = {
+            **(extra or {}),
             "version": ref.version,
             "checkpoint_id": ref.checkpoint_id,
             "parent": None if parent is None else [parent.version, parent.checkpoint_id],

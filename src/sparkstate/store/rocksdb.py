@@ -1,0 +1,403 @@
+"""The ``rocksdb`` provider: a local RocksDB per partition, changelogs and shared-SST snapshots.
+
+The local database lives in an executor-level directory guarded by a file lock, so the Python
+worker processes of one executor take turns on a partition: a store holds the lock from
+``get_store`` until ``commit``/``abort``. Writes are buffered in an overlay that reads see; commit
+writes the version's changelog to durable storage first, then applies the overlay and the version
+marker to RocksDB in one WriteBatch (WAL off). A local copy at an older version on the requested
+lineage catches up by replaying changelogs; anything else restores from the nearest snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from sparkstate.exceptions import StateStoreError
+from sparkstate.store.base import StateStore, StoreConf, StoreId
+from sparkstate.store.layout import VersionIndex, VersionRef, new_checkpoint_id
+from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
+from sparkstate.store.rocksdb_snapshot import (
+    SST_DIR,
+    SstMap,
+    download_snapshot,
+    read_manifest,
+    upload_snapshot,
+)
+from sparkstate.store.versioned import VersionedProvider
+
+__all__ = ["RocksDBStateStore", "RocksDBStateStoreProvider"]
+
+log = logging.getLogger("sparkstate.store")
+_MISSING = object()
+
+
+class RocksDBStateStore(StateStore):
+    """One version over the local database plus an overlay of this version's writes."""
+
+    def __init__(
+        self,
+        provider: RocksDBStateStoreProvider,
+        base: VersionRef | None,
+        version: int,
+        db: LocalDB,
+        num_keys: int,
+        *,
+        read_only: bool,
+    ) -> None:
+        super().__init__(provider.id, version, provider.families, read_only=read_only)
+        self._provider = provider
+        self._base = base
+        self._db = db
+        self._pending: dict[bytes, bytes | None] = {}
+        #: Whether keys read from the database existed there, to count rows without extra reads.
+        self._existed: dict[bytes, bool] = {}
+        self._base_keys = num_keys
+        self._num_keys = num_keys
+        self._final: dict[str, float] = {}
+
+    def raw_get(self, key: bytes) -> bytes | None:
+        value = self._pending.get(key, _MISSING)
+        if value is not _MISSING:
+            return value  # type: ignore[return-value]
+        got = self._db.get(key)
+        self._existed[key] = got is not None
+        return got
+
+    def raw_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        pending = self._pending
+        misses = [k for k in keys if k not in pending] if pending else list(keys)
+        fetched = self._db.multi_get(misses)
+        self._existed.update(zip(misses, (v is not None for v in fetched), strict=True))
+        if not pending:
+            return fetched
+        found = dict(zip(misses, fetched, strict=True))
+        return [pending[k] if k in pending else found[k] for k in keys]
+
+    def raw_put(self, key: bytes, value: bytes) -> None:
+        self._pending[key] = value
+
+    def raw_put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        self._pending.update(zip(keys, values, strict=True))
+
+    def raw_delete(self, key: bytes) -> None:
+        self._pending[key] = None
+
+    def raw_delete_many(self, keys: Sequence[bytes]) -> None:
+        self._pending.update(dict.fromkeys(keys))
+
+    def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        pending = self._pending
+        overlay = sorted((k, v) for k, v in pending.items() if start <= k < end)
+        stored = ((k, v) for k, v in self._db.iterate(start, end) if k not in pending)
+        for k, v in heapq.merge(stored, overlay):
+            if v is not None:
+                yield k, v
+
+    def _count_after_writes(self) -> int:
+        """Exact number of keys once the overlay is applied (reads unknown existence in bulk)."""
+        unknown = [k for k in self._pending if k not in self._existed]
+        if unknown:
+            found = self._db.multi_get(unknown)
+            self._existed.update(zip(unknown, (v is not None for v in found), strict=True))
+        existed = self._existed
+        delta = 0
+        for k, v in self._pending.items():
+            if v is None:
+                delta -= existed[k]
+            else:
+                delta += not existed[k]
+        return self._base_keys + delta
+
+    def raw_num_keys(self) -> int:
+        if self._done:
+            return self._num_keys
+        return self._count_after_writes()
+
+    def _memory_used_bytes(self) -> int:
+        if self._final:
+            return int(self._final.get("memoryUsedBytes", 0))
+        return self._provider.memory_used_bytes(self._db)
+
+    def _custom_metrics(self) -> dict[str, float]:
+        return {
+            **self._provider.custom_metrics(),
+            **self._final,
+            "corruptSnapshotsSkipped": self._provider.corrupt_snapshots_skipped,
+        }
+
+    def _commit(self) -> None:
+        ref = VersionRef(self.version + 1, new_checkpoint_id())
+        self._num_keys = self._count_after_writes()
+        keys = list(self._pending)
+        values = list(self._pending.values())
+        changelog_bytes = self._provider.write_changelog(
+            ref, self._base, keys, values, {"num_keys": self._num_keys}
+        )
+        marker = {
+            "version": ref.version,
+            "checkpoint_id": ref.checkpoint_id,
+            "num_keys": self._num_keys,
+        }
+        self._db.apply_batch(self._pending, marker)
+        self.checkpoint_id = ref.checkpoint_id
+        self._final = {"changelogBytesWritten": changelog_bytes}
+        self._provider.after_commit(self, ref)
+
+    def _abort(self) -> None:
+        self._pending.clear()
+        self._provider.release()
+
+    def capture_final_metrics(self) -> None:
+        stats = self._db.memory_stats()
+        self._final.update({f"{k}": float(v) for k, v in stats.items()})
+        self._final["memoryUsedBytes"] = float(self._provider.memory_used_bytes(self._db))
+
+
+class RocksDBStateStoreProvider(VersionedProvider):
+    """State in a local RocksDB, durable as changelogs plus snapshots with shared SST files."""
+
+    name: ClassVar[str] = "rocksdb"
+    delta_ext: ClassVar[str] = "changelog"
+    delta_kind: ClassVar[bytes] = b"CLOG"
+    #: Unreferenced SST objects younger than this may belong to an upload in progress.
+    orphan_grace_s: ClassVar[float] = 600.0
+
+    def init(
+        self,
+        store_id: StoreId,
+        key_schema: pa.Schema,
+        value_schema: pa.Schema,
+        conf: StoreConf | None = None,
+        column_families: dict[str, tuple[pa.Schema, pa.Schema]] | None = None,
+    ) -> None:
+        super().init(store_id, key_schema, value_schema, conf, column_families)
+        root = store_id.checkpoint_root
+        if "://" not in root:
+            root = os.path.abspath(root)
+        key = local_key(root, store_id.operator_id, store_id.partition_id, store_id.store_name)
+        self.local = LocalStoreDir(self.conf.local_dir, key)
+        self.db_conf = LocalDBConf.from_store_conf(self.conf)
+        self._db: LocalDB | None = None
+        self._stats = {
+            "filesUploaded": 0,
+            "filesReused": 0,
+            "bytesUploaded": 0,
+            "bytesDownloaded": 0,
+            "changelogsReplayed": 0,
+            "restores": 0,
+        }
+
+    # --- local database lifetime -----------------------------------------------------------------
+
+    def _acquire(self) -> None:
+        if not self.local.held:
+            self.local.acquire(self.conf.lock_timeout_s, owner=str(self.id))
+
+    def release(self) -> None:
+        """Close the local database and let other worker processes take the partition."""
+        if self._db is not None:
+            with contextlib.suppress(StateStoreError):
+                self._db.close()
+            self._db = None
+        self.local.release()
+
+    def _open_local(self) -> tuple[LocalDB | None, VersionRef | None, int]:
+        """The local database if usable, the attempt it holds and its key count."""
+        if not os.path.exists(os.path.join(self.local.db_path, "CURRENT")):
+            return None, None, 0
+        try:
+            db = LocalDB(self.local.db_path, self.db_conf, create_if_missing=False)
+            marker = db.read_marker()
+        except StateStoreError as exc:
+            log.warning("%s: local database unusable, restoring: %s", self.id, exc)
+            return None, None, 0
+        if not marker or "version" not in marker:
+            db.close()
+            return None, None, 0
+        ref = (
+            VersionRef(int(marker["version"]), str(marker["checkpoint_id"]))
+            if marker.get("checkpoint_id")
+            else None
+        )
+        return db, ref, int(marker.get("num_keys", 0))
+
+    def _fresh_db(self, files: list[str] | None = None, source: str | None = None) -> LocalDB:
+        self.local.wipe_db()
+        sst_map = SstMap(self._sst_map_path())
+        if source is None:
+            sst_map.reset()
+            return LocalDB(self.local.db_path, self.db_conf)
+        os.replace(source, self.local.db_path)
+        return LocalDB.open_from_files(self.local.db_path, files or [], self.db_conf)
+
+    def _open(self, version: int, checkpoint_id: str | None, read_only: bool) -> RocksDBStateStore:
+        start = time.perf_counter()
+        self._acquire()
+        try:
+            store = self._load(version, checkpoint_id, read_only)
+        except BaseException:
+            self.release()
+            raise
+        store.load_time_ms = int((time.perf_counter() - start) * 1000)
+        return store
+
+    def _load(self, version: int, checkpoint_id: str | None, read_only: bool) -> RocksDBStateStore:
+        index = self.index()
+        target = self.resolve(version, checkpoint_id, index)
+        if self._db is not None:  # a store of this provider is still open in this process
+            self._db.close()
+            self._db = None
+        db, local_ref, num_keys = self._open_local()
+        if db is not None and local_ref == target:
+            self._db = db
+            return RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
+        usable = local_ref if db is not None and local_ref and target else None
+        if usable is not None and target is not None and usable.version >= target.version:
+            usable = None
+        plan, restored = (
+            self.load(target, index, self._download, local=usable) if target else (None, None)
+        )
+        if plan is not None and plan.from_local and db is not None:
+            self._db = db
+        else:
+            if db is not None:
+                db.close()
+            if restored is not None:
+                manifest, files, scratch = restored
+                self._db = self._fresh_db(files, scratch)
+                SstMap(self._sst_map_path()).reset(manifest["sst"])
+                num_keys = int(manifest.get("num_keys", 0))
+                self._stats["restores"] += 1
+            else:
+                self._db = self._fresh_db()
+                num_keys = 0
+                self._db.apply_batch({}, {"version": 0, "checkpoint_id": None, "num_keys": 0})
+        for ref, changelog in plan.changelogs if plan is not None else []:
+            num_keys = int(changelog.header.get("num_keys", num_keys))
+            marker = {
+                "version": ref.version,
+                "checkpoint_id": ref.checkpoint_id,
+                "num_keys": num_keys,
+            }
+            self._db.apply_batch(zip(changelog.keys, changelog.values, strict=True), marker)
+            self._stats["changelogsReplayed"] += 1
+        return RocksDBStateStore(self, target, version, self._db, num_keys, read_only=read_only)
+
+    def _sst_map_path(self) -> str:
+        return os.path.join(self.local.path, "sst_map.json")
+
+    def _download(self, ref: VersionRef) -> tuple[dict[str, Any], list[str], str]:
+        scratch = self.local.scratch_path(f"restore-{ref}")
+        manifest, files, nbytes = download_snapshot(self.dir, ref, scratch)
+        self._stats["bytesDownloaded"] += nbytes
+        return manifest, files, scratch
+
+    def get_store(self, version: int, checkpoint_id: str | None = None) -> RocksDBStateStore:
+        return self._open(version, checkpoint_id, read_only=False)
+
+    def get_read_store(self, version: int, checkpoint_id: str | None = None) -> RocksDBStateStore:
+        return self._open(version, checkpoint_id, read_only=True)
+
+    # --- commit, snapshots -----------------------------------------------------------------------
+
+    def after_commit(self, store: RocksDBStateStore, ref: VersionRef) -> None:
+        """Take a local checkpoint when a snapshot is due, capture metrics, release the lock."""
+        assert self._db is not None
+        if self._snapshot_due(ref):
+            scratch = self.local.scratch_path(f"pending-{ref}")
+            shutil.rmtree(scratch, ignore_errors=True)
+            self._db.create_checkpoint(scratch)
+        store.capture_final_metrics()
+        self.release()
+
+    def _snapshot_due(self, ref: VersionRef) -> bool:
+        index = self.index()
+        snaps = [r.version for r in index.refs("snapshot")]
+        pending = [int(n.split("_")[0].removeprefix("pending-")) for n in self._pending_snapshots()]
+        newest = max(snaps + pending, default=0)
+        return ref.version - newest >= self.conf.min_deltas_for_snapshot
+
+    def _pending_snapshots(self) -> list[str]:
+        scratch = os.path.dirname(self.local.scratch_path("x"))
+        try:
+            return sorted(n for n in os.listdir(scratch) if n.startswith("pending-"))
+        except FileNotFoundError:
+            return []
+
+    def _maybe_snapshot(self, index: VersionIndex) -> None:
+        """Upload local checkpoints taken at commit (claimed by rename, so one process does it)."""
+        for name in self._pending_snapshots():
+            src = self.local.scratch_path(name)
+            claimed = self.local.scratch_path(f"uploading-{os.getpid()}-{name}")
+            try:
+                os.rename(src, claimed)
+            except OSError:
+                continue
+            try:
+                version, ckpt = name.removeprefix("pending-").split("_")
+                ref = VersionRef(int(version), ckpt)
+                files = sorted(os.listdir(claimed))
+                sst_map = SstMap(self._sst_map_path())
+                extra = {"num_keys": self._num_keys_of(ref)}
+                up, reused, nbytes = upload_snapshot(
+                    self.dir, ref, claimed, files, sst_map, extra, self.conf.compression
+                )
+                self._stats["filesUploaded"] += up
+                self._stats["filesReused"] += reused
+                self._stats["bytesUploaded"] += nbytes
+            finally:
+                shutil.rmtree(claimed, ignore_errors=True)
+
+    def _num_keys_of(self, ref: VersionRef) -> int:
+        try:
+            return int(self.read_changelog(ref).header.get("num_keys", 0))
+        except StateStoreError:
+            return 0
+
+    def _delete_orphans(self, index: VersionIndex, oldest_kept: int) -> None:
+        referenced: set[str] = set()
+        for ref in index.refs("snapshot"):
+            if ref.version >= oldest_kept:
+                with contextlib.suppress(StateStoreError):
+                    referenced.update(
+                        e["object"] for e in read_manifest(self.dir, ref)["sst"].values()
+                    )
+        now = time.time()
+        sst_dir = self.dir.child(SST_DIR)
+        for entry in sst_dir.list():
+            if entry.name not in referenced and now - entry.mtime_s > self.orphan_grace_s:
+                sst_dir.delete(entry.name)
+
+    # --- metrics ---------------------------------------------------------------------------------
+
+    def memory_used_bytes(self, db: LocalDB) -> int:
+        stats = db.memory_stats()
+        return int(stats.get("memtable_bytes", 0)) + int(stats.get("table_readers_bytes", 0))
+
+    def custom_metrics(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self._stats.items()}
+
+    @classmethod
+    def supported_custom_metrics(cls) -> list[str]:
+        return [
+            "filesUploaded",
+            "filesReused",
+            "bytesUploaded",
+            "bytesDownloaded",
+            "changelogsReplayed",
+            "restores",
+            "changelogBytesWritten",
+            "corruptSnapshotsSkipped",
+        ]
+
+    def close(self) -> None:
+        self.release()

@@ -1,0 +1,152 @@
+"""RocksDB snapshots on durable storage: a manifest naming SST files uploaded once and shared.
+
+A snapshot of version ``v`` is a local RocksDB checkpoint (hard links, taken at commit while the
+database is at ``v``) that maintenance uploads later: every SST file not uploaded before goes to
+``sst/<name>-<uuid>.sst``; then ``<v>_<id>.snapshot`` is written, a framed JSON manifest listing
+the SST objects with sizes and CRC-32s, and the small files (MANIFEST, CURRENT, OPTIONS) inline.
+The manifest is written last, so a snapshot is visible only once all its files are.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import uuid
+import zlib
+from typing import Any
+
+from sparkstate.exceptions import CorruptStateFileError
+from sparkstate.store.durable import DurableDir
+from sparkstate.store.frames import decode_frame, encode_frame
+from sparkstate.store.layout import VersionRef, file_name
+
+__all__ = ["SstMap", "download_snapshot", "read_manifest", "upload_snapshot"]
+
+MANIFEST_KIND = b"RSNP"
+SST_DIR = "sst"
+_CHUNK = 8 << 20
+
+
+def _crc_file(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+class SstMap:
+    """Which durable object each local SST file of one database incarnation was uploaded as.
+
+    SST files are immutable and RocksDB never reuses a file number within a database, so
+    ``(local name, size)`` identifies the content; the map is reset whenever the local database
+    is wiped or restored (it then holds the restored snapshot's files).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: dict[str, dict[str, Any]] = {}
+        try:
+            with open(path) as f:
+                self.entries = json.load(f)
+        except (OSError, ValueError):
+            self.entries = {}
+
+    def save(self) -> None:
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.entries, f)
+        os.replace(tmp, self.path)
+
+    def reset(self, entries: dict[str, dict[str, Any]] | None = None) -> None:
+        self.entries = dict(entries or {})
+        self.save()
+
+
+def upload_snapshot(
+    store_dir: DurableDir,
+    ref: VersionRef,
+    checkpoint_dir: str,
+    files: list[str],
+    sst_map: SstMap,
+    extra: dict[str, Any],
+    compression: str,
+) -> tuple[int, int, int]:
+    """Upload a local checkpoint as the snapshot of ``ref``; returns (uploaded, reused, bytes)."""
+    sst_dir = store_dir.child(SST_DIR)
+    uploaded = reused = nbytes = 0
+    ssts: dict[str, dict[str, Any]] = {}
+    inline: dict[str, str] = {}
+    for name in files:
+        path = os.path.join(checkpoint_dir, name)
+        size = os.path.getsize(path)
+        if not name.endswith(".sst"):
+            with open(path, "rb") as f:
+                inline[name] = base64.b64encode(f.read()).decode()
+            continue
+        known = sst_map.entries.get(name)
+        if known is not None and known["size"] == size:
+            ssts[name] = known
+            reused += 1
+            continue
+        stem = name.removesuffix(".sst")
+        durable_name = f"{stem}-{uuid.uuid4().hex}.sst"
+        crc = _crc_file(path)
+        nbytes += sst_dir.upload(path, durable_name)
+        ssts[name] = {"object": durable_name, "size": size, "crc32": crc}
+        sst_map.entries[name] = ssts[name]
+        uploaded += 1
+    sst_map.save()
+    manifest = {
+        "version": ref.version,
+        "checkpoint_id": ref.checkpoint_id,
+        "sst": ssts,
+        "inline": inline,
+        **extra,
+    }
+    data = encode_frame(MANIFEST_KIND, json.dumps(manifest).encode(), compression)
+    store_dir.write_atomic(file_name(ref, "snapshot"), data)
+    return uploaded, reused, nbytes
+
+
+def read_manifest(store_dir: DurableDir, ref: VersionRef) -> dict[str, Any]:
+    name = file_name(ref, "snapshot")
+    where = store_dir.where(name)
+    payload = decode_frame(MANIFEST_KIND, store_dir.read(name), where)
+    try:
+        manifest: dict[str, Any] = json.loads(payload)
+        manifest["sst"], manifest["inline"]  # noqa: B018 - validate the shape
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = f"corrupt state file {where}: bad snapshot manifest: {exc}"
+        raise CorruptStateFileError(msg) from exc
+    return manifest
+
+
+def download_snapshot(
+    store_dir: DurableDir, ref: VersionRef, dest_dir: str
+) -> tuple[dict[str, Any], list[str], int]:
+    """Download the snapshot of ``ref`` into the new directory ``dest_dir``, checking CRCs.
+
+    Returns (manifest, local file names, bytes downloaded). A damaged manifest or SST file raises
+    :class:`CorruptStateFileError` naming it (the caller then falls back to an older snapshot).
+    """
+    manifest = read_manifest(store_dir, ref)
+    shutil.rmtree(dest_dir, ignore_errors=True)
+    os.makedirs(dest_dir)
+    sst_dir = store_dir.child(SST_DIR)
+    nbytes = 0
+    for name, entry in manifest["sst"].items():
+        path = os.path.join(dest_dir, name)
+        nbytes += sst_dir.download(entry["object"], path)
+        if os.path.getsize(path) != entry["size"] or _crc_file(path) != entry["crc32"]:
+            msg = (
+                f"corrupt state file {sst_dir.where(entry['object'])}: size or checksum does not "
+                f"match snapshot {store_dir.where(file_name(ref, 'snapshot'))}"
+            )
+            raise CorruptStateFileError(msg)
+    for name, data in manifest["inline"].items():
+        with open(os.path.join(dest_dir, name), "wb") as f:
+            f.write(base64.b64decode(data))
+    return manifest, sorted(manifest["sst"]) + sorted(manifest["inline"]), nbytes
