@@ -178,5 +178,9 @@ class MemoryStateStoreProvider(VersionedProvider):
         if latest.version - newest_snap >= self.conf.min_deltas_for_snapshot:
             self.write_snapshot(latest, self._cache[latest])
 
+    @classmethod
+    def supported_custom_metrics(cls) -> list[str]:
+        return ["deltaBytesWritten", "corruptSnapshotsSkipped"]
+
     def close(self) -> None:
         self._cache.clear()

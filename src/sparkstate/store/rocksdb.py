@@ -38,6 +38,16 @@ __all__ = ["RocksDBStateStore", "RocksDBStateStoreProvider"]
 
 log = logging.getLogger("sparkstate.store")
 _MISSING = object()
+#: LocalDB.memory_stats() keys -> custom metric names.
+_STAT_NAMES = {
+    "memtable_bytes": "memtableBytes",
+    "table_readers_bytes": "tableReadersBytes",
+    "total_sst_bytes": "sstBytes",
+    "live_sst_bytes": "liveSstBytes",
+    "process_block_cache_bytes": "blockCacheBytes",
+    "process_block_cache_pinned_bytes": "blockCachePinnedBytes",
+    "process_write_buffer_bytes": "writeBufferBytes",
+}
 
 
 class RocksDBStateStore(StateStore):
@@ -63,6 +73,7 @@ class RocksDBStateStore(StateStore):
         self._base_keys = num_keys
         self._num_keys = num_keys
         self._final: dict[str, float] = {}
+        self._memory_used: int | None = None
 
     def raw_get(self, key: bytes) -> bytes | None:
         value = self._pending.get(key, _MISSING)
@@ -123,8 +134,8 @@ class RocksDBStateStore(StateStore):
         return self._count_after_writes()
 
     def _memory_used_bytes(self) -> int:
-        if self._final:
-            return int(self._final.get("memoryUsedBytes", 0))
+        if self._memory_used is not None:
+            return self._memory_used
         return self._provider.memory_used_bytes(self._db)
 
     def _custom_metrics(self) -> dict[str, float]:
@@ -157,9 +168,10 @@ class RocksDBStateStore(StateStore):
         self._provider.release()
 
     def capture_final_metrics(self) -> None:
+        """Read the database's memory and disk figures while it is still open."""
         stats = self._db.memory_stats()
-        self._final.update({f"{k}": float(v) for k, v in stats.items()})
-        self._final["memoryUsedBytes"] = float(self._provider.memory_used_bytes(self._db))
+        self._final.update({name: float(stats[key]) for key, name in _STAT_NAMES.items()})
+        self._memory_used = self._provider.memory_used_bytes(self._db)
 
 
 class RocksDBStateStoreProvider(VersionedProvider):
@@ -170,6 +182,10 @@ class RocksDBStateStoreProvider(VersionedProvider):
     delta_kind: ClassVar[bytes] = b"CLOG"
     #: Unreferenced SST objects younger than this may belong to an upload in progress.
     orphan_grace_s: ClassVar[float] = 600.0
+
+    def __init__(self) -> None:
+        self._db: LocalDB | None = None
+        self._active: RocksDBStateStore | None = None
 
     def init(
         self,
@@ -186,7 +202,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         key = local_key(root, store_id.operator_id, store_id.partition_id, store_id.store_name)
         self.local = LocalStoreDir(self.conf.local_dir, key)
         self.db_conf = LocalDBConf.from_store_conf(self.conf)
-        self._db: LocalDB | None = None
+        self._db = None
         self._stats = {
             "filesUploaded": 0,
             "filesReused": 0,
@@ -208,7 +224,9 @@ class RocksDBStateStoreProvider(VersionedProvider):
             with contextlib.suppress(StateStoreError):
                 self._db.close()
             self._db = None
-        self.local.release()
+        local: LocalStoreDir | None = getattr(self, "local", None)
+        if local is not None:
+            local.release()
 
     def _open_local(self) -> tuple[LocalDB | None, VersionRef | None, int]:
         """The local database if usable, the attempt it holds and its key count."""
@@ -247,13 +265,20 @@ class RocksDBStateStoreProvider(VersionedProvider):
         except BaseException:
             self.release()
             raise
+        self._active = store
         store.load_time_ms = int((time.perf_counter() - start) * 1000)
         return store
 
     def _load(self, version: int, checkpoint_id: str | None, read_only: bool) -> RocksDBStateStore:
         index = self.index()
         target = self.resolve(version, checkpoint_id, index)
-        if self._db is not None:  # a store of this provider is still open in this process
+        active = self._active
+        if active is not None and not active._done:
+            # One local database per partition: as in Spark, opening a version discards a
+            # version still open in this provider (its writes were never committed).
+            active._pending.clear()
+            active._done = True
+        if self._db is not None:
             self._db.close()
             self._db = None
         db, local_ref, num_keys = self._open_local()
@@ -389,6 +414,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
     @classmethod
     def supported_custom_metrics(cls) -> list[str]:
         return [
+            *_STAT_NAMES.values(),
             "filesUploaded",
             "filesReused",
             "bytesUploaded",

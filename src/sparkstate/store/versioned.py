@@ -14,10 +14,10 @@ from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
-from sparkstate.exceptions import ConfigurationError, CorruptStateFileError
+from sparkstate.exceptions import ConfigurationError, CorruptStateFileError, StateFileError
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
 from sparkstate.store.changelog import Changelog, decode_changelog, encode_changelog
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.durable import TMP_PREFIX, DurableDir
 from sparkstate.store.layout import (
     VersionIndex,
     VersionRef,
@@ -62,6 +62,7 @@ class VersionedProvider(StateStoreProvider):
         self.where = str(store_id)
         self._last_ref: VersionRef | None = None
         self.corrupt_snapshots_skipped = 0
+        self._parents: dict[VersionRef, VersionRef | None] = {}
 
     def _check_schema(self) -> None:
         specs = {n: (f.key_schema, f.value_schema) for n, f in self.families.items()}
@@ -169,26 +170,50 @@ class VersionedProvider(StateStoreProvider):
         self._maybe_snapshot(index)
         self.cleanup(self.index())
 
+    def _parent(self, ref: VersionRef) -> VersionRef | None:
+        """The attempt ``ref`` was committed on top of (cached: changelogs are immutable)."""
+        if ref not in self._parents:
+            parent = self.read_changelog(ref).parent
+            self._parents[ref] = None if parent is None else VersionRef(*parent)
+        return self._parents[ref]
+
+    def _retention_base(self, index: VersionIndex) -> VersionRef | None:
+        """The newest snapshot on the live lineage at or below the oldest version to retain."""
+        latest = index.latest(self.delta_ext)
+        if latest is None:
+            return None
+        min_keep = latest.version - self.conf.min_versions_to_retain + 1
+        cur: VersionRef | None = latest
+        try:
+            while cur is not None and (cur.version > min_keep or not index.has(cur, "snapshot")):
+                if not index.has(cur, self.delta_ext):
+                    return None
+                cur = self._parent(cur)
+        except StateFileError as exc:
+            log.warning("%s: retention skipped, lineage unreadable: %s", self.where, exc)
+            return None
+        return cur
+
     def cleanup(self, index: VersionIndex) -> list[str]:
-        """Delete versions older than ``min_versions_to_retain`` and stale temporary files."""
+        """Delete versions older than ``min_versions_to_retain`` and stale temporary files.
+
+        Files older than the newest snapshot that the live lineage (the newest attempt's chain of
+        parents) can load from are deleted, whatever attempt wrote them.
+        """
         deleted: list[str] = []
-        refs = index.refs(self.delta_ext) + index.refs("snapshot")
-        if refs:
-            latest = max(r.version for r in refs)
-            min_keep = latest - self.conf.min_versions_to_retain + 1
-            base = [r.version for r in index.refs("snapshot") if r.version <= min_keep]
-            if base:
-                oldest_kept = max(base)
-                for ref, exts in index.files.items():
-                    if ref.version < oldest_kept:
-                        for ext in exts:
-                            name = file_name(ref, ext)
-                            self.dir.delete(name)
-                            deleted.append(name)
-                self._delete_orphans(index, oldest_kept)
+        base = self._retention_base(index)
+        if base is not None:
+            for ref, exts in index.files.items():
+                if ref.version < base.version:
+                    for ext in exts:
+                        name = file_name(ref, ext)
+                        self.dir.delete(name)
+                        deleted.append(name)
+                    self._parents.pop(ref, None)
+            self._delete_orphans(index, base.version)
         now = time.time()
         for entry in self.dir.list(include_tmp=True):
-            if entry.name.startswith(".tmp-") and now - entry.mtime_s > STALE_TMP_S:
+            if entry.name.startswith(TMP_PREFIX) and now - entry.mtime_s > STALE_TMP_S:
                 self.dir.delete(entry.name)
                 deleted.append(entry.name)
         return deleted
