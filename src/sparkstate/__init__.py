@@ -1,7 +1,56 @@
-"""sparkstate: stateful stream processing for PySpark with state in the Python worker."""
+"""sparkstate: stateful stream processing for PySpark with state in the Python worker.
+
+``import sparkstate as ss`` then ``ss.stream(df).groupBy(...).agg(...).writeStream...start()``.
+The engine (and with it pyspark) is imported on first use, so the store and operator layers stay
+importable without pyspark.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0.dev0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "DataStreamWriter",
+    "GroupedStream",
+    "StatefulStream",
+    "StreamingQuery",
+    "__version__",
+    "add_listener",
+    "functions",
+    "remove_listener",
+    "stream",
+]
+
+if TYPE_CHECKING:
+    from sparkstate import functions
+    from sparkstate.engine import (
+        DataStreamWriter,
+        GroupedStream,
+        StatefulStream,
+        StreamingQuery,
+        add_listener,
+        remove_listener,
+        stream,
+    )
+
+_ENGINE = {
+    "DataStreamWriter",
+    "GroupedStream",
+    "StatefulStream",
+    "StreamingQuery",
+    "add_listener",
+    "remove_listener",
+    "stream",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE:
+        return getattr(importlib.import_module("sparkstate.engine"), name)
+    if name == "functions":
+        return importlib.import_module("sparkstate.functions")
+    msg = f"module 'sparkstate' has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -1,0 +1,14 @@
+"""The engine: the only package that imports pyspark. Query builder, driver, executor, sinks."""
+
+from sparkstate.engine.api import DataStreamWriter, GroupedStream, StatefulStream, stream
+from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
+
+__all__ = [
+    "DataStreamWriter",
+    "GroupedStream",
+    "StatefulStream",
+    "StreamingQuery",
+    "add_listener",
+    "remove_listener",
+    "stream",
+]

@@ -42,7 +42,9 @@ class Deduplicate(StatefulOperator):
         self.columns = list(columns)
         self.input_schema = input_schema
         self.output_schema = input_schema
-        self.key_schema = pa.schema([input_schema.field(c) for c in self.columns])
+        self.key_schema = pa.schema(
+            [input_schema.field(c).with_nullable(True) for c in self.columns]
+        )
         self.value_schema = DEDUP_VALUE_SCHEMA
         self.event_time = event_time
 

@@ -1,0 +1,344 @@
+"""The user API: ``ss.stream(df)...writeStream...start()``, mirroring PySpark's names."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from sparkstate.engine.driver import BatchDriver, DriverConfig
+from sparkstate.engine.executor import StoreSettings
+from sparkstate.engine.logs import CheckpointLock, CheckpointLog, local_path
+from sparkstate.engine.plan import AggregateStep, DedupStep, Stage, Step, plan_stages
+from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
+from sparkstate.engine.sinks import FILE_FORMATS, make_sink
+from sparkstate.engine.watermark import WatermarkSpec, parse_delay_ms
+from sparkstate.exceptions import (
+    ConfigurationError,
+    ProviderMismatchError,
+    SchemaMismatchError,
+)
+from sparkstate.functions import AggregateExpression
+from sparkstate.functions import count as count_
+from sparkstate.operators.base import OUTPUT_MODES
+from sparkstate.store.base import StoreConf
+from sparkstate.store.registry import provider_class, provider_name
+
+__all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]
+
+DEFAULT_PROVIDER = "memory"
+_ENGINE_OPTIONS = {"checkpointLocation", "stateLocation", "stateStore", "numPartitions"}
+_STORE_PREFIX = "stateStore."
+_MAINTENANCE = "stateStore.maintenanceIntervalSeconds"
+
+
+def stream(df: DataFrame) -> StatefulStream:
+    """Wrap a streaming DataFrame so its stateful steps run with state in the Python workers."""
+    if not isinstance(df, DataFrame):
+        msg = f"ss.stream() takes a streaming pyspark DataFrame, got {type(df).__name__}"
+        raise TypeError(msg)
+    if not df.isStreaming:
+        msg = "ss.stream() needs a streaming DataFrame (spark.readStream...), not a batch one"
+        raise ConfigurationError(msg)
+    return StatefulStream(df)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatefulStream:
+    """A streaming DataFrame plus the stateful steps to apply to it, in order."""
+
+    df: DataFrame
+    steps: tuple[Step, ...] = ()
+    watermark: WatermarkSpec | None = None
+
+    def withWatermark(self, eventTime: str, delayThreshold: str) -> StatefulStream:  # noqa: N802,N803
+        """Track ``eventTime``'s watermark: its largest value seen minus ``delayThreshold``."""
+        if self.steps:
+            msg = "call withWatermark() before groupBy()/dropDuplicates(), on the input stream"
+            raise ConfigurationError(msg)
+        if eventTime not in self.df.columns:
+            msg = f"withWatermark: no column {eventTime!r}; the stream has {self.df.columns}"
+            raise ConfigurationError(msg)
+        parse_delay_ms(delayThreshold)
+        return dataclasses.replace(self, watermark=WatermarkSpec(eventTime, delayThreshold))
+
+    def groupBy(self, *cols: Any) -> GroupedStream:  # noqa: N802 - PySpark's name
+        """Group by column names or ``Column`` expressions, then ``.agg(...)``."""
+        if len(cols) == 1 and isinstance(cols[0], list | tuple):
+            cols = tuple(cols[0])
+        return GroupedStream(self, tuple(cols))
+
+    groupby = groupBy
+
+    def dropDuplicates(self, subset: list[str] | None = None) -> StatefulStream:  # noqa: N802
+        """Keep the first row of every distinct ``subset`` (all columns if None)."""
+        cols = tuple(subset) if subset else None
+        return dataclasses.replace(self, steps=(*self.steps, DedupStep(cols)))
+
+    drop_duplicates = dropDuplicates
+
+    @property
+    def writeStream(self) -> DataStreamWriter:  # noqa: N802 - PySpark's name
+        return DataStreamWriter(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedStream:
+    """``groupBy(...)`` awaiting its aggregates."""
+
+    parent: StatefulStream
+    keys: tuple[Any, ...]
+
+    def agg(self, *exprs: AggregateExpression) -> StatefulStream:
+        if len(exprs) == 1 and isinstance(exprs[0], list | tuple):
+            exprs = tuple(exprs[0])
+        if not exprs:
+            msg = "agg() needs at least one aggregate, e.g. SF.count('*')"
+            raise ConfigurationError(msg)
+        step = AggregateStep(self.keys, tuple(exprs))
+        return dataclasses.replace(self.parent, steps=(*self.parent.steps, step))
+
+    def count(self) -> StatefulStream:
+        """Rows per group, in a column named ``count`` (as ``GroupedData.count``)."""
+        return self.agg(count_("*").alias("count"))
+
+
+class DataStreamWriter:
+    """``writeStream``: output mode, sink, options and trigger, then ``start()``."""
+
+    def __init__(self, stream: StatefulStream) -> None:
+        self._stream = stream
+        self._mode = "append"
+        self._format = "console"
+        self._options: dict[str, str] = {}
+        self._trigger: dict[str, Any] = {}
+        self._name: str | None = None
+        self._foreach: Callable[[DataFrame, int], Any] | None = None
+
+    def outputMode(self, outputMode: str) -> DataStreamWriter:  # noqa: N802,N803
+        mode = outputMode.lower()
+        if mode not in OUTPUT_MODES:
+            msg = f"unknown output mode {outputMode!r}; use one of {list(OUTPUT_MODES)}"
+            raise ConfigurationError(msg)
+        self._mode = mode
+        return self
+
+    def format(self, source: str) -> DataStreamWriter:
+        self._format = source.lower()
+        return self
+
+    def option(self, key: str, value: Any) -> DataStreamWriter:
+        self._options[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        return self
+
+    def options(self, **options: Any) -> DataStreamWriter:
+        for k, v in options.items():
+            self.option(k, v)
+        return self
+
+    def trigger(self, **kwargs: Any) -> DataStreamWriter:
+        """As ``DataStreamWriter.trigger``: processingTime=, once=, availableNow=."""
+        self._trigger = kwargs
+        return self
+
+    def queryName(self, queryName: str) -> DataStreamWriter:  # noqa: N802,N803
+        self._name = queryName
+        return self
+
+    def foreachBatch(self, func: Callable[[DataFrame, int], Any]) -> DataStreamWriter:  # noqa: N802
+        self._foreach = func
+        return self
+
+    # --- start -----------------------------------------------------------------------------------
+
+    def start(self, path: str | None = None) -> StreamingQuery:
+        if path is not None:
+            self._options["path"] = path
+        df = self._stream.df
+        spark = df.sparkSession
+        wm = self._stream.watermark
+        stages = plan_stages(df, self._stream.steps, self._mode, wm.column if wm else None)
+        if self._format in FILE_FORMATS and self._mode == "complete" and self._foreach is None:
+            msg = f"the {self._format} sink does not take complete mode (as in Spark); use update"
+            raise ConfigurationError(msg)
+        checkpoint = self._checkpoint_location(spark)
+        engine_root = checkpoint.rstrip("/") + "/sparkstate"
+        release_if_finished(engine_root)
+        lock = CheckpointLock(engine_root)
+        lock.acquire()
+        try:
+            return self._start_locked(df, stages, checkpoint, engine_root, lock)
+        except BaseException:
+            lock.release()
+            raise
+
+    def _checkpoint_location(self, spark: Any) -> str:
+        chk = self._options.get("checkpointLocation")
+        if not chk:
+            base = spark.conf.get("spark.sql.streaming.checkpointLocation", None)
+            if base and self._name:
+                chk = f"{base.rstrip('/')}/{self._name}"
+        if not chk:
+            msg = (
+                "a stateful query needs a checkpoint: .option('checkpointLocation', dir) "
+                "(or set spark.sql.streaming.checkpointLocation and a queryName)"
+            )
+            raise ConfigurationError(msg)
+        return chk
+
+    def _start_locked(
+        self,
+        df: DataFrame,
+        stages: list[Stage],
+        checkpoint: str,
+        engine_root: str,
+        lock: CheckpointLock,
+    ) -> StreamingQuery:
+        spark = df.sparkSession
+        opts = dict(self._options)
+        provider = opts.get("stateStore", DEFAULT_PROVIDER)
+        provider = provider_name(provider_class(provider))
+        state_root = opts.get("stateLocation") or engine_root
+        store_opts = {
+            k[len(_STORE_PREFIX) :]: v
+            for k, v in opts.items()
+            if k.startswith(_STORE_PREFIX) and k != _MAINTENANCE
+        }
+        conf = StoreConf.from_options(store_opts)
+        maintenance_s = float(opts.get(_MAINTENANCE, "30"))
+        requested = opts.get("numPartitions")
+        log_ = CheckpointLog(engine_root)
+        metadata = log_.read_metadata()
+        described = [{"id": s.op_id, **s.operator.describe()} for s in stages]
+        if metadata is None:
+            _refuse_foreign_checkpoint(checkpoint)
+            num_partitions = int(requested or spark.conf.get("spark.sql.shuffle.partitions") or 200)
+            if num_partitions < 1:
+                msg = f"numPartitions must be >= 1, got {num_partitions}"
+                raise ConfigurationError(msg)
+            metadata = {
+                "query_id": str(uuid.uuid4()),
+                "num_partitions": num_partitions,
+                "provider": provider,
+                "state_location": state_root,
+                "output_mode": self._mode,
+                "operators": described,
+            }
+            log_.write_metadata(metadata)
+        else:
+            _check_restart(metadata, provider, requested, state_root, described, log_.root)
+        num_partitions = int(metadata["num_partitions"])
+        conf = dataclasses.replace(conf, num_partitions=num_partitions)
+        store = StoreSettings(state_root, provider, conf, maintenance_s)
+        sink_opts = {
+            k: v
+            for k, v in opts.items()
+            if k not in _ENGINE_OPTIONS and not k.startswith(_STORE_PREFIX)
+        }
+        sink = make_sink(self._format, sink_opts, spark, self._name, self._foreach)
+        run_id = str(uuid.uuid4())
+        wm = self._stream.watermark
+        config = DriverConfig(
+            query_id=str(metadata["query_id"]),
+            run_id=run_id,
+            name=self._name,
+            output_mode=self._mode,
+            num_partitions=num_partitions,
+            store=store,
+            watermark_column=wm.column if wm else None,
+            watermark_delay_ms=wm.delay_ms if wm else None,
+            watermark_policy=str(
+                spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
+            ).lower(),
+        )
+        driver = BatchDriver(config, stages, sink, log_, notify_progress)
+        writer = df.writeStream.foreachBatch(driver).option("checkpointLocation", checkpoint)
+        if self._name:
+            writer = writer.queryName(self._name)
+        if self._trigger:
+            writer = writer.trigger(**self._trigger)
+        spark_query = writer.start()
+        return StreamingQuery(
+            spark_query, driver, lock, sink, stages, str(metadata["query_id"]), run_id
+        )
+
+
+def _refuse_foreign_checkpoint(checkpoint: str) -> None:
+    """A Spark checkpoint with committed batches but no sparkstate logs has no state for us."""
+    path = local_path(checkpoint)
+    commits = os.path.join(path, "commits") if path else None
+    if commits and os.path.isdir(commits) and any(n.isdigit() for n in os.listdir(commits)):
+        msg = (
+            f"checkpoint {checkpoint} holds batches of a query that ran without sparkstate, so "
+            "there is no state to continue from; start from a new checkpoint location"
+        )
+        raise ConfigurationError(msg)
+
+
+def _check_restart(
+    metadata: dict[str, Any],
+    provider: str,
+    requested_partitions: str | None,
+    state_root: str,
+    described: list[dict[str, Any]],
+    where: str,
+) -> None:
+    """The restarted query must match what the checkpoint was written with."""
+    file = f"{where}/metadata.json"
+    if metadata.get("provider") != provider:
+        msg = (
+            f"the checkpoint's state was written by provider {metadata.get('provider')!r} but "
+            f"this query uses {provider!r} ({file}); use .option('stateStore', "
+            f"{metadata.get('provider')!r}) or a new checkpoint location"
+        )
+        raise ProviderMismatchError(msg)
+    n = int(metadata["num_partitions"])
+    if requested_partitions is not None and int(requested_partitions) != n:
+        msg = (
+            f"the checkpoint has {n} state partitions but this query asks for "
+            f"{requested_partitions} ({file}); the partition count is fixed for the life of a "
+            "checkpoint: drop the numPartitions option or use a new checkpoint location"
+        )
+        raise SchemaMismatchError(msg)
+    if metadata.get("state_location") != state_root:
+        msg = (
+            f"the checkpoint's state lives at {metadata.get('state_location')!r} but this query "
+            f"uses {state_root!r} ({file}); pass the original .option('stateLocation', ...)"
+        )
+        raise ConfigurationError(msg)
+    before = metadata.get("operators", [])
+    kinds_before = [o.get("kind") for o in before]
+    kinds_now = [o.get("kind") for o in described]
+    if kinds_before != kinds_now:
+        msg = (
+            f"the query's stateful operators changed: the checkpoint has {kinds_before}, this "
+            f"query has {kinds_now} ({file}); restore the original query or use a new "
+            "checkpoint location"
+        )
+        raise ConfigurationError(msg)
+    for old, new in zip(before, described, strict=True):
+        for part in ("key_schema", "value_schema", "output_schema"):
+            if old.get(part) != new.get(part):
+                msg = (
+                    f"operator {new['id']} ({new['kind']}): the {part.replace('_', ' ')} changed "
+                    f"from {_show(old.get(part))} to {_show(new.get(part))} ({file}); state "
+                    "written with the old schema cannot be read: restore the original query or "
+                    "use a new checkpoint location"
+                )
+                raise SchemaMismatchError(msg)
+        if old != new:
+            msg = (
+                f"operator {new['id']} ({new['kind']}) changed: checkpoint has {old}, query has "
+                f"{new} ({file}); restore the original query or use a new checkpoint location"
+            )
+            raise ConfigurationError(msg)
+
+
+def _show(fields: Any) -> str:
+    if not isinstance(fields, list):
+        return repr(fields)
+    return "[" + ", ".join(f"{f['name']}: {f['type']}" for f in fields) + "]"

@@ -1,0 +1,228 @@
+"""From the user's query to stages: what Spark computes per batch, and the operator after it.
+
+Planning happens once, at ``start()``, on the streaming DataFrame: Spark's analyzer names and types
+every output column (so our results carry exactly the names and types Spark's own operator would),
+and unsupported shapes fail here, before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import DecimalType, StructType
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.functions import AggregateExpression
+from sparkstate.operators.aggregate import (
+    EVENT_TIME_COLUMN,
+    ROWS_COLUMN,
+    AggregateFunction,
+    StreamingAggregate,
+    buffer_column,
+)
+from sparkstate.operators.base import StatefulOperator
+from sparkstate.operators.dedup import Deduplicate
+
+__all__ = ["AggregateStep", "DedupStep", "Stage", "Step", "plan_stages", "quote"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregateStep:
+    """``groupBy(*keys).agg(*aggregates)``."""
+
+    keys: tuple[Any, ...]
+    aggregates: tuple[AggregateExpression, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class DedupStep:
+    """``dropDuplicates(columns)``; None means every column."""
+
+    columns: tuple[str, ...] | None
+
+
+Step = AggregateStep | DedupStep
+
+
+@dataclasses.dataclass
+class Stage:
+    """One stateful operator as the driver runs it each batch."""
+
+    op_id: int
+    operator: StatefulOperator
+    #: Spark schema of the operator's output (the ``mapInArrow`` result schema).
+    output_struct: StructType
+    #: Columns to shuffle by, so that every row of a key reaches the same partition.
+    partition_columns: list[str]
+    #: Turns the batch's input DataFrame into the operator's input (e.g. the partial aggregate).
+    prepare: Callable[[DataFrame], DataFrame]
+
+
+def quote(name: str) -> Column:
+    """A column reference that survives any character in ``name``."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def arrow_schema(struct: StructType, *, nullable: bool | None = None) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field(
+                f.name,
+                to_arrow_type(f.dataType, timezone="UTC"),
+                nullable=f.nullable if nullable is None else nullable,
+            )
+            for f in struct.fields
+        ]
+    )
+
+
+def _as_column(col: Any) -> Column:
+    return quote(col) if isinstance(col, str) else col
+
+
+def _spark_aggregate(agg: AggregateExpression) -> Column:
+    col = agg.column
+    if agg.func == "count":
+        out = F.count("*") if col == "*" else F.count(_as_column(col))
+    else:
+        out = getattr(F, agg.func)(_as_column(col))
+    return out.alias(agg.name) if agg.name else out
+
+
+def _partials(aggs: Sequence[AggregateExpression]) -> list[Column]:
+    out: list[Column] = []
+    for i, agg in enumerate(aggs):
+        if agg.func == "count":
+            col = F.lit(1) if agg.column == "*" else _as_column(agg.column)
+            out.append(F.count(col).alias(buffer_column(i, "count", 0)))
+        elif agg.func == "avg":
+            col = _as_column(agg.column)
+            out.append(F.sum(col.cast("double")).alias(buffer_column(i, "avg", 0)))
+            out.append(F.count(col).alias(buffer_column(i, "avg", 1)))
+        else:
+            fn = getattr(F, agg.func)
+            out.append(fn(_as_column(agg.column)).alias(buffer_column(i, agg.func, 0)))
+    return out
+
+
+def _plan_aggregate(
+    op_id: int, df: DataFrame, step: AggregateStep, event_time: str | None
+) -> tuple[Stage, DataFrame]:
+    keys = [_as_column(k) for k in step.keys]
+    for agg in step.aggregates:
+        if not isinstance(agg, AggregateExpression):
+            msg = (
+                f"ss ... .agg() takes sparkstate.functions aggregates (SF.count, SF.sum, SF.min, "
+                f"SF.max, SF.avg), got {agg!r}; a pyspark.sql.functions aggregate cannot be "
+                "merged across batches"
+            )
+            raise ConfigurationError(msg)
+        if agg.func == "avg":
+            in_type = df.select(_as_column(agg.column)).schema.fields[0].dataType
+            if isinstance(in_type, DecimalType):
+                msg = (
+                    f"avg over a decimal column ({agg!r}) is not supported yet; "
+                    "cast it to double first, e.g. SF.avg(F.col('x').cast('double'))"
+                )
+                raise ConfigurationError(msg)
+    final = df.groupBy(*keys).agg(*[_spark_aggregate(a) for a in step.aggregates])
+    struct = final.schema
+    nkeys = len(keys)
+    key_fields = struct.fields[:nkeys]
+    key_names = [f.name for f in key_fields]
+    if len(set(struct.names)) != len(struct.names):
+        msg = f"the aggregation's output has duplicate column names {struct.names}; use .alias()"
+        raise ConfigurationError(msg)
+    aggregates = [
+        AggregateFunction(agg.func, field.name, to_arrow_type(field.dataType, timezone="UTC"))
+        for agg, field in zip(step.aggregates, struct.fields[nkeys:], strict=True)
+    ]
+    partials = _partials(step.aggregates)
+    partials.append(F.count(F.lit(1)).alias(ROWS_COLUMN))
+    has_event_time = event_time is not None and event_time in df.columns
+    if has_event_time:
+        assert event_time is not None
+        partials.append(F.max(quote(event_time).cast("timestamp")).alias(EVENT_TIME_COLUMN))
+    watermark_key = event_time if event_time in key_names else None
+    operator = StreamingAggregate(
+        arrow_schema(StructType(key_fields), nullable=True),
+        aggregates,
+        output_schema=arrow_schema(struct),
+        watermark_key=watermark_key,
+        has_event_time=has_event_time,
+    )
+
+    def prepare(batch: DataFrame) -> DataFrame:
+        return batch.groupBy(*keys).agg(*partials)
+
+    return Stage(op_id, operator, struct, key_names, prepare), final
+
+
+def _plan_dedup(
+    op_id: int, df: DataFrame, step: DedupStep, event_time: str | None
+) -> tuple[Stage, DataFrame]:
+    columns = list(step.columns) if step.columns else list(df.columns)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        msg = f"dropDuplicates: no column(s) {missing}; the stream has {df.columns}"
+        raise ConfigurationError(msg)
+    if event_time is not None and event_time in columns:
+        msg = (
+            f"dropDuplicates over the watermark column {event_time!r} is not supported yet; "
+            "drop the watermark or deduplicate on other columns"
+        )
+        raise ConfigurationError(msg)
+    schema = arrow_schema(df.schema)
+    has_event_time = event_time is not None and event_time in df.columns
+    operator = Deduplicate(schema, columns, event_time=event_time if has_event_time else None)
+    return Stage(op_id, operator, df.schema, columns, lambda batch: batch), df
+
+
+def plan_stages(
+    df: DataFrame, steps: Sequence[Step], output_mode: str, event_time: str | None
+) -> list[Stage]:
+    """The stages of a query, checked against ``output_mode`` as Spark would check them."""
+    if not steps:
+        msg = (
+            "the query has no stateful step; add groupBy().agg() or dropDuplicates(), or use "
+            "df.writeStream directly"
+        )
+        raise ConfigurationError(msg)
+    stages: list[Stage] = []
+    current = df
+    for op_id, step in enumerate(steps):
+        if stages and isinstance(stages[-1].operator, StreamingAggregate):
+            msg = (
+                "a stateful step after an aggregation is not supported yet; "
+                "deduplicate before aggregating"
+            )
+            raise ConfigurationError(msg)
+        watermark = event_time if op_id == 0 else None
+        if isinstance(step, AggregateStep):
+            stage, current = _plan_aggregate(op_id, current, step, watermark)
+        else:
+            stage, current = _plan_dedup(op_id, current, step, watermark)
+        stages.append(stage)
+    has_agg = any(isinstance(s.operator, StreamingAggregate) for s in stages)
+    if output_mode == "append" and has_agg:
+        msg = (
+            "append output mode needs an aggregation over an event-time window with a watermark "
+            "(not supported yet); use outputMode('update') or outputMode('complete')"
+        )
+        raise ConfigurationError(msg)
+    if output_mode == "complete" and not has_agg:
+        msg = (
+            "complete output mode needs a streaming aggregation; use outputMode('append') or "
+            "outputMode('update')"
+        )
+        raise ConfigurationError(msg)
+    for stage in stages:
+        if not has_agg or isinstance(stage.operator, StreamingAggregate):
+            stage.operator.check_output_mode(output_mode)
+    return stages

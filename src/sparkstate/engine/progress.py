@@ -1,0 +1,110 @@
+"""Progress dicts in the shape of Spark's ``StreamingQueryProgress.json``.
+
+``stateOperators`` carries Spark's field names; the numbers come from the tasks' reports (summed
+over partitions, as Spark sums its SQL metrics) and from the stores' metrics.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from sparkstate.engine.plan import Stage
+from sparkstate.operators.base import OperatorMetrics
+
+__all__ = ["build_progress", "format_time", "state_operator_progress"]
+
+
+def format_time(seconds: float) -> str:
+    """Spark's progress timestamp format: ``2024-01-01T00:00:00.000Z``."""
+    t = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def state_operator_progress(
+    stage: Stage, reports: Sequence[dict[str, Any]], num_partitions: int
+) -> tuple[dict[str, Any], OperatorMetrics]:
+    """One ``stateOperators`` entry and the operator's summed metrics."""
+    total = OperatorMetrics()
+    custom: dict[str, float] = {}
+    commit_ms = load_ms = 0.0
+    rows_total = memory = 0
+    for r in reports:
+        total.merge(OperatorMetrics.from_dict(r.get("operator", {})))
+        store = r["store"]
+        rows_total += int(store["num_keys"])
+        memory += int(store["memory_used_bytes"])
+        commit_ms += float(store["commit_time_ms"])
+        load_ms += float(store["load_time_ms"])
+        for name, value in store.get("custom", {}).items():
+            custom[name] = custom.get(name, 0) + value
+    custom["loadTimeMs"] = round(load_ms)
+    entry = {
+        "operatorName": stage.operator.progress_name,
+        "numRowsTotal": rows_total,
+        "numRowsUpdated": total.num_rows_updated,
+        "allUpdatesTimeMs": total.all_updates_time_ms,
+        "numRowsRemoved": total.num_rows_removed,
+        "allRemovalsTimeMs": total.all_removals_time_ms,
+        "commitTimeMs": round(commit_ms),
+        "memoryUsedBytes": memory,
+        "numRowsDroppedByWatermark": total.num_rows_dropped_by_watermark,
+        "numShufflePartitions": num_partitions,
+        "numStateStoreInstances": num_partitions,
+        "customMetrics": {k: _number(v) for k, v in sorted(custom.items())},
+    }
+    return entry, total
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def build_progress(
+    *,
+    query_id: str,
+    run_id: str,
+    name: str | None,
+    batch_id: int,
+    started_s: float,
+    durations_ms: dict[str, int],
+    stages: Sequence[Stage],
+    per_op: dict[int, list[dict[str, Any]]],
+    num_partitions: int,
+    watermark_ms: int | None,
+    sink_description: str,
+) -> dict[str, Any]:
+    """The progress of one batch (without ``sources``, which Spark's own progress adds)."""
+    entries = []
+    totals = []
+    for stage in stages:
+        entry, total = state_operator_progress(stage, per_op.get(stage.op_id, []), num_partitions)
+        entries.append(entry)
+        totals.append(total)
+    num_input = totals[0].num_input_rows if totals else 0
+    duration_s = max(durations_ms.get("triggerExecution", 0), 1) / 1000
+    progress: dict[str, Any] = {
+        "id": query_id,
+        "runId": run_id,
+        "name": name,
+        "timestamp": format_time(started_s),
+        "batchId": batch_id,
+        "batchDuration": durations_ms.get("triggerExecution", 0),
+        "numInputRows": num_input,
+        "processedRowsPerSecond": num_input / duration_s,
+        "durationMs": dict(durations_ms),
+        "stateOperators": entries,
+        "sources": [],
+        "sink": {
+            "description": sink_description,
+            "numOutputRows": totals[-1].num_output_rows if totals else 0,
+        },
+    }
+    if watermark_ms is not None:
+        event_time: dict[str, str] = {"watermark": format_time(watermark_ms / 1000)}
+        max_ms = totals[0].max_event_time_ms if totals else None
+        if max_ms is not None:
+            event_time["max"] = format_time(max_ms / 1000)
+        progress["eventTime"] = event_time
+    return progress

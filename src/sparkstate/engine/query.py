@@ -1,0 +1,218 @@
+"""The handle of a running query, and the progress listeners."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any, Protocol
+
+from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
+
+from sparkstate.engine.driver import BatchDriver
+from sparkstate.engine.logs import CheckpointLock
+from sparkstate.engine.plan import Stage
+from sparkstate.engine.sinks import Sink
+
+__all__ = [
+    "ProgressListener",
+    "StreamingQuery",
+    "add_listener",
+    "notify_progress",
+    "remove_listener",
+]
+
+log = logging.getLogger("sparkstate.engine")
+
+
+class ProgressListener(Protocol):
+    """Receives every batch's progress dict (the same dict ``lastProgress`` shows)."""
+
+    def onQueryProgress(self, progress: dict[str, Any]) -> None: ...  # noqa: N802 - PySpark's name
+
+
+_listeners: list[Any] = []
+_listeners_lock = threading.Lock()
+
+
+def add_listener(listener: Any) -> None:
+    """Register a listener: an object with ``onQueryProgress(progress)``, or a callable."""
+    with _listeners_lock:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: Any) -> None:
+    with _listeners_lock:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+
+def notify_progress(progress: dict[str, Any]) -> None:
+    with _listeners_lock:
+        targets = list(_listeners)
+    for listener in targets:
+        try:
+            hook = getattr(listener, "onQueryProgress", None)
+            (hook or listener)(progress)
+        except Exception:  # a broken listener must not fail the query
+            log.exception("progress listener %r failed", listener)
+
+
+#: Checkpoint root -> the handle of the query that holds it, in this process.
+_active: dict[str, StreamingQuery] = {}
+_active_lock = threading.Lock()
+
+
+def release_if_finished(root: str) -> None:
+    """Let go of a checkpoint whose query ended by itself (availableNow, failure)."""
+    with _active_lock:
+        handle = _active.get(root)
+    if handle is not None and not handle.isActive:
+        handle._release()
+
+
+class StreamingQuery:
+    """A running sparkstate query: the names and behaviour of PySpark's ``StreamingQuery``."""
+
+    def __init__(
+        self,
+        spark_query: SparkStreamingQuery,
+        driver: BatchDriver,
+        lock: CheckpointLock,
+        sink: Sink,
+        stages: list[Stage],
+        query_id: str,
+        run_id: str,
+    ) -> None:
+        self._query = spark_query
+        self._driver = driver
+        self._lock = lock
+        self._sink = sink
+        self._stages = stages
+        self._id = query_id
+        self._run_id = run_id
+        self._released = False
+        with _active_lock:
+            _active[lock.root] = self
+
+    @property
+    def id(self) -> str:
+        """Stays the same across restarts from the same checkpoint."""
+        return self._id
+
+    @property
+    def runId(self) -> str:  # noqa: N802 - PySpark's name
+        return self._run_id
+
+    @property
+    def name(self) -> str | None:
+        return self._driver.config.name
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 - PySpark's name
+        return bool(self._query.isActive)
+
+    @property
+    def sink(self) -> Sink:
+        return self._sink
+
+    @property
+    def spark_query(self) -> SparkStreamingQuery:
+        """The underlying Spark query (its ``foreachBatch`` runs sparkstate's driver)."""
+        return self._query
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        """Wait for the query to end (or ``timeout`` seconds); re-raises its failure."""
+        try:
+            result = self._query.awaitTermination(timeout)  # type: ignore[arg-type]
+        finally:
+            if not self._query.isActive:
+                self._release()
+        return bool(result) if result is not None else None
+
+    def processAllAvailable(self) -> None:  # noqa: N802 - PySpark's name
+        self._query.processAllAvailable()
+
+    def stop(self) -> None:
+        try:
+            self._query.stop()
+        finally:
+            self._release()
+
+    def exception(self) -> Any:
+        return self._query.exception()
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self._query.status)
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:  # noqa: N802 - PySpark's name
+        spark = {}
+        for p in self._query.recentProgress or []:
+            d = _as_dict(p)
+            spark[d.get("batchId")] = d
+        return [_merge(ours, spark.get(ours["batchId"])) for ours in self._driver.recent_progress()]
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:  # noqa: N802 - PySpark's name
+        recent = self._driver.recent_progress()
+        if not recent:
+            return None
+        ours = recent[-1]
+        match = None
+        for p in self._query.recentProgress or []:
+            d = _as_dict(p)
+            if d.get("batchId") == ours["batchId"]:
+                match = d
+        return _merge(ours, match)
+
+    def explain(self) -> str:
+        lines = [f"sparkstate query {self._id} ({self._driver.config.output_mode} mode)"]
+        for stage in self._stages:
+            op = stage.operator
+            lines.append(
+                f"  op {stage.op_id}: {op.kind} by {stage.partition_columns} "
+                f"-> {list(op.output_schema.names)}"
+            )
+        text = "\n".join(lines)
+        print(text)
+        return text
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        with _active_lock:
+            if _active.get(self._lock.root) is self:
+                del _active[self._lock.root]
+        self._lock.release()
+        self._sink.stop()
+
+
+def _as_dict(progress: Any) -> dict[str, Any]:
+    """A plain dict (nested objects included) of one of Spark's progress objects."""
+    raw = getattr(progress, "json", None)
+    if isinstance(raw, str):
+        data: dict[str, Any] = json.loads(raw)
+        return data
+    return dict(progress)
+
+
+def _merge(ours: dict[str, Any], spark: dict[str, Any] | None) -> dict[str, Any]:
+    """Spark's progress of the batch (sources, input rates) with our state operators on it."""
+    if spark is None:
+        return dict(ours)
+    merged = dict(spark)
+    merged["stateOperators"] = ours["stateOperators"]
+    merged["sink"] = ours["sink"]
+    merged["durationMs"] = {**spark.get("durationMs", {}), **ours["durationMs"]}
+    merged["durationMs"]["triggerExecution"] = spark.get("durationMs", {}).get(
+        "triggerExecution", ours["durationMs"].get("triggerExecution")
+    )
+    merged["id"] = ours["id"]
+    merged["runId"] = ours["runId"]
+    merged.pop("eventTime", None)
+    if "eventTime" in ours:
+        merged["eventTime"] = ours["eventTime"]
+    return merged

@@ -1,0 +1,275 @@
+"""Where a batch's output goes. Every sink runs exactly one Spark action over the output.
+
+That one action is also what runs the stateful tasks, so a sink must consume every partition of
+the output: the file sink writes it, the console and memory sinks collect it as Arrow, the noop
+sink drains it, and ``foreachBatch`` first materializes it (persist + count) so that the user's
+function may run as many actions as it likes without running the stateful stage again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+
+from sparkstate.exceptions import ConfigurationError
+
+__all__ = [
+    "FILE_FORMATS",
+    "ConsoleSink",
+    "FileSink",
+    "ForeachBatchSink",
+    "MemorySink",
+    "NoopSink",
+    "Sink",
+    "make_sink",
+]
+
+FILE_FORMATS = ("parquet", "json", "csv", "orc")
+METADATA_DIR = "_spark_metadata"
+STAGING_DIR = "_sparkstate_staging"
+#: Spark's default ``spark.sql.streaming.fileSink.log.compactInterval``.
+COMPACT_INTERVAL = 10
+
+
+class Sink(ABC):
+    """Receives each batch's output DataFrame; exactly one action per call."""
+
+    description: str = "Sink"
+
+    @abstractmethod
+    def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
+        """Run the batch's output into the sink (the stateful tasks run inside this call)."""
+
+    def stop(self) -> None:  # noqa: B027 - optional hook
+        """Release what the sink holds (nothing by default)."""
+
+
+class NoopSink(Sink):
+    """Runs the output and throws it away (Spark's ``noop`` format): for benchmarks."""
+
+    description = "NoopSink"
+
+    def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+
+class FileSink(Sink):
+    """Exactly-once files: a batch's files become visible with its manifest, and only then.
+
+    The manifest is Spark's own file-sink log (``<path>/_spark_metadata/<batch>``, compacted every
+    10 batches), so ``spark.read.<format>(path)`` sees exactly the committed files, as it does for
+    Spark's file sink. A replayed batch whose manifest exists writes nothing (its stateful stage
+    still runs, to reproduce the state); files of a failed attempt are never listed.
+    """
+
+    def __init__(self, fmt: str, path: str, options: dict[str, str]) -> None:
+        if fmt not in FILE_FORMATS:
+            msg = f"file sink format must be one of {FILE_FORMATS}, got {fmt!r}"
+            raise ConfigurationError(msg)
+        self.fmt = fmt
+        self.options = options
+        if "://" in path:
+            self.fs, self.path = pafs.FileSystem.from_uri(path)
+            self.uri_prefix = path[: path.index("://") + 3]
+        else:
+            self.fs, self.path = pafs.LocalFileSystem(), os.path.abspath(path)
+            self.uri_prefix = "file://"
+        self.description = f"FileSink[{path}]"
+
+    def _meta(self, name: str) -> str:
+        return f"{self.path}/{METADATA_DIR}/{name}"
+
+    def _exists(self, path: str) -> bool:
+        return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
+
+    def committed(self, batch_id: int) -> bool:
+        return self._exists(self._meta(self._log_name(batch_id)))
+
+    @staticmethod
+    def _log_name(batch_id: int) -> str:
+        compact = (batch_id + 1) % COMPACT_INTERVAL == 0
+        return f"{batch_id}.compact" if compact else str(batch_id)
+
+    def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
+        if self.committed(batch_id):
+            df.write.format("noop").mode("overwrite").save()  # reproduce the state only
+            return
+        if output_mode == "complete":
+            msg = "the file sink cannot take complete output mode (as in Spark); use update"
+            raise ConfigurationError(msg)
+        staging = f"{self.path}/{STAGING_DIR}/{batch_id}-{uuid.uuid4().hex}"
+        df.write.format(self.fmt).options(**self.options).mode("overwrite").save(staging)
+        entries = []
+        selector = pafs.FileSelector(staging, recursive=False)
+        for info in self.fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or not info.base_name.startswith("part-"):
+                continue
+            target = f"{self.path}/{info.base_name}"
+            self.fs.move(info.path, target)
+            entries.append(
+                {
+                    "path": f"{self.uri_prefix}{target}",
+                    "size": info.size,
+                    "isDir": False,
+                    "modificationTime": int(time.time() * 1000),
+                    "blockReplication": 1,
+                    "blockSize": 33554432,
+                    "action": "add",
+                }
+            )
+        self._write_log(batch_id, entries)
+        self.fs.delete_dir(staging)
+
+    def _write_log(self, batch_id: int, entries: list[dict[str, Any]]) -> None:
+        name = self._log_name(batch_id)
+        if name.endswith(".compact"):
+            entries = self._all_entries_before(batch_id) + entries
+        body = "v1\n" + "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
+        self.fs.create_dir(f"{self.path}/{METADATA_DIR}", recursive=True)
+        tmp = self._meta(f".{name}.{uuid.uuid4().hex}.tmp")
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(body.encode("utf-8"))
+        self.fs.move(tmp, self._meta(name))
+
+    def _all_entries_before(self, batch_id: int) -> list[dict[str, Any]]:
+        start = batch_id - COMPACT_INTERVAL  # the previous compaction, or -1
+        out: list[dict[str, Any]] = []
+        for b in range(max(start, 0), batch_id):
+            path = self._meta(self._log_name(b))
+            if not self._exists(path):
+                continue
+            with self.fs.open_input_stream(path) as src:
+                lines = src.read().decode("utf-8").splitlines()[1:]
+            out.extend(json.loads(line) for line in lines if line.strip())
+        return out
+
+    def read_committed_files(self) -> list[str]:
+        """Paths of the files the manifests list (what a manifest-following reader sees)."""
+        found = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/{METADATA_DIR}", True))
+        names = [i.base_name for i in found if not i.base_name.startswith(".")]
+        ids = sorted({int(n.split(".")[0]) for n in names})
+        if not ids:
+            return []
+        latest = ids[-1]
+        compacts = [b for b in ids if (b + 1) % COMPACT_INTERVAL == 0]
+        first = compacts[-1] if compacts else 0
+        files: list[str] = []
+        for b in range(first, latest + 1):
+            with self.fs.open_input_stream(self._meta(self._log_name(b))) as src:
+                lines = src.read().decode("utf-8").splitlines()[1:]
+            files.extend(json.loads(line)["path"] for line in lines if line.strip())
+        return files
+
+
+class ConsoleSink(Sink):
+    """Prints each batch as Spark's console sink does."""
+
+    description = "ConsoleSink"
+
+    def __init__(self, spark: SparkSession, options: dict[str, str]) -> None:
+        self.spark = spark
+        self.num_rows = int(options.get("numRows", "20"))
+        self.truncate = options.get("truncate", "true").lower() == "true"
+
+    def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
+        table = df.toArrow()
+        print("-------------------------------------------")
+        print(f"Batch: {batch_id}")
+        print("-------------------------------------------")
+        local = self.spark.createDataFrame(table.to_pandas(), schema=df.schema)
+        local.show(self.num_rows, self.truncate)
+
+
+class MemorySink(Sink):
+    """A temp view named by ``queryName`` holding the output (as Spark's memory sink)."""
+
+    def __init__(self, spark: SparkSession, name: str) -> None:
+        self.spark = spark
+        self.name = name
+        self.description = f"MemorySink[{name}]"
+        self._tables: list[pa.Table] = []
+        self._schema: Any = None
+        self._lock = threading.Lock()
+
+    def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
+        table = df.toArrow()
+        with self._lock:
+            if output_mode == "complete":
+                self._tables = [table]
+            else:
+                self._tables.append(table)
+            self._schema = df.schema
+            self._publish()
+
+    def _publish(self) -> None:
+        tables = [t for t in self._tables if t.num_rows] or self._tables[:1]
+        combined = pa.concat_tables(tables) if tables else None
+        pdf = combined.to_pandas() if combined is not None else None
+        if pdf is None or len(pdf) == 0:
+            frame = self.spark.createDataFrame([], schema=self._schema)
+        else:
+            frame = self.spark.createDataFrame(pdf, schema=self._schema)
+        frame.createOrReplaceTempView(self.name)
+
+    def rows(self) -> pa.Table | None:
+        with self._lock:
+            return pa.concat_tables(self._tables) if self._tables else None
+
+
+class ForeachBatchSink(Sink):
+    """Calls the user's ``fn(df, batch_id)`` with the materialized output of the batch."""
+
+    description = "ForeachBatchSink"
+
+    def __init__(self, fn: Callable[[DataFrame, int], Any]) -> None:
+        self.fn = fn
+
+    def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
+        cached = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            cached.count()  # the one run of the stateful stage
+            self.fn(cached, batch_id)
+        finally:
+            cached.unpersist()
+
+
+def make_sink(
+    fmt: str,
+    options: dict[str, str],
+    spark: SparkSession,
+    query_name: str | None,
+    foreach_batch: Callable[[DataFrame, int], Any] | None,
+) -> Sink:
+    """The sink for ``writeStream.format(fmt)`` (or ``foreachBatch``)."""
+    if foreach_batch is not None:
+        return ForeachBatchSink(foreach_batch)
+    if fmt in FILE_FORMATS:
+        path = options.get("path")
+        if not path:
+            msg = f"the {fmt} sink needs a path: .option('path', ...) or .start(path)"
+            raise ConfigurationError(msg)
+        file_options = {k: v for k, v in options.items() if k != "path"}
+        return FileSink(fmt, path, file_options)
+    if fmt == "console":
+        return ConsoleSink(spark, options)
+    if fmt == "memory":
+        if not query_name:
+            msg = "the memory sink names its table after the query: call .queryName('name')"
+            raise ConfigurationError(msg)
+        return MemorySink(spark, query_name)
+    if fmt == "noop":
+        return NoopSink()
+    known = [*FILE_FORMATS, "console", "memory", "noop"]
+    msg = f"unsupported sink format {fmt!r}; use one of {known} or .foreachBatch(fn)"
+    raise ConfigurationError(msg)

@@ -1,0 +1,97 @@
+"""Run the same input through sparkstate and through Spark's own operator, batch by batch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql.types import StructType
+
+import sparkstate as ss
+
+from .conftest import FileFeed
+
+Batches = dict[int, list[tuple[Any, ...]]]
+
+
+def source(spark: SparkSession, feed: FileFeed, schema: str) -> DataFrame:
+    """A streaming DataFrame over the feed: one file per micro-batch."""
+    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(feed.path))
+
+
+def normalize(rows: list[Row]) -> list[tuple[Any, ...]]:
+    """Rows as tuples, sorted with nulls first; NaN compared as a marker, doubles rounded."""
+
+    def cell(v: Any) -> Any:
+        if isinstance(v, float):
+            return "NaN" if math.isnan(v) else round(v, 9)
+        return v
+
+    out = [tuple(cell(v) for v in r) for r in rows]
+    return sorted(out, key=lambda t: tuple((x is None, str(type(x)), str(x)) for x in t))
+
+
+class Collector:
+    """A foreachBatch function that keeps every batch's rows and schema."""
+
+    def __init__(self) -> None:
+        self.batches: Batches = {}
+        self.schema: StructType | None = None
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.schema = df.schema
+        self.batches[batch_id] = normalize(df.collect())
+
+
+def run_batches(
+    feed: FileFeed,
+    query: Any,
+    batches: list[list[dict[str, Any]]],
+    *,
+    on_batch: Callable[[int], None] | None = None,
+) -> None:
+    """Feed one file per batch and wait for each to be processed; stop the query at the end."""
+    try:
+        for i, rows in enumerate(batches):
+            feed.add(rows)
+            query.processAllAvailable()
+            if on_batch is not None:
+                on_batch(i)
+    finally:
+        query.stop()
+
+
+def start_ours(
+    stream: ss.StatefulStream,
+    mode: str,
+    checkpoint: Path,
+    provider: str,
+    collector: Collector,
+    **options: str,
+) -> Any:
+    writer = (
+        stream.writeStream.outputMode(mode)
+        .foreachBatch(collector)
+        .option("checkpointLocation", str(checkpoint))
+        .option("stateStore", provider)
+    )
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    return writer.start()
+
+
+def start_spark(df: DataFrame, mode: str, checkpoint: Path, collector: Collector) -> Any:
+    return (
+        df.writeStream.outputMode(mode)
+        .foreachBatch(collector)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+
+
+def same_schema(ours: StructType | None, theirs: StructType | None) -> bool:
+    assert ours is not None and theirs is not None
+    return [(f.name, f.dataType) for f in ours] == [(f.name, f.dataType) for f in theirs]
