@@ -95,3 +95,25 @@ def start_spark(df: DataFrame, mode: str, checkpoint: Path, collector: Collector
 def same_schema(ours: StructType | None, theirs: StructType | None) -> bool:
     assert ours is not None and theirs is not None
     return [(f.name, f.dataType) for f in ours] == [(f.name, f.dataType) for f in theirs]
+
+
+def oracle_update(
+    spark: SparkSession,
+    schema: str,
+    batches: list[list[dict[str, Any]]],
+    keys: list[str],
+    aggregates: Callable[[], list[Any]],
+) -> Batches:
+    """Update-mode output per batch, from Spark batch queries over the rows seen so far."""
+    out: Batches = {}
+    seen: list[dict[str, Any]] = []
+    for b, rows in enumerate(batches):
+        seen += rows
+        touched = {tuple(r.get(k) for k in keys) for r in rows}
+        if not seen:
+            out[b] = []
+            continue
+        df = spark.createDataFrame(seen, schema=schema)
+        result = df.groupBy(*keys).agg(*aggregates()).collect()
+        out[b] = normalize([r for r in result if tuple(r[k] for k in keys) in touched])
+    return out

@@ -1,0 +1,140 @@
+"""Restarting from a checkpoint: the state carries on exactly; a changed query is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate import functions as SF
+from sparkstate.exceptions import (
+    CheckpointInUseError,
+    ConfigurationError,
+    ProviderMismatchError,
+    SchemaMismatchError,
+)
+
+from .conftest import PROVIDERS, FileFeed
+from .helpers import Collector, oracle_update, run_batches, source, start_ours
+
+SCHEMA = "k string, v int"
+BATCHES: list[list[dict[str, Any]]] = [
+    [{"k": "a", "v": 1}, {"k": "b", "v": 2}],
+    [{"k": "a", "v": 3}, {"k": None, "v": 4}],
+    [{"k": "b", "v": None}, {"k": "c", "v": 5}],
+    [{"k": "a", "v": 6}, {"k": None, "v": None}],
+]
+
+
+def ours_aggs() -> list[Any]:
+    return [SF.count("*").alias("n"), SF.sum("v").alias("total")]
+
+
+def spark_aggs() -> list[Any]:
+    return [F.count("*").alias("n"), F.sum("v").alias("total")]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_restart_mid_stream_continues_the_state(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    collector = Collector()
+    chk = tmp_path / "chk"
+
+    def start() -> Any:
+        stream = ss.stream(source(spark, feed, SCHEMA)).groupBy("k").agg(*ours_aggs())
+        return start_ours(stream, "update", chk, provider, collector)
+
+    run_batches(feed, start(), BATCHES[:2])
+    run_batches(feed, start(), BATCHES[2:])
+    expected = oracle_update(spark, SCHEMA, BATCHES, ["k"], spark_aggs)
+    assert collector.batches == expected
+    assert (chk / "sparkstate" / "commits" / "3.json").exists()
+    assert (chk / "sparkstate" / "batches" / "3.json").exists()
+
+
+def test_changed_queries_are_refused_on_restart(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    chk = tmp_path / "chk"
+    df = source(spark, feed, SCHEMA + ", g int")
+
+    def start(stream: ss.StatefulStream, **options: str) -> Any:
+        writer = (
+            stream.writeStream.outputMode("update")
+            .format("noop")
+            .option("checkpointLocation", str(chk))
+        )
+        for k, v in {"stateStore": "memory", **options}.items():
+            writer = writer.option(k, v)
+        return writer.start()
+
+    start(ss.stream(df).groupBy("k").agg(SF.sum("v"))).stop()
+    with pytest.raises(ProviderMismatchError, match="'memory'"):
+        start(ss.stream(df).groupBy("k").agg(SF.sum("v")), stateStore="rocksdb")
+    with pytest.raises(SchemaMismatchError, match="4 state partitions"):
+        start(ss.stream(df).groupBy("k").agg(SF.sum("v")), numPartitions="3")
+    with pytest.raises(ConfigurationError, match=r"\['aggregate'\].*\['dedup'\]"):
+        start(ss.stream(df).dropDuplicates(["k"]))
+    with pytest.raises(SchemaMismatchError, match="key schema changed"):
+        start(ss.stream(df).groupBy("g").agg(SF.sum("v")))
+    with pytest.raises(SchemaMismatchError, match="value schema changed"):
+        start(ss.stream(df).groupBy("k").agg(SF.avg("v")))
+    with pytest.raises(ConfigurationError, match="stateLocation"):
+        start(ss.stream(df).groupBy("k").agg(SF.sum("v")), stateLocation=str(tmp_path / "x"))
+    start(ss.stream(df).groupBy("k").agg(SF.sum("v"))).stop()  # the original still starts
+
+
+def test_second_query_on_a_checkpoint_in_use_fails(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    df = source(spark, feed, SCHEMA)
+
+    def start() -> Any:
+        return (
+            ss.stream(df)
+            .groupBy("k")
+            .count()
+            .writeStream.outputMode("update")
+            .format("noop")
+            .option("checkpointLocation", str(tmp_path / "chk"))
+            .start()
+        )
+
+    first = start()
+    try:
+        with pytest.raises(CheckpointInUseError, match="in use"):
+            start()
+    finally:
+        first.stop()
+    start().stop()
+
+
+def test_unsupported_shapes_fail_at_start(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    df = source(spark, feed, SCHEMA + ", d decimal(10,2)")
+    chk = str(tmp_path / "chk")
+
+    def start(stream: ss.StatefulStream, mode: str, fmt: str = "noop") -> Any:
+        w = stream.writeStream.outputMode(mode).format(fmt).option("checkpointLocation", chk)
+        return w.option("path", str(tmp_path / "out")).start()
+
+    with pytest.raises(ConfigurationError, match="append output mode"):
+        start(ss.stream(df).groupBy("k").count(), "append")
+    with pytest.raises(ConfigurationError, match="complete output mode needs"):
+        start(ss.stream(df).dropDuplicates(["k"]), "complete")
+    with pytest.raises(ConfigurationError, match="cast it to double"):
+        start(ss.stream(df).groupBy("k").agg(SF.avg("d")), "update")
+    with pytest.raises(ConfigurationError, match="after an aggregation"):
+        start(ss.stream(df).groupBy("k").count().dropDuplicates(), "update")
+    with pytest.raises(ConfigurationError, match="complete mode"):
+        start(ss.stream(df).groupBy("k").count(), "complete", "parquet")
+    with pytest.raises(ConfigurationError, match="cannot be merged"):
+        start(ss.stream(df).groupBy("k").agg(F.count("v")), "update")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="checkpoint"):
+        ss.stream(df).groupBy("k").count().writeStream.outputMode("update").start()
