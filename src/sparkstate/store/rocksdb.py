@@ -87,7 +87,8 @@ class RocksDBStateStore(StateStore):
         pending = self._pending
         misses = [k for k in keys if k not in pending] if pending else list(keys)
         fetched = self._db.multi_get(misses)
-        self._existed.update(zip(misses, (v is not None for v in fetched), strict=True))
+        if not self._read_only:
+            self._existed.update(zip(misses, (v is not None for v in fetched), strict=True))
         if not pending:
             return fetched
         found = dict(zip(misses, fetched, strict=True))
