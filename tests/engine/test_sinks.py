@@ -1,0 +1,195 @@
+"""Sinks: exactly-once files across replays, memory, console, foreachBatch; progress and logs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate import functions as SF
+
+from .conftest import PROVIDERS, FileFeed
+from .helpers import normalize, oracle_update, run_batches, source
+
+SCHEMA = "k string, v int"
+BATCHES: list[list[dict[str, Any]]] = [
+    [{"k": "a", "v": 1}, {"k": "b", "v": 2}],
+    [{"k": "a", "v": 3}, {"k": None, "v": 4}],
+    [{"k": "b", "v": None}, {"k": "c", "v": 5}],
+    [{"k": "a", "v": 6}, {"k": "c", "v": 1}],
+]
+
+
+def spark_aggs() -> list[Any]:
+    return [F.count("*").alias("n"), F.sum("v").alias("total")]
+
+
+def forget_batch(chk: Path, batch: int, *, ours: bool = True, sink: Path | None = None) -> None:
+    """Make the last batch look unfinished, as if the driver died before its commits."""
+    for name in (str(batch), f".{batch}.crc"):
+        (chk / "commits" / name).unlink(missing_ok=True)  # Spark's own commit log
+    if ours:
+        (chk / "sparkstate" / "commits" / f"{batch}.json").unlink()
+    if sink is not None:
+        (sink / "_spark_metadata" / str(batch)).unlink()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("fmt", ["parquet", "json"])
+def test_file_sink_is_exactly_once_across_replays(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str, fmt: str
+) -> None:
+    out, chk = tmp_path / "out", tmp_path / "chk"
+
+    def start() -> Any:
+        return (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+            .writeStream.outputMode("update")
+            .format(fmt)
+            .option("path", str(out))
+            .option("checkpointLocation", str(chk))
+            .option("stateStore", provider)
+            .start()
+        )
+
+    run_batches(feed, start(), BATCHES[:2])
+    # Died after the state and sink commits of batch 1, before the commit logs.
+    forget_batch(chk, 1)
+    q = start()
+    q.processAllAvailable()
+    q.stop()
+    # Died after the state commit of batch 2, before the sink's manifest.
+    feed.add(BATCHES[2])
+    q = start()
+    q.processAllAvailable()
+    q.stop()
+    forget_batch(chk, 2, sink=out)
+    run_batches(feed, start(), BATCHES[3:])
+
+    expected = oracle_update(spark, SCHEMA, BATCHES, ["k"], spark_aggs)
+    want = normalize([r for b in sorted(expected) for r in expected[b]])
+    got = spark.read.schema("k string, n long, total long").format(fmt).load(str(out))
+    assert normalize(got.select("k", "n", "total").collect()) == want
+    listed = {
+        json.loads(line)["path"].removeprefix("file://")
+        for m in (out / "_spark_metadata").iterdir()
+        for line in m.read_text().splitlines()[1:]
+    }
+    on_disk = {str(p) for p in out.glob("part-*")}
+    assert listed < on_disk  # the first attempt of batch 2 left files no manifest lists
+
+
+def test_memory_sink_appends_in_update_and_replaces_in_complete(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    for mode in ("update", "complete"):
+        q = (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+            .writeStream.outputMode(mode)
+            .format("memory")
+            .queryName(f"mem_{mode}")
+            .option("checkpointLocation", str(tmp_path / mode))
+            .start()
+        )
+        if mode == "update":
+            run_batches(feed, q, BATCHES[:2])
+        else:  # the same two files, read by a new query
+            q.processAllAvailable()
+            q.stop()
+    rows = normalize(spark.table("mem_update").collect())
+    assert rows == [("a", 1, 1), ("a", 2, 4), ("b", 1, 2), (None, 1, 4)]
+    rows = normalize(spark.table("mem_complete").collect())
+    assert rows == [("a", 2, 4), ("b", 1, 2), (None, 1, 4)]
+
+
+def test_foreach_batch_gets_a_materialized_frame(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    seen: list[int] = []
+
+    def fn(df: DataFrame, batch_id: int) -> None:
+        seen.append(df.count())
+        seen.append(len(df.collect()))
+        seen.append(df.where("n > 1").count())
+
+    chk = tmp_path / "chk"
+    q = (
+        ss.stream(source(spark, feed, SCHEMA))
+        .groupBy("k")
+        .agg(SF.count("*").alias("n"))
+        .writeStream.outputMode("update")
+        .foreachBatch(fn)
+        .option("checkpointLocation", str(chk))
+        .start()
+    )
+    run_batches(feed, q, BATCHES[:2])
+    assert seen == [2, 2, 0, 2, 2, 1]
+    deltas = sorted(
+        p.name.split("_")[0] for p in (chk / "sparkstate" / "state" / "0").rglob("*.delta")
+    )
+    # each batch committed each of the 4 partitions exactly once: the stage ran once per batch
+    assert deltas == ["1"] * 4 + ["2"] * 4
+
+
+def test_console_sink_prints_each_batch(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = (
+        ss.stream(source(spark, feed, SCHEMA))
+        .dropDuplicates(["k"])
+        .writeStream.format("console")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start()
+    )
+    run_batches(feed, q, BATCHES[:1])
+    printed = capsys.readouterr().out
+    assert "Batch: 0" in printed and "|  a|  1|" in printed and "|  b|  2|" in printed
+
+
+def test_progress_listener_json_lines_and_state_location(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    received: list[dict[str, Any]] = []
+    ss.add_listener(received.append)
+    chk, state = tmp_path / "chk", tmp_path / "state"
+    try:
+        q = (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .agg(SF.count("*").alias("n"))
+            .writeStream.outputMode("update")
+            .format("noop")
+            .queryName("progress_q")
+            .option("checkpointLocation", str(chk))
+            .option("stateLocation", str(state))
+            .start()
+        )
+        holder: list[Any] = []
+        run_batches(feed, q, BATCHES[:2], on_batch=lambda _: holder.append(q.lastProgress))
+    finally:
+        ss.remove_listener(received.append)
+    last = holder[-1]
+    assert last["batchId"] == 1 and last["name"] == "progress_q"
+    assert last["numInputRows"] == 2
+    assert last["sources"][0]["numInputRows"] == 2
+    op = last["stateOperators"][0]
+    assert op["operatorName"] == "stateStoreSave"
+    assert op["numRowsTotal"] == 3 and op["numRowsUpdated"] == 2
+    assert op["numShufflePartitions"] == 4 and op["numRowsDroppedByWatermark"] == 0
+    for field in ("commitTimeMs", "memoryUsedBytes", "numRowsRemoved", "customMetrics"):
+        assert field in op
+    assert [p["batchId"] for p in received if p["name"] == "progress_q"] == [0, 1]
+    lines = (chk / "sparkstate" / "progress.jsonl").read_text().splitlines()
+    assert [json.loads(line)["batchId"] for line in lines] == [0, 1]
+    assert list((state / "state" / "0").iterdir()) and not (chk / "sparkstate" / "state").exists()
+    shutil.rmtree(state)
