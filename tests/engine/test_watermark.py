@@ -1,0 +1,103 @@
+"""Watermarks against Spark: late rows dropped and counted, old keys evicted, per Spark's rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate import functions as SF
+from sparkstate.engine.watermark import WatermarkTracker, parse_delay_ms
+from sparkstate.exceptions import ConfigurationError
+
+from .conftest import PROVIDERS, FileFeed
+from .helpers import Collector, run_batches, source
+
+SCHEMA = "k string, ts timestamp, v int"
+
+
+def at(seconds: int) -> str:
+    return f"2024-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}Z"
+
+
+BATCHES: list[list[dict[str, Any]]] = [
+    [{"k": "a", "ts": at(100), "v": 1}, {"k": "b", "ts": at(105), "v": 2}],
+    [
+        {"k": "a", "ts": at(90), "v": 3},  # late: the watermark is now 105 - 10 = 95 s
+        {"k": "a", "ts": at(96), "v": 4},
+        {"k": "c", "ts": at(120), "v": 5},
+    ],
+    [{"k": "b", "ts": at(105), "v": 6}, {"k": "d", "ts": at(111), "v": 7}],  # 105 is late now
+    [{"k": "e", "ts": at(130), "v": None}],
+]
+
+
+def non_empty(c: Collector) -> list[list[tuple[Any, ...]]]:
+    return [rows for _, rows in sorted(c.batches.items()) if rows]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_event_time_key_drops_late_rows_like_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    ours, theirs = Collector(), Collector()
+    q = (
+        ss.stream(source(spark, feed, SCHEMA))
+        .withWatermark("ts", "10 seconds")
+        .groupBy("ts", "k")
+        .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+        .writeStream.outputMode("update")
+        .foreachBatch(ours)
+        .option("checkpointLocation", str(tmp_path / "a"))
+        .option("stateStore", provider)
+        .start()
+    )
+    progress: list[dict[str, Any]] = []
+    run_batches(feed, q, BATCHES, on_batch=lambda _: progress.append(q.lastProgress))
+    for f in feed.path.iterdir():
+        f.unlink()
+    feed.count = 0
+    spark_q = (
+        source(spark, feed, SCHEMA)
+        .withWatermark("ts", "10 seconds")
+        .groupBy("ts", "k")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        .writeStream.outputMode("update")
+        .foreachBatch(theirs)
+        .option("checkpointLocation", str(tmp_path / "b"))
+        .start()
+    )
+    run_batches(feed, spark_q, BATCHES)
+    assert non_empty(ours) == non_empty(theirs)
+    dropped = sum(p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress)
+    assert dropped == 2
+    assert progress[-1]["eventTime"]["watermark"] == "2024-01-01T00:01:50.000Z"
+    # keys at or below the watermark (120 - 10 = 110 s) left the state in batch 2
+    assert [p["stateOperators"][0]["numRowsRemoved"] for p in progress] == [0, 0, 3, 0]
+    assert progress[-1]["stateOperators"][0]["numRowsTotal"] == 3
+
+
+def test_watermark_tracker_follows_spark_rules() -> None:
+    t = WatermarkTracker({"a": 10_000, "b": 0})
+    t.observe("a", 50_000)
+    assert not t.advance() and t.watermark_ms == 0  # b has seen nothing: it counts as 0
+    t.observe("b", 20_000)
+    assert t.advance() and t.watermark_ms == 20_000
+    t.observe("a", 40_000)  # an older event time never moves anything back
+    assert not t.advance() and t.watermark_ms == 20_000
+    m = WatermarkTracker({"a": 10_000, "b": 0}, policy="max")
+    m.observe("a", 50_000)
+    assert m.advance() and m.watermark_ms == 40_000
+
+
+def test_delay_strings() -> None:
+    assert parse_delay_ms("10 minutes") == 600_000
+    assert parse_delay_ms("interval 1 hour 30 seconds") == 3_630_000
+    assert parse_delay_ms("2 days") == 172_800_000
+    assert parse_delay_ms("500 milliseconds") == 500
+    with pytest.raises(ConfigurationError, match="10 minutes"):
+        parse_delay_ms("soon")
