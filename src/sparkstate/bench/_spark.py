@@ -1,0 +1,428 @@
+"""Shared machinery of the streaming benchmarks (``sparkstate bench aggregate | arbitrary``).
+
+Every system runs in a fresh subprocess with a SparkSession of its own, so no JVM, Python worker,
+cache or RocksDB instance carries over from one system to the next. A child runs
+``module.measure(system, params)`` and prints its result as one JSON line after
+:data:`RESULT_PREFIX`; everything else it prints to stdout is echoed by the parent as progress.
+A system whose implementation does not exist yet raises :class:`NotAvailable` and is reported
+as ``{"available": false, "reason": ...}`` (and not counted as a failure).
+
+Timing: each query runs with the default trigger (the next batch starts as soon as the previous
+one ends) over the ``rate-micro-batch`` source, which hands every trigger exactly
+``rowsPerBatch`` new rows whatever the wall clock says. The driver polls ``recentProgress``
+until enough batches have completed, then stops the query. A batch's time is its
+``durationMs.triggerExecution``; the first ``warmup`` batches are not measured.
+``rows_per_s`` = measured input rows / summed measured batch time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "HDFS_PROVIDER",
+    "RESULT_PREFIX",
+    "ROCKSDB_PROVIDER",
+    "BenchSpec",
+    "NotAvailable",
+    "drive",
+    "run_bench",
+    "spark_session",
+    "summarize",
+    "worker_main",
+]
+
+#: Spark's state store providers (class names checked in the pyspark 4.3.0 jars and in
+#: apache/spark sql/core/.../execution/streaming/state/).
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+
+RESULT_PREFIX = "@@sparkstate-bench-result "
+MASTER = "local[2]"
+SHUFFLE_PARTITIONS = 4
+DRIVER_MEMORY = "2g"
+#: Spark settings recorded in the JSON next to the numbers they produced.
+RECORDED_CONF = (
+    PROVIDER_CONF,
+    "spark.sql.shuffle.partitions",
+    "spark.driver.memory",
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+    "spark.sql.streaming.stateStore.minDeltasForSnapshot",
+    "spark.sql.streaming.stateStore.stateSchemaCheck",
+    "spark.sql.execution.arrow.maxRecordsPerBatch",
+)
+DURATION_FIELDS = (
+    "triggerExecution",
+    "latestOffset",
+    "getBatch",
+    "queryPlanning",
+    "walCommit",
+    "addBatch",
+    "commitOffsets",
+)
+STATE_FIELDS = (
+    "numRowsTotal",
+    "numRowsUpdated",
+    "numRowsRemoved",
+    "allUpdatesTimeMs",
+    "allRemovalsTimeMs",
+    "commitTimeMs",
+    "memoryUsedBytes",
+)
+
+
+class NotAvailable(Exception):  # noqa: N818 - a state, not a failure
+    """The system cannot run here (its implementation has not landed yet)."""
+
+
+# --- child side -----------------------------------------------------------------------------------
+
+
+def spark_session(app: str, conf: Mapping[str, str] | None = None) -> Any:
+    """A fresh ``local[2]`` session with 4 shuffle partitions, no UI and a 2g driver."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(MASTER)
+        .appName(app)
+        .config("spark.driver.memory", DRIVER_MEMORY)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def rate_keys(spark: Any, rows_per_batch: int, keys: int) -> Any:
+    """``rate-micro-batch`` with ``rowsPerBatch`` rows per trigger, as ``key = value % keys``."""
+    from pyspark.sql import functions as F
+
+    raw = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", rows_per_batch)
+        .option("numPartitions", 2)
+        .load()
+    )
+    return raw.select((F.col("value") % keys).alias("key"))
+
+
+def recorded_conf(spark: Any) -> dict[str, str | None]:
+    """The effective values (defaults included) of :data:`RECORDED_CONF`."""
+    out: dict[str, str | None] = {}
+    for key in RECORDED_CONF:
+        try:
+            out[key] = spark.conf.get(key)
+        except Exception:  # noqa: BLE001 - a key without a default is simply unset
+            out[key] = None
+    return out
+
+
+def _as_dict(progress: Any) -> dict[str, Any]:
+    if isinstance(progress, dict) and "batchId" in progress:
+        return dict(progress)
+    raw = getattr(progress, "json", None)
+    if isinstance(raw, str):
+        data: dict[str, Any] = json.loads(raw)
+        return data
+    return dict(progress)
+
+
+def drive(
+    recent_progress: Callable[[], Sequence[Any]],
+    stop: Callable[[], None],
+    exception: Callable[[], Any],
+    *,
+    batches: int,
+    timeout_s: float,
+    label: str,
+    poll_s: float = 0.2,
+) -> list[dict[str, Any]]:
+    """Let a started query run until ``batches`` batches completed; stop it; their progress.
+
+    Prints one line per completed batch. Raises if the query fails or the timeout passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    seen: dict[int, dict[str, Any]] = {}
+    try:
+        while True:
+            for raw in recent_progress() or []:
+                p = _as_dict(raw)
+                batch = int(p.get("batchId", -1))
+                if batch < 0 or batch in seen:
+                    continue
+                seen[batch] = p
+                ms = p.get("durationMs", {}).get("triggerExecution", 0)
+                print(
+                    f"    {label}: batch {batch}: {p.get('numInputRows', 0):,} rows in {ms:,} ms",
+                    flush=True,
+                )
+            if len(seen) >= batches:
+                break
+            failure = exception()
+            if failure is not None:
+                msg = f"{label}: the query failed: {failure}"
+                raise RuntimeError(msg)
+            if time.monotonic() > deadline:
+                msg = f"{label}: only {len(seen)} of {batches} batches within {timeout_s:.0f} s"
+                raise TimeoutError(msg)
+            time.sleep(poll_s)
+    finally:
+        stop()
+    return [seen[b] for b in sorted(seen)[:batches]]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def summarize(progress: Sequence[Mapping[str, Any]], warmup: int) -> dict[str, Any]:
+    """Throughput, batch-time percentiles and the mean progress breakdown of measured batches."""
+    measured = list(progress[warmup:])
+    if not measured:
+        msg = f"no measured batches: {len(progress)} completed, {warmup} warm-up"
+        raise ValueError(msg)
+    batch_ms = [float(p["durationMs"]["triggerExecution"]) for p in measured]
+    rows = sum(int(p.get("numInputRows", 0)) for p in measured)
+    total_s = max(sum(batch_ms), 1.0) / 1000
+    fields = list(DURATION_FIELDS)
+    for p in measured:
+        fields += [f for f in p.get("durationMs", {}) if f not in fields]
+    durations = {
+        f: _mean([float(p["durationMs"][f]) for p in measured if f in p.get("durationMs", {})])
+        for f in fields
+    }
+    state: dict[str, Any] = {}
+    custom: dict[str, list[float]] = {}
+    for f in STATE_FIELDS:
+        vals = [
+            float(sum(op.get(f, 0) for op in p.get("stateOperators", [])))
+            for p in measured
+            if p.get("stateOperators")
+        ]
+        state[f] = _mean(vals)
+    for p in measured:
+        for op in p.get("stateOperators", []):
+            for name, value in (op.get("customMetrics") or {}).items():
+                if isinstance(value, int | float):
+                    custom.setdefault(name, []).append(float(value))
+    state["customMetrics"] = {k: _mean(v) for k, v in sorted(custom.items())}
+    last_ops = measured[-1].get("stateOperators", [])
+    state["operators"] = [op.get("operatorName") for op in last_ops]
+    state["finalNumRowsTotal"] = sum(int(op.get("numRowsTotal", 0)) for op in last_ops)
+    out_rows = [int((p.get("sink") or {}).get("numOutputRows", -1)) for p in measured]
+    return {
+        "available": True,
+        "rows_per_s": rows / total_s,
+        "p50_batch_ms": float(np.percentile(batch_ms, 50)),
+        "p99_batch_ms": float(np.percentile(batch_ms, 99)),
+        "mean_batch_ms": float(np.mean(batch_ms)),
+        "batches_measured": len(measured),
+        "warmup_batches": warmup,
+        "rows_measured": rows,
+        "batch_ms": batch_ms,
+        "warmup_batch_ms": [float(p["durationMs"]["triggerExecution"]) for p in progress[:warmup]],
+        "sink_output_rows": out_rows,
+        "mean_duration_ms": durations,
+        "mean_state": state,
+    }
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    """Child entry: ``<bench module> <system> <params json>``; prints the result line."""
+    import importlib
+
+    module_name, system, params_json = argv
+    module = importlib.import_module(module_name)
+    params = json.loads(params_json)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    try:
+        result: dict[str, Any] = module.measure(system, params)
+        code = 0
+    except NotAvailable as exc:
+        result = {"available": False, "reason": str(exc)}
+        code = 0
+    except Exception as exc:  # reported to the parent, which decides the exit code
+        traceback.print_exc()
+        result = {"available": True, "error": f"{type(exc).__name__}: {exc}"}
+        code = 1
+    result["process_s"] = time.perf_counter() - started
+    result["loadavg_before"] = list(load_before)
+    result["loadavg_after"] = list(os.getloadavg())
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return code
+
+
+# --- parent side ----------------------------------------------------------------------------------
+
+
+class BenchSpec:
+    """What a benchmark module tells :func:`run_bench`."""
+
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        systems: Sequence[str],
+        ratio_pairs: Sequence[tuple[str, str]],
+        params: dict[str, Any],
+        timeout_s: float,
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.systems = list(systems)
+        self.ratio_pairs = list(ratio_pairs)
+        self.params = params
+        self.timeout_s = timeout_s
+
+
+def _child(spec: BenchSpec, system: str, workdir: str) -> dict[str, Any]:
+    params = {**spec.params, "workdir": workdir, "timeout_s": spec.timeout_s}
+    code = (
+        "import sys; from sparkstate.bench._spark import worker_main; "
+        "sys.exit(worker_main(sys.argv[1:]))"
+    )
+    cmd = [sys.executable, "-c", code, spec.module, system, json.dumps(params)]
+    stderr_path = os.path.join(workdir, "stderr.log")
+    result: dict[str, Any] | None = None
+    with open(stderr_path, "w") as err:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                if line.startswith(RESULT_PREFIX):
+                    result = json.loads(line[len(RESULT_PREFIX) :])
+                else:
+                    print(line, end="", flush=True)
+            proc.wait(timeout=spec.timeout_s + 120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if result is None or "error" in result:
+        with open(stderr_path) as err:
+            tail = err.read()[-4000:]
+        print(f"[bench {spec.name}] {system}: stderr tail:\n{tail}", file=sys.stderr, flush=True)
+        if result is None:
+            result = {"available": True, "error": f"the subprocess exited with {proc.returncode}"}
+    return result
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    head = f"{'system':<22}{'rows/s':>12}{'p50 ms':>10}{'p99 ms':>10}{'commit ms':>11}  note"
+    lines = [head, "-" * len(head)]
+    for system, r in results.items():
+        if not r.get("available", False) or "error" in r:
+            note = r.get("error") or f"not available: {r.get('reason', '')}"
+            lines.append(f"{system:<22}{'-':>12}{'-':>10}{'-':>10}{'-':>11}  {note}")
+            continue
+        commit = (r.get("mean_state") or {}).get("commitTimeMs")
+        lines.append(
+            f"{system:<22}{_fmt(r['rows_per_s'], ',.0f'):>12}{_fmt(r['p50_batch_ms'], ',.0f'):>10}"
+            f"{_fmt(r['p99_batch_ms'], ',.0f'):>10}{_fmt(commit, ',.0f'):>11}"
+        )
+    return "\n".join(lines)
+
+
+def ratios(
+    results: Mapping[str, Mapping[str, Any]], pairs: Sequence[tuple[str, str]]
+) -> dict[str, float]:
+    """``"a/b"``: a's throughput over b's, for the pairs where both ran."""
+    out: dict[str, float] = {}
+    for a, b in pairs:
+        ra, rb = results.get(a, {}), results.get(b, {})
+        if ra.get("rows_per_s") and rb.get("rows_per_s"):
+            out[f"{a}/{b}"] = float(ra["rows_per_s"]) / float(rb["rows_per_s"])
+    return out
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run_bench(spec: BenchSpec, args: argparse.Namespace) -> int:
+    """Run every selected system in its own subprocess; print a table; write the JSON."""
+    systems = args.systems.split(",") if getattr(args, "systems", None) else spec.systems
+    unknown = [s for s in systems if s not in spec.systems]
+    if unknown:
+        print(f"[bench {spec.name}] unknown systems {unknown}; known: {spec.systems}")
+        return 2
+    print(f"[bench {spec.name}] {json.dumps(spec.params)}", flush=True)
+    results: dict[str, Any] = {}
+    failed = False
+    for system in systems:
+        print(f"[bench {spec.name}] {system} ... (load {os.getloadavg()[0]:.2f})", flush=True)
+        workdir = tempfile.mkdtemp(prefix=f"sparkstate-bench-{spec.name}-{system}-")
+        try:
+            r = _child(spec, system, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        results[system] = r
+        if "error" in r:
+            failed = True
+            print(f"[bench {spec.name}] {system}: FAILED: {r['error']}", flush=True)
+        elif not r.get("available", False):
+            print(f"[bench {spec.name}] {system}: not available: {r.get('reason')}", flush=True)
+        else:
+            print(
+                f"[bench {spec.name}] {system}: {r['rows_per_s']:,.0f} rows/s, "
+                f"p50 {r['p50_batch_ms']:,.0f} ms, p99 {r['p99_batch_ms']:,.0f} ms",
+                flush=True,
+            )
+    rat = ratios(results, spec.ratio_pairs)
+    print(f"\n[bench {spec.name}] summary\n{_table(results)}")
+    if rat:
+        print(f"[bench {spec.name}] ratios (throughput):")
+        for key, value in rat.items():
+            print(f"    {key}: {value:.2f}x")
+    report = {
+        "benchmark": spec.name,
+        "quick": bool(getattr(args, "quick", False)),
+        "params": spec.params,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "pyspark": _version("pyspark"),
+            "platform": platform.platform(),
+            "loadavg_end": list(os.getloadavg()),
+        },
+        "systems": results,
+        "ratios": rat,
+    }
+    if getattr(args, "json_out", None):
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"[bench {spec.name}] wrote {args.json_out}")
+    return 1 if failed else 0
