@@ -13,6 +13,13 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Test-only providers (tests.engine.faults) must import in the driver and in Python workers.
+_REPO = str(Path(__file__).resolve().parents[2])
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p
+)
 
 from pyspark.sql import SparkSession  # noqa: E402
 

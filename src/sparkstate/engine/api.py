@@ -200,8 +200,8 @@ class DataStreamWriter:
     ) -> StreamingQuery:
         spark = df.sparkSession
         opts = dict(self._options)
-        provider = opts.get("stateStore", DEFAULT_PROVIDER)
-        provider = provider_name(provider_class(provider))
+        provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
+        provider = provider_name(provider_class(provider_spec))
         state_root = opts.get("stateLocation") or engine_root
         store_opts = {
             k[len(_STORE_PREFIX) :]: v
@@ -233,7 +233,7 @@ class DataStreamWriter:
             _check_restart(metadata, provider, requested, state_root, described, log_.root)
         num_partitions = int(metadata["num_partitions"])
         conf = dataclasses.replace(conf, num_partitions=num_partitions)
-        store = StoreSettings(state_root, provider, conf, maintenance_s)
+        store = StoreSettings(state_root, provider_spec, conf, maintenance_s)
         sink_opts = {
             k: v
             for k, v in opts.items()
