@@ -115,6 +115,19 @@ def _history(provider: StateStoreProvider, n: int) -> list[dict[Row, Row]]:
     return states
 
 
+def _providers(
+    factory: ProviderFactory, provider: StateStoreProvider
+) -> Iterator[StateStoreProvider]:
+    """The provider that wrote, then a new instance on the same and on a fresh local directory.
+
+    Each is yielded only once the previous one is done with (a provider may hold one open store
+    at a time, and reopening closes the others).
+    """
+    yield provider
+    yield factory.reopen()
+    yield factory.reopen(local_dir=factory.fresh_local_dir())
+
+
 def _store_dir(factory: ProviderFactory) -> DurableDir:
     return DurableDir(factory.checkpoint_root).child(factory.store_id.relative_dir)
 
@@ -287,8 +300,8 @@ class StateStoreContract:
         got = [k for k, _ in store.iterator()]
         nulls_first = self._nulls_first(got, ORDER_KEYS)
         store.commit()
-        for reader in (provider.get_read_store(2), factory.reopen().get_read_store(2)):
-            assert [k for k, _ in reader.iterator()] == sort_rows(
+        for p in _providers(factory, provider):
+            assert [k for k, _ in p.get_read_store(2).iterator()] == sort_rows(
                 ORDER_KEYS, nulls_first=nulls_first
             )
 
@@ -590,7 +603,7 @@ class StateStoreContract:
         assert {first.checkpoint_id, second.checkpoint_id} <= ids
         want_first = {("a", 0): (0, None), ("a", 1): (1, "first")}
         want_second = {("a", 2): (2, "second")}
-        for p in (provider, factory.reopen(), factory.reopen(local_dir=factory.fresh_local_dir())):
+        for p in _providers(factory, provider):
             assert read_all(p.get_read_store(2, first.checkpoint_id)) == {DEFAULT_CF: want_first}
             assert read_all(p.get_read_store(2, second.checkpoint_id)) == {DEFAULT_CF: want_second}
             # Without a checkpoint id, the newest attempt is the one loaded.
@@ -604,7 +617,7 @@ class StateStoreContract:
         assert first.checkpoint_id is not None
         third = _commit(provider, 2, {("a", 3): (3, None)}, checkpoint_id=first.checkpoint_id)
         want = {("a", 0): (0, None), ("a", 1): (1, "first"), ("a", 3): (3, None)}
-        for p in (provider, factory.reopen(), factory.reopen(local_dir=factory.fresh_local_dir())):
+        for p in _providers(factory, provider):
             assert read_all(p.get_read_store(3)) == {DEFAULT_CF: want}
             assert read_all(p.get_read_store(3, third.checkpoint_id)) == {DEFAULT_CF: want}
 
@@ -720,6 +733,33 @@ class StateStoreContract:
         provider = factory.reopen(local_dir=factory.fresh_local_dir(), **conf)
         assert read_all(provider.get_read_store(4)) == {DEFAULT_CF: want}
 
+    def test_retention_keeps_a_replay_behind_an_abandoned_attempt(
+        self, factory: ProviderFactory
+    ) -> None:
+        """Versions 4 and 5 committed, then the process died before maintenance; the replay
+        restarts from version 3. Until the replay catches up, the highest version on durable
+        storage is the abandoned 5: retention must still keep what the replayed 4 needs.
+        """
+        conf: dict[str, Any] = {"min_deltas_for_snapshot": 2, "min_versions_to_retain": 2}
+        provider = factory.open(**conf)
+        states: list[dict[Row, Row]] = [{}]
+        for v in range(1, 6):
+            states.append(_history_step(provider, v, states[-1]))
+            if v <= 3:
+                provider.do_maintenance()
+        provider = factory.reopen(**conf)
+        replayed = _commit(provider, 3, {("replayed", 4): (4, None)})
+        want = apply_changes(states[3], {("replayed", 4): (4, None)}, [])
+        provider.do_maintenance()
+        provider = factory.reopen(local_dir=factory.fresh_local_dir(), **conf)
+        assert read_all(provider.get_read_store(4)) == {DEFAULT_CF: want}
+        assert read_all(provider.get_read_store(4, replayed.checkpoint_id)) == {DEFAULT_CF: want}
+        _commit(provider, 4, {("replayed", 5): (5, None)})
+        provider.do_maintenance()
+        provider = factory.reopen(local_dir=factory.fresh_local_dir(), **conf)
+        want = apply_changes(want, {("replayed", 5): (5, None)}, [])
+        assert read_all(provider.get_read_store(5)) == {DEFAULT_CF: want}
+
     # --- schema checks -------------------------------------------------------------------------
 
     def test_reopen_with_a_different_key_schema(self, factory: ProviderFactory) -> None:
@@ -755,6 +795,18 @@ class StateStoreContract:
             factory.open(provider_cls=other)
         assert cls.name in str(info.value)
         assert f"{cls.name}-other" in str(info.value)
+
+    def test_a_failed_init_is_reported_by_the_context_manager(
+        self, factory: ProviderFactory
+    ) -> None:
+        """``with provider: provider.init(...)`` surfaces the init error, not a close() error."""
+        _commit(factory.open(), 0, {("a", 1): (1, None)})
+        factory.close_all()
+        cls = resolve_provider(self.provider)
+        other_key = pa.schema([("name", pa.string()), ("n", pa.int32())])
+        with pytest.raises(SchemaMismatchError), cls() as provider:
+            provider.init(factory.store_id, other_key, factory.value_schema, factory.conf())
+        cls().close()  # closing a provider that was never bound is harmless
 
     def test_reopen_with_a_different_partition_count(self, factory: ProviderFactory) -> None:
         _commit(factory.open(num_partitions=4), 0, {("a", 1): (1, None)})

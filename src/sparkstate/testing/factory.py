@@ -105,7 +105,6 @@ class ProviderFactory:
         **conf: Any,
     ) -> StateStoreProvider:
         provider = (provider_cls or self.provider_cls)()
-        self._open.append(provider)
         provider.init(
             store_id or self.store_id,
             self.key_schema if key_schema is None else key_schema,
@@ -113,6 +112,7 @@ class ProviderFactory:
             self.conf(**conf),
             column_families=(self.column_families if column_families is None else column_families),
         )
+        self._open.append(provider)
         return provider
 
     def reopen(self, **kwargs: Any) -> StateStoreProvider:
