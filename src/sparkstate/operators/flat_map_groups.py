@@ -1,0 +1,412 @@
+"""Arbitrary per-key state with timeouts: ``flatMapGroupsWithState`` and ``applyInPandasWithState``.
+
+One partition, one batch (Spark's ``FlatMapGroupsWithStateExec`` /
+``FlatMapGroupsInPandasWithStateExec``):
+
+1. the input is sorted by key and cut into groups (Arrow); with an event-time timeout and a
+   watermark, rows at or before the watermark are dropped first;
+2. the states of all keys of the batch are read with one multi-get;
+3. the user function runs once per key, in key order, with the key's rows and a ``GroupState``;
+4. state changes are written in one batch, together with the timeout index;
+5. then keys whose timeout is before the batch's processing time (``ProcessingTimeTimeout``) or
+   watermark (``EventTimeTimeout``) are found with one range scan of the timeout index (ordered
+   by ``(timeout, key)``, so no full scan) and the function runs for each with no rows and
+   ``hasTimedOut`` true.
+
+Layout: the default column family maps a key to its state fields plus ``__timeout_ms`` and
+``__defined`` (a removed state can keep a timeout); ``$timeout_index`` maps
+``(timeout_ms, key...)`` to a marker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators._arrow import is_late, max_event_time_ms
+from sparkstate.operators.base import (
+    BatchContext,
+    OperatorMetrics,
+    StatefulOperator,
+    schema_to_json,
+)
+from sparkstate.operators.group_state import (
+    NO_TIMESTAMP,
+    GroupState,
+    GroupStateClock,
+    GroupStateTimeout,
+    timeout_conf,
+)
+from sparkstate.operators.grouping import (
+    ROW_FORMATS,
+    KeyGroups,
+    OutputCollector,
+    decode_present,
+    group_by_key,
+    rows_of,
+)
+from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.state_errors import InvalidOutputError
+from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA
+from sparkstate.store.base import ColumnFamily, StateStore
+from sparkstate.store.codec import KeyCodec
+
+__all__ = ["TIMEOUT_INDEX_CF", "ApplyInPandasWithState", "FlatMapGroupsWithState"]
+
+TIMEOUT_INDEX_CF = "$timeout_index"
+TIMEOUT_FIELD = "__timeout_ms"
+DEFINED_FIELD = "__defined"
+_TS_SCHEMA = pa.schema([pa.field("timeout_ms", pa.int64(), nullable=False)])
+
+
+def key_schema_of(input_schema: pa.Schema, key_columns: Sequence[str], api: str) -> pa.Schema:
+    """The grouping key schema (nullable fields of the input), with a clear error for typos."""
+    if not key_columns:
+        msg = f"{api}: at least one grouping column is needed"
+        raise ConfigurationError(msg)
+    missing = [c for c in key_columns if c not in input_schema.names]
+    if missing:
+        msg = f"{api}: no grouping column(s) {missing} in the input {input_schema.names}"
+        raise ConfigurationError(msg)
+    return pa.schema([input_schema.field(c).with_nullable(True) for c in key_columns])
+
+
+class _Pending:
+    """State writes of one phase: puts, deletes and timeout-index moves, applied in one go."""
+
+    def __init__(self) -> None:
+        self.put_keys: list[bytes] = []
+        self.put_values: list[tuple[Any, ...]] = []
+        self.deletes: list[bytes] = []
+        self.index_deletes: list[tuple[int, bytes]] = []
+        self.index_puts: list[tuple[int, bytes]] = []
+
+
+class FlatMapGroupsWithState(StatefulOperator):
+    """Row-based arbitrary state: ``func(key, rows, state) -> iterable of output rows``.
+
+    ``rows`` is a list of the key's input rows as tuples (``row_format="tuple"``, the fastest),
+    dicts or ``Row`` objects; the function returns tuples (positional), dicts or Rows. The write
+    rule is Scala's ``flatMapGroupsWithState`` (the stored timeout is the old timeout).
+    """
+
+    kind: ClassVar[str] = "flatMapGroupsWithState"
+    progress_name: ClassVar[str] = "flatMapGroupsWithState"
+    supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
+    #: Whether the old timeout of Spark's write rule is the stored one (Scala) or -1 (PySpark).
+    compare_with_stored_timeout: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        input_schema: pa.Schema,
+        key_columns: Sequence[str],
+        output_schema: SchemaLike,
+        state_schema: SchemaLike,
+        output_mode: str = "update",
+        timeout: str = GroupStateTimeout.NoTimeout,
+        *,
+        watermark_present: bool = False,
+        event_time_column: str | None = None,
+        row_format: str = "tuple",
+    ) -> None:
+        api = self.kind
+        self.func = func
+        self.input_schema = input_schema
+        self.key_schema = key_schema_of(input_schema, key_columns, api)
+        self.output_schema = to_arrow_schema(output_schema, f"{api} output schema")
+        self.state_schema = to_arrow_schema(state_schema, f"{api} state schema")
+        self.output_mode = output_mode.lower()
+        self.check_output_mode(self.output_mode)
+        self.timeout = timeout_conf(timeout)
+        if self.timeout == GroupStateTimeout.EventTimeTimeout and not watermark_present:
+            msg = (
+                f"{api}: event-time timeouts need a watermark: call withWatermark() on the "
+                "input before grouping"
+            )
+            raise ConfigurationError(msg)
+        if event_time_column is not None and event_time_column not in input_schema.names:
+            msg = f"{api}: no event-time column {event_time_column!r} in {input_schema.names}"
+            raise ConfigurationError(msg)
+        if row_format not in ROW_FORMATS:
+            msg = f"{api}: row_format must be one of {ROW_FORMATS}, got {row_format!r}"
+            raise ConfigurationError(msg)
+        reserved = {TIMEOUT_FIELD, DEFINED_FIELD} & set(self.state_schema.names)
+        if reserved:
+            msg = f"{api}: state field name(s) {sorted(reserved)} are reserved"
+            raise ConfigurationError(msg)
+        self.watermark_present = watermark_present
+        self.event_time_column = event_time_column
+        self.row_format = row_format
+        self.value_schema = pa.schema(
+            [f.with_nullable(True) for f in self.state_schema]
+            + [
+                pa.field(TIMEOUT_FIELD, pa.int64(), nullable=False),
+                pa.field(DEFINED_FIELD, pa.bool_(), nullable=False),
+            ]
+        )
+        self._width = len(self.state_schema)
+        self._ts_codec = KeyCodec(_TS_SCHEMA)
+        self._index_key_schema = pa.schema([*_TS_SCHEMA, *self.key_schema])
+
+    def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
+        return {TIMEOUT_INDEX_CF: (self._index_key_schema, MARKER_SCHEMA)}
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["timeout"] = self.timeout
+        out["state_schema"] = schema_to_json(self.state_schema)
+        return out
+
+    # --- the batch -------------------------------------------------------------------------------
+
+    def process(
+        self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
+    ) -> Iterator[pa.RecordBatch]:
+        m = ctx.metrics
+        started = time.perf_counter()
+        table = self._input_table(batches, ctx)
+        clock = GroupStateClock(
+            timeout=self.timeout,
+            processing_time_ms=ctx.batch_timestamp_ms,
+            watermark_ms=ctx.watermark_ms if self.watermark_present else NO_TIMESTAMP,
+            watermark_present=self.watermark_present,
+            api=self.kind,
+        )
+        out = OutputCollector(self.output_schema, f"{self.kind} function")
+        fam = store.column_family()
+        groups = group_by_key(table, self.key_schema, fam.key_codec)
+        if len(groups):
+            stored = decode_present(
+                fam, store.raw_get_many([fam.prefix + k for k in groups.key_bytes])
+            )
+            pending = _Pending()
+            yield from self._call_groups(groups, stored, clock, out, pending)
+            self._apply(store, fam, pending, m)
+        m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
+        if self.timeout != GroupStateTimeout.NoTimeout:
+            started = time.perf_counter()
+            yield from self._time_out(store, fam, clock, out, m)
+            m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+        yield from out.drain(final=True)
+        m.num_output_rows += out.num_rows
+
+    def _input_table(self, batches: Iterator[pa.RecordBatch], ctx: BatchContext) -> pa.Table:
+        collected = [b for b in batches if b.num_rows]
+        table = pa.Table.from_batches(collected) if collected else self.input_schema.empty_table()
+        m = ctx.metrics
+        m.num_input_rows += table.num_rows
+        col = self.event_time_column
+        if col is not None and table.num_rows:
+            m.observe_event_time(max_event_time_ms(table.column(col)))
+            if self.timeout == GroupStateTimeout.EventTimeTimeout and self.watermark_present:
+                late = is_late(table.column(col), ctx.watermark_ms)
+                dropped = int(pc.sum(late).as_py() or 0)
+                if dropped:
+                    m.num_rows_dropped_by_watermark += dropped
+                    table = table.filter(pc.invert(late))
+        return table
+
+    def _call_groups(
+        self,
+        groups: KeyGroups,
+        stored: list[tuple[Any, ...] | None],
+        clock: GroupStateClock,
+        out: OutputCollector,
+        pending: _Pending,
+    ) -> Iterator[pa.RecordBatch]:
+        """Call the function once per key (the hot loop: the common case is inlined)."""
+        func, width, starts, keys = self.func, self._width, groups.starts, groups.keys
+        data, emit = self._group_data(groups), self._emitter(out)
+        compare = self.compare_with_stored_timeout
+        key_bytes, put_keys, put_values = groups.key_bytes, pending.put_keys, pending.put_values
+        new_state = GroupState
+        i = 0
+        try:
+            for i, row in enumerate(stored):
+                if row is None:
+                    old_ts, state = NO_TIMESTAMP, new_state(clock, None, width)
+                else:
+                    old_ts = row[width]
+                    value = row[:width] if row[-1] else None
+                    state = new_state(clock, value, width, old_timeout_ts=old_ts if compare else -1)
+                emit(func(keys[i], data(starts[i], starts[i + 1]), state))
+                if state._removed or state._timeout_ts != NO_TIMESTAMP or old_ts != NO_TIMESTAMP:
+                    self._record(pending, key_bytes[i], state, old_ts, row is not None, compare)
+                elif state._updated:
+                    put_keys.append(key_bytes[i])
+                    put_values.append((*state._value, NO_TIMESTAMP, True))  # type: ignore[misc]
+                if not i & 4095 and out.has_batches:
+                    yield from out.drain()
+        except Exception as exc:
+            exc.add_note(f"sparkstate: raised by the {self.kind} function for key {keys[i]!r}")
+            raise
+
+    def _group_data(self, groups: KeyGroups) -> Callable[[int, int], Any]:
+        rows = rows_of(groups.table, self.row_format)
+        return lambda start, end: rows[start:end]
+
+    def _empty_data(self) -> Any:
+        return []
+
+    def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
+        return out.add_rows
+
+    def _record(
+        self,
+        pending: _Pending,
+        kenc: bytes,
+        state: GroupState,
+        old_ts: int,
+        existed: bool,
+        compare_stored: bool,
+    ) -> None:
+        action, value, ts = state.decision(old_ts if compare_stored else NO_TIMESTAMP)
+        if action == "keep":
+            return
+        if action == "remove":
+            if existed:
+                pending.deletes.append(kenc)
+        else:
+            pending.put_keys.append(kenc)
+            pending.put_values.append(
+                (*value, ts, True) if value is not None else (None,) * self._width + (ts, False)
+            )
+        if existed and old_ts != NO_TIMESTAMP and (action == "remove" or ts != old_ts):
+            pending.index_deletes.append((old_ts, kenc))
+        if action == "put" and ts != NO_TIMESTAMP and (not existed or ts != old_ts):
+            pending.index_puts.append((ts, kenc))
+
+    def _apply(self, store: StateStore, fam: ColumnFamily, p: _Pending, m: OperatorMetrics) -> None:
+        if p.put_keys:
+            prefix = fam.prefix
+            encoded = fam.value_codec.encode_many(p.put_values)
+            store.raw_put_many([prefix + k for k in p.put_keys], encoded)
+            m.num_rows_updated += len(p.put_keys)
+        if p.deletes:
+            store.raw_delete_many([fam.prefix + k for k in p.deletes])
+            m.num_rows_removed += len(p.deletes)
+        if p.index_deletes or p.index_puts:
+            idx = store.column_family(TIMEOUT_INDEX_CF).prefix
+            enc = self._ts_codec.encode
+            if p.index_deletes:
+                store.raw_delete_many([idx + enc((ts,)) + k for ts, k in p.index_deletes])
+            if p.index_puts:
+                store.raw_put_many(
+                    [idx + enc((ts,)) + k for ts, k in p.index_puts], [MARKER] * len(p.index_puts)
+                )
+
+    def _time_out(
+        self,
+        store: StateStore,
+        fam: ColumnFamily,
+        clock: GroupStateClock,
+        out: OutputCollector,
+        m: OperatorMetrics,
+    ) -> Iterator[pa.RecordBatch]:
+        """Call the function for every key whose timeout is before the threshold."""
+        if self.timeout == GroupStateTimeout.ProcessingTimeTimeout:
+            threshold = clock.processing_time_ms
+        else:
+            threshold = clock.watermark_ms
+        prefix = store.column_family(TIMEOUT_INDEX_CF).prefix
+        ts_codec = self._ts_codec
+        split = len(prefix) + len(ts_codec.encode((0,)))
+        end = prefix + ts_codec.encode((threshold,))
+        expired = [
+            (ts_codec.decode(k[len(prefix) : split])[0], k[split:])
+            for k, _ in store.raw_scan(prefix, end)
+        ]
+        if not expired:
+            return
+        key_bytes = [k for _, k in expired]
+        stored = decode_present(fam, store.raw_get_many([fam.prefix + k for k in key_bytes]))
+        keys = fam.key_codec.decode_many(key_bytes)
+        width, compare = self._width, self.compare_with_stored_timeout
+        pending, emit = _Pending(), self._emitter(out)
+        for (index_ts, kenc), key, row in zip(expired, keys, stored, strict=True):
+            if row is None or row[width] != index_ts:  # a stale index entry: drop it
+                pending.index_deletes.append((index_ts, kenc))
+                continue
+            value = row[:width] if row[-1] else None
+            state = GroupState(
+                clock, value, width, timed_out=True, old_timeout_ts=index_ts if compare else -1
+            )
+            try:
+                emit(self.func(key, self._empty_data(), state))
+            except Exception as exc:
+                exc.add_note(
+                    f"sparkstate: raised by the {self.kind} function for timed-out key {key!r}"
+                )
+                raise
+            self._record(pending, kenc, state, index_ts, True, compare)
+            if out.has_batches:
+                yield from out.drain()
+        self._apply(store, fam, pending, m)
+
+
+class ApplyInPandasWithState(FlatMapGroupsWithState):
+    """``applyInPandasWithState``: ``func(key, pdf_iter, state) -> iterator of DataFrames``.
+
+    As in PySpark 4.3: the input DataFrame has all input columns; a timed-out key gets one empty
+    DataFrame with those columns; ``oldTimeoutTimestamp`` is -1, so the stored timeout only
+    changes when the function updates or removes the state or sets a timeout.
+    """
+
+    kind: ClassVar[str] = "applyInPandasWithState"
+    progress_name: ClassVar[str] = "applyInPandasWithState"
+    compare_with_stored_timeout: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        input_schema: pa.Schema,
+        key_columns: Sequence[str],
+        output_schema: SchemaLike,
+        state_schema: SchemaLike,
+        output_mode: str = "update",
+        timeout: str = GroupStateTimeout.NoTimeout,
+        *,
+        watermark_present: bool = False,
+        event_time_column: str | None = None,
+    ) -> None:
+        super().__init__(
+            func,
+            input_schema,
+            key_columns,
+            output_schema,
+            state_schema,
+            output_mode,
+            timeout,
+            watermark_present=watermark_present,
+            event_time_column=event_time_column,
+        )
+
+    def _group_data(self, groups: KeyGroups) -> Callable[[int, int], Any]:
+        frame = groups.table.to_pandas()
+        iloc = frame.iloc
+
+        def data(start: int, end: int) -> Iterator[Any]:
+            return iter([iloc[start:end].reset_index(drop=True)])
+
+        return data
+
+    def _empty_data(self) -> Any:
+        return iter([self.input_schema.empty_table().to_pandas()])
+
+    def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
+        def emit(result: Any) -> None:
+            if result is None:
+                return
+            if hasattr(result, "columns"):
+                msg = f"{self.kind} function must return an iterator of DataFrames, not a DataFrame"
+                raise InvalidOutputError(msg)
+            for frame in result:
+                out.add_frame(frame)
+
+        return emit

@@ -1,0 +1,259 @@
+"""Arrow plumbing shared by the arbitrary-state operators: group input by key, rows out.
+
+``group_by_key`` sorts a partition's input by the grouping columns (ascending, nulls first, the
+order in which Spark calls the user function) and cuts it into one slice per key, all in Arrow;
+the encoded key of each group is what the store is addressed with. ``OutputCollector`` turns what
+user functions return (tuples, dicts, ``Row``-like objects, pandas frames) into record batches of
+the output schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkstate.operators.state_errors import InvalidOutputError
+from sparkstate.store.base import ColumnFamily
+from sparkstate.store.codec import KeyCodec
+
+__all__ = [
+    "ROW_FORMATS",
+    "KeyGroups",
+    "OutputCollector",
+    "decode_present",
+    "group_by_key",
+    "make_row_class",
+    "rows_of",
+]
+
+#: How rows are handed to a row-based user function.
+ROW_FORMATS = ("tuple", "dict", "row")
+#: Output rows gathered before a record batch is emitted.
+OUTPUT_CHUNK = 65536
+
+
+@dataclasses.dataclass
+class KeyGroups:
+    """A partition's input sorted by key: group ``i`` is rows ``starts[i]:starts[i + 1]``."""
+
+    table: pa.Table
+    key_bytes: list[bytes]
+    keys: list[tuple[Any, ...]]
+    starts: list[int]
+
+    def __len__(self) -> int:
+        return len(self.key_bytes)
+
+
+def _select(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    columns = []
+    for field in schema:
+        col = table.column(field.name)
+        columns.append(col if col.type == field.type else col.cast(field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def group_by_key(table: pa.Table, key_schema: pa.Schema, codec: KeyCodec) -> KeyGroups:
+    """Sort ``table`` by the key columns and find each key's rows (vectorized)."""
+    n = table.num_rows
+    if n == 0:
+        return KeyGroups(table, [], [], [0])
+    names = key_schema.names
+    order = pc.sort_indices(table, sort_keys=[(c, "ascending", "at_start") for c in names])
+    table = table.take(order)
+    key_table = _select(table, key_schema)
+    encoded = codec.encode_many(key_table)
+    if n == 1:
+        firsts = np.zeros(1, np.int64)
+    else:
+        arr = pa.array(encoded, pa.binary())
+        differs = np.asarray(pc.not_equal(arr.slice(1), arr.slice(0, n - 1)))
+        firsts = np.concatenate([[0], np.flatnonzero(differs) + 1])
+    idx = firsts.tolist()
+    key_bytes = [encoded[i] for i in idx]
+    key_cols = [c.take(pa.array(firsts)).to_pylist() for c in key_table.columns]
+    keys = list(zip(*key_cols, strict=True))
+    return KeyGroups(table, key_bytes, keys, [*idx, n])
+
+
+def decode_present(fam: ColumnFamily, raws: Sequence[bytes | None]) -> list[Any]:
+    """Decoded values of a multi-get (None where absent), decoding only what is there."""
+    present = [i for i, r in enumerate(raws) if r is not None]
+    out: list[Any] = [None] * len(raws)
+    if present:
+        if len(present) == len(raws):
+            return fam.value_codec.decode_many(raws)
+        decoded = fam.value_codec.decode_many([raws[i] for i in present])
+        for i, value in zip(present, decoded, strict=True):
+            out[i] = value
+    return out
+
+
+def make_row_class(names: Sequence[str]) -> type[tuple[Any, ...]]:
+    """A tuple subclass like ``pyspark.sql.Row``: ``row.name``, ``row["name"]``, ``row[0]``,
+    ``row.asDict()``."""
+    fields = tuple(names)
+    index = {n: i for i, n in enumerate(fields)}
+
+    def __getitem__(self: tuple[Any, ...], item: Any) -> Any:  # noqa: N807
+        if type(item) is str:
+            try:
+                item = index[item]
+            except KeyError:
+                msg = f"no field {item!r} in Row with fields {list(fields)}"
+                raise KeyError(msg) from None
+        return tuple.__getitem__(self, item)
+
+    def asDict(self: tuple[Any, ...]) -> dict[str, Any]:  # noqa: N802 - PySpark's name
+        return dict(zip(fields, self, strict=True))
+
+    def __repr__(self: tuple[Any, ...]) -> str:  # noqa: N807
+        inner = ", ".join(f"{n}={v!r}" for n, v in zip(fields, self, strict=True))
+        return f"Row({inner})"
+
+    namespace: dict[str, Any] = {
+        "__slots__": (),
+        "__fields__": fields,
+        "__getitem__": __getitem__,
+        "__repr__": __repr__,
+        "asDict": asDict,
+    }
+    for i, name in enumerate(fields):
+        if name.isidentifier() and not keyword.iskeyword(name) and name not in namespace:
+            namespace[name] = property(itemgetter(i))
+    return type("Row", (tuple,), namespace)
+
+
+def rows_of(table: pa.Table, fmt: str) -> list[Any]:
+    """All rows of ``table`` as tuples, dicts or ``Row`` objects (``fmt`` in ``ROW_FORMATS``)."""
+    if fmt == "dict":
+        dicts: list[Any] = table.to_pylist()
+        return dicts
+    columns = [c.to_pylist() for c in table.columns]
+    rows: list[Any] = list(zip(*columns, strict=True)) if columns else [()] * table.num_rows
+    if fmt == "row":
+        cls = make_row_class(table.schema.names)
+        new = tuple.__new__
+        rows = [new(cls, r) for r in rows]
+    return rows
+
+
+class OutputCollector:
+    """Gathers output rows of user functions and emits record batches of ``schema``.
+
+    ``add_rows`` takes an iterable of tuples (positional), dicts (by name) or objects with
+    ``asDict()``; ``add_frame`` takes a pandas DataFrame. ``where`` names the function in errors.
+    """
+
+    def __init__(self, schema: pa.Schema, where: str) -> None:
+        self.schema = schema
+        self.where = where
+        self.num_rows = 0
+        self._rows: list[Any] = []
+        self._batches: list[pa.RecordBatch] = []
+        self._names = schema.names
+
+    def add_rows(self, rows: Iterable[Any] | None) -> None:
+        """Rows returned by one call (None: no rows). Cheap: conversion happens per chunk."""
+        if rows is None:
+            return
+        try:
+            self._rows.extend(rows)
+        except TypeError as exc:
+            if isinstance(rows, Iterable):
+                raise
+            msg = f"{self.where} must return an iterable of rows, got {type(rows).__name__}"
+            raise InvalidOutputError(msg) from exc
+        if len(self._rows) >= OUTPUT_CHUNK:
+            self._flush_rows()
+
+    def add_frame(self, frame: Any) -> None:
+        """A pandas DataFrame: columns by name if all output fields are there, else by position."""
+        if not hasattr(frame, "columns"):
+            msg = f"{self.where} must yield pandas.DataFrame objects, got {type(frame).__name__}"
+            raise InvalidOutputError(msg)
+        if len(frame.columns) == 0 and len(frame) == 0:
+            return
+        labels = [str(c) for c in frame.columns]
+        if all(n in labels for n in self._names):
+            frame = frame[[frame.columns[labels.index(n)] for n in self._names]]
+        elif len(labels) != len(self._names):
+            msg = (
+                f"{self.where} returned a DataFrame with columns {labels}; the output schema "
+                f"has {len(self._names)} fields {self._names}"
+            )
+            raise InvalidOutputError(msg)
+        try:
+            arrays = [
+                pa.array(frame.iloc[:, i], type=f.type, from_pandas=True)
+                for i, f in enumerate(self.schema)
+            ]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            msg = f"{self.where} returned a DataFrame that does not fit {self.schema}: {exc}"
+            raise InvalidOutputError(msg) from exc
+        self._flush_rows()
+        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+
+    def _flush_rows(self) -> None:
+        rows, self._rows = self._rows, []
+        if rows:
+            self._batches.append(self._to_batch(rows))
+
+    def _to_batch(self, rows: list[Any]) -> pa.RecordBatch:
+        first = rows[0]
+        if not isinstance(first, tuple):
+            rows = [self._as_tuple(r) for r in rows]
+        width = len(self._names)
+        try:
+            columns = list(zip(*rows, strict=True))
+        except ValueError:
+            columns = []
+        if len(columns) != width:
+            rows = [self._as_tuple(r) for r in rows]
+            columns = list(zip(*rows, strict=True)) or [()] * width
+        try:
+            arrays = [pa.array(c, type=f.type) for c, f in zip(columns, self.schema, strict=True)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            msg = f"{self.where} returned rows that do not fit the output {self.schema}: {exc}"
+            raise InvalidOutputError(msg) from exc
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _as_tuple(self, row: Any) -> tuple[Any, ...]:
+        if isinstance(row, dict):
+            missing = [n for n in self._names if n not in row]
+            if missing:
+                msg = f"{self.where} returned a row without field(s) {missing}: {row!r}"
+                raise InvalidOutputError(msg)
+            return tuple(row[n] for n in self._names)
+        if hasattr(row, "asDict") and not isinstance(row, tuple):
+            return self._as_tuple(row.asDict())
+        if isinstance(row, tuple | list):
+            if len(row) != len(self._names):
+                msg = (
+                    f"{self.where} returned a row of {len(row)} values for the "
+                    f"{len(self._names)} output fields {self._names}: {row!r}"
+                )
+                raise InvalidOutputError(msg)
+            return tuple(row)
+        msg = f"{self.where} returned {row!r}; rows must be tuples, dicts or Row objects"
+        raise InvalidOutputError(msg)
+
+    @property
+    def has_batches(self) -> bool:
+        return bool(self._batches)
+
+    def drain(self, final: bool = False) -> Iterator[pa.RecordBatch]:
+        """Batches ready so far (all of them, pending rows included, when ``final``)."""
+        if final:
+            self._flush_rows()
+        batches, self._batches = self._batches, []
+        for batch in batches:
+            self.num_rows += batch.num_rows
+            yield batch

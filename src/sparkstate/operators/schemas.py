@@ -1,0 +1,153 @@
+"""State and output schemas as users write them: a pyarrow schema, a DDL string or a StructType.
+
+PySpark users declare schemas as ``StructType`` objects or DDL strings (``"count long, last
+string"``, ``"struct<count:bigint>"``); this module turns any of them into the ``pa.Schema`` the
+store codecs use, without importing pyspark (a ``StructType`` is read through its duck type:
+``.fields`` with ``name``, ``dataType.simpleString()`` and ``nullable``). Types map as PySpark maps
+them to Arrow (``timestamp`` is UTC microseconds, ``timestamp_ntz`` naive microseconds).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, cast
+
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError
+
+__all__ = ["SchemaLike", "parse_ddl", "parse_type", "to_arrow_schema"]
+
+#: Anything a schema may be given as.
+SchemaLike: TypeAlias = "pa.Schema | str | Sequence[tuple[str, Any]] | Any"
+
+_SIMPLE: dict[str, Callable[[], pa.DataType]] = {
+    "boolean": pa.bool_,
+    "bool": pa.bool_,
+    "tinyint": pa.int8,
+    "byte": pa.int8,
+    "smallint": pa.int16,
+    "short": pa.int16,
+    "int": pa.int32,
+    "integer": pa.int32,
+    "bigint": pa.int64,
+    "long": pa.int64,
+    "float": pa.float32,
+    "real": pa.float32,
+    "double": pa.float64,
+    "string": pa.string,
+    "binary": pa.binary,
+    "date": pa.date32,
+    "timestamp": lambda: pa.timestamp("us", tz="UTC"),
+    "timestamp_ltz": lambda: pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": lambda: pa.timestamp("us"),
+}
+_DECIMAL = re.compile(r"(?:decimal|dec|numeric)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?")
+_VARCHAR = re.compile(r"(?:var)?char\s*\(\s*\d+\s*\)")
+_NAME = re.compile(r"\s*(`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_]*)\s*(:)?\s*(.*)", re.DOTALL)
+_NOT_NULL = re.compile(r"(.*?)\s+not\s+null\s*$", re.IGNORECASE | re.DOTALL)
+_COMMENT = re.compile(r"(.*?)\s+comment\s+'(?:[^']|'')*'\s*$", re.IGNORECASE | re.DOTALL)
+
+
+def parse_type(text: str) -> pa.DataType:
+    """The Arrow type of a Spark SQL type name (``"bigint"``, ``"decimal(10,2)"``, ...)."""
+    name = text.strip().lower()
+    simple = _SIMPLE.get(name)
+    if simple is not None:
+        return simple()
+    if m := _DECIMAL.fullmatch(name):
+        precision = int(m.group(1) or 10)
+        scale = int(m.group(2) or 0)
+        return pa.decimal128(precision, scale)
+    if _VARCHAR.fullmatch(name):
+        return pa.string()
+    msg = (
+        f"state type {text.strip()!r} is not supported; use a scalar Spark SQL type "
+        f"({', '.join(sorted(_SIMPLE))}, decimal(p,s), varchar(n))"
+    )
+    raise ConfigurationError(msg)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses or angle brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "(<":
+            depth += 1
+        elif ch in ")>":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+def parse_ddl(ddl: str) -> pa.Schema:
+    """A schema from a DDL string: ``"a long, b string not null"`` or ``"struct<a:bigint>"``."""
+    text = ddl.strip()
+    if text.lower().startswith("struct<") and text.endswith(">"):
+        text = text[len("struct<") : -1]
+    fields = []
+    for part in _split_top_level(text):
+        m = _NAME.fullmatch(part)
+        if m is None or not m.group(3).strip():
+            msg = f"cannot parse {part.strip()!r} in schema {ddl!r}: expected 'name type'"
+            raise ConfigurationError(msg)
+        name = m.group(1)
+        if name.startswith("`"):
+            name = name[1:-1].replace("``", "`")
+        rest = m.group(3)
+        if c := _COMMENT.fullmatch(rest):
+            rest = c.group(1)
+        nullable = True
+        if nn := _NOT_NULL.fullmatch(rest):
+            rest, nullable = nn.group(1), False
+        fields.append(pa.field(name, parse_type(rest), nullable=nullable))
+    if not fields:
+        msg = f"schema {ddl!r} has no fields"
+        raise ConfigurationError(msg)
+    return _unique(pa.schema(fields), ddl)
+
+
+def _unique(schema: pa.Schema, shown: object) -> pa.Schema:
+    names = schema.names
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        msg = f"schema {shown!r} repeats the field name(s) {dupes}"
+        raise ConfigurationError(msg)
+    return schema
+
+
+def _from_struct_type(struct: Any) -> pa.Schema:
+    fields = []
+    for f in struct.fields:
+        dtype = f.dataType
+        text = dtype.simpleString() if hasattr(dtype, "simpleString") else str(dtype)
+        fields.append(pa.field(f.name, parse_type(text), nullable=bool(f.nullable)))
+    return _unique(pa.schema(fields), struct)
+
+
+def to_arrow_schema(schema: SchemaLike, what: str = "schema") -> pa.Schema:
+    """Any accepted schema form as a ``pa.Schema`` (``what`` names it in error messages)."""
+    if isinstance(schema, pa.Schema):
+        if not len(schema):
+            msg = f"{what} has no fields"
+            raise ConfigurationError(msg)
+        return _unique(schema, schema)
+    if isinstance(schema, str):
+        return parse_ddl(schema)
+    if hasattr(schema, "fields") and hasattr(schema, "fieldNames"):
+        return _from_struct_type(schema)
+    if isinstance(schema, Sequence) and all(isinstance(p, tuple) and len(p) == 2 for p in schema):
+        pairs: list[tuple[str, Any]] = list(cast(Sequence[tuple[str, Any]], schema))
+        fields = [
+            pa.field(n, parse_type(t) if isinstance(t, str) else t, nullable=True) for n, t in pairs
+        ]
+        return to_arrow_schema(pa.schema(fields), what)
+    msg = (
+        f"{what} must be a pyarrow.Schema, a DDL string like 'count long, last string', "
+        f"a pyspark StructType or a list of (name, type) pairs; got {schema!r}"
+    )
+    raise ConfigurationError(msg)

@@ -1,0 +1,46 @@
+"""Errors raised to user code by ``GroupState`` and the ``StatefulProcessor`` handle.
+
+They extend the tree of :mod:`sparkstate.exceptions` and the builtin PySpark's own error for the
+same misuse derives from, so ``except ValueError`` in a ported function keeps working::
+
+    SparkstateError
+    └── StateApiError                                   misuse of the arbitrary-state API
+        ├── StateNotExistsError (ValueError)            GroupState.get on an absent state
+        ├── InvalidStateValueError (ValueError)         None state, non-positive duration, ...
+        ├── InvalidOutputError (ValueError)             returned rows that do not fit the output
+        └── UnsupportedStateOperationError (RuntimeError)
+                                                        not allowed in this timeout/time mode
+                                                        or at this point of the processor's life
+"""
+
+from __future__ import annotations
+
+from sparkstate.exceptions import SparkstateError
+
+__all__ = [
+    "InvalidOutputError",
+    "InvalidStateValueError",
+    "StateApiError",
+    "StateNotExistsError",
+    "UnsupportedStateOperationError",
+]
+
+
+class StateApiError(SparkstateError):
+    """User code used GroupState or a StatefulProcessor handle in a way Spark does not allow."""
+
+
+class StateNotExistsError(StateApiError, ValueError):
+    """The state of the current key does not exist (never set, removed or expired)."""
+
+
+class InvalidStateValueError(StateApiError, ValueError):
+    """A state value, duration or timestamp that Spark would refuse."""
+
+
+class InvalidOutputError(StateApiError, ValueError):
+    """The user function returned something that is not rows of the declared output schema."""
+
+
+class UnsupportedStateOperationError(StateApiError, RuntimeError):
+    """An operation the configured timeout / time mode or the handle's life stage forbids."""

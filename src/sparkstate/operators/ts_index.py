@@ -1,0 +1,95 @@
+"""An ordered ``(timestamp, grouping key)`` index in a column family: timers, TTL, timeouts.
+
+The physical key is the family prefix, the order-preserving encoding of the timestamp (an int64
+column) and the encoded grouping key, so a range scan from the start of the family to
+``threshold`` finds exactly the entries due, in timestamp order, without touching the others.
+Changes are buffered (``move``) and written in one batch (``flush``) so that the store sees a few
+bulk calls per phase, never a call per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pyarrow as pa
+
+from sparkstate.store.base import StateStore
+from sparkstate.store.codec import KeyCodec, ValueCodec
+
+__all__ = ["MARKER", "MARKER_SCHEMA", "NO_TS", "TS_SCHEMA", "TimestampIndex", "index_key_schema"]
+
+MARKER_SCHEMA = pa.schema([pa.field("_", pa.bool_())])
+#: The value of every index entry (the key says everything), a valid row of ``MARKER_SCHEMA``.
+MARKER = ValueCodec(MARKER_SCHEMA).encode((True,))
+TS_SCHEMA = pa.schema([pa.field("ts_ms", pa.int64(), nullable=False)])
+#: "No timestamp": never indexed.
+NO_TS = -1
+_TS_CODEC = KeyCodec(TS_SCHEMA)
+_TS_WIDTH = len(_TS_CODEC.encode((0,)))
+_INT64_MAX = (1 << 63) - 1
+
+
+def index_key_schema(key_schema: pa.Schema) -> pa.Schema:
+    """Key schema of an index over grouping keys of ``key_schema``."""
+    return pa.schema([*TS_SCHEMA, *key_schema])
+
+
+def encode_ts(ts: int) -> bytes:
+    return _TS_CODEC.encode((ts,))
+
+
+class TimestampIndex:
+    """Buffered writes to, and range scans of, one ``(ts, key)`` index column family."""
+
+    def __init__(self, cf_name: str) -> None:
+        self.cf_name = cf_name
+        self._puts: set[tuple[int, bytes]] = set()
+        self._deletes: set[tuple[int, bytes]] = set()
+
+    def move(self, kenc: bytes, old_ts: int, new_ts: int) -> None:
+        """Re-index ``kenc`` from ``old_ts`` to ``new_ts`` (``NO_TS``: not indexed)."""
+        if old_ts == new_ts:
+            return
+        if old_ts != NO_TS:
+            self.remove(kenc, old_ts)
+        if new_ts != NO_TS:
+            self.add(kenc, new_ts)
+
+    def add(self, kenc: bytes, ts: int) -> None:
+        self._deletes.discard((ts, kenc))
+        self._puts.add((ts, kenc))
+
+    def remove(self, kenc: bytes, ts: int) -> None:
+        self._puts.discard((ts, kenc))
+        self._deletes.add((ts, kenc))
+
+    @property
+    def pending(self) -> int:
+        return len(self._puts) + len(self._deletes)
+
+    def flush(self, store: StateStore) -> None:
+        """Write the buffered changes in two bulk calls."""
+        if not self._puts and not self._deletes:
+            return
+        prefix = store.column_family(self.cf_name).prefix
+        if self._deletes:
+            store.raw_delete_many([prefix + encode_ts(ts) + k for ts, k in self._deletes])
+        if self._puts:
+            keys = [prefix + encode_ts(ts) + k for ts, k in self._puts]
+            store.raw_put_many(keys, [MARKER] * len(keys))
+        self._puts.clear()
+        self._deletes.clear()
+
+    def due(self, store: StateStore, up_to: int) -> list[tuple[int, bytes]]:
+        """Entries with ``ts <= up_to`` as ``(ts, encoded key)``, in order (flush first)."""
+        fam = store.column_family(self.cf_name)
+        prefix = fam.prefix
+        start = len(prefix)
+        split = start + _TS_WIDTH
+        end = prefix + encode_ts(up_to + 1) if up_to < _INT64_MAX else fam.end_of_family()
+        decode = _TS_CODEC.decode
+        return [(decode(k[start:split])[0], k[split:]) for k, _ in store.raw_scan(prefix, end)]
+
+    def extend_removals(self, entries: Iterable[tuple[int, bytes]]) -> None:
+        for ts, kenc in entries:
+            self.remove(kenc, ts)
