@@ -366,7 +366,8 @@ def test_wrong_output_is_reported_with_the_key() -> None:
 
 def test_user_errors_name_the_key() -> None:
     def f(key: Any, rows: list[Any], state: GroupState) -> list[Any]:
-        raise KeyError("boom")
+        msg = "boom"
+        raise KeyError(msg)
 
     h = group_state_harness(
         f, key_columns=["k"], output_schema="k string, n long", state_schema="n long"

@@ -1,0 +1,346 @@
+"""``transformWithState`` / ``transformWithStateInPandas``: a ``StatefulProcessor`` over Arrow.
+
+One partition, one batch, in Spark's order (``TransformWithStateExec``):
+
+1. ``init(handle)``;
+2. in batch 0 only, ``handleInitialState`` for every initial-state row (rows mode) or frame
+   (pandas mode) of each key;
+3. ``handleInputRows`` once per key of the input, in key order (with ``EventTime`` and a
+   watermark, rows at or before the watermark are dropped first);
+4. ``handleExpiredTimer`` for every timer due (``expiry <= processing time`` or ``<= watermark``),
+   each timer deleted after its call;
+5. TTL cleanup (``ProcessingTime`` mode), then ``close()``.
+
+State is read through per-batch caches (value state of all input keys in one multi-get) and
+written in bulk at the end of each phase. Initial state reaches the operator inside the input:
+rows whose ``INITIAL_STATE_MARKER`` column is true carry the columns of ``initial_state_schema``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators._arrow import is_late, max_event_time_ms
+from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.flat_map_groups import key_schema_of
+from sparkstate.operators.grouping import (
+    ROW_FORMATS,
+    KeyGroups,
+    OutputCollector,
+    group_by_key,
+    rows_of,
+)
+from sparkstate.operators.processor import (
+    CLOSED,
+    DATA_PROCESSED,
+    INITIALIZED,
+    TIMER_PROCESSED,
+    ProcessorSession,
+    StatefulProcessorHandle,
+    declare_state,
+)
+from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.state_errors import InvalidOutputError
+from sparkstate.operators.state_vars import VarSpec
+from sparkstate.operators.timers import (
+    TIMER_INDEX_CF,
+    TIMERS_CF,
+    TIMERS_VALUE_SCHEMA,
+    ExpiredTimerInfo,
+    TimeMode,
+    TimerValues,
+)
+from sparkstate.operators.timers import time_mode as parse_time_mode
+from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
+from sparkstate.store.base import StateStore
+
+__all__ = ["INITIAL_STATE_MARKER", "MODES", "TransformWithState"]
+
+#: Input column that flags initial-state rows (batch 0 only).
+INITIAL_STATE_MARKER = "__sparkstate_initial_state__"
+#: ``rows``: ``transformWithState`` (Row iterators); ``pandas``: ``transformWithStateInPandas``.
+MODES = ("rows", "pandas")
+
+
+class TransformWithState(StatefulOperator):
+    """Runs a ``StatefulProcessor`` on one partition's keys, batch after batch."""
+
+    kind: ClassVar[str] = "transformWithState"
+    progress_name: ClassVar[str] = "transformWithStateExec"
+    supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
+
+    def __init__(
+        self,
+        processor: Any,
+        input_schema: pa.Schema,
+        key_columns: Sequence[str],
+        output_schema: SchemaLike,
+        output_mode: str = "update",
+        time_mode: str = TimeMode.NONE,
+        *,
+        mode: str = "rows",
+        row_format: str = "row",
+        watermark_present: bool = False,
+        event_time_column: str | None = None,
+        initial_state_schema: SchemaLike | None = None,
+        initial_state_key_columns: Sequence[str] | None = None,
+    ) -> None:
+        api = self.kind
+        if not hasattr(processor, "handleInputRows") or not hasattr(processor, "init"):
+            msg = f"{api}: {processor!r} is not a StatefulProcessor (no init/handleInputRows)"
+            raise ConfigurationError(msg)
+        if mode not in MODES:
+            msg = f"{api}: mode must be one of {MODES}, got {mode!r}"
+            raise ConfigurationError(msg)
+        if row_format not in ROW_FORMATS:
+            msg = f"{api}: row_format must be one of {ROW_FORMATS}, got {row_format!r}"
+            raise ConfigurationError(msg)
+        self.processor = processor
+        self.mode = mode
+        self.row_format = row_format
+        self.input_schema = input_schema
+        self.key_schema = key_schema_of(input_schema, key_columns, api)
+        self.output_schema = to_arrow_schema(output_schema, f"{api} output schema")
+        self.output_mode = output_mode.lower()
+        self.check_output_mode(self.output_mode)
+        self.time_mode = parse_time_mode(time_mode)
+        if self.time_mode == TimeMode.EVENT_TIME and not watermark_present:
+            msg = f"{api}: time mode 'EventTime' needs a watermark (withWatermark) on the input"
+            raise ConfigurationError(msg)
+        if event_time_column is not None and event_time_column not in input_schema.names:
+            msg = f"{api}: no event-time column {event_time_column!r} in {input_schema.names}"
+            raise ConfigurationError(msg)
+        self.watermark_present = watermark_present
+        self.event_time_column = event_time_column
+        self.initial_state_schema = (
+            None
+            if initial_state_schema is None
+            else to_arrow_schema(initial_state_schema, f"{api} initial state schema")
+        )
+        init_keys = list(initial_state_key_columns or key_columns)
+        if self.initial_state_schema is not None:
+            init_key_schema = key_schema_of(self.initial_state_schema, init_keys, api)
+            if init_key_schema.types != self.key_schema.types:
+                msg = (
+                    f"{api}: initial state keys {init_keys} ({init_key_schema.types}) do not "
+                    f"match the grouping keys ({self.key_schema.types})"
+                )
+                raise ConfigurationError(msg)
+        self.initial_state_key_columns = init_keys
+        self.value_schema = MARKER_SCHEMA
+        self.state_specs: dict[str, VarSpec] = declare_state(processor, self.time_mode)
+
+    def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
+        out: dict[str, tuple[pa.Schema, pa.Schema]] = {}
+        for spec in self.state_specs.values():
+            out.update(spec.column_families(self.key_schema))
+        if self.time_mode != TimeMode.NONE:
+            out[TIMERS_CF] = (self.key_schema, TIMERS_VALUE_SCHEMA)
+            out[TIMER_INDEX_CF] = (index_key_schema(self.key_schema), MARKER_SCHEMA)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["time_mode"] = self.time_mode
+        out["state"] = {n: s.describe() for n, s in sorted(self.state_specs.items())}
+        return out
+
+    # --- the batch -------------------------------------------------------------------------------
+
+    def process(
+        self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
+    ) -> Iterator[pa.RecordBatch]:
+        m = ctx.metrics
+        started = time.perf_counter()
+        table, initial = self._split_input(batches, ctx)
+        fam = store.column_family()
+        session = ProcessorSession(store, self.time_mode, ctx.batch_timestamp_ms)
+        handle = StatefulProcessorHandle(session, self.state_specs)
+        self.processor.init(handle)
+        handle.stage = INITIALIZED
+        values = self._timer_values(ctx)
+        out = OutputCollector(self.output_schema, f"{self.kind} processor")
+        emit = self._emitter(out)
+        if initial is not None and initial.num_rows and ctx.batch_id == 0:
+            self._initial_state(initial, fam.key_codec, session, values)
+        groups = group_by_key(table, self.key_schema, fam.key_codec)
+        if len(groups):
+            session.prefetch(groups.key_bytes)
+            yield from self._input_rows(groups, session, values, emit, out)
+        self._flush(session, m)
+        m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
+        handle.stage = DATA_PROCESSED
+        if self.time_mode != TimeMode.NONE:
+            yield from self._expired_timers(session, values, emit, out, ctx)
+            self._flush(session, m)
+        handle.stage = TIMER_PROCESSED
+        started = time.perf_counter()
+        m.num_rows_removed += session.evict_expired()
+        self._flush(session, m)
+        m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+        self.processor.close()
+        handle.stage = CLOSED
+        yield from out.drain(final=True)
+        m.num_output_rows += out.num_rows
+
+    @staticmethod
+    def _flush(session: ProcessorSession, m: Any) -> None:
+        updated, removed = session.flush()
+        m.num_rows_updated += updated
+        m.num_rows_removed += removed
+
+    def _timer_values(self, ctx: BatchContext) -> TimerValues:
+        if self.time_mode == TimeMode.NONE:
+            return TimerValues(-1, -1)
+        watermark = ctx.watermark_ms if self.watermark_present else -1
+        return TimerValues(ctx.batch_timestamp_ms, watermark)
+
+    def _split_input(
+        self, batches: Iterator[pa.RecordBatch], ctx: BatchContext
+    ) -> tuple[pa.Table, pa.Table | None]:
+        collected = [b for b in batches if b.num_rows]
+        initial = None
+        if collected and INITIAL_STATE_MARKER in collected[0].schema.names:
+            whole = pa.Table.from_batches(collected)
+            flag = pc.fill_null(whole.column(INITIAL_STATE_MARKER), False)
+            if self.initial_state_schema is None:
+                msg = f"{self.kind}: initial state rows given but no initial_state_schema declared"
+                raise ConfigurationError(msg)
+            initial = _select(whole.filter(flag), self.initial_state_schema)
+            table = _select(whole.filter(pc.invert(flag)), self.input_schema)
+        elif collected:
+            table = _select(pa.Table.from_batches(collected), self.input_schema)
+        else:
+            table = self.input_schema.empty_table()
+        m = ctx.metrics
+        m.num_input_rows += table.num_rows
+        col = self.event_time_column
+        if col is not None and table.num_rows:
+            m.observe_event_time(max_event_time_ms(table.column(col)))
+            if self.time_mode == TimeMode.EVENT_TIME:
+                late = is_late(table.column(col), ctx.watermark_ms)
+                dropped = int(pc.sum(late).as_py() or 0)
+                if dropped:
+                    m.num_rows_dropped_by_watermark += dropped
+                    table = table.filter(pc.invert(late))
+        return table, initial
+
+    def _data_of(self, groups: KeyGroups) -> Callable[[int, int], Any]:
+        if self.mode == "pandas":
+            iloc = groups.table.to_pandas().iloc
+            return lambda s, e: iter([iloc[s:e].reset_index(drop=True)])
+        rows = rows_of(groups.table, self.row_format)
+        return lambda s, e: iter(rows[s:e])
+
+    def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
+        if self.mode == "rows":
+            return out.add_rows
+
+        def emit(result: Any) -> None:
+            if result is None:
+                return
+            if hasattr(result, "columns"):
+                msg = f"{self.kind} processor must return an iterator of DataFrames"
+                raise InvalidOutputError(msg)
+            for frame in result:
+                out.add_frame(frame)
+
+        return emit
+
+    def _initial_state(
+        self, initial: pa.Table, codec: Any, session: ProcessorSession, values: TimerValues
+    ) -> None:
+        init_keys = pa.schema(
+            [initial.schema.field(c).with_nullable(True) for c in self.initial_state_key_columns]
+        )
+        groups = group_by_key(initial, init_keys, codec)
+        handler, ctx = self.processor.handleInitialState, session.ctx
+        pandas = self.mode == "pandas"
+        frame = groups.table.to_pandas() if pandas else None
+        rows = None if pandas else rows_of(groups.table, self.row_format)
+        for i, (kenc, key) in enumerate(zip(groups.key_bytes, groups.keys, strict=True)):
+            ctx.kenc, ctx.key = kenc, key
+            s, e = groups.starts[i], groups.starts[i + 1]
+            try:
+                if frame is not None:
+                    handler(key, frame.iloc[s:e].reset_index(drop=True), values)
+                else:
+                    for row in rows[s:e]:  # type: ignore[index]
+                        handler(key, row, values)
+            except Exception as exc:
+                exc.add_note(f"sparkstate: raised by handleInitialState for key {key!r}")
+                raise
+        ctx.kenc = ctx.key = None
+
+    def _input_rows(
+        self,
+        groups: KeyGroups,
+        session: ProcessorSession,
+        values: TimerValues,
+        emit: Callable[[Any], None],
+        out: OutputCollector,
+    ) -> Iterator[pa.RecordBatch]:
+        handler, ctx = self.processor.handleInputRows, session.ctx
+        data, starts, keys = self._data_of(groups), groups.starts, groups.keys
+        i = 0
+        try:
+            for i, kenc in enumerate(groups.key_bytes):
+                key = keys[i]
+                ctx.kenc, ctx.key = kenc, key
+                emit(handler(key, data(starts[i], starts[i + 1]), values))
+                if not i & 4095 and out.has_batches:
+                    yield from out.drain()
+        except Exception as exc:
+            exc.add_note(f"sparkstate: raised by handleInputRows for key {keys[i]!r}")
+            raise
+        ctx.kenc = ctx.key = None
+
+    def _expired_timers(
+        self,
+        session: ProcessorSession,
+        values: TimerValues,
+        emit: Callable[[Any], None],
+        out: OutputCollector,
+        ctx: BatchContext,
+    ) -> Iterator[pa.RecordBatch]:
+        if self.time_mode == TimeMode.PROCESSING_TIME:
+            threshold = ctx.batch_timestamp_ms
+        else:
+            threshold = ctx.watermark_ms
+        store = session.store
+        due = session.timers.due(store, threshold)
+        if not due:
+            return
+        kencs = [k for _, k in due]
+        keys = store.column_family().key_codec.decode_many(kencs)
+        session.prefetch(list(dict.fromkeys(kencs)))
+        handler, kctx = self.processor.handleExpiredTimer, session.ctx
+        for (expiry, kenc), key in zip(due, keys, strict=True):
+            kctx.kenc, kctx.key = kenc, key
+            try:
+                emit(handler(key, values, ExpiredTimerInfo(expiry)))
+            except Exception as exc:
+                exc.add_note(f"sparkstate: raised by handleExpiredTimer for key {key!r}")
+                raise
+            session.timers.delete(store, kenc, expiry)
+            if out.has_batches:
+                yield from out.drain()
+        kctx.kenc = kctx.key = None
+
+
+def _select(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        msg = f"input has no column(s) {missing}; it has {table.column_names}"
+        raise ConfigurationError(msg)
+    columns = []
+    for field in schema:
+        col = table.column(field.name)
+        columns.append(col if col.type == field.type else col.cast(field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
