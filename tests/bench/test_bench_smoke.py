@@ -15,6 +15,7 @@ from sparkstate.bench import _spark, aggregate, arbitrary
 def _progress(batch: int, rows: int, ms: int, commit: int) -> dict[str, Any]:
     return {
         "batchId": batch,
+        "sources": [{"numInputRows": rows}],
         "numInputRows": rows,
         "durationMs": {"triggerExecution": ms, "addBatch": ms - 10},
         "stateOperators": [
@@ -95,3 +96,22 @@ def test_arbitrary_bench_tiny(tmp_path: Path) -> None:
 def test_unknown_system_is_refused(tmp_path: Path) -> None:
     args = argparse.Namespace(quick=True, systems="nope", json_out=None)
     assert aggregate.run(args) == 2
+
+
+def test_drive_waits_for_sparks_own_progress_of_a_batch() -> None:
+    ours_only = {**_progress(1, 100, 50, 1), "sources": []}
+    feeds = [
+        [_progress(0, 100, 900, 1), ours_only],
+        [_progress(0, 100, 900, 1), _progress(1, 100, 120, 1)],
+    ]
+    stopped: list[bool] = []
+
+    def recent() -> list[dict[str, Any]]:
+        return feeds.pop(0) if len(feeds) > 1 else feeds[0]
+
+    got = _spark.drive(
+        recent, lambda: stopped.append(True), lambda: None,
+        batches=2, timeout_s=5, label="fake", poll_s=0.01,
+    )
+    assert [p["durationMs"]["triggerExecution"] for p in got] == [900, 120]
+    assert stopped == [True]

@@ -161,7 +161,11 @@ def drive(
 ) -> list[dict[str, Any]]:
     """Let a started query run until ``batches`` batches completed; stop it; their progress.
 
-    Prints one line per completed batch. Raises if the query fails or the timeout passes.
+    A batch counts once Spark's own progress for it exists (it has ``sources``): sparkstate's
+    handle publishes its part of a batch's progress from inside ``foreachBatch``, before Spark
+    commits the batch, and only the merged dict carries Spark's ``triggerExecution``, the same
+    measure as for Spark's systems. Prints one line per completed batch. Raises if the query
+    fails or the timeout passes.
     """
     deadline = time.monotonic() + timeout_s
     seen: dict[int, dict[str, Any]] = {}
@@ -170,8 +174,8 @@ def drive(
             for raw in recent_progress() or []:
                 p = _as_dict(raw)
                 batch = int(p.get("batchId", -1))
-                if batch < 0 or batch in seen:
-                    continue
+                if batch < 0 or batch in seen or not p.get("sources"):
+                    continue  # no "sources": not yet merged with Spark's own progress
                 seen[batch] = p
                 ms = p.get("durationMs", {}).get("triggerExecution", 0)
                 print(
