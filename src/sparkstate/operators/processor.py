@@ -169,6 +169,8 @@ class _Declared:
         self._spec = spec
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
         msg = (
             f"state variable {self._spec.name!r} was used while the processor was being "
             "planned (init() must only create state variables, not read or write them)"

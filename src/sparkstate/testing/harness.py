@@ -131,7 +131,7 @@ class OperatorHarness:
 
     def _start(self, input_schema: pa.Schema) -> StatefulOperator:
         self.operator = self._build(input_schema)
-        self._open()
+        self.batch_id = self._open().latest_version()  # resume a directory used before
         return self.operator
 
     def _open(self) -> StateStoreProvider:
