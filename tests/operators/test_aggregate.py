@@ -17,6 +17,7 @@ from sparkstate.operators.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
     AggregateFunction,
+    AggregateOverflowError,
     StreamingAggregate,
     buffer_column,
 )
@@ -217,3 +218,22 @@ def test_unmergeable_aggregate_is_refused() -> None:
         AggregateFunction("collect_list", "x", pa.int64())
     with pytest.raises(ConfigurationError, match="at least one"):
         StreamingAggregate(pa.schema([("k", pa.int64())]), [])
+
+
+def test_long_sum_overflow_fails_in_ansi_mode_and_wraps_otherwise(make_runner: Runner) -> None:
+    def op(ansi: bool) -> StreamingAggregate:
+        return StreamingAggregate(
+            pa.schema([("k", pa.int64())]),
+            [AggregateFunction("sum", "total", pa.int64(), pa.int64())],
+            ansi=ansi,
+        )
+
+    big = {"k": 1, buffer_column(0, "sum", 0): 2**62, ROWS_COLUMN: 1}
+    strict = make_runner(op(True))
+    strict.run([big], "update")
+    with pytest.raises(AggregateOverflowError, match="'total' overflowed int64"):
+        strict.run([big, {**big, "k": 2}], "update")
+    lenient = make_runner(op(False))
+    lenient.run([big], "update")
+    out, _ = lenient.run([big], "update")
+    assert out.column("total").to_pylist() == [-(2**63)]

@@ -156,6 +156,7 @@ def _plan_aggregate(
         output_schema=arrow_schema(struct),
         watermark_key=watermark_key,
         has_event_time=has_event_time,
+        ansi=str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true",
     )
 
     def prepare(batch: DataFrame) -> DataFrame:

@@ -18,12 +18,17 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.operators._arrow import conform, is_late, lookup, max_event_time_ms, scan
 from sparkstate.operators.base import BatchContext, StatefulOperator, schema_to_json
 from sparkstate.store.base import StateStore
 
-__all__ = ["AGGREGATE_FUNCTIONS", "AggregateFunction", "StreamingAggregate"]
+__all__ = [
+    "AGGREGATE_FUNCTIONS",
+    "AggregateFunction",
+    "AggregateOverflowError",
+    "StreamingAggregate",
+]
 
 #: Buffers of each function, in order: (suffix, merge kind).
 _BUFFERS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -91,11 +96,22 @@ def _merge_count(state: pa.Array, batch: pa.Array) -> pa.Array:
     return pc.add_checked(pc.fill_null(state, 0), pc.fill_null(batch, 0))
 
 
+class AggregateOverflowError(SparkstateError, OverflowError):
+    """A merged aggregate left the range of its type (Spark's ARITHMETIC_OVERFLOW in ANSI mode)."""
+
+
 def _merge_sum(state: pa.Array, batch: pa.Array) -> pa.Array:
     total = pc.add_checked(state, batch)
     if total.type != state.type:  # decimal addition widens the precision by one
         total = total.cast(state.type)
     return pc.coalesce(total, state, batch)
+
+
+def _merge_sum_wrapping(state: pa.Array, batch: pa.Array) -> pa.Array:
+    """Non-ANSI Spark: integer sums wrap around on overflow."""
+    if pa.types.is_integer(state.type):
+        return pc.coalesce(pc.add(state, batch), state, batch)
+    return _merge_sum(state, batch)
 
 
 def _pick(better: Callable[[pa.Array, pa.Array], pa.Array]) -> Merge:
@@ -125,6 +141,7 @@ _MERGES: dict[str, Merge] = {
     "min": _pick(_less),
     "max": _pick(_greater),
 }
+_MERGES_NON_ANSI = {**_MERGES, "sum": _merge_sum_wrapping}
 
 
 class StreamingAggregate(StatefulOperator):
@@ -149,6 +166,7 @@ class StreamingAggregate(StatefulOperator):
         output_schema: pa.Schema | None = None,
         watermark_key: str | None = None,
         has_event_time: bool = False,
+        ansi: bool = True,
     ) -> None:
         if not aggregates:
             msg = "an aggregation needs at least one aggregate function"
@@ -160,14 +178,17 @@ class StreamingAggregate(StatefulOperator):
         self.key_schema = key_schema
         self.watermark_key = watermark_key
         self.has_event_time = has_event_time
-        self._buffers: list[tuple[str, str, pa.DataType]] = []  # (column, merge kind, type)
+        #: Spark's ``spark.sql.ansi.enabled``: an overflowing sum fails (True) or wraps (False).
+        self.ansi = ansi
+        # (column, merge kind, type, index of the aggregate)
+        self._buffers: list[tuple[str, str, pa.DataType, int]] = []
         for i, agg in enumerate(self.aggregates):
             for part, (kind, typ) in enumerate(
                 zip(agg.buffer_kinds(), agg.buffer_types(), strict=True)
             ):
-                self._buffers.append((buffer_column(i, agg.func, part), kind, typ))
-        self.value_schema = pa.schema([pa.field(n, t) for n, _, t in self._buffers])
-        fields = list(key_schema) + [pa.field(n, t) for n, _, t in self._buffers]
+                self._buffers.append((buffer_column(i, agg.func, part), kind, typ, i))
+        self.value_schema = pa.schema([pa.field(n, t) for n, _, t, _ in self._buffers])
+        fields = list(key_schema) + [pa.field(n, t) for n, _, t, _ in self._buffers]
         fields.append(pa.field(ROWS_COLUMN, pa.int64()))
         if has_event_time:
             fields.append(pa.field(EVENT_TIME_COLUMN, pa.timestamp("us", tz="UTC")))
@@ -219,10 +240,7 @@ class StreamingAggregate(StatefulOperator):
             started = time.perf_counter()
             keys = conform(batch, self.key_schema)
             pkeys, state, _found = lookup(store, fam, pa.Table.from_batches([keys]))
-            merged = [
-                _MERGES[kind](state.column(name).combine_chunks(), _as_type(batch, name, typ))
-                for name, kind, typ in self._buffers
-            ]
+            merged = self._merge(state, batch)
             values = pa.RecordBatch.from_arrays(merged, schema=self.value_schema)
             store.raw_put_many(pkeys, fam.value_codec.encode_many(values))
             m.num_rows_updated += len(pkeys)
@@ -238,6 +256,24 @@ class StreamingAggregate(StatefulOperator):
                 out = self._finish(keys_table, values_table)
                 m.num_output_rows += out.num_rows
                 yield out
+
+    def _merge(self, state: pa.Table, batch: pa.RecordBatch) -> list[pa.Array]:
+        merges = _MERGES if self.ansi else _MERGES_NON_ANSI
+        out = []
+        for name, kind, typ, index in self._buffers:
+            try:
+                out.append(
+                    merges[kind](state.column(name).combine_chunks(), _as_type(batch, name, typ))
+                )
+            except pa.ArrowInvalid as exc:
+                agg = self.aggregates[index]
+                msg = (
+                    f"{agg.func}() into column {agg.output_name!r} overflowed {typ} ({exc}); "
+                    "Spark fails the same way in ANSI mode. Aggregate a wider type instead, "
+                    f"e.g. SF.{agg.func}(F.col(...).cast('decimal(38,0)'))"
+                )
+                raise AggregateOverflowError(msg) from exc
+        return out
 
     def _evict(self, store: StateStore, ctx: BatchContext) -> None:
         """Remove state rows whose event-time key is at or below the watermark."""
