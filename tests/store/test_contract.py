@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from sparkstate.exceptions import MissingVersionError
-from sparkstate.testing import StateStoreContract
+from sparkstate.testing import StateStoreContract, expected_failure
 
 HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
-
-
-def known_bug(name: str, reason: str, raises: type[BaseException]) -> Callable[..., Any]:
-    """The contract test ``name``, expected to fail (strictly) while a store bug is open."""
-    test = getattr(StateStoreContract, name)
-
-    @functools.wraps(test)
-    def run(self: StateStoreContract, *args: Any, **kwargs: Any) -> Any:
-        return test(self, *args, **kwargs)
-
-    return pytest.mark.xfail(strict=True, reason=reason, raises=raises)(run)
 
 
 # Store bugs this suite found and that are still open. The xfails are strict: once a fix lands
@@ -45,7 +31,7 @@ class TestMemoryProvider(StateStoreContract):
 class TestRocksDBProvider(StateStoreContract):
     provider = "rocksdb"
 
-    test_retention_keeps_a_replay_behind_an_abandoned_attempt = known_bug(
+    test_retention_keeps_a_replay_behind_an_abandoned_attempt = expected_failure(
         "test_retention_keeps_a_replay_behind_an_abandoned_attempt",
         ROCKSDB_ABANDONED_LINEAGE,
         raises=MissingVersionError,

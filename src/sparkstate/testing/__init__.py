@@ -1,7 +1,7 @@
 """Test helpers for users of sparkstate: the provider contract suite and store factories.
 
-``StateStoreContract`` needs pytest; it is imported on first use, so that importing
-``sparkstate.testing`` for the other helpers does not.
+``StateStoreContract`` and ``expected_failure`` need pytest; they are imported on first use, so
+that importing ``sparkstate.testing`` for the other helpers does not.
 """
 
 from __future__ import annotations
@@ -12,15 +12,22 @@ from typing import TYPE_CHECKING, Any
 from sparkstate.testing.factory import KEY_SCHEMA, VALUE_SCHEMA, ProviderFactory
 
 if TYPE_CHECKING:
-    from sparkstate.testing.contract import StateStoreContract
+    from sparkstate.testing.contract import StateStoreContract, expected_failure
 
-__all__ = ["KEY_SCHEMA", "VALUE_SCHEMA", "ProviderFactory", "StateStoreContract"]
+__all__ = [
+    "KEY_SCHEMA",
+    "VALUE_SCHEMA",
+    "ProviderFactory",
+    "StateStoreContract",
+    "expected_failure",
+]
+_LAZY = {"StateStoreContract", "expected_failure"}
 
 _CONTRACT = "sparkstate.testing.contract"
 
 
 def __getattr__(name: str) -> Any:
-    if name != "StateStoreContract":
+    if name not in _LAZY:
         msg = f"module {__name__!r} has no attribute {name!r}"
         raise AttributeError(msg)
     if _CONTRACT not in sys.modules:
@@ -28,6 +35,6 @@ def __getattr__(name: str) -> Any:
 
         # Plain asserts in the suite then report the values compared, as in the user's own tests.
         pytest.register_assert_rewrite(_CONTRACT)
-    from sparkstate.testing.contract import StateStoreContract
+    from sparkstate.testing import contract
 
-    return StateStoreContract
+    return getattr(contract, name)
