@@ -1,0 +1,83 @@
+"""The query handle: triggers, termination, failures, maintenance; the public API surface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
+
+import sparkstate as ss
+from sparkstate import functions as SF
+
+from .conftest import FileFeed
+from .helpers import Collector, normalize, source
+
+SCHEMA = "k string, v long"
+
+
+def test_public_api_is_sorted_and_importable() -> None:
+    assert list(ss.__all__) == sorted(ss.__all__)
+    for name in ss.__all__:
+        assert getattr(ss, name) is not None
+    assert SF.mean is SF.avg
+    assert repr(SF.sum("v").alias("t")) == "sum('v').alias('t')"
+
+
+def test_available_now_runs_to_the_end_and_frees_the_checkpoint(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    collector = Collector()
+
+    def start() -> Any:
+        return (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .agg(SF.sum("v").alias("total"))
+            .writeStream.outputMode("complete")
+            .foreachBatch(collector)
+            .option("checkpointLocation", str(tmp_path / "chk"))
+            .option("stateStore.min_deltas_for_snapshot", "2")
+            .option("stateStore.maintenanceIntervalSeconds", "0")
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    feed.add([{"k": "a", "v": 1}])
+    feed.add([{"k": "a", "v": 2}, {"k": "b", "v": 5}])
+    feed.add([{"k": "b", "v": 1}])
+    q = start()
+    q.awaitTermination(120)
+    assert not q.isActive
+    assert collector.batches[2] == [("a", 3), ("b", 6)]
+    feed.add([{"k": "c", "v": 7}])
+    q = start()  # the first query ended by itself: its checkpoint is free again
+    q.awaitTermination(120)
+    assert collector.batches[3] == [("a", 3), ("b", 6), ("c", 7)]
+    state = tmp_path / "chk" / "sparkstate" / "state" / "0"
+    assert list(state.rglob("*.snapshot")), "maintenance took no snapshot"
+
+
+def test_a_failing_batch_fails_the_query_with_a_clear_message(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    q = (
+        ss.stream(source(spark, feed, SCHEMA))
+        .groupBy("k")
+        .agg(SF.sum("v").alias("total"))
+        .writeStream.outputMode("update")
+        .format("memory")
+        .queryName("overflowing")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start()
+    )
+    feed.add([{"k": "a", "v": 2**62}])
+    q.processAllAvailable()
+    feed.add([{"k": "a", "v": 2**62}, {"k": "a", "v": 2**62 - 1}])
+    with pytest.raises(StreamingQueryException, match="overflowed int64"):
+        q.processAllAvailable()
+    assert q.exception() is not None and not q.isActive
+    q.stop()
+    assert normalize(spark.table("overflowing").collect()) == [("a", 2**62)]
