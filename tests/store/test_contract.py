@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 
 from sparkstate.exceptions import MissingVersionError
+from sparkstate.store.memory import MemoryStateStoreProvider
 from sparkstate.testing import StateStoreContract, expected_failure
 
 HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
@@ -25,6 +26,18 @@ ROCKSDB_ABANDONED_LINEAGE = (
 
 class TestMemoryProvider(StateStoreContract):
     provider = "memory"
+
+
+class ThirdPartyProvider(MemoryStateStoreProvider):
+    """A provider from outside the registry, as a user would write one."""
+
+    name = "tests.third-party"
+
+
+class TestThirdPartyProvider(StateStoreContract):
+    """How another package runs the contract: subclass, name the provider (class or path)."""
+
+    provider = ThirdPartyProvider
 
 
 @pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb has not landed yet")
