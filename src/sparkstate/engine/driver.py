@@ -9,6 +9,7 @@ accumulator; write ``commits/<b>.json``; advance the watermark; publish progress
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -32,6 +33,7 @@ __all__ = ["BatchDriver", "ReportParam"]
 
 log = logging.getLogger("sparkstate.engine")
 AQE = "spark.sql.adaptive.enabled"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 INPUT = "input"
 MAX_RECENT_PROGRESS = 100
 
@@ -121,15 +123,11 @@ class BatchDriver:
             }
             self.log.write_intent(batch_id, intent)
         session = df.sparkSession
-        previous_aqe = session.conf.get(AQE, None)
-        session.conf.set(AQE, "false")  # coalesced partitions would break partition == store
-        try:
+        with _engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage, session)
-        finally:
-            if previous_aqe is None:
-                session.conf.unset(AQE)
-            else:
-                session.conf.set(AQE, previous_aqe)
+        sink_started = time.time()
+        self.sink.finish_batch(batch_id)
+        timings["sinkFinish"] = int((time.time() - sink_started) * 1000)
         commit_started = time.time()
         per_op = self._commit(batch_id, intent, reports)
         timings["stateCommit"] = int((time.time() - commit_started) * 1000)
@@ -266,6 +264,28 @@ class BatchDriver:
     def recent_progress(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.recent)
+
+
+@contextlib.contextmanager
+def _engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None]:
+    """Session settings for the stateful stages of one batch, restored afterwards.
+
+    Adaptive execution off: coalesced shuffle partitions would break "partition = store".
+    Shuffle partitions = state partitions: the partial aggregate's shuffle then already hashes
+    by key into ``num_partitions`` and Spark drops the second shuffle of ``repartition``.
+    """
+    wanted = {AQE: "false", SHUFFLE_PARTITIONS: str(num_partitions)}
+    previous: dict[str, str | None] = {k: session.conf.get(k, None) for k in wanted}
+    for k, v in wanted.items():
+        session.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, old in previous.items():
+            if old is None:
+                session.conf.unset(k)
+            else:
+                session.conf.set(k, old)
 
 
 def _winning_reports(reports: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:

@@ -51,6 +51,9 @@ class Sink(ABC):
     def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
         """Run the batch's output into the sink (the stateful tasks run inside this call)."""
 
+    def finish_batch(self, batch_id: int) -> None:  # noqa: B027 - optional hook
+        """Runs after ``add_batch`` under the user's own session settings (for user code)."""
+
     def stop(self) -> None:  # noqa: B027 - optional hook
         """Release what the sink holds (nothing by default)."""
 
@@ -234,11 +237,22 @@ class ForeachBatchSink(Sink):
 
     def __init__(self, fn: Callable[[DataFrame, int], Any]) -> None:
         self.fn = fn
+        self._cached: DataFrame | None = None
 
     def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
         cached = df.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             cached.count()  # the one run of the stateful stage
+        except BaseException:
+            cached.unpersist()
+            raise
+        self._cached = cached
+
+    def finish_batch(self, batch_id: int) -> None:
+        cached, self._cached = self._cached, None
+        if cached is None:
+            return
+        try:
             self.fn(cached, batch_id)
         finally:
             cached.unpersist()
