@@ -141,8 +141,11 @@ def count_rows(key: Any, rows: list[Any], state: GroupState) -> list[Any]:
 def count_frames(key: Any, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[Any]:
     """The same function for applyInPandasWithState."""
     frames = list(frames)
+    for f in frames:
+        f["seen"] = True  # the frame is the function's own: no SettingWithCopyWarning
+        assert list(f.index) == list(range(len(f)))
     if state.hasTimedOut:
-        assert len(frames) == 1 and frames[0].empty and list(frames[0].columns) == ["k", "v"]
+        assert len(frames) == 1 and frames[0].empty and list(frames[0].columns)[:2] == ["k", "v"]
         state.remove()
         yield pd.DataFrame({"k": [key[0]], "n": [-1]})
         return
@@ -398,3 +401,31 @@ def test_null_and_composite_keys() -> None:
             {"a": "x", "b": None, "n": 1},
         ]
         assert h.run(data[:1]).rows == [{"a": None, "b": 1, "n": 3}]
+
+
+def test_pandas_output_types_nan_and_column_order() -> None:
+    def f(key: Any, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[Any]:
+        for _frame in frames:
+            yield pd.DataFrame(
+                {
+                    "x": [float("nan"), 1.5],
+                    "at": pd.to_datetime(["2024-01-01 00:00:01", None]),
+                    "k": [key[0], key[0]],
+                    "extra": [0, 0],
+                }
+            )
+        yield pd.DataFrame({"a": [key[0]], "b": [2.0], "c": [pd.Timestamp("2024-01-02")]})
+
+    h = group_state_harness(
+        f,
+        key_columns=["k"],
+        output_schema="k string, x double, at timestamp_ntz",
+        state_schema="n long",
+        pandas=True,
+    )
+    with h:
+        assert h.run(rows(("a", 1))).rows == [
+            {"k": "a", "x": None, "at": datetime.datetime(2024, 1, 1, 0, 0, 1)},
+            {"k": "a", "x": 1.5, "at": None},
+            {"k": "a", "x": 2.0, "at": datetime.datetime(2024, 1, 2)},  # by position
+        ]

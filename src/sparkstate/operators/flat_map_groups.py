@@ -48,6 +48,7 @@ from sparkstate.operators.grouping import (
     OutputCollector,
     decode_present,
     group_by_key,
+    pandas_groups,
     rows_of,
 )
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
@@ -235,15 +236,18 @@ class FlatMapGroupsWithState(StatefulOperator):
                     old_ts = row[width]
                     value = row[:width] if row[-1] else None
                     state = new_state(clock, value, width, old_timeout_ts=old_ts if compare else -1)
-                emit(func(keys[i], data(starts[i], starts[i + 1]), state))
+                result = func(keys[i], data(starts[i], starts[i + 1]), state)
+                if result is not None:
+                    emit(result)
                 if state._removed or state._timeout_ts != NO_TIMESTAMP or old_ts != NO_TIMESTAMP:
                     self._record(pending, key_bytes[i], state, old_ts, row is not None, compare)
                 elif state._updated:
                     put_keys.append(key_bytes[i])
                     put_values.append((*state._value, NO_TIMESTAMP, True))  # type: ignore[misc]
-                if not i & 4095 and out.has_batches:
+                if not i & 4095 and out.ready():
                     yield from out.drain()
         except Exception as exc:
+            out.check_result(exc)
             exc.add_note(f"sparkstate: raised by the {self.kind} function for key {keys[i]!r}")
             raise
 
@@ -255,7 +259,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         return []
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
-        return out.add_rows
+        return out.sink()
 
     def _record(
         self,
@@ -338,8 +342,11 @@ class FlatMapGroupsWithState(StatefulOperator):
                 clock, value, width, timed_out=True, old_timeout_ts=index_ts if compare else -1
             )
             try:
-                emit(self.func(key, self._empty_data(), state))
+                result = self.func(key, self._empty_data(), state)
+                if result is not None:
+                    emit(result)
             except Exception as exc:
+                out.check_result(exc)
                 exc.add_note(
                     f"sparkstate: raised by the {self.kind} function for timed-out key {key!r}"
                 )
@@ -388,13 +395,7 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
         )
 
     def _group_data(self, groups: KeyGroups) -> Callable[[int, int], Any]:
-        frame = groups.table.to_pandas()
-        iloc = frame.iloc
-
-        def data(start: int, end: int) -> Iterator[Any]:
-            return iter([iloc[start:end].reset_index(drop=True)])
-
-        return data
+        return pandas_groups(groups)
 
     def _empty_data(self) -> Any:
         return iter([self.input_schema.empty_table().to_pandas()])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "OutputCollector",
     "decode_present",
     "group_by_key",
+    "pandas_groups",
     "make_row_class",
     "rows_of",
 ]
@@ -81,6 +82,25 @@ def group_by_key(table: pa.Table, key_schema: pa.Schema, codec: KeyCodec) -> Key
     key_cols = [c.take(pa.array(firsts)).to_pylist() for c in key_table.columns]
     keys = list(zip(*key_cols, strict=True))
     return KeyGroups(table, key_bytes, keys, [*idx, n])
+
+
+def pandas_groups(groups: KeyGroups) -> Callable[[int, int], Iterator[Any]]:
+    """``data(start, end)``: an iterator of one DataFrame with the group's rows (index from 0),
+    cut from a single conversion of the whole input."""
+    import pandas as pd
+
+    iloc = groups.table.to_pandas().iloc
+    range_index = pd.RangeIndex
+    detach = hasattr(iloc[0:0], "_is_copy")
+
+    def data(start: int, end: int) -> Iterator[Any]:
+        frame = iloc[start:end]
+        frame.index = range_index(end - start)
+        if detach:  # the user owns it: no SettingWithCopyWarning (groups never overlap)
+            frame._is_copy = None
+        return iter((frame,))
+
+    return data
 
 
 def decode_present(fam: ColumnFamily, raws: Sequence[bytes | None]) -> list[Any]:
@@ -145,6 +165,23 @@ def rows_of(table: pa.Table, fmt: str) -> list[Any]:
     return rows
 
 
+def _frame_columns(frame: Any, positions: list[int]) -> list[list[Any]]:
+    """Python values of some columns of a DataFrame, by position (a hot path: frames returned
+    per key are tiny, so this avoids building a Series per column where pandas allows)."""
+    iter_arrays = getattr(frame, "_iter_column_arrays", None)
+    if iter_arrays is None:  # not pandas 2: the public, slower way
+        return [frame.iloc[:, i].tolist() for i in positions]
+    arrays = list(iter_arrays())
+    out = []
+    for i in positions:
+        arr = arrays[i]
+        if getattr(arr.dtype, "kind", "O") in "mM":  # numpy datetimes: tolist() gives ints
+            out.append(frame.iloc[:, i].tolist())
+        else:
+            out.append(arr.tolist())
+    return out
+
+
 class OutputCollector:
     """Gathers output rows of user functions and emits record batches of ``schema``.
 
@@ -159,6 +196,7 @@ class OutputCollector:
         self._rows: list[Any] = []
         self._batches: list[pa.RecordBatch] = []
         self._names = schema.names
+        self._from_pandas = False
 
     def add_rows(self, rows: Iterable[Any] | None) -> None:
         """Rows returned by one call (None: no rows). Cheap: conversion happens per chunk."""
@@ -175,31 +213,35 @@ class OutputCollector:
             self._flush_rows()
 
     def add_frame(self, frame: Any) -> None:
-        """A pandas DataFrame: columns by name if all output fields are there, else by position."""
+        """A pandas DataFrame: columns by name if all output fields are there, else by position.
+
+        Its values join the pending rows (``tolist`` per column: far cheaper than an Arrow
+        conversion per small frame); NaN and NaT become nulls, as PySpark converts them.
+        """
         if not hasattr(frame, "columns"):
             msg = f"{self.where} must yield pandas.DataFrame objects, got {type(frame).__name__}"
             raise InvalidOutputError(msg)
-        if len(frame.columns) == 0 and len(frame) == 0:
+        if len(frame) == 0:
             return
-        labels = [str(c) for c in frame.columns]
-        if all(n in labels for n in self._names):
-            frame = frame[[frame.columns[labels.index(n)] for n in self._names]]
-        elif len(labels) != len(self._names):
+        labels = list(frame.columns)
+        names = self._names
+        if labels == names:
+            positions = list(range(len(names)))
+        elif frame.columns.is_unique and all(n in labels for n in names):
+            positions = [labels.index(n) for n in names]
+        elif len(labels) == len(names):
+            positions = list(range(len(names)))
+        else:
             msg = (
-                f"{self.where} returned a DataFrame with columns {labels}; the output schema "
-                f"has {len(self._names)} fields {self._names}"
+                f"{self.where} returned a DataFrame with columns {[str(c) for c in labels]}; "
+                f"the output schema has {len(names)} fields {names}"
             )
             raise InvalidOutputError(msg)
-        try:
-            arrays = [
-                pa.array(frame.iloc[:, i], type=f.type, from_pandas=True)
-                for i, f in enumerate(self.schema)
-            ]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-            msg = f"{self.where} returned a DataFrame that does not fit {self.schema}: {exc}"
-            raise InvalidOutputError(msg) from exc
-        self._flush_rows()
-        self._batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        columns = _frame_columns(frame, positions)
+        self._from_pandas = True
+        self._rows.extend(zip(*columns, strict=True))
+        if len(self._rows) >= OUTPUT_CHUNK:
+            self._flush_rows()
 
     def _flush_rows(self) -> None:
         rows, self._rows = self._rows, []
@@ -219,7 +261,10 @@ class OutputCollector:
             rows = [self._as_tuple(r) for r in rows]
             columns = list(zip(*rows, strict=True)) or [()] * width
         try:
-            arrays = [pa.array(c, type=f.type) for c, f in zip(columns, self.schema, strict=True)]
+            arrays = [
+                pa.array(c, type=f.type, from_pandas=self._from_pandas)
+                for c, f in zip(columns, self.schema, strict=True)
+            ]
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             msg = f"{self.where} returned rows that do not fit the output {self.schema}: {exc}"
             raise InvalidOutputError(msg) from exc
@@ -248,6 +293,24 @@ class OutputCollector:
     @property
     def has_batches(self) -> bool:
         return bool(self._batches)
+
+    def sink(self) -> Callable[[Iterable[Any]], None]:
+        """The fastest way in: ``list.extend`` of the pending rows (call ``ready`` now and then;
+        a non-iterable result raises TypeError, which ``check_result`` turns into a clear error).
+        """
+        return self._rows.extend
+
+    def ready(self) -> bool:
+        """Whether batches are ready to drain (flushing a full chunk of pending rows first)."""
+        if len(self._rows) >= OUTPUT_CHUNK:
+            self._flush_rows()
+        return bool(self._batches)
+
+    def check_result(self, exc: BaseException) -> None:
+        """Raise a clear error instead of ``exc`` when it is ``extend`` refusing a non-iterable."""
+        if isinstance(exc, TypeError) and "not iterable" in str(exc):
+            msg = f"{self.where} must return an iterable of rows ({exc})"
+            raise InvalidOutputError(msg) from exc
 
     def drain(self, final: bool = False) -> Iterator[pa.RecordBatch]:
         """Batches ready so far (all of them, pending rows included, when ``final``)."""

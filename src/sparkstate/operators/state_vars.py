@@ -54,6 +54,7 @@ MAP_VALUE_SCHEMA = pa.schema([pa.field("entries", pa.binary(), nullable=False)])
 _U32 = struct.Struct("<I")
 _MISSING: Any = object()
 _PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
+_is_plain = _PLAIN.issuperset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +245,14 @@ class ValueState(_StateVar):
         kenc = self._ctx.kenc
         if kenc is None:
             raise _no_key(self.kind, self._name, "update")
-        value = _as_value(newValue, self._width, f"ValueState {self._name!r}")
+        if (
+            type(newValue) is tuple
+            and len(newValue) == self._width
+            and _is_plain(map(type, newValue))
+        ):
+            value = newValue
+        else:
+            value = _as_value(newValue, self._width, f"ValueState {self._name!r}")
         self._cache[kenc] = value
         if self._ttl is not None:
             self._exp[kenc] = self._expiration()
@@ -271,15 +279,13 @@ class ValueState(_StateVar):
                 self._indexed.update(
                     (k, NO_TS if r is None else r[w]) for k, r in zip(unknown, rows, strict=True)
                 )
-        puts, values, deletes = [], [], []
         cache, exp = self._cache, self._exp
-        for kenc in dirty:
-            value = cache[kenc]
-            if value is None:
-                deletes.append(kenc)
-            else:
-                puts.append(kenc)
-                values.append(value if self._ttl is None else (*value, exp[kenc]))
+        deletes = [k for k in dirty if cache[k] is None]
+        puts = [k for k in dirty if cache[k] is not None] if deletes else list(dirty)
+        if self._ttl is None:
+            values = [cache[k] for k in puts]
+        else:
+            values = [(*cache[k], exp[k]) for k in puts]  # type: ignore[misc]
         prefix = self._fam.prefix
         if puts:
             try:

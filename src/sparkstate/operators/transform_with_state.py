@@ -34,6 +34,7 @@ from sparkstate.operators.grouping import (
     KeyGroups,
     OutputCollector,
     group_by_key,
+    pandas_groups,
     rows_of,
 )
 from sparkstate.operators.processor import (
@@ -233,18 +234,15 @@ class TransformWithState(StatefulOperator):
 
     def _data_of(self, groups: KeyGroups) -> Callable[[int, int], Any]:
         if self.mode == "pandas":
-            iloc = groups.table.to_pandas().iloc
-            return lambda s, e: iter([iloc[s:e].reset_index(drop=True)])
+            return pandas_groups(groups)
         rows = rows_of(groups.table, self.row_format)
         return lambda s, e: iter(rows[s:e])
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
         if self.mode == "rows":
-            return out.add_rows
+            return out.sink()
 
         def emit(result: Any) -> None:
-            if result is None:
-                return
             if hasattr(result, "columns"):
                 msg = f"{self.kind} processor must return an iterator of DataFrames"
                 raise InvalidOutputError(msg)
@@ -291,12 +289,15 @@ class TransformWithState(StatefulOperator):
         i = 0
         try:
             for i, kenc in enumerate(groups.key_bytes):
-                key = keys[i]
-                ctx.kenc, ctx.key = kenc, key
-                emit(handler(key, data(starts[i], starts[i + 1]), values))
-                if not i & 4095 and out.has_batches:
+                ctx.kenc = kenc
+                ctx.key = key = keys[i]
+                result = handler(key, data(starts[i], starts[i + 1]), values)
+                if result is not None:
+                    emit(result)
+                if not i & 4095 and out.ready():
                     yield from out.drain()
         except Exception as exc:
+            out.check_result(exc)
             exc.add_note(f"sparkstate: raised by handleInputRows for key {keys[i]!r}")
             raise
         ctx.kenc = ctx.key = None
@@ -324,8 +325,11 @@ class TransformWithState(StatefulOperator):
         for (expiry, kenc), key in zip(due, keys, strict=True):
             kctx.kenc, kctx.key = kenc, key
             try:
-                emit(handler(key, values, ExpiredTimerInfo(expiry)))
+                result = handler(key, values, ExpiredTimerInfo(expiry))
+                if result is not None:
+                    emit(result)
             except Exception as exc:
+                out.check_result(exc)
                 exc.add_note(f"sparkstate: raised by handleExpiredTimer for key {key!r}")
                 raise
             session.timers.delete(store, kenc, expiry)
