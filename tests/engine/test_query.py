@@ -11,6 +11,12 @@ from pyspark.sql import SparkSession
 
 import sparkstate as ss
 from sparkstate import functions as SF
+from sparkstate.engine.driver import BatchDriver, DriverConfig
+from sparkstate.engine.executor import StoreSettings
+from sparkstate.engine.logs import CheckpointLog
+from sparkstate.engine.plan import AggregateStep, plan_stages
+from sparkstate.engine.sinks import ForeachBatchSink
+from sparkstate.store import StoreConf
 
 from .conftest import FileFeed
 from .helpers import Collector, normalize, source
@@ -81,3 +87,24 @@ def test_a_failing_batch_fails_the_query_with_a_clear_message(
     assert q.exception() is not None and not q.isActive
     q.stop()
     assert normalize(spark.table("overflowing").collect()) == [("a", 2**62)]
+
+
+def test_partitions_spark_runs_no_task_for_are_still_committed(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An input Spark knows to be empty gets no tasks at all; the state still moves on."""
+    stages = plan_stages(
+        source(spark, feed, SCHEMA), [AggregateStep(("k",), (SF.sum("v"),))], "update", None
+    )
+    collector = Collector()
+    log = CheckpointLog(str(tmp_path / "chk"))
+    store = StoreSettings(str(tmp_path / "chk"), "memory", StoreConf(num_partitions=4))
+    config = DriverConfig("q", "r", None, "update", 4, store, None, None)
+    driver = BatchDriver(config, stages, ForeachBatchSink(collector), log, lambda p: None)
+    empty = spark.createDataFrame([("a", 1)], SCHEMA).where("false")  # a LocalTableScan <empty>
+    driver.run_batch(empty, 0)
+    driver.run_batch(spark.createDataFrame([("a", 1)], SCHEMA), 1)
+    assert "committing untouched partitions" in caplog.text
+    assert collector.batches == {0: [], 1: [("a", 1)]}
+    deltas = sorted(p.name.split("_")[0] for p in (tmp_path / "chk" / "state").rglob("*.delta"))
+    assert deltas == ["1"] * 4 + ["2"] * 4
