@@ -405,3 +405,20 @@ def test_pyspark_style_processor_and_struct_type_schemas() -> None:
     with h:
         assert h.run(rows(("a", 1))).rows == [{"k": "a", "n": 0}]
         assert h.map_state("names", "a") == {("a",): (True,)}
+
+
+def test_which_queries_need_batches_without_data() -> None:
+    def make(time_mode: str) -> Any:
+        return processor_harness(
+            Count(),
+            key_columns=["k"],
+            output_schema="k string, n long",
+            time_mode=time_mode,
+            input_schema=INPUT,
+            watermark=True,
+        ).operator
+
+    assert not make("None").should_run_no_data_batch(0, 10)
+    assert make("ProcessingTime").should_run_no_data_batch(0, 0)
+    assert make("EventTime").should_run_no_data_batch(0, 10)
+    assert not make("EventTime").should_run_no_data_batch(10, 10)

@@ -158,6 +158,15 @@ class FlatMapGroupsWithState(StatefulOperator):
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         return {TIMEOUT_INDEX_CF: (self._index_key_schema, MARKER_SCHEMA)}
 
+    def should_run_no_data_batch(self, watermark_before_ms: int, watermark_after_ms: int) -> bool:
+        """Spark's ``shouldRunAnotherBatch``: processing-time timeouts need a batch on every
+        trigger, event-time timeouts one whenever the watermark moved."""
+        if self.timeout == GroupStateTimeout.ProcessingTimeTimeout:
+            return True
+        if self.timeout == GroupStateTimeout.EventTimeTimeout:
+            return watermark_after_ms > watermark_before_ms
+        return False
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["timeout"] = self.timeout
