@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
 import pandas as pd
@@ -79,8 +79,7 @@ def count_pandas(key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any)
 def count_rows(key: tuple[Any, ...], rows: Iterable[Any], state: Any) -> Iterator[tuple[Any, ...]]:
     """The row-based variant's function: plain rows in, plain rows out, the same state calls."""
     n = int(state.get[0]) if state.exists else 0
-    for _ in rows:
-        n += 1
+    n += len(rows) if isinstance(rows, Sized) else sum(1 for _ in rows)
     state.update((n,))
     yield (key[0], n)
 
