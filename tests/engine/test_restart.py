@@ -136,5 +136,7 @@ def test_unsupported_shapes_fail_at_start(
         start(ss.stream(df).groupBy("k").count(), "complete", "parquet")
     with pytest.raises(ConfigurationError, match="cannot be merged"):
         start(ss.stream(df).groupBy("k").agg(F.count("v")), "update")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="window.. keys are not supported yet"):
+        start(ss.stream(df).groupBy(F.struct("k", "v")).count(), "update")
     with pytest.raises(ConfigurationError, match="checkpoint"):
         ss.stream(df).groupBy("k").count().writeStream.outputMode("update").start()

@@ -28,6 +28,7 @@ from sparkstate.operators.aggregate import (
 )
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.dedup import Deduplicate
+from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 
 __all__ = ["AggregateStep", "DedupStep", "Stage", "Step", "plan_stages", "quote"]
 
@@ -226,4 +227,21 @@ def plan_stages(
     for stage in stages:
         if not has_agg or isinstance(stage.operator, StreamingAggregate):
             stage.operator.check_output_mode(output_mode)
+        _check_storable(stage)
     return stages
+
+
+def _check_storable(stage: Stage) -> None:
+    """Fail at start, not in a task, when the state's key or value types cannot be stored."""
+    op = stage.operator
+    families = {DEFAULT_CF: (op.key_schema, op.value_schema), **op.column_families()}
+    for name, (key, value) in families.items():
+        try:
+            ColumnFamily(name, key, value)
+        except ConfigurationError as exc:
+            msg = (
+                f"operator {stage.op_id} ({op.kind}) keeps state by {stage.partition_columns}: "
+                f"{exc}. Group or deduplicate by plain columns (window() keys are not "
+                "supported yet)"
+            )
+            raise ConfigurationError(msg) from exc
