@@ -18,14 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.state_collections import ListState, MapState
 from sparkstate.operators.state_errors import UnsupportedStateOperationError
-from sparkstate.operators.state_vars import (
-    KeyContext,
-    ListState,
-    MapState,
-    ValueState,
-    VarSpec,
-)
+from sparkstate.operators.state_vars import KeyContext, ValueState, VarSpec
 from sparkstate.operators.timers import ExpiredTimerInfo, TimeMode, TimerState, TimerValues
 from sparkstate.operators.ttl import check_ttl
 from sparkstate.store.base import StateStore

@@ -1,22 +1,18 @@
-"""``ValueState``, ``ListState`` and ``MapState`` of a ``StatefulProcessor``, over one store.
+"""State variables of a ``StatefulProcessor`` over one store: their spec and ``ValueState``.
 
 Each variable lives in its own column family keyed by the grouping key; the key a call applies to
 is the *implicit key* of the handler being run (``KeyContext``). During a batch a variable reads
 through a per-key cache (value state is prefetched for all keys of the batch with one multi-get)
 and buffers its writes, which ``flush`` hands to the store in bulk at the end of each phase.
 
-Values are encoded with the declared schema (``ValueCodec``). A list is one value per key: its
-elements, each ``uint32`` length-prefixed and encoded with the element schema; a map likewise holds
-``(user key, value)`` pairs, the user key in the order-preserving key encoding (maps iterate in
-user-key order). With a TTL every element carries its expiration (``__expires_ms``) and
-``$ttl_<name>`` indexes each key by its earliest expiration (see :mod:`.ttl`).
+Values are encoded with the declared schema (``ValueCodec``); with a TTL every value carries its
+expiration (``__expires_ms``) and ``$ttl_<name>`` indexes keys by expiration (see :mod:`.ttl`).
+List and map state live in :mod:`.state_collections`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
-from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,23 +31,20 @@ from sparkstate.operators.ts_index import (
 )
 from sparkstate.operators.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
 from sparkstate.store.base import StateStore
-from sparkstate.store.codec import KeyCodec, ValueCodec
+from sparkstate.store.codec import ValueCodec
 
 __all__ = [
     "LIST_VALUE_SCHEMA",
     "MAP_VALUE_SCHEMA",
     "KeyContext",
-    "ListState",
-    "MapState",
+    "StateVariable",
     "ValueState",
     "VarSpec",
-    "decode_list",
-    "decode_map",
+    "as_state_value",
 ]
 
 LIST_VALUE_SCHEMA = pa.schema([pa.field("elements", pa.binary(), nullable=False)])
 MAP_VALUE_SCHEMA = pa.schema([pa.field("entries", pa.binary(), nullable=False)])
-_U32 = struct.Struct("<I")
 _MISSING: Any = object()
 _PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
 _is_plain = _PLAIN.issuperset
@@ -115,7 +108,7 @@ def _no_key(kind: str, name: str, method: str) -> UnsupportedStateOperationError
     return UnsupportedStateOperationError(msg)
 
 
-def _as_value(value: Any, width: int, what: str) -> tuple[Any, ...]:
+def as_state_value(value: Any, width: int, what: str) -> tuple[Any, ...]:
     """A state value as a tuple of plain Python values, checked for arity."""
     if value is None:
         msg = f"{what}: None is not a valid state value"
@@ -139,7 +132,7 @@ def _as_value(value: Any, width: int, what: str) -> tuple[Any, ...]:
     return checked
 
 
-class _StateVar:
+class StateVariable:
     """What all three kinds share: the spec, the key context, TTL bookkeeping, dirty keys."""
 
     kind: ClassVar[str]
@@ -192,7 +185,7 @@ class _StateVar:
         raise NotImplementedError
 
 
-class ValueState(_StateVar):
+class ValueState(StateVariable):
     """A single value per grouping key (PySpark's ``ValueState``)."""
 
     kind: ClassVar[str] = "ValueState"
@@ -252,7 +245,7 @@ class ValueState(_StateVar):
         ):
             value = newValue
         else:
-            value = _as_value(newValue, self._width, f"ValueState {self._name!r}")
+            value = as_state_value(newValue, self._width, f"ValueState {self._name!r}")
         self._cache[kenc] = value
         if self._ttl is not None:
             self._exp[kenc] = self._expiration()
@@ -317,285 +310,3 @@ class ValueState(_StateVar):
         self._exp[kenc] = NO_TS
         self._dirty.add(kenc)
         return 1
-
-
-class _BlobState(_StateVar):
-    """List and map state: the key's elements as one value, decoded on first use in a batch."""
-
-    def _min_expiration(self, exps: Iterable[int]) -> int:
-        return min(exps, default=NO_TS) if self._ttl is not None else NO_TS
-
-    def _write(self, blobs: dict[bytes, bytes | None]) -> tuple[int, int]:
-        puts = [k for k, b in blobs.items() if b is not None]
-        deletes = [k for k, b in blobs.items() if b is None]
-        prefix, encode = self._fam.prefix, self._fam.value_codec.encode
-        if puts:
-            self._store.raw_put_many(
-                [prefix + k for k in puts], [encode((blobs[k],)) for k in puts]
-            )
-        if deletes:
-            self._store.raw_delete_many([prefix + k for k in deletes])
-        return len(puts), len(deletes)
-
-
-def _split_blob(blob: bytes) -> list[bytes]:
-    parts, pos, n = [], 0, len(blob)
-    while pos < n:
-        (size,) = _U32.unpack_from(blob, pos)
-        parts.append(blob[pos + 4 : pos + 4 + size])
-        pos += 4 + size
-    return parts
-
-
-def _join_blob(parts: Iterable[bytes]) -> bytes:
-    return b"".join(_U32.pack(len(p)) + p for p in parts)
-
-
-def decode_list(codec: ValueCodec, blob: bytes) -> list[tuple[Any, ...]]:
-    """The elements of a stored list (with the expiration field under TTL): for state readers."""
-    return [codec.decode(p) for p in _split_blob(blob)]
-
-
-def decode_map(
-    key_codec: KeyCodec, value_codec: ValueCodec, blob: bytes
-) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-    """The ``(user key, value)`` entries of a stored map, in user-key order: for state readers."""
-    parts = _split_blob(blob)
-    return [
-        (key_codec.decode(parts[i]), value_codec.decode(parts[i + 1]))
-        for i in range(0, len(parts), 2)
-    ]
-
-
-class ListState(_BlobState):
-    """A list of values per grouping key (PySpark's ``ListState``)."""
-
-    kind: ClassVar[str] = "ListState"
-
-    def __init__(self, spec: VarSpec, ctx: KeyContext, store: StateStore) -> None:
-        super().__init__(spec, ctx, store)
-        self._cache: dict[bytes, list[tuple[tuple[Any, ...], int]]] = {}
-
-    def _elements(self, what: str) -> tuple[bytes, list[tuple[tuple[Any, ...], int]]]:
-        kenc = self._key(what)
-        found = self._cache.get(kenc)
-        if found is None:
-            found = []
-            raw = self._raw(kenc)
-            if raw is not None:
-                w = self._width
-                for row in decode_list(self._element_codec, self._fam.value_codec.decode(raw)[0]):
-                    found.append((row[:w], row[w]) if self._ttl is not None else (row, NO_TS))
-            self._cache[kenc] = found
-            self._indexed[kenc] = self._min_expiration(e for _, e in found)
-        return kenc, found
-
-    def exists(self) -> bool:
-        _, elements = self._elements("exists")
-        return any(self._live(e) for _, e in elements)
-
-    def get(self) -> Iterator[tuple[Any, ...]]:
-        """The key's live elements, oldest first."""
-        _, elements = self._elements("get")
-        return iter([v for v, e in elements if self._live(e)])
-
-    def _checked(self, values: Any, what: str) -> list[tuple[tuple[Any, ...], int]]:
-        if values is None or isinstance(values, str | bytes | dict | tuple):
-            msg = f"ListState {self._name!r}.{what} needs a list of tuples, got {values!r}"
-            raise InvalidStateValueError(msg)
-        label = f"ListState {self._name!r}.{what}"
-        exp = self._expiration()
-        out = [(_as_value(v, self._width, label), exp) for v in values]
-        if not out:
-            msg = f"{label}: the list of values must not be empty"
-            raise InvalidStateValueError(msg)
-        return out
-
-    def put(self, newState: Any) -> None:  # noqa: N803
-        """Replace the key's elements."""
-        kenc, _ = self._elements("put")
-        self._cache[kenc] = self._checked(newState, "put")
-        self._dirty.add(kenc)
-
-    def appendValue(self, newState: Any) -> None:  # noqa: N802, N803
-        """Add one element."""
-        kenc, elements = self._elements("appendValue")
-        label = f"ListState {self._name!r}.appendValue"
-        elements.append((_as_value(newState, self._width, label), self._expiration()))
-        self._dirty.add(kenc)
-
-    def appendList(self, newState: Any) -> None:  # noqa: N802, N803
-        """Add several elements."""
-        kenc, elements = self._elements("appendList")
-        elements.extend(self._checked(newState, "appendList"))
-        self._dirty.add(kenc)
-
-    def clear(self) -> None:
-        """Remove all the key's elements."""
-        kenc, _ = self._elements("clear")
-        self._cache[kenc] = []
-        self._dirty.add(kenc)
-
-    def flush(self) -> tuple[int, int]:
-        if not self._dirty:
-            return 0, 0
-        dirty, self._dirty = self._dirty, set()
-        blobs: dict[bytes, bytes | None] = {}
-        encode = self._element_codec.encode
-        for kenc in dirty:
-            elements = self._cache[kenc]
-            if not elements:
-                blobs[kenc] = None
-            elif self._ttl is None:
-                blobs[kenc] = _join_blob(encode(v) for v, _ in elements)
-            else:
-                blobs[kenc] = _join_blob(encode((*v, e)) for v, e in elements)
-            if self._index is not None:
-                new = self._min_expiration(e for _, e in elements)
-                self._index.move(kenc, self._indexed.get(kenc, NO_TS), new)
-                self._indexed[kenc] = new
-        written = self._write(blobs)
-        if self._index is not None:
-            self._index.flush(self._store)
-        return written
-
-    def _drop_expired(self, kenc: bytes) -> int:
-        self._ctx.kenc, saved = kenc, self._ctx.kenc
-        try:
-            _, elements = self._elements("evict")
-        finally:
-            self._ctx.kenc = saved
-        live = [(v, e) for v, e in elements if self._live(e)]
-        self._cache[kenc] = live
-        self._dirty.add(kenc)
-        return len(elements) - len(live)
-
-
-class MapState(_BlobState):
-    """A map from user keys to values per grouping key (PySpark's ``MapState``)."""
-
-    kind: ClassVar[str] = "MapState"
-
-    def __init__(self, spec: VarSpec, ctx: KeyContext, store: StateStore) -> None:
-        super().__init__(spec, ctx, store)
-        assert spec.key_schema is not None
-        self._user_key_codec = KeyCodec(spec.key_schema)
-        self._key_width = len(spec.key_schema)
-        #: grouping key -> user key bytes -> (user key, value, expiration)
-        self._cache: dict[bytes, dict[bytes, tuple[tuple[Any, ...], tuple[Any, ...], int]]] = {}
-
-    def _entries(
-        self, what: str
-    ) -> tuple[bytes, dict[bytes, tuple[tuple[Any, ...], tuple[Any, ...], int]]]:
-        kenc = self._key(what)
-        found = self._cache.get(kenc)
-        if found is None:
-            found = {}
-            raw = self._raw(kenc)
-            if raw is not None:
-                parts = _split_blob(self._fam.value_codec.decode(raw)[0])
-                decode_key, decode_value = self._user_key_codec.decode, self._element_codec.decode
-                w = self._width
-                for i in range(0, len(parts), 2):
-                    row = decode_value(parts[i + 1])
-                    exp = row[w] if self._ttl is not None else NO_TS
-                    found[parts[i]] = (decode_key(parts[i]), row[:w], exp)
-            self._cache[kenc] = found
-            self._indexed[kenc] = self._min_expiration(e for _, _, e in found.values())
-        return kenc, found
-
-    def _user_key(self, key: Any, what: str) -> tuple[tuple[Any, ...], bytes]:
-        label = f"MapState {self._name!r}.{what} key"
-        if key is not None and self._key_width == 1 and not isinstance(key, tuple | list):
-            key = (key,)
-        user_key = _as_value(key, self._key_width, label)
-        try:
-            return user_key, self._user_key_codec.encode(user_key)
-        except ValueError as exc:
-            exc.add_note(f"sparkstate: in {label}")
-            raise
-
-    def _live_items(
-        self, what: str
-    ) -> list[tuple[bytes, tuple[tuple[Any, ...], tuple[Any, ...], int]]]:
-        _, entries = self._entries(what)
-        return sorted((k, v) for k, v in entries.items() if self._live(v[2]))
-
-    def exists(self) -> bool:
-        _, entries = self._entries("exists")
-        return any(self._live(e) for _, _, e in entries.values())
-
-    def getValue(self, key: Any) -> tuple[Any, ...] | None:  # noqa: N802
-        """The value of ``key``, or None."""
-        _, entries = self._entries("getValue")
-        found = entries.get(self._user_key(key, "getValue")[1])
-        return found[1] if found is not None and self._live(found[2]) else None
-
-    def containsKey(self, key: Any) -> bool:  # noqa: N802
-        return self.getValue(key) is not None
-
-    def updateValue(self, key: Any, value: Any) -> None:  # noqa: N802
-        """Set the value of ``key``; under TTL, restart that entry's clock."""
-        kenc, entries = self._entries("updateValue")
-        user_key, kbytes = self._user_key(key, "updateValue")
-        label = f"MapState {self._name!r}.updateValue"
-        entries[kbytes] = (user_key, _as_value(value, self._width, label), self._expiration())
-        self._dirty.add(kenc)
-
-    def removeKey(self, key: Any) -> None:  # noqa: N802
-        kenc, entries = self._entries("removeKey")
-        if entries.pop(self._user_key(key, "removeKey")[1], None) is not None:
-            self._dirty.add(kenc)
-
-    def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
-        """``(key, value)`` pairs in user-key order."""
-        return iter([(k, v) for _, (k, v, _) in self._live_items("iterator")])
-
-    def keys(self) -> Iterator[tuple[Any, ...]]:
-        return iter([k for _, (k, _, _) in self._live_items("keys")])
-
-    def values(self) -> Iterator[tuple[Any, ...]]:
-        return iter([v for _, (_, v, _) in self._live_items("values")])
-
-    def clear(self) -> None:
-        kenc, _ = self._entries("clear")
-        self._cache[kenc] = {}
-        self._dirty.add(kenc)
-
-    def flush(self) -> tuple[int, int]:
-        if not self._dirty:
-            return 0, 0
-        dirty, self._dirty = self._dirty, set()
-        blobs: dict[bytes, bytes | None] = {}
-        encode = self._element_codec.encode
-        ttl = self._ttl is not None
-        for kenc in dirty:
-            entries = self._cache[kenc]
-            if not entries:
-                blobs[kenc] = None
-            else:
-                parts: list[bytes] = []
-                for kbytes in sorted(entries):
-                    _, value, exp = entries[kbytes]
-                    parts += (kbytes, encode((*value, exp) if ttl else value))
-                blobs[kenc] = _join_blob(parts)
-            if self._index is not None:
-                new = self._min_expiration(e for _, _, e in entries.values())
-                self._index.move(kenc, self._indexed.get(kenc, NO_TS), new)
-                self._indexed[kenc] = new
-        written = self._write(blobs)
-        if self._index is not None:
-            self._index.flush(self._store)
-        return written
-
-    def _drop_expired(self, kenc: bytes) -> int:
-        self._ctx.kenc, saved = kenc, self._ctx.kenc
-        try:
-            _, entries = self._entries("evict")
-        finally:
-            self._ctx.kenc = saved
-        expired = [k for k, (_, _, e) in entries.items() if not self._live(e)]
-        for k in expired:
-            del entries[k]
-        self._dirty.add(kenc)
-        return len(expired)

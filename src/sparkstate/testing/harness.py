@@ -36,7 +36,7 @@ from sparkstate.operators.flat_map_groups import (
 )
 from sparkstate.operators.group_state import GroupStateTimeout
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
-from sparkstate.operators.state_vars import decode_list, decode_map
+from sparkstate.operators.state_collections import decode_list, decode_map
 from sparkstate.operators.timers import TIMERS_CF, TimeMode
 from sparkstate.operators.transform_with_state import INITIAL_STATE_MARKER, TransformWithState
 from sparkstate.store.base import StateStore, StateStoreProvider, StoreConf, StoreId
