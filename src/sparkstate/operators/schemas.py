@@ -70,10 +70,14 @@ def parse_type(text: str) -> pa.DataType:
 
 
 def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside parentheses or angle brackets."""
-    parts, depth, start = [], 0, 0
+    """Split on commas outside parentheses, angle brackets, quotes and backquotes."""
+    parts, depth, start, quote = [], 0, 0, ""
     for i, ch in enumerate(text):
-        if ch in "(<":
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'`":
+            quote = ch
+        elif ch in "(<":
             depth += 1
         elif ch in ")>":
             depth -= 1
