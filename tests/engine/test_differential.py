@@ -105,3 +105,29 @@ def test_dedup_matches_spark(
     run_batches(feed, q, BATCHES)
     assert same_schema(dedup_ours.schema, dedup_theirs.schema)
     assert dedup_ours.batches == dedup_theirs.batches
+
+
+@pytest.mark.parametrize("provider", PROVIDERS[:1])
+def test_dedup_then_aggregate_matches_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    ours, theirs = Collector(), Collector()
+    stream = ss.stream(source(spark, feed, SCHEMA)).dropDuplicates(["k", "v"])
+    q = start_ours(
+        stream.groupBy("g").agg(SF.count("*"), SF.sum("v")),
+        "complete",
+        tmp_path / "a",
+        provider,
+        ours,
+    )
+    run_batches(feed, q, BATCHES)
+    feed.count = 0
+    for f in feed.path.iterdir():
+        f.unlink()
+    deduped = source(spark, feed, SCHEMA).dropDuplicates(["k", "v"])
+    q = start_spark(
+        deduped.groupBy("g").agg(F.count("*"), F.sum("v")), "complete", tmp_path / "b", theirs
+    )
+    run_batches(feed, q, BATCHES)
+    assert same_schema(ours.schema, theirs.schema)
+    assert ours.batches == theirs.batches
