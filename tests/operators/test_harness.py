@@ -99,3 +99,36 @@ def test_a_new_harness_resumes_a_directory(provider: str, tmp_path: Path) -> Non
         assert h.batch_id == 2
         assert h.run([{"k": "a", "v": 1}]).rows == [{"k": "a", "n": 3}]
     assert tmp_path.exists()  # a directory the test gave is not deleted
+
+
+@pytest.mark.parametrize("kind", ["rows", "pandas", "processor"])
+def test_output_larger_than_a_chunk_is_complete(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkstate.operators import grouping
+
+    monkeypatch.setattr(grouping, "OUTPUT_CHUNK", 100)
+    n = 600 if kind == "pandas" else 9000  # chunks are checked every 4096 keys
+
+    def f(key: Any, rows: Any, state: GroupState) -> Iterator[Any]:
+        if kind == "pandas":
+            yield pd.DataFrame({"k": [key[0]], "n": [1]})
+        else:
+            yield (key[0], 1)
+
+    schema = "k long, v long"
+    if kind == "processor":
+        h = processor_harness(
+            Count(), key_columns=["k"], output_schema="k long, n long", input_schema=schema
+        )
+    else:
+        h = group_state_harness(
+            f,
+            key_columns=["k"],
+            output_schema="k long, n long",
+            state_schema="n long",
+            pandas=kind == "pandas",
+            input_schema=schema,
+        )
+    with h:
+        out = h.run(pa.table({"k": pa.array(range(n), pa.int64()), "v": [0] * n}))
+        assert sorted(out.table.column("k").to_pylist()) == list(range(n))
+        assert out.metrics.num_output_rows == n

@@ -244,8 +244,9 @@ class OutputCollector:
             self._flush_rows()
 
     def _flush_rows(self) -> None:
-        rows, self._rows = self._rows, []
-        if rows:
+        if self._rows:
+            rows = self._rows.copy()
+            self._rows.clear()  # in place: ``sink()`` handed out this list's ``extend``
             self._batches.append(self._to_batch(rows))
 
     def _to_batch(self, rows: list[Any]) -> pa.RecordBatch:
