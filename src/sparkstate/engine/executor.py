@@ -9,6 +9,7 @@ Python worker process, so a partition that runs in the same worker again starts 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -20,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sparkstate.exceptions import StoreLockedError
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.store.base import StateStore, StateStoreProvider, StoreConf, StoreId, StoreMetrics
 from sparkstate.store.registry import provider_class
@@ -68,6 +70,22 @@ class ProviderCache:
     def lock(self, key: tuple[str, int, int]) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
+
+    @contextlib.contextmanager
+    def holding(self, key: tuple[str, int, int], timeout_s: float) -> Iterator[None]:
+        """The partition's in-process lock (tasks and maintenance take turns), with a timeout."""
+        lock = self.lock(key)
+        if not lock.acquire(timeout=timeout_s):
+            msg = (
+                f"state partition {key[1]}/{key[2]} under {key[0]} stayed busy in Python worker "
+                f"{os.getpid()} for {timeout_s:.0f} s (an abandoned task or a slow maintenance); "
+                "the task will be retried. Raise stateStore.lock_timeout_s if this is expected."
+            )
+            raise StoreLockedError(msg)
+        try:
+            yield
+        finally:
+            lock.release()
 
     def provider(self, spec: TaskSpec, partition: int) -> StateStoreProvider:
         """The cached provider of a partition (caller holds ``lock(key)``)."""
@@ -155,7 +173,7 @@ def run_stateful_task(
         batch_timestamp_ms=spec.batch_timestamp_ms,
     )
     started = time.perf_counter()
-    with PROVIDERS.lock(key):
+    with PROVIDERS.holding(key, spec.store.conf.lock_timeout_s):
         provider = PROVIDERS.provider(spec, partition)
         load_started = time.perf_counter()
         store = provider.get_store(spec.batch_id, spec.lineage.get(partition))
@@ -204,7 +222,7 @@ def _after_commit(store: StateStore, before: StoreMetrics) -> StoreMetrics:
 def commit_empty(spec: TaskSpec, partition: int) -> dict[str, Any]:
     """Commit version ``b + 1`` of a partition that received no task in batch ``b``."""
     key = (spec.store.state_root, spec.op_id, partition)
-    with PROVIDERS.lock(key):
+    with PROVIDERS.holding(key, spec.store.conf.lock_timeout_s):
         provider = PROVIDERS.provider(spec, partition)
         store = provider.get_store(spec.batch_id, spec.lineage.get(partition))
         try:
