@@ -15,7 +15,7 @@ One partition, one batch (Spark's ``FlatMapGroupsWithStateExec`` /
 
 Layout: the default column family maps a key to its state fields plus ``__timeout_ms`` and
 ``__defined`` (a removed state can keep a timeout); ``$timeout_index`` maps
-``(timeout_ms, key...)`` to a marker.
+``(timeout_ms, key...)`` to a marker (see :mod:`.ts_index`).
 """
 
 from __future__ import annotations
@@ -53,16 +53,14 @@ from sparkstate.operators.grouping import (
 )
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
 from sparkstate.operators.state_errors import InvalidOutputError
-from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA
+from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import ColumnFamily, StateStore
-from sparkstate.store.codec import KeyCodec
 
 __all__ = ["TIMEOUT_INDEX_CF", "ApplyInPandasWithState", "FlatMapGroupsWithState"]
 
 TIMEOUT_INDEX_CF = "$timeout_index"
 TIMEOUT_FIELD = "__timeout_ms"
 DEFINED_FIELD = "__defined"
-_TS_SCHEMA = pa.schema([pa.field("timeout_ms", pa.int64(), nullable=False)])
 
 
 def key_schema_of(input_schema: pa.Schema, key_columns: Sequence[str], api: str) -> pa.Schema:
@@ -84,8 +82,7 @@ class _Pending:
         self.put_keys: list[bytes] = []
         self.put_values: list[tuple[Any, ...]] = []
         self.deletes: list[bytes] = []
-        self.index_deletes: list[tuple[int, bytes]] = []
-        self.index_puts: list[tuple[int, bytes]] = []
+        self.index = TimestampIndex(TIMEOUT_INDEX_CF)
 
 
 class FlatMapGroupsWithState(StatefulOperator):
@@ -152,8 +149,7 @@ class FlatMapGroupsWithState(StatefulOperator):
             ]
         )
         self._width = len(self.state_schema)
-        self._ts_codec = KeyCodec(_TS_SCHEMA)
-        self._index_key_schema = pa.schema([*_TS_SCHEMA, *self.key_schema])
+        self._index_key_schema = index_key_schema(self.key_schema, "timeout_ms")
 
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         return {TIMEOUT_INDEX_CF: (self._index_key_schema, MARKER_SCHEMA)}
@@ -290,10 +286,9 @@ class FlatMapGroupsWithState(StatefulOperator):
             pending.put_values.append(
                 (*value, ts, True) if value is not None else (None,) * self._width + (ts, False)
             )
-        if existed and old_ts != NO_TIMESTAMP and (action == "remove" or ts != old_ts):
-            pending.index_deletes.append((old_ts, kenc))
-        if action == "put" and ts != NO_TIMESTAMP and (not existed or ts != old_ts):
-            pending.index_puts.append((ts, kenc))
+        pending.index.move(
+            kenc, old_ts if existed else NO_TIMESTAMP, ts if action == "put" else NO_TIMESTAMP
+        )
 
     def _apply(self, store: StateStore, fam: ColumnFamily, p: _Pending, m: OperatorMetrics) -> None:
         if p.put_keys:
@@ -304,15 +299,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         if p.deletes:
             store.raw_delete_many([fam.prefix + k for k in p.deletes])
             m.num_rows_removed += len(p.deletes)
-        if p.index_deletes or p.index_puts:
-            idx = store.column_family(TIMEOUT_INDEX_CF).prefix
-            enc = self._ts_codec.encode
-            if p.index_deletes:
-                store.raw_delete_many([idx + enc((ts,)) + k for ts, k in p.index_deletes])
-            if p.index_puts:
-                store.raw_put_many(
-                    [idx + enc((ts,)) + k for ts, k in p.index_puts], [MARKER] * len(p.index_puts)
-                )
+        p.index.flush(store)
 
     def _time_out(
         self,
@@ -327,24 +314,17 @@ class FlatMapGroupsWithState(StatefulOperator):
             threshold = clock.processing_time_ms
         else:
             threshold = clock.watermark_ms
-        prefix = store.column_family(TIMEOUT_INDEX_CF).prefix
-        ts_codec = self._ts_codec
-        split = len(prefix) + len(ts_codec.encode((0,)))
-        end = prefix + ts_codec.encode((threshold,))
-        expired = [
-            (ts_codec.decode(k[len(prefix) : split])[0], k[split:])
-            for k, _ in store.raw_scan(prefix, end)
-        ]
+        pending, emit = _Pending(), self._emitter(out)
+        expired = pending.index.due(store, threshold - 1)  # Spark: timeout < threshold
         if not expired:
             return
         key_bytes = [k for _, k in expired]
         stored = decode_present(fam, store.raw_get_many([fam.prefix + k for k in key_bytes]))
         keys = fam.key_codec.decode_many(key_bytes)
         width, compare = self._width, self.compare_with_stored_timeout
-        pending, emit = _Pending(), self._emitter(out)
         for (index_ts, kenc), key, row in zip(expired, keys, stored, strict=True):
             if row is None or row[width] != index_ts:  # a stale index entry: drop it
-                pending.index_deletes.append((index_ts, kenc))
+                pending.index.remove(kenc, index_ts)
                 continue
             value = row[:width] if row[-1] else None
             state = GroupState(

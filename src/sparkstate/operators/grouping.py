@@ -185,7 +185,7 @@ def _frame_columns(frame: Any, positions: list[int]) -> list[list[Any]]:
 class OutputCollector:
     """Gathers output rows of user functions and emits record batches of ``schema``.
 
-    ``add_rows`` takes an iterable of tuples (positional), dicts (by name) or objects with
+    ``sink()`` takes iterables of tuples (positional), dicts (by name) or objects with
     ``asDict()``; ``add_frame`` takes a pandas DataFrame. ``where`` names the function in errors.
     """
 
@@ -197,20 +197,6 @@ class OutputCollector:
         self._batches: list[pa.RecordBatch] = []
         self._names = schema.names
         self._from_pandas = False
-
-    def add_rows(self, rows: Iterable[Any] | None) -> None:
-        """Rows returned by one call (None: no rows). Cheap: conversion happens per chunk."""
-        if rows is None:
-            return
-        try:
-            self._rows.extend(rows)
-        except TypeError as exc:
-            if isinstance(rows, Iterable):
-                raise
-            msg = f"{self.where} must return an iterable of rows, got {type(rows).__name__}"
-            raise InvalidOutputError(msg) from exc
-        if len(self._rows) >= OUTPUT_CHUNK:
-            self._flush_rows()
 
     def add_frame(self, frame: Any) -> None:
         """A pandas DataFrame: columns by name if all output fields are there, else by position.

@@ -29,9 +29,10 @@ _TS_WIDTH = len(_TS_CODEC.encode((0,)))
 _INT64_MAX = (1 << 63) - 1
 
 
-def index_key_schema(key_schema: pa.Schema) -> pa.Schema:
-    """Key schema of an index over grouping keys of ``key_schema``."""
-    return pa.schema([*TS_SCHEMA, *key_schema])
+def index_key_schema(key_schema: pa.Schema, ts_name: str = "ts_ms") -> pa.Schema:
+    """Key schema of an index over grouping keys of ``key_schema`` (the name is cosmetic: the
+    encoding is the same for every index)."""
+    return pa.schema([pa.field(ts_name, pa.int64(), nullable=False), *key_schema])
 
 
 def encode_ts(ts: int) -> bytes:
