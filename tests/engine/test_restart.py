@@ -19,7 +19,7 @@ from sparkstate.exceptions import (
 )
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, oracle_update, run_batches, source, start_ours
+from .helpers import Collector, normalize, oracle_update, run_batches, source, start_ours
 
 SCHEMA = "k string, v int"
 BATCHES: list[list[dict[str, Any]]] = [
@@ -140,3 +140,36 @@ def test_unsupported_shapes_fail_at_start(
         start(ss.stream(df).groupBy(F.struct("k", "v")).count(), "update")
     with pytest.raises(ConfigurationError, match="checkpoint"):
         ss.stream(df).groupBy("k").count().writeStream.outputMode("update").start()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_replay_of_a_committed_batch_redelivers_the_same_output(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    """Spark died after our commit of batch 1 but before its own: foreachBatch sees 1 again."""
+    calls: list[tuple[int, list[tuple[Any, ...]]]] = []
+    chk = tmp_path / "chk"
+
+    def record(df: Any, batch_id: int) -> None:
+        calls.append((batch_id, normalize(df.collect())))
+
+    def start() -> Any:
+        return (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .agg(*ours_aggs())
+            .writeStream.outputMode("update")
+            .foreachBatch(record)
+            .option("checkpointLocation", str(chk))
+            .option("stateStore", provider)
+            .start()
+        )
+
+    run_batches(feed, start(), BATCHES[:2])
+    for name in ("1", ".1.crc"):
+        (chk / "commits" / name).unlink()  # Spark's commit log only
+    run_batches(feed, start(), BATCHES[2:3])
+    expected = oracle_update(spark, SCHEMA, BATCHES[:3], ["k"], spark_aggs)
+    assert [b for b, _ in calls] == [0, 1, 1, 2]
+    assert calls[1] == calls[2] == (1, expected[1])
+    assert calls[3] == (2, expected[2])

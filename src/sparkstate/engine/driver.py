@@ -112,7 +112,7 @@ class BatchDriver:
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.time()
         if self.log.read_commit(batch_id) is not None:
-            log.info("batch %d was committed before; skipping its replay", batch_id)
+            self._replay_committed(df, batch_id)
             return
         lineage = self._lineage(batch_id)
         intent = self.log.read_intent(batch_id)
@@ -151,6 +151,27 @@ class BatchDriver:
         self.log.append_progress(progress)
         self.on_progress(progress)
 
+    def _replay_committed(self, df: DataFrame, batch_id: int) -> None:
+        """Spark re-runs a batch whose state we committed (it died before its own commit).
+
+        The output is reproduced from the state before the batch, which is not changed, and
+        delivered again unless the sink already holds it: a file sink skips it, a foreachBatch
+        function sees it again (at-least-once, as with Spark's own foreachBatch).
+        """
+        if self.sink.committed(batch_id):
+            log.info("batch %d is committed and in the sink; nothing to replay", batch_id)
+            return
+        intent = self.log.read_intent(batch_id)
+        if intent is None:
+            msg = f"batch {batch_id} is committed but its intent {batch_id}.json is missing"
+            raise QueryError(msg)
+        log.info("batch %d is committed; re-delivering its output", batch_id)
+        with _engine_settings(df.sparkSession, self.config.num_partitions):
+            self._execute(
+                df, batch_id, intent, self._lineage(batch_id), df.sparkSession, replay=True
+            )
+        self.sink.finish_batch(batch_id)
+
     # --- steps -----------------------------------------------------------------------------------
 
     def _lineage(self, batch_id: int) -> dict[int, dict[int, str | None]]:
@@ -172,7 +193,12 @@ class BatchDriver:
         return out
 
     def _spec(
-        self, stage: Stage, batch_id: int, intent: dict[str, Any], lineage: dict[int, Any]
+        self,
+        stage: Stage,
+        batch_id: int,
+        intent: dict[str, Any],
+        lineage: dict[int, Any],
+        replay: bool,
     ) -> TaskSpec:
         last = stage is self.stages[-1]
         return TaskSpec(
@@ -185,6 +211,7 @@ class BatchDriver:
             num_partitions=self.config.num_partitions,
             store=self.config.store,
             lineage=lineage.get(stage.op_id, {}),
+            replay=replay,
         )
 
     def _execute(
@@ -194,13 +221,15 @@ class BatchDriver:
         intent: dict[str, Any],
         lineage: dict[int, Any],
         session: SparkSession,
+        *,
+        replay: bool = False,
     ) -> tuple[list[dict[str, Any]], dict[str, int]]:
         acc = session.sparkContext.accumulator([], ReportParam())
         n = self.config.num_partitions
         current = df
         specs: dict[int, TaskSpec] = {}
         for stage in self.stages:
-            spec = self._spec(stage, batch_id, intent, lineage)
+            spec = self._spec(stage, batch_id, intent, lineage, replay)
             specs[stage.op_id] = spec
             shuffled = stage.prepare(current).repartition(
                 n, *[quote(c) for c in stage.partition_columns]
@@ -209,6 +238,8 @@ class BatchDriver:
         sink_started = time.time()
         self.sink.add_batch(batch_id, current, self.config.output_mode)
         timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
+        if replay:
+            return [], timings
         reports = _winning_reports(acc.value)
         missing = [(op_id, p) for op_id in specs for p in range(n) if (op_id, p) not in reports]
         if missing:

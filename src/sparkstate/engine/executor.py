@@ -55,6 +55,8 @@ class TaskSpec:
     store: StoreSettings
     #: Checkpoint id of version ``batch_id`` per partition (from the previous commit).
     lineage: dict[int, str | None]
+    #: Re-deliver the output of a committed batch: run on version ``batch_id``, then abort.
+    replay: bool = False
 
 
 class ProviderCache:
@@ -178,6 +180,12 @@ def run_stateful_task(
         load_started = time.perf_counter()
         store = provider.get_store(spec.batch_id, spec.lineage.get(partition))
         load_ms = (time.perf_counter() - load_started) * 1000
+        if spec.replay:
+            try:
+                yield from spec.operator.process(store, batches, ctx)
+            finally:
+                store.abort()  # the batch's state was committed long ago: change nothing
+            return
         try:
             yield from spec.operator.process(store, batches, ctx)
             metrics = store.metrics()

@@ -51,6 +51,10 @@ class Sink(ABC):
     def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
         """Run the batch's output into the sink (the stateful tasks run inside this call)."""
 
+    def committed(self, batch_id: int) -> bool:
+        """True if the sink durably holds the batch's output (only the file sink can say)."""
+        return False
+
     def finish_batch(self, batch_id: int) -> None:  # noqa: B027 - optional hook
         """Runs after ``add_batch`` under the user's own session settings (for user code)."""
 
