@@ -97,4 +97,3 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint
 def s3_root(s3_endpoint: S3Endpoint) -> str:
     """A fresh, empty checkpoint root on the loopback S3 endpoint."""
     return s3_endpoint.uri(f"checkpoints/{uuid.uuid4().hex}")
-

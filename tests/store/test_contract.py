@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -23,9 +25,26 @@ ROCKSDB_ABANDONED_LINEAGE = (
     "the parents of the replayed version: it no longer restores on another executor"
 )
 
+RETENTION_DELETES_NEW_COMMIT = (
+    "store/versioned.py VersionedProvider._retention_base derives min_keep and the lineage to "
+    "keep from the newest attempt of the highest version on durable storage, not from the attempt "
+    "this provider committed last: after a restart from an older version, the maintenance after "
+    "a commit deletes that very commit (and the parents of the versions built on it)"
+)
+
+
+def retention_xfail() -> Callable[..., Any]:
+    return expected_failure(
+        "test_maintenance_keeps_the_version_just_committed",
+        RETENTION_DELETES_NEW_COMMIT,
+        raises=MissingVersionError,
+    )
+
 
 class TestMemoryProvider(StateStoreContract):
     provider = "memory"
+
+    test_maintenance_keeps_the_version_just_committed = retention_xfail()
 
 
 class ThirdPartyProvider(MemoryStateStoreProvider):
@@ -39,10 +58,14 @@ class TestThirdPartyProvider(StateStoreContract):
 
     provider = ThirdPartyProvider
 
+    test_maintenance_keeps_the_version_just_committed = retention_xfail()
+
 
 @pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb has not landed yet")
 class TestRocksDBProvider(StateStoreContract):
     provider = "rocksdb"
+
+    test_maintenance_keeps_the_version_just_committed = retention_xfail()
 
     test_retention_keeps_a_replay_behind_an_abandoned_attempt = expected_failure(
         "test_retention_keeps_a_replay_behind_an_abandoned_attempt",

@@ -782,6 +782,27 @@ class StateStoreContract:
         want = apply_changes(want, {("replayed", 5): (5, None)}, [])
         assert read_all(provider.get_read_store(5)) == {DEFAULT_CF: want}
 
+    def test_maintenance_keeps_the_version_just_committed(self, factory: ProviderFactory) -> None:
+        """A restart from an old version commits again below the highest version on durable
+        storage; the maintenance after that commit must not delete the commit itself.
+        """
+        conf: dict[str, Any] = {"min_deltas_for_snapshot": 2, "min_versions_to_retain": 3}
+        provider = factory.open(**conf)
+        states: list[dict[Row, Row]] = [{}]
+        for v in range(1, 5):
+            states.append(_history_step(provider, v, states[-1]))
+            provider.do_maintenance()
+        provider = factory.reopen(**conf)
+        again = _commit(provider, 0, {("again", 1): (1, None)})
+        provider.do_maintenance()
+        want = {("again", 1): (1, None)}
+        assert read_all(provider.get_read_store(1, again.checkpoint_id)) == {DEFAULT_CF: want}
+        _commit(provider, 1, {("again", 2): (2, None)}, checkpoint_id=again.checkpoint_id)
+        provider.do_maintenance()
+        provider = factory.reopen(local_dir=factory.fresh_local_dir(), **conf)
+        want = {**want, ("again", 2): (2, None)}
+        assert read_all(provider.get_read_store(2)) == {DEFAULT_CF: want}
+
     # --- schema checks -------------------------------------------------------------------------
 
     def test_reopen_with_a_different_key_schema(self, factory: ProviderFactory) -> None:
