@@ -803,6 +803,26 @@ class StateStoreContract:
         want = {**want, ("again", 2): (2, None)}
         assert read_all(provider.get_read_store(2)) == {DEFAULT_CF: want}
 
+    def test_maintenance_by_another_instance_keeps_the_version_just_committed(
+        self, factory: ProviderFactory
+    ) -> None:
+        """As above, but maintenance runs in another provider instance (another worker process,
+        or the restarted worker before its first commit), which knows only the durable files.
+        """
+        conf: dict[str, Any] = {"min_deltas_for_snapshot": 2, "min_versions_to_retain": 3}
+        provider = factory.open(**conf)
+        states: list[dict[Row, Row]] = [{}]
+        for v in range(1, 5):
+            states.append(_history_step(provider, v, states[-1]))
+            provider.do_maintenance()
+        provider = factory.reopen(**conf)
+        again = _commit(provider, 0, {("again", 1): (1, None)})
+        factory.close(provider)
+        factory.open(local_dir=factory.fresh_local_dir(), **conf).do_maintenance()
+        provider = factory.reopen(local_dir=factory.fresh_local_dir(), **conf)
+        want = {("again", 1): (1, None)}
+        assert read_all(provider.get_read_store(1, again.checkpoint_id)) == {DEFAULT_CF: want}
+
     # --- schema checks -------------------------------------------------------------------------
 
     def test_reopen_with_a_different_key_schema(self, factory: ProviderFactory) -> None:
