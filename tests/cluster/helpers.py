@@ -1,0 +1,190 @@
+"""What the cluster tests share: a file feed, a batch collector, input data, and where each
+state partition ran (read from the local RocksDB copies under each worker's local directory)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, Row, SparkSession
+
+Batches = dict[int, list[tuple[Any, ...]]]
+SCHEMA = "k string, g int, v long, s string"
+#: ``stateStore.local_dir`` of the cluster queries: a relative path, so each executor keeps its
+#: local RocksDB copies under its own working directory (``<worker dir>/<app>/<executor id>/``).
+LOCAL_DIR = "sparkstate-local"
+
+
+class FileFeed:
+    """A directory of JSON-lines files, one file per micro-batch (added atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.count = 0
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        tmp = self.path / f".tmp-{self.count:05d}"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.rename(self.path / f"part-{self.count:05d}.json")
+        self.count += 1
+
+    def stream(self, spark: SparkSession) -> DataFrame:
+        return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(self.path))
+
+
+def normalize(rows: list[Row]) -> list[tuple[Any, ...]]:
+    """Rows as sorted tuples (nulls first), doubles rounded."""
+
+    def cell(v: Any) -> Any:
+        if isinstance(v, float):
+            return "NaN" if math.isnan(v) else round(v, 9)
+        return v
+
+    out = [tuple(cell(v) for v in r) for r in rows]
+    return sorted(out, key=lambda t: tuple((x is None, str(type(x)), str(x)) for x in t))
+
+
+class Collector:
+    """A ``foreachBatch`` function keeping each batch's rows (a replayed batch overwrites)."""
+
+    def __init__(self) -> None:
+        self.batches: Batches = {}
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.batches[batch_id] = normalize(df.collect())
+
+
+def make_batches(
+    seed: int, num_batches: int, rows_per_batch: int, num_keys: int
+) -> list[list[dict[str, Any]]]:
+    """Deterministic input: string keys with a nullable int group, long values, some nulls."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(num_batches):
+        rows = []
+        for _ in range(rows_per_batch):
+            n = rnd.randrange(num_keys)
+            rows.append(
+                {
+                    "k": None if n == 0 else f"key-{n}",
+                    "g": None if n % 7 == 0 else n % 3,
+                    "v": None if rnd.random() < 0.05 else rnd.randrange(-1000, 10**6),
+                    "s": rnd.choice(["a", "b", "c", None]),
+                }
+            )
+        out.append(rows)
+    return out
+
+
+def final_state(batches: Batches) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """The latest row per key (first two columns) over update-mode batches."""
+    state: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for b in sorted(batches):
+        for row in batches[b]:
+            state[row[:2]] = row
+    return state
+
+
+# --------------------------------------------------------------------------- where partitions ran
+
+MARKER_KEY = b"\xff\xffsparkstate.version"
+
+
+def local_markers(local_dir: Path) -> list[tuple[int, int, dict[str, Any]]]:
+    """(operator, partition, version marker) of every local RocksDB copy in ``local_dir`` (the
+    copies of all queries that ran there).
+
+    The copies are closed between batches (a task releases its partition at commit), so opening
+    them read-only from the test process is safe and needs no lock.
+    """
+    import rocksdict
+
+    out: list[tuple[int, int, dict[str, Any]]] = []
+    if not local_dir.exists():
+        return out
+    for entry in sorted(os.listdir(local_dir)):
+        parts = entry.split("-")
+        if len(parts) < 3 or not parts[1].startswith("op") or not parts[2].startswith("p"):
+            continue
+        db_path = local_dir / entry / "db"
+        if not (db_path / "CURRENT").exists():
+            continue
+        db = rocksdict.Rdict(
+            str(db_path),
+            rocksdict.Options(raw_mode=True),
+            access_type=rocksdict.AccessType.read_only(),
+        )
+        try:
+            raw = db.get(MARKER_KEY)
+        finally:
+            db.close()
+        if raw is not None:
+            out.append((int(parts[1][2:]), int(parts[2][1:]), json.loads(raw)))
+    return out
+
+
+def read_commit(checkpoint: Path, batch_id: int) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        (checkpoint / "sparkstate" / "commits" / f"{batch_id}.json").read_text()
+    )
+    return data
+
+
+def placement(
+    checkpoint: Path, batch_id: int, local_dirs: dict[str, Path], op: int = 0
+) -> dict[int, str]:
+    """Partition -> the executor (a key of ``local_dirs``) that ran the attempt batch
+    ``batch_id`` committed: the local copy whose marker holds exactly that version and
+    checkpoint id ("?" if none does). Call it right after the batch: a later batch moves the
+    copies on."""
+    winners = read_commit(checkpoint, batch_id)["operators"][str(op)]["checkpoint_ids"]
+    markers = {name: local_markers(path) for name, path in local_dirs.items()}
+    out: dict[int, str] = {}
+    for part, ckpt in winners.items():
+        holders = [
+            name
+            for name, found in markers.items()
+            for o, p, m in found
+            if (o, p) == (op, int(part))
+            and m.get("version") == batch_id + 1
+            and m.get("checkpoint_id") == ckpt
+        ]
+        assert len(holders) <= 1, (part, holders)
+        out[int(part)] = holders[0] if holders else "?"
+    return out
+
+
+def read_observed(checkpoint: Path) -> list[dict[str, Any]]:
+    """The loads ``tests.cluster.observed.ObservedRocksDB`` recorded under ``checkpoint``."""
+    out: list[dict[str, Any]] = []
+    for f in sorted((checkpoint / "observed").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line being written right now
+                continue
+    return out
+
+
+def executor_of(cwd: str) -> str:
+    """``<worker>/exec<id>`` from an executor's working directory
+    ``<worker root>/work/<app id>/<executor id>`` (the names ``Cluster.executor_dirs`` uses)."""
+    parts = Path(cwd).parts
+    return f"{parts[-4]}/exec{parts[-1]}"
+
+
+def read_progress(checkpoint: Path) -> dict[int, dict[str, Any]]:
+    """The engine's progress per batch id, from ``<checkpoint>/sparkstate/progress.jsonl``
+    (every run of the query appends to it; a later run's progress of a batch wins)."""
+    out: dict[int, dict[str, Any]] = {}
+    path = checkpoint / "sparkstate" / "progress.jsonl"
+    for line in path.read_text().splitlines():
+        if line.strip():
+            p = json.loads(line)
+            out[int(p["batchId"])] = p
+    return out
