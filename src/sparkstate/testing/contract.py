@@ -15,6 +15,7 @@ it against ``s3://`` on a loopback S3 endpoint). The suite starts no Spark and n
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import functools
 import itertools
 from collections.abc import Callable, Iterator
@@ -409,6 +410,60 @@ class StateStoreContract:
             got = [k[0] for k, _ in reader.iterator(name)]
             assert got == values, f"order of {name} keys"
             assert reader.get((values[0],), name) == (len(values) - 1, name)
+
+    def test_value_types_round_trip(self, factory: ProviderFactory) -> None:
+        schema = pa.schema(
+            [
+                ("b", pa.bool_()),
+                ("i8", pa.int8()),
+                ("u32", pa.uint32()),
+                ("f32", pa.float32()),
+                ("f64", pa.float64()),
+                ("s", pa.string()),
+                ("bin", pa.binary()),
+                ("ts", pa.timestamp("us")),
+                ("d", pa.date32()),
+                ("dec", pa.decimal128(12, 3)),
+            ]
+        )
+        rows: list[Row] = [
+            (
+                True,
+                -128,
+                2**32 - 1,
+                0.5,
+                -1e300,
+                "日本\x00",
+                b"\x00\xff",
+                dt.datetime(1969, 1, 1),
+                dt.date(2024, 2, 29),
+                decimal.Decimal("-123456789.123"),
+            ),
+            (None,) * 10,
+            (
+                False,
+                0,
+                0,
+                float("-inf"),
+                0.0,
+                "",
+                b"",
+                dt.datetime(2024, 1, 1, 0, 0, 0, 1),
+                dt.date(1970, 1, 1),
+                decimal.Decimal("0.000"),
+            ),
+        ]
+        keys: list[Row] = [(i,) for i in range(len(rows))]
+        key_schema = pa.schema([("id", pa.int64())])
+        provider = factory.open(key_schema=key_schema, value_schema=schema)
+        store = provider.get_store(0)
+        store.put_many(keys[:2], rows[:2])
+        store.put(keys[2], rows[2])
+        assert store.get_many(keys) == rows
+        store.commit()
+        reader = factory.reopen(key_schema=key_schema, value_schema=schema).get_read_store(1)
+        assert reader.get_many(keys) == rows
+        assert [v for _, v in reader.iterator()] == rows
 
     # --- column families -----------------------------------------------------------------------
 
