@@ -45,6 +45,17 @@ def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, path.rstrip("/")
 
 
+#: Object stores: no rename, but a single-object put is atomic by itself.
+_OBJECT_STORES = frozenset({"s3", "gcs", "abfs"})
+
+
+def _has_atomic_rename(fs: pafs.FileSystem) -> bool:
+    base = fs
+    while isinstance(base, pafs.SubTreeFileSystem):
+        base = base.base_fs
+    return str(base.type_name) not in _OBJECT_STORES
+
+
 class DurableDir:
     """A directory on durable storage. Names passed to methods are relative to it."""
 
@@ -56,7 +67,7 @@ class DurableDir:
             self.fs, self.path = _fs, _path
         else:
             self.fs, self.path = _resolve(uri)
-        self._renames = isinstance(self.fs, pafs.LocalFileSystem)
+        self._renames = _has_atomic_rename(self.fs)
         self._made = False
 
     def child(self, *parts: str) -> DurableDir:

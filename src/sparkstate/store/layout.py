@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import (
+    CorruptStateFileError,
     MissingVersionError,
     ProviderMismatchError,
     SchemaMismatchError,
@@ -144,8 +145,15 @@ def check_schema_file(directory: DurableDir, expected: dict[str, Any], where: st
     if not directory.exists(SCHEMA_FILE):
         directory.write_atomic(SCHEMA_FILE, json.dumps(expected, indent=2).encode())
         return
-    found = json.loads(directory.read(SCHEMA_FILE))
     file = directory.where(SCHEMA_FILE)
+    try:
+        found = json.loads(directory.read(SCHEMA_FILE))
+    except ValueError as exc:
+        msg = f"corrupt state file {file}: {exc}"
+        raise CorruptStateFileError(msg) from exc
+    if not isinstance(found, dict):
+        msg = f"corrupt state file {file}: not a JSON object"
+        raise CorruptStateFileError(msg)
     if found.get("provider") != expected["provider"]:
         msg = (
             f"{where}: the checkpoint was written by state store provider "

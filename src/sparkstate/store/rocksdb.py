@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from sparkstate.exceptions import StateStoreError
+from sparkstate.exceptions import CorruptStateFileError, StateStoreError
 from sparkstate.store.base import StateStore, StoreConf, StoreId
-from sparkstate.store.layout import VersionIndex, VersionRef, new_checkpoint_id
+from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
 from sparkstate.store.rocksdb_snapshot import (
     SST_DIR,
@@ -251,9 +251,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
 
     def _fresh_db(self, files: list[str] | None = None, source: str | None = None) -> LocalDB:
         self.local.wipe_db()
-        sst_map = SstMap(self._sst_map_path())
         if source is None:
-            sst_map.reset()
+            SstMap(self._sst_map_path()).reset()
             return LocalDB(self.local.db_path, self.db_conf)
         os.replace(source, self.local.db_path)
         return LocalDB.open_from_files(self.local.db_path, files or [], self.db_conf)
@@ -322,10 +321,18 @@ class RocksDBStateStoreProvider(VersionedProvider):
         return os.path.join(self.local.path, "sst_map.json")
 
     def _download(self, ref: VersionRef) -> tuple[dict[str, Any], list[str], str]:
+        """Download a snapshot and check that RocksDB opens it (inside the snapshot-skip loop)."""
         scratch = self.local.scratch_path(f"restore-{ref}")
         manifest, files, nbytes = download_snapshot(self.dir, ref, scratch)
         self._stats["bytesDownloaded"] += nbytes
-        return manifest, files, scratch
+        try:
+            LocalDB.open_from_files(scratch, files, self.db_conf).close()
+        except StateStoreError as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            msg = f"corrupt state file {self.dir.where(file_name(ref, 'snapshot'))}: {exc}"
+            raise CorruptStateFileError(msg) from exc
+        # Opening wrote a new MANIFEST and CURRENT: the directory's listing is the file set now.
+        return manifest, sorted(os.listdir(scratch)), scratch
 
     def get_store(self, version: int, checkpoint_id: str | None = None) -> RocksDBStateStore:
         return self._open(version, checkpoint_id, read_only=False)
@@ -336,21 +343,40 @@ class RocksDBStateStoreProvider(VersionedProvider):
     # --- commit, snapshots -----------------------------------------------------------------------
 
     def after_commit(self, store: RocksDBStateStore, ref: VersionRef) -> None:
-        """Take a local checkpoint when a snapshot is due, capture metrics, release the lock."""
+        """Take a local checkpoint when a snapshot is due, capture metrics, release the lock.
+
+        The checkpoint is created under a private name and renamed to ``pending-...`` once
+        complete, so that maintenance in another worker process only ever claims whole ones.
+        """
         assert self._db is not None
         if self._snapshot_due(ref):
-            scratch = self.local.scratch_path(f"pending-{ref}")
-            shutil.rmtree(scratch, ignore_errors=True)
-            self._db.create_checkpoint(scratch)
+            incarnation = SstMap(self._sst_map_path()).incarnation
+            creating = self.local.scratch_path(f"creating-{os.getpid()}-{ref}")
+            shutil.rmtree(creating, ignore_errors=True)
+            self._db.create_checkpoint(creating)
+            os.rename(creating, self.local.scratch_path(f"pending-{ref}@{incarnation}"))
         store.capture_final_metrics()
         self.release()
 
     def _snapshot_due(self, ref: VersionRef) -> bool:
+        """Whether no snapshot (uploaded or pending) exists among ``ref``'s recent ancestors."""
         index = self.index()
-        snaps = [r.version for r in index.refs("snapshot")]
-        pending = [int(n.split("_")[0].removeprefix("pending-")) for n in self._pending_snapshots()]
-        newest = max(snaps + pending, default=0)
-        return ref.version - newest >= self.conf.min_deltas_for_snapshot
+        pending = {self._parse_pending(n)[0] for n in self._pending_snapshots()}
+        cur: VersionRef | None = ref
+        try:
+            while cur is not None and ref.version - cur.version < self.conf.min_deltas_for_snapshot:
+                if cur in pending or index.has(cur, "snapshot"):
+                    return False
+                cur = self._parent(cur)
+        except StateStoreError:
+            return True
+        return cur is not None or ref.version >= self.conf.min_deltas_for_snapshot
+
+    @staticmethod
+    def _parse_pending(name: str) -> tuple[VersionRef, str]:
+        body, _, incarnation = name.removeprefix("pending-").partition("@")
+        version, ckpt = body.split("_")
+        return VersionRef(int(version), ckpt), incarnation
 
     def _pending_snapshots(self) -> list[str]:
         scratch = os.path.dirname(self.local.scratch_path("x"))
@@ -369,13 +395,19 @@ class RocksDBStateStoreProvider(VersionedProvider):
             except OSError:
                 continue
             try:
-                version, ckpt = name.removeprefix("pending-").split("_")
-                ref = VersionRef(int(version), ckpt)
+                ref, incarnation = self._parse_pending(name)
                 files = sorted(os.listdir(claimed))
                 sst_map = SstMap(self._sst_map_path())
                 extra = {"num_keys": self._num_keys_of(ref)}
                 up, reused, nbytes = upload_snapshot(
-                    self.dir, ref, claimed, files, sst_map, extra, self.conf.compression
+                    self.dir,
+                    ref,
+                    claimed,
+                    files,
+                    sst_map,
+                    incarnation,
+                    extra,
+                    self.conf.compression,
                 )
                 self._stats["filesUploaded"] += up
                 self._stats["filesReused"] += reused

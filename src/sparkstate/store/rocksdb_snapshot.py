@@ -40,29 +40,36 @@ def _crc_file(path: str) -> int:
 class SstMap:
     """Which durable object each local SST file of one database incarnation was uploaded as.
 
-    SST files are immutable and RocksDB never reuses a file number within a database, so
-    ``(local name, size)`` identifies the content; the map is reset whenever the local database
-    is wiped or restored (it then holds the restored snapshot's files).
+    SST files are immutable and RocksDB never reuses a file number within one database, so within
+    one *incarnation* (the life of a local database between wipes and restores) ``(local name,
+    size)`` identifies the content. Every wipe or restore starts a new incarnation; a checkpoint
+    records the incarnation it was taken in, and only the same incarnation's entries are reused.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.entries: dict[str, dict[str, Any]] = {}
+        self.incarnation = ""
         try:
             with open(path) as f:
-                self.entries = json.load(f)
-        except (OSError, ValueError):
-            self.entries = {}
+                saved = json.load(f)
+            self.entries = dict(saved["entries"])
+            self.incarnation = str(saved["incarnation"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self.entries, self.incarnation = {}, ""
 
     def save(self) -> None:
         tmp = f"{self.path}.tmp"
         with open(tmp, "w") as f:
-            json.dump(self.entries, f)
+            json.dump({"incarnation": self.incarnation, "entries": self.entries}, f)
         os.replace(tmp, self.path)
 
-    def reset(self, entries: dict[str, dict[str, Any]] | None = None) -> None:
+    def reset(self, entries: dict[str, dict[str, Any]] | None = None) -> str:
+        """Start a new incarnation (holding ``entries``); returns its id."""
         self.entries = dict(entries or {})
+        self.incarnation = uuid.uuid4().hex
         self.save()
+        return self.incarnation
 
 
 def upload_snapshot(
@@ -71,10 +78,15 @@ def upload_snapshot(
     checkpoint_dir: str,
     files: list[str],
     sst_map: SstMap,
+    incarnation: str,
     extra: dict[str, Any],
     compression: str,
 ) -> tuple[int, int, int]:
-    """Upload a local checkpoint as the snapshot of ``ref``; returns (uploaded, reused, bytes)."""
+    """Upload a local checkpoint as the snapshot of ``ref``; returns (uploaded, reused, bytes).
+
+    SST files already uploaded from the same database incarnation are named, not uploaded again.
+    """
+    same = bool(incarnation) and incarnation == sst_map.incarnation
     sst_dir = store_dir.child(SST_DIR)
     uploaded = reused = nbytes = 0
     ssts: dict[str, dict[str, Any]] = {}
@@ -86,7 +98,7 @@ def upload_snapshot(
             with open(path, "rb") as f:
                 inline[name] = base64.b64encode(f.read()).decode()
             continue
-        known = sst_map.entries.get(name)
+        known = sst_map.entries.get(name) if same else None
         if known is not None and known["size"] == size:
             ssts[name] = known
             reused += 1
@@ -96,9 +108,11 @@ def upload_snapshot(
         crc = _crc_file(path)
         nbytes += sst_dir.upload(path, durable_name)
         ssts[name] = {"object": durable_name, "size": size, "crc32": crc}
-        sst_map.entries[name] = ssts[name]
+        if same:
+            sst_map.entries[name] = ssts[name]
         uploaded += 1
-    sst_map.save()
+    if same:
+        sst_map.save()
     manifest = {
         "version": ref.version,
         "checkpoint_id": ref.checkpoint_id,

@@ -14,7 +14,12 @@ from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
-from sparkstate.exceptions import ConfigurationError, CorruptStateFileError, StateFileError
+from sparkstate.exceptions import (
+    ConfigurationError,
+    CorruptStateFileError,
+    MissingVersionError,
+    StateFileError,
+)
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
 from sparkstate.store.changelog import Changelog, decode_changelog, encode_changelog
 from sparkstate.store.durable import TMP_PREFIX, DurableDir
@@ -122,6 +127,7 @@ class VersionedProvider(StateStoreProvider):
         data = encode_changelog(self.delta_kind, header, keys, values, self.conf.compression)
         self.dir.write_atomic(file_name(ref, self.delta_ext), data)
         self._last_ref = ref
+        self._parents[ref] = parent
         return len(data)
 
     def read_changelog(self, ref: VersionRef) -> Changelog:
@@ -137,22 +143,36 @@ class VersionedProvider(StateStoreProvider):
     ) -> tuple[LoadPlan, T | None]:
         """Plan a load and read its snapshot; a corrupt snapshot is skipped for an older base."""
         skip: set[VersionRef] = set()
+        causes: list[str] = []
         while True:
-            plan = plan_load(
-                target,
-                index,
-                self.delta_ext,
-                self.read_changelog,
-                local=local,
-                skip_snapshots=frozenset(skip),
-                where=self.where,
-            )
+            try:
+                plan = plan_load(
+                    target,
+                    index,
+                    self.delta_ext,
+                    self.read_changelog,
+                    local=local,
+                    skip_snapshots=frozenset(skip),
+                    where=self.where,
+                )
+            except MissingVersionError as exc:
+                if not causes:
+                    raise
+                msg = (
+                    f"{self.where}: cannot load version {target}: no usable snapshot is left. "
+                    f"Damaged: {'; '.join(causes)}. Then: {exc}"
+                )
+                raise CorruptStateFileError(msg) from exc
+            for ref, changelog in plan.changelogs:
+                parent = changelog.parent
+                self._parents[ref] = None if parent is None else VersionRef(*parent)
             if plan.snapshot is None:
                 return plan, None
             try:
                 return plan, load_snapshot(plan.snapshot)
             except CorruptStateFileError as exc:
                 skip.add(plan.snapshot)
+                causes.append(str(exc))
                 self.corrupt_snapshots_skipped += 1
                 log.warning("%s: skipping corrupt snapshot %s: %s", self.where, plan.snapshot, exc)
 
@@ -179,7 +199,7 @@ class VersionedProvider(StateStoreProvider):
 
     def _retention_base(self, index: VersionIndex) -> VersionRef | None:
         """The newest snapshot on the live lineage at or below the oldest version to retain."""
-        latest = index.latest(self.delta_ext)
+        latest = self._last_ref or index.latest(self.delta_ext)
         if latest is None:
             return None
         min_keep = latest.version - self.conf.min_versions_to_retain + 1
