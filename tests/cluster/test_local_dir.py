@@ -16,15 +16,6 @@ from .helpers import FileFeed, make_batches
 pytestmark = pytest.mark.cluster
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "StoreConf.local_dir defaults to SPARKSTATE_LOCAL_DIR (or /tmp/sparkstate-<uid>) read "
-        "where the StoreConf is built, i.e. on the driver, and is shipped to the executors: an "
-        "executor's own SPARKSTATE_LOCAL_DIR is ignored and all executors of a host share the "
-        "driver's directory"
-    ),
-)
 def test_executors_keep_local_copies_in_their_own_local_dir(
     cluster: Cluster,
     cluster_spark: SparkSession,

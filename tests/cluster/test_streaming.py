@@ -386,14 +386,6 @@ def test_cost_of_a_partition_moving_between_executors(fault_run: FaultRun) -> No
 # --------------------------------------------------------------------------- bugs found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "progress customMetrics of the rocksdb provider (restores, changelogsReplayed, "
-        "bytesDownloaded, filesUploaded, ...) are counters over the life of a provider object in "
-        "a Python worker, summed over partitions: a batch reports work done in earlier batches"
-    ),
-)
 def test_progress_custom_metrics_describe_their_own_batch(fault_run: FaultRun) -> None:
     counters = ("restores", "changelogsReplayed", "bytesDownloaded")
     b = BACK_AFTER  # the second batch in a row on the survivor alone: nothing moves

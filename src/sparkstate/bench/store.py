@@ -179,12 +179,17 @@ def run(args: argparse.Namespace) -> int:
         restore = f", restore {r['restore_s']:.2f} s" if r["restore_s"] is not None else ""
         print(f"    {ops}{restore}, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
     ratios: dict[str, float] = {}
-    pairs = [("sparkstate-rocksdb", "raw-rocksdict"), ("sparkstate-memory", "raw-rocksdict"),
-             ("sparkstate-rocksdb", "sparkstate-memory")]
+    pairs = [
+        ("sparkstate-rocksdb", "raw-rocksdict"),
+        ("sparkstate-memory", "raw-rocksdict"),
+        ("sparkstate-rocksdb", "sparkstate-memory"),
+    ]
     for a, b in pairs:
         if a in results and b in results:
             for op in ("put", "get", "scan"):
-                ratios[f"{a}/{b}:{op}"] = results[a]["rows_per_s"][op] / results[b]["rows_per_s"][op]
+                ratios[f"{a}/{b}:{op}"] = (
+                    results[a]["rows_per_s"][op] / results[b]["rows_per_s"][op]
+                )
     report = {"benchmark": "store", "keys": n, "systems": results, "ratios": ratios}
     print("[bench store] ratios:")
     for key, value in ratios.items():

@@ -67,7 +67,8 @@ class StoreId:
         return base if self.store_name == DEFAULT_CF else f"{base}/{self.store_name}"
 
 
-def _default_local_dir() -> str:
+def default_local_dir() -> str:
+    """The executor-level directory for local databases: ``$SPARKSTATE_LOCAL_DIR`` or a temp dir."""
     return os.environ.get("SPARKSTATE_LOCAL_DIR") or os.path.join(
         tempfile.gettempdir(), f"sparkstate-{os.getuid()}"
     )
@@ -80,7 +81,9 @@ class StoreConf:
     min_deltas_for_snapshot: int = 10
     min_versions_to_retain: int = 100
     compression: str = "zstd"
-    local_dir: str = dataclasses.field(default_factory=_default_local_dir)
+    #: Executor-level directory for local databases; empty: resolved where the store opens
+    #: (``$SPARKSTATE_LOCAL_DIR`` of the executor, else a temp dir), not where the conf is built.
+    local_dir: str = ""
     block_cache_mb: int = 64
     write_buffer_mb: int = 64
     lock_timeout_s: float = 120.0

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
-from sparkstate.store.base import StateStore, StoreConf, StoreId
+from sparkstate.store.base import StateStore, StoreConf, StoreId, default_local_dir
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
 from sparkstate.store.rocksdb_snapshot import (
@@ -141,7 +141,7 @@ class RocksDBStateStore(StateStore):
 
     def _custom_metrics(self) -> dict[str, float]:
         return {
-            **self._provider.custom_metrics(),
+            **self._provider.counters_since_report(take=False),
             **self._final,
             "corruptSnapshotsSkipped": self._provider.corrupt_snapshots_skipped,
         }
@@ -170,6 +170,7 @@ class RocksDBStateStore(StateStore):
 
     def capture_final_metrics(self) -> None:
         """Read the database's memory and disk figures while it is still open."""
+        self._final.update(self._provider.counters_since_report(take=True))
         stats = self._db.memory_stats()
         self._final.update({name: float(stats[key]) for key, name in _STAT_NAMES.items()})
         self._memory_used = self._provider.memory_used_bytes(self._db)
@@ -201,9 +202,10 @@ class RocksDBStateStoreProvider(VersionedProvider):
         if "://" not in root:
             root = os.path.abspath(root)
         key = local_key(root, store_id.operator_id, store_id.partition_id, store_id.store_name)
-        self.local = LocalStoreDir(self.conf.local_dir, key)
+        self.local = LocalStoreDir(self.conf.local_dir or default_local_dir(), key)
         self.db_conf = LocalDBConf.from_store_conf(self.conf)
         self._db = None
+        self._reported: dict[str, int] = {}
         self._stats = {
             "filesUploaded": 0,
             "filesReused": 0,
@@ -442,7 +444,19 @@ class RocksDBStateStoreProvider(VersionedProvider):
         return int(stats.get("memtable_bytes", 0)) + int(stats.get("table_readers_bytes", 0))
 
     def custom_metrics(self) -> dict[str, float]:
+        """Work counters since this provider was created (restores, uploads, ...)."""
         return {k: float(v) for k, v in self._stats.items()}
+
+    def counters_since_report(self, *, take: bool) -> dict[str, float]:
+        """Work counters (restores, uploads, ...) since a committed store last reported them.
+
+        Each commit reports what happened since the previous one, so progress shows per-batch
+        numbers; background maintenance work shows up in the next batch.
+        """
+        delta = {k: float(v - self._reported.get(k, 0)) for k, v in self._stats.items()}
+        if take:
+            self._reported = dict(self._stats)
+        return delta
 
     @classmethod
     def supported_custom_metrics(cls) -> list[str]:
