@@ -13,7 +13,14 @@ from pyspark.sql import DataFrame
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.executor import StoreSettings
 from sparkstate.engine.logs import CheckpointLock, CheckpointLog, local_path
-from sparkstate.engine.plan import AggregateStep, DedupStep, Stage, Step, plan_stages
+from sparkstate.engine.plan import (
+    AggregateStep,
+    ArbitraryStep,
+    DedupStep,
+    Stage,
+    Step,
+    plan_stages,
+)
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.watermark import WatermarkSpec, parse_delay_ms
@@ -31,6 +38,7 @@ from sparkstate.store.registry import provider_class, provider_name
 __all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]
 
 DEFAULT_PROVIDER = "memory"
+ARBITRARY_FUNCTION_APIS = ("applyInPandasWithState", "flatMapGroupsWithState")
 _ENGINE_OPTIONS = {"checkpointLocation", "stateLocation", "stateStore", "numPartitions"}
 _STORE_PREFIX = "stateStore."
 _MAINTENANCE = "stateStore.maintenanceIntervalSeconds"
@@ -105,6 +113,129 @@ class GroupedStream:
     def count(self) -> StatefulStream:
         """Rows per group, in a column named ``count`` (as ``GroupedData.count``)."""
         return self.agg(count_("*").alias("count"))
+
+    # --- arbitrary state (PySpark's names and arguments) ----------------------------------------
+
+    def _arbitrary(self, step: ArbitraryStep) -> StatefulStream:
+        if not callable(step.func) and step.api in ARBITRARY_FUNCTION_APIS:
+            msg = f"{step.api}: func must be callable, got {step.func!r}"
+            raise ConfigurationError(msg)
+        return dataclasses.replace(self.parent, steps=(*self.parent.steps, step))
+
+    def applyInPandasWithState(  # noqa: N802 - PySpark's names
+        self,
+        func: Callable[..., Any],
+        outputStructType: Any,  # noqa: N803
+        stateStructType: Any,  # noqa: N803
+        outputMode: str,  # noqa: N803
+        timeoutConf: str,  # noqa: N803
+    ) -> StatefulStream:
+        """As ``GroupedData.applyInPandasWithState``: ``func(key, pdf_iter, state)`` returns an
+        iterator of pandas DataFrames; ``state`` is a :class:`sparkstate.GroupState`."""
+        return self._arbitrary(
+            ArbitraryStep(
+                "applyInPandasWithState",
+                self.keys,
+                func,
+                outputStructType,
+                stateStructType,
+                outputMode,
+                timeoutConf,
+            )
+        )
+
+    def flatMapGroupsWithState(  # noqa: N802
+        self,
+        func: Callable[..., Any],
+        outputStructType: Any,  # noqa: N803
+        stateStructType: Any,  # noqa: N803
+        outputMode: str,  # noqa: N803
+        timeoutConf: str,  # noqa: N803
+        rowFormat: str = "tuple",  # noqa: N803
+    ) -> StatefulStream:
+        """The fast row-based variant: ``func(key, rows, state)`` gets the key's rows as a list
+        (tuples, or ``rowFormat`` "dict" / "row") and returns an iterable of output rows (tuples,
+        dicts or Rows). Same arguments and ``GroupState`` as ``applyInPandasWithState``."""
+        return self._arbitrary(
+            ArbitraryStep(
+                "flatMapGroupsWithState",
+                self.keys,
+                func,
+                outputStructType,
+                stateStructType,
+                outputMode,
+                timeoutConf,
+                rowFormat,
+            )
+        )
+
+    def transformWithStateInPandas(  # noqa: N802
+        self,
+        statefulProcessor: Any,  # noqa: N803
+        outputStructType: Any,  # noqa: N803
+        outputMode: str,  # noqa: N803
+        timeMode: str,  # noqa: N803
+        initialState: Any = None,  # noqa: N803
+        eventTimeColumnName: str = "",  # noqa: N803
+    ) -> StatefulStream:
+        """As ``GroupedData.transformWithStateInPandas``: a ``StatefulProcessor`` whose
+        ``handleInputRows`` gets an iterator of pandas DataFrames."""
+        return self._processor(
+            "transformWithStateInPandas",
+            statefulProcessor,
+            outputStructType,
+            outputMode,
+            timeMode,
+            initialState,
+            eventTimeColumnName,
+            "row",
+        )
+
+    def transformWithState(  # noqa: N802
+        self,
+        statefulProcessor: Any,  # noqa: N803
+        outputStructType: Any,  # noqa: N803
+        outputMode: str,  # noqa: N803
+        timeMode: str,  # noqa: N803
+        initialState: Any = None,  # noqa: N803
+        eventTimeColumnName: str = "",  # noqa: N803
+        rowFormat: str = "row",  # noqa: N803
+    ) -> StatefulStream:
+        """As ``GroupedData.transformWithState``: ``handleInputRows`` gets an iterator of Rows
+        (``rowFormat="tuple"``: plain tuples, faster) and returns an iterable of rows."""
+        return self._processor(
+            "transformWithState",
+            statefulProcessor,
+            outputStructType,
+            outputMode,
+            timeMode,
+            initialState,
+            eventTimeColumnName,
+            rowFormat,
+        )
+
+    def _processor(
+        self,
+        api: str,
+        processor: Any,
+        output: Any,
+        mode: str,
+        time_mode: str,
+        initial_state: Any,
+        event_time_column: str,
+        row_format: str,
+    ) -> StatefulStream:
+        if initial_state is not None:
+            msg = f"{api}: initialState is not supported by the engine yet"
+            raise ConfigurationError(msg)
+        if event_time_column:
+            msg = f"{api}: eventTimeColumnName (a watermark on the output) is not supported yet"
+            raise ConfigurationError(msg)
+        if not hasattr(processor, "handleInputRows") or not hasattr(processor, "init"):
+            msg = f"{api}: statefulProcessor must be a StatefulProcessor, got {processor!r}"
+            raise ConfigurationError(msg)
+        step = ArbitraryStep(api, self.keys, processor, output, None, mode, time_mode, row_format)
+        return self._arbitrary(step)
 
 
 class DataStreamWriter:

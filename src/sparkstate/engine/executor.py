@@ -23,10 +23,19 @@ import pyarrow as pa
 
 from sparkstate.exceptions import StoreLockedError
 from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.group_state import GroupStateTimeout
+from sparkstate.operators.timers import TimeMode
 from sparkstate.store.base import StateStore, StateStoreProvider, StoreConf, StoreId, StoreMetrics
 from sparkstate.store.registry import provider_class
 
-__all__ = ["ProviderCache", "StoreSettings", "TaskSpec", "commit_empty", "run_stateful_task"]
+__all__ = [
+    "ProviderCache",
+    "StoreSettings",
+    "TaskSpec",
+    "commit_empty",
+    "needs_every_batch",
+    "run_stateful_task",
+]
 
 log = logging.getLogger("sparkstate.engine")
 
@@ -227,13 +236,47 @@ def _after_commit(store: StateStore, before: StoreMetrics) -> StoreMetrics:
         return before
 
 
+def needs_every_batch(operator: StatefulOperator) -> bool:
+    """Whether the operator has time-driven work (timeouts, timers, TTL) in every batch."""
+    timing = getattr(operator, "timeout", None) or getattr(operator, "time_mode", None)
+    return timing not in (None, GroupStateTimeout.NoTimeout, TimeMode.NONE)
+
+
 def commit_empty(spec: TaskSpec, partition: int) -> dict[str, Any]:
-    """Commit version ``b + 1`` of a partition that received no task in batch ``b``."""
+    """Commit version ``b + 1`` of a partition that received no task in batch ``b``.
+
+    An operator with timeouts, timers or TTL runs its pass over no input first, so its state
+    advances as in a partition that ran; the rows it emits are dropped (the sink consumed the
+    batch already, and only a sink that reads part of the output, e.g. the console, skips
+    partitions) and counted in ``operator.num_output_rows_dropped``.
+    """
     key = (spec.store.state_root, spec.op_id, partition)
+    ctx = BatchContext(
+        batch_id=spec.batch_id,
+        output_mode=spec.output_mode,
+        partition_id=partition,
+        num_partitions=spec.num_partitions,
+        watermark_ms=spec.watermark_ms,
+        batch_timestamp_ms=spec.batch_timestamp_ms,
+    )
+    operator_report: dict[str, Any] = {}
     with PROVIDERS.holding(key, spec.store.conf.lock_timeout_s):
         provider = PROVIDERS.provider(spec, partition)
         store = provider.get_store(spec.batch_id, spec.lineage.get(partition))
         try:
+            if needs_every_batch(spec.operator):
+                dropped = sum(b.num_rows for b in spec.operator.process(store, iter(()), ctx))
+                operator_report = ctx.metrics.to_dict()
+                operator_report["num_output_rows_dropped"] = dropped
+                if dropped:
+                    log.warning(
+                        "batch %d: partition %d of operator %d emitted %d row(s) in its "
+                        "timeout pass after the sink had consumed the batch; dropped",
+                        spec.batch_id,
+                        partition,
+                        spec.op_id,
+                        dropped,
+                    )
             metrics = store.metrics()
             store.commit()
         except BaseException:
@@ -248,7 +291,7 @@ def commit_empty(spec: TaskSpec, partition: int) -> dict[str, Any]:
         "attempt": 0,
         "task_attempt_id": -1,
         "pid": os.getpid(),
-        "operator": {},
+        "operator": operator_report,
         "store": {
             "num_keys": metrics.num_keys,
             "memory_used_bytes": metrics.memory_used_bytes,

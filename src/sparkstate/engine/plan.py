@@ -28,9 +28,20 @@ from sparkstate.operators.aggregate import (
 )
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.dedup import Deduplicate
+from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
+from sparkstate.operators.transform_with_state import TransformWithState
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 
-__all__ = ["AggregateStep", "DedupStep", "Stage", "Step", "plan_stages", "quote"]
+__all__ = [
+    "PROCESSOR_APIS",
+    "AggregateStep",
+    "ArbitraryStep",
+    "DedupStep",
+    "Stage",
+    "Step",
+    "plan_stages",
+    "quote",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +59,29 @@ class DedupStep:
     columns: tuple[str, ...] | None
 
 
-Step = AggregateStep | DedupStep
+@dataclasses.dataclass(frozen=True)
+class ArbitraryStep:
+    """``groupBy(*keys)`` then one of the arbitrary-state APIs.
+
+    ``api`` is ``applyInPandasWithState``, ``flatMapGroupsWithState``,
+    ``transformWithStateInPandas`` or ``transformWithState``; ``func`` is the user function or the
+    ``StatefulProcessor``; ``timing`` the ``GroupStateTimeout`` or the ``timeMode``.
+    """
+
+    api: str
+    keys: tuple[Any, ...]
+    func: Any
+    output_schema: Any
+    state_schema: Any
+    output_mode: str
+    timing: str
+    row_format: str = "tuple"
+
+
+Step = AggregateStep | DedupStep | ArbitraryStep
+
+#: The APIs of ``ArbitraryStep`` that run a ``StatefulProcessor``.
+PROCESSOR_APIS = ("transformWithStateInPandas", "transformWithState")
 
 
 @dataclasses.dataclass
@@ -186,6 +219,93 @@ def _plan_dedup(
     return Stage(op_id, operator, df.schema, columns, lambda batch: batch), df
 
 
+def _struct_of(schema: Any, what: str) -> StructType:
+    """A Spark ``StructType`` from a StructType or a DDL string (``"key long, count long"``)."""
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str):
+        from pyspark.sql.types import _parse_datatype_string
+
+        try:
+            parsed = _parse_datatype_string(schema)
+        except Exception as exc:
+            msg = f"{what}: cannot parse the schema {schema!r}: {exc}"
+            raise ConfigurationError(msg) from exc
+        if not isinstance(parsed, StructType):
+            msg = f"{what}: {schema!r} is not a struct schema (e.g. 'key long, count long')"
+            raise ConfigurationError(msg)
+        return parsed
+    msg = f"{what}: give a StructType or a DDL string, not {type(schema).__name__}"
+    raise ConfigurationError(msg)
+
+
+def _plan_arbitrary(
+    op_id: int,
+    df: DataFrame,
+    step: ArbitraryStep,
+    event_time: str | None,
+    watermark_present: bool,
+    query_mode: str,
+) -> tuple[Stage, DataFrame]:
+    api = step.api
+    keys = [k for k in step.keys if isinstance(k, str)]
+    if len(keys) != len(step.keys) or not keys:
+        msg = f"{api}: group by column names (strings), got {list(step.keys)}"
+        raise ConfigurationError(msg)
+    missing = [k for k in keys if k not in df.columns]
+    if missing:
+        msg = f"{api}: no grouping column(s) {missing}; the stream has {df.columns}"
+        raise ConfigurationError(msg)
+    mode = str(step.output_mode).lower()
+    if mode not in ("append", "update"):
+        msg = f"{api}: outputMode is 'append' or 'update' (as in Spark), not {step.output_mode!r}"
+        raise ConfigurationError(msg)
+    if query_mode != mode:
+        msg = (
+            f"{api} in {mode} mode is not supported with {query_mode} output mode on a "
+            f"streaming DataFrame (as in Spark): use .writeStream.outputMode({mode!r})"
+        )
+        raise ConfigurationError(msg)
+    out_struct = _struct_of(step.output_schema, f"{api} outputStructType")
+    input_schema = arrow_schema(df.schema)
+    has_event_time = event_time is not None and event_time in df.columns
+    event_col = event_time if has_event_time else None
+    operator: StatefulOperator
+    if api in PROCESSOR_APIS:
+        operator = TransformWithState(
+            step.func,
+            input_schema,
+            keys,
+            out_struct,
+            mode,
+            step.timing,
+            mode="pandas" if api == "transformWithStateInPandas" else "rows",
+            row_format=step.row_format,
+            watermark_present=watermark_present,
+            event_time_column=event_col,
+        )
+    else:
+        state_struct = _struct_of(step.state_schema, f"{api} stateStructType")
+        cls = ApplyInPandasWithState if api == "applyInPandasWithState" else FlatMapGroupsWithState
+        extra = {} if cls is ApplyInPandasWithState else {"row_format": step.row_format}
+        operator = cls(
+            step.func,
+            input_schema,
+            keys,
+            out_struct,
+            state_struct,
+            mode,
+            step.timing,
+            watermark_present=watermark_present,
+            event_time_column=event_col,
+            **extra,
+        )
+    # foreachBatch gets no no-data batches: Spark's, after a watermark move, is run at the start
+    # of the next batch instead (same rows, one batch later).
+    operator.catch_up_no_data_batch = True  # type: ignore[attr-defined]
+    return Stage(op_id, operator, out_struct, keys, lambda batch: batch), df
+
+
 def plan_stages(
     df: DataFrame, steps: Sequence[Step], output_mode: str, event_time: str | None
 ) -> list[Stage]:
@@ -205,8 +325,18 @@ def plan_stages(
                 "deduplicate before aggregating"
             )
             raise ConfigurationError(msg)
+        if stages and isinstance(steps[op_id - 1], ArbitraryStep):
+            msg = (
+                f"a stateful step after {steps[op_id - 1].api} is not supported yet; "
+                "make the arbitrary-state step the last one"
+            )
+            raise ConfigurationError(msg)
         watermark = event_time if op_id == 0 else None
-        if isinstance(step, AggregateStep):
+        if isinstance(step, ArbitraryStep):
+            stage, current = _plan_arbitrary(
+                op_id, current, step, watermark, event_time is not None, output_mode
+            )
+        elif isinstance(step, AggregateStep):
             stage, current = _plan_aggregate(op_id, current, step, watermark)
         else:
             stage, current = _plan_dedup(op_id, current, step, watermark)
@@ -217,6 +347,10 @@ def plan_stages(
             "append output mode needs an aggregation over an event-time window with a watermark "
             "(not supported yet); use outputMode('update') or outputMode('complete')"
         )
+        raise ConfigurationError(msg)
+    arbitrary = [s.api for s in steps if isinstance(s, ArbitraryStep)]
+    if output_mode == "complete" and arbitrary:
+        msg = f"{arbitrary[0]} does not support complete output mode (as in Spark); use update"
         raise ConfigurationError(msg)
     if output_mode == "complete" and not has_agg:
         msg = (

@@ -98,6 +98,9 @@ class FlatMapGroupsWithState(StatefulOperator):
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     #: Whether the old timeout of Spark's write rule is the stored one (Scala) or -1 (PySpark).
     compare_with_stored_timeout: ClassVar[bool] = True
+    #: Run the event-time timeout pass before the input too: what Spark's no-data batch after a
+    #: watermark move would have emitted (the engine sets it: foreachBatch gets no such batch).
+    catch_up_no_data_batch: bool = False
 
     def __init__(
         self,
@@ -186,6 +189,9 @@ class FlatMapGroupsWithState(StatefulOperator):
         )
         out = OutputCollector(self.output_schema, f"{self.kind} function")
         fam = store.column_family()
+        if self.catch_up_no_data_batch and self.timeout == GroupStateTimeout.EventTimeTimeout:
+            # Spark's no-data batch after the watermark moved, run before this batch's input
+            yield from self._time_out(store, fam, clock, out, m)
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
             stored = decode_present(

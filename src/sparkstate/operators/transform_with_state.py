@@ -75,6 +75,9 @@ class TransformWithState(StatefulOperator):
     kind: ClassVar[str] = "transformWithState"
     progress_name: ClassVar[str] = "transformWithStateExec"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
+    #: Fire the event-time timers due before the input too: what Spark's no-data batch after a
+    #: watermark move would have fired (the engine sets it: foreachBatch gets no such batch).
+    catch_up_no_data_batch: bool = False
 
     def __init__(
         self,
@@ -179,6 +182,10 @@ class TransformWithState(StatefulOperator):
         emit = self._emitter(out)
         if initial is not None and initial.num_rows and ctx.batch_id == 0:
             self._initial_state(initial, fam.key_codec, session, values)
+        if self.catch_up_no_data_batch and self.time_mode == TimeMode.EVENT_TIME:
+            # Spark's no-data batch after the watermark moved, run before this batch's input
+            yield from self._expired_timers(session, values, emit, out, ctx)
+            self._flush(session, m)
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
             session.prefetch(groups.key_bytes)

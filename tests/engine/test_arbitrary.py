@@ -1,0 +1,349 @@
+"""Arbitrary state against Spark's own ``applyInPandasWithState`` / ``transformWithStateInPandas``.
+
+The same user function (or processor) runs through Spark and through sparkstate on the same file
+source input, and the output is compared batch by batch. Spark's Python stateful operators are
+slow (seconds per batch even for a handful of rows), so the inputs are tiny and each Spark query
+runs once per test, against every sparkstate variant and provider.
+
+Spark runs a no-data batch after a batch that moved the watermark (event-time timeouts fire there);
+foreachBatch gives sparkstate no such batch, so sparkstate emits those rows at the start of the
+next batch: the comparison of the event-time test shifts them by one batch.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+import sparkstate as ss
+from sparkstate.exceptions import ConfigurationError
+
+from .conftest import PROVIDERS, FileFeed
+from .helpers import Collector, same_schema, source
+
+# The user functions below are shipped to the Python workers by value (the workers cannot import
+# this test module by its pytest name).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = "k string, v long"
+OUTPUT = "k string, count long, removed boolean"
+STATE = "count long"
+LIMIT = 3  # a key's state is removed when its count reaches this
+
+COUNT_BATCHES: list[list[dict[str, Any]]] = [
+    [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 3}],
+    [{"k": "b", "v": 4}, {"k": "c", "v": 5}],
+    [{"k": "a", "v": 6}, {"k": "b", "v": 7}, {"k": "c", "v": 8}, {"k": None, "v": 9}],
+    [{"k": "a", "v": 6}],  # a again after its state was removed: starts over
+]
+
+RocksDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+
+
+# --- the user logic, identical for Spark and sparkstate ------------------------------------------
+
+
+def count_pandas(key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any) -> Iterator[Any]:
+    n = int(state.get[0]) if state.exists else 0
+    for pdf in pdfs:
+        n += len(pdf)
+    removed = n >= LIMIT
+    if removed:
+        state.remove()
+    else:
+        state.update((n,))
+    yield pd.DataFrame({"k": [key[0]], "count": [n], "removed": [removed]})
+
+
+def count_rows(key: tuple[Any, ...], rows: list[Any], state: Any) -> Iterator[tuple[Any, ...]]:
+    n = (int(state.get[0]) if state.exists else 0) + len(rows)
+    removed = n >= LIMIT
+    if removed:
+        state.remove()
+    else:
+        state.update((n,))
+    yield (key[0], n, removed)
+
+
+def _processor_base() -> type:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    return StatefulProcessor
+
+
+class CountProcessor(_processor_base()):  # type: ignore[misc]
+    """The same count with a ValueState; ``handleInputRows`` works for pandas and row mode."""
+
+    def init(self, handle: Any) -> None:
+        self._count = handle.getValueState("count", STATE)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        current = self._count.get()
+        n = int(current[0]) if current is not None else 0
+        pandas_mode = False
+        for item in rows:
+            if isinstance(item, pd.DataFrame):
+                pandas_mode = True
+                n += len(item)
+            else:
+                n += 1
+        removed = n >= LIMIT
+        if removed:
+            self._count.clear()
+        else:
+            self._count.update((n,))
+        if pandas_mode:
+            yield pd.DataFrame({"k": [key[0]], "count": [n], "removed": [removed]})
+        else:
+            yield (key[0], n, removed)
+
+    def close(self) -> None:
+        pass
+
+
+# --- running both sides ---------------------------------------------------------------------------
+
+
+def _reset(feed: FileFeed) -> None:
+    feed.count = 0
+    for f in feed.path.iterdir():
+        f.unlink()
+
+
+def _run(
+    feed: FileFeed,
+    start: Callable[[Collector], Any],
+    batches: list[list[dict[str, Any]]],
+    *,
+    settle_s: float = 0.0,
+) -> tuple[Collector, list[list[int]]]:
+    """Feed one file per batch; returns the output and the batch ids each file led to."""
+    _reset(feed)
+    collector = Collector()
+    query = start(collector)
+    groups: list[list[int]] = []
+    seen: set[int] = set()
+    try:
+        for rows in batches:
+            feed.add(rows)
+            query.processAllAvailable()
+            if settle_s:  # let Spark run its no-data batch
+                time.sleep(settle_s)
+                query.processAllAvailable()
+            new = sorted(set(collector.batches) - seen)
+            seen.update(new)
+            groups.append(new)
+    finally:
+        query.stop()
+    return collector, groups
+
+
+def _spark_writer(df: DataFrame, checkpoint: Path, collector: Collector) -> Any:
+    return (
+        df.writeStream.outputMode("update")
+        .foreachBatch(collector)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+
+
+def _ours_writer(
+    stream: ss.StatefulStream, checkpoint: Path, provider: str, collector: Collector
+) -> Any:
+    return (
+        stream.writeStream.outputMode("update")
+        .foreachBatch(collector)
+        .option("checkpointLocation", str(checkpoint))
+        .option("stateStore", provider)
+        .start()
+    )
+
+
+def _per_feed(collector: Collector, groups: list[list[int]]) -> list[list[tuple[Any, ...]]]:
+    return [sorted(r for b in ids for r in collector.batches[b]) for ids in groups]
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+
+def test_count_and_remove_match_spark_aipws(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    theirs, _ = _run(
+        feed,
+        lambda c: _spark_writer(
+            source(spark, feed, SCHEMA)
+            .groupBy("k")
+            .applyInPandasWithState(
+                count_pandas, OUTPUT, STATE, "Update", GroupStateTimeout.NoTimeout
+            ),
+            tmp_path / "spark",
+            c,
+        ),
+        COUNT_BATCHES,
+    )
+    assert len(theirs.batches) == len(COUNT_BATCHES)
+    variants: list[tuple[str, str, Callable[[Any], ss.StatefulStream]]] = []
+    for provider in PROVIDERS:
+        variants.append(
+            (
+                "aipws",
+                provider,
+                lambda g: g.applyInPandasWithState(
+                    count_pandas, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
+                ),
+            )
+        )
+    variants.append(
+        (
+            "rows",
+            PROVIDERS[-1],
+            lambda g: g.flatMapGroupsWithState(
+                count_rows, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
+            ),
+        )
+    )
+    variants.append(
+        (
+            "tws-rows",
+            PROVIDERS[-1],
+            lambda g: g.transformWithState(CountProcessor(), OUTPUT, "update", "None"),
+        )
+    )
+    variants.append(
+        (
+            "tws-pandas",
+            PROVIDERS[0],
+            lambda g: g.transformWithStateInPandas(
+                statefulProcessor=CountProcessor(),
+                outputStructType=OUTPUT,
+                outputMode="update",
+                timeMode="None",
+            ),
+        )
+    )
+    for i, (name, provider, build) in enumerate(variants):
+        ours, _ = _run(
+            feed,
+            lambda c, build=build, provider=provider, i=i: _ours_writer(
+                build(ss.stream(source(spark, feed, SCHEMA)).groupBy("k")),
+                tmp_path / f"ours-{i}",
+                provider,
+                c,
+            ),
+            COUNT_BATCHES,
+        )
+        assert same_schema(ours.schema, theirs.schema), (name, ours.schema, theirs.schema)
+        assert ours.batches == theirs.batches, (name, provider)
+
+
+EVENT_SCHEMA = "k string, ts timestamp"
+TIMEOUT_OUTPUT = "k string, count long, timed_out boolean"
+BASE_S = 1_700_000_000
+
+
+def _at(key: str, seconds: int) -> dict[str, Any]:
+    return {"k": key, "ts": pd.Timestamp((BASE_S + seconds) * 1_000_000_000).isoformat() + "Z"}
+
+
+# watermark delay 10 s; a key times out 5 s (event time) after its latest row
+EVENT_BATCHES: list[list[dict[str, Any]]] = [
+    [_at("a", 100), _at("b", 100)],  # wm -> 90
+    [_at("a", 112)],  # a's timeout 117; wm -> 102: nothing due
+    [_at("c", 130)],  # wm -> 120: a (117) and b (105) time out (Spark: in its no-data batch)
+    [_at("a", 125), _at("c", 126)],  # a starts over (its state timed out); wm stays
+]
+
+
+def timeout_pandas(key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any) -> Iterator[Any]:
+    if state.hasTimedOut:
+        n = int(state.get[0])
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [True]})
+        return
+    n = int(state.get[0]) if state.exists else 0
+    latest = 0
+    for pdf in pdfs:
+        n += len(pdf)
+        if len(pdf):
+            latest = max(latest, int(pd.Timestamp(pdf["ts"].max()).timestamp() * 1000))
+    state.update((n,))
+    state.setTimeoutTimestamp(latest + 5000)
+    yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [False]})
+
+
+def test_event_time_timeout_matches_spark_aipws(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    def spark_query(c: Collector) -> Any:
+        df = source(spark, feed, EVENT_SCHEMA).withWatermark("ts", "10 seconds")
+        planned = df.groupBy("k").applyInPandasWithState(
+            timeout_pandas, TIMEOUT_OUTPUT, STATE, "Update", GroupStateTimeout.EventTimeTimeout
+        )
+        return _spark_writer(planned, tmp_path / "spark", c)
+
+    theirs, spark_groups = _run(feed, spark_query, EVENT_BATCHES, settle_s=1.5)
+    expected = _per_feed(theirs, spark_groups)
+    # Spark's no-data batch after feed 2 timed out a and b, before a's new row of feed 3
+    assert ("a", 2, True) in expected[2] and ("b", 1, True) in expected[2], expected
+    assert ("a", 1, False) in expected[3], expected
+    for provider in PROVIDERS:
+
+        def ours_query(c: Collector, provider: str = provider) -> Any:
+            stream = ss.stream(source(spark, feed, EVENT_SCHEMA)).withWatermark("ts", "10 seconds")
+            planned = stream.groupBy("k").applyInPandasWithState(
+                timeout_pandas, TIMEOUT_OUTPUT, STATE, "update", GroupStateTimeout.EventTimeTimeout
+            )
+            return _ours_writer(planned, tmp_path / f"ours-{provider}", provider, c)
+
+        ours, groups = _run(feed, ours_query, EVENT_BATCHES)
+        assert [len(g) for g in groups] == [1] * len(EVENT_BATCHES)
+        got = _per_feed(ours, groups)
+        assert same_schema(ours.schema, theirs.schema)
+        # data rows: the same feed; timed-out rows: one feed later (at the start of the next batch)
+        for i in range(len(EVENT_BATCHES)):
+            assert [r for r in got[i] if not r[2]] == [r for r in expected[i] if not r[2]], i
+            previous = [r for r in expected[i - 1] if r[2]] if i else []
+            assert [r for r in got[i] if r[2]] == previous, (i, provider)
+
+
+def test_unsupported_combinations_fail_at_start(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    feed.add([])
+    df = source(spark, feed, SCHEMA)
+    grouped = ss.stream(df).groupBy("k")
+    update = grouped.applyInPandasWithState(
+        count_pandas, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
+    )
+    with pytest.raises(ConfigurationError, match="update mode is not supported with append"):
+        update.writeStream.outputMode("append").option("checkpointLocation", str(tmp_path)).start()
+    with pytest.raises(ConfigurationError, match="complete"):
+        update.writeStream.outputMode("complete").option(
+            "checkpointLocation", str(tmp_path)
+        ).start()
+    event = grouped.applyInPandasWithState(
+        count_pandas, OUTPUT, STATE, "update", GroupStateTimeout.EventTimeTimeout
+    )
+    with pytest.raises(ConfigurationError, match="watermark"):
+        event.writeStream.outputMode("update").option("checkpointLocation", str(tmp_path)).start()
+    with pytest.raises(ConfigurationError, match="outputMode"):
+        grouped.flatMapGroupsWithState(
+            count_rows, OUTPUT, STATE, "complete", "NoTimeout"
+        ).writeStream.outputMode("update").option("checkpointLocation", str(tmp_path)).start()
+    with pytest.raises(ConfigurationError, match="initialState"):
+        grouped.transformWithState(CountProcessor(), OUTPUT, "update", "None", initialState=df)
+    with pytest.raises(ConfigurationError, match="not supported yet"):
+        update.dropDuplicates(["k"]).writeStream.outputMode("update").option(
+            "checkpointLocation", str(tmp_path)
+        ).start()
