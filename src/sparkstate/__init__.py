@@ -14,9 +14,16 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "DataStreamWriter",
+    "ExpiredTimerInfo",
+    "GroupState",
+    "GroupStateTimeout",
     "GroupedStream",
+    "StatefulProcessor",
+    "StatefulProcessorHandle",
     "StatefulStream",
     "StreamingQuery",
+    "TimeMode",
+    "TimerValues",
     "__version__",
     "add_listener",
     "functions",
@@ -35,6 +42,14 @@ if TYPE_CHECKING:
         remove_listener,
         stream,
     )
+    from sparkstate.operators.group_state import GroupState, GroupStateTimeout
+    from sparkstate.operators.processor import (
+        ExpiredTimerInfo,
+        StatefulProcessor,
+        StatefulProcessorHandle,
+        TimerValues,
+    )
+    from sparkstate.operators.timers import TimeMode
 
 _ENGINE = {
     "DataStreamWriter",
@@ -46,10 +61,23 @@ _ENGINE = {
     "stream",
 }
 
+#: Arbitrary-state names (no pyspark needed): name -> module.
+_OPERATORS = {
+    "GroupState": "sparkstate.operators.group_state",
+    "GroupStateTimeout": "sparkstate.operators.group_state",
+    "StatefulProcessor": "sparkstate.operators.processor",
+    "StatefulProcessorHandle": "sparkstate.operators.processor",
+    "ExpiredTimerInfo": "sparkstate.operators.processor",
+    "TimerValues": "sparkstate.operators.processor",
+    "TimeMode": "sparkstate.operators.timers",
+}
+
 
 def __getattr__(name: str) -> Any:
     if name in _ENGINE:
         return getattr(importlib.import_module("sparkstate.engine"), name)
+    if name in _OPERATORS:
+        return getattr(importlib.import_module(_OPERATORS[name]), name)
     if name == "functions":
         return importlib.import_module("sparkstate.functions")
     msg = f"module 'sparkstate' has no attribute {name!r}"

@@ -1,4 +1,5 @@
-"""Test helpers for users of sparkstate: the provider contract suite and store factories.
+"""Test helpers for users of sparkstate: the provider contract suite, store factories, and a
+Spark-free harness for stateful logic (``group_state_harness``, ``processor_harness``).
 
 ``StateStoreContract`` and ``expected_failure`` need pytest; they are imported on first use, so
 that importing ``sparkstate.testing`` for the other helpers does not.
@@ -13,20 +14,35 @@ from sparkstate.testing.factory import KEY_SCHEMA, VALUE_SCHEMA, ProviderFactory
 
 if TYPE_CHECKING:
     from sparkstate.testing.contract import StateStoreContract, expected_failure
+    from sparkstate.testing.harness import (
+        BatchResult,
+        OperatorHarness,
+        group_state_harness,
+        processor_harness,
+    )
 
 __all__ = [
     "KEY_SCHEMA",
     "VALUE_SCHEMA",
+    "BatchResult",
+    "OperatorHarness",
     "ProviderFactory",
     "StateStoreContract",
     "expected_failure",
+    "group_state_harness",
+    "processor_harness",
 ]
+_HARNESS = {"BatchResult", "OperatorHarness", "group_state_harness", "processor_harness"}
 _LAZY = {"StateStoreContract", "expected_failure"}
 
 _CONTRACT = "sparkstate.testing.contract"
 
 
 def __getattr__(name: str) -> Any:
+    if name in _HARNESS:
+        from sparkstate.testing import harness
+
+        return getattr(harness, name)
     if name not in _LAZY:
         msg = f"module {__name__!r} has no attribute {name!r}"
         raise AttributeError(msg)
