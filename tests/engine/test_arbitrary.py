@@ -213,25 +213,16 @@ def test_count_and_remove_match_spark_aipws(
             ),
         )
     )
-    variants.append(
-        (
-            "tws-rows",
-            PROVIDERS[-1],
-            lambda g: g.transformWithState(CountProcessor(), OUTPUT, "update", "None"),
-        )
-    )
-    variants.append(
-        (
-            "tws-pandas",
-            PROVIDERS[0],
-            lambda g: g.transformWithStateInPandas(
-                statefulProcessor=CountProcessor(),
-                outputStructType=OUTPUT,
-                outputMode="update",
-                timeMode="None",
-            ),
-        )
-    )
+    _compare(spark, feed, tmp_path, theirs, variants)
+
+
+def _compare(
+    spark: SparkSession,
+    feed: FileFeed,
+    tmp_path: Path,
+    theirs: Collector,
+    variants: list[tuple[str, str, Callable[[Any], ss.StatefulStream]]],
+) -> None:
     for i, (name, provider, build) in enumerate(variants):
         ours, _ = _run(
             feed,
@@ -245,6 +236,52 @@ def test_count_and_remove_match_spark_aipws(
         )
         assert same_schema(ours.schema, theirs.schema), (name, ours.schema, theirs.schema)
         assert ours.batches == theirs.batches, (name, provider)
+
+
+def test_count_and_clear_match_spark_tws(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    def spark_query(c: Collector) -> Any:
+        planned = (
+            source(spark, feed, SCHEMA)
+            .groupBy("k")
+            .transformWithStateInPandas(
+                statefulProcessor=CountProcessor(),
+                outputStructType=OUTPUT,
+                outputMode="Update",
+                timeMode="None",
+            )
+        )
+        return _spark_writer(planned, tmp_path / "spark", c)
+
+    previous = spark.conf.get(PROVIDER_CONF, None)
+    spark.conf.set(PROVIDER_CONF, RocksDB)  # Spark's transformWithState needs it
+    try:
+        theirs, _ = _run(feed, spark_query, COUNT_BATCHES)
+    finally:
+        if previous is None:
+            spark.conf.unset(PROVIDER_CONF)
+        else:
+            spark.conf.set(PROVIDER_CONF, previous)
+    assert len(theirs.batches) == len(COUNT_BATCHES)
+    variants: list[tuple[str, str, Callable[[Any], ss.StatefulStream]]] = [
+        (
+            "tws-pandas",
+            PROVIDERS[0],
+            lambda g: g.transformWithStateInPandas(
+                statefulProcessor=CountProcessor(),
+                outputStructType=OUTPUT,
+                outputMode="update",
+                timeMode="None",
+            ),
+        ),
+        (
+            "tws-rows",
+            PROVIDERS[-1],
+            lambda g: g.transformWithState(CountProcessor(), OUTPUT, "update", "None"),
+        ),
+    ]
+    _compare(spark, feed, tmp_path, theirs, variants)
 
 
 EVENT_SCHEMA = "k string, ts timestamp"
