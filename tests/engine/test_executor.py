@@ -60,3 +60,38 @@ def test_a_busy_partition_times_out_with_a_clear_error(tmp_path: Path) -> None:
     with PROVIDERS.holding(key, 1.0), pytest.raises(StoreLockedError, match="stayed busy"):
         list(run_stateful_task(s, iter([]), Report()))
     PROVIDERS.close_all()
+
+
+def _timeout_counter(key: tuple[Any, ...], rows: list[Any], state: Any) -> Any:
+    if state.hasTimedOut:
+        state.remove()
+        return [(key[0], -1)]
+    state.update((len(rows),))
+    state.setTimeoutDuration(1000)
+    return [(key[0], len(rows))]
+
+
+@pytest.mark.parametrize("provider", PROVIDER_NAMES)
+def test_catch_up_commit_runs_the_timeout_pass(tmp_path: Path, provider: str) -> None:
+    """A partition Spark ran no task for still times its keys out (its output is dropped)."""
+    from sparkstate.engine.executor import commit_empty, needs_every_batch
+    from sparkstate.operators.flat_map_groups import FlatMapGroupsWithState
+
+    op = FlatMapGroupsWithState(
+        _timeout_counter, SCHEMA, ["k"], "k string, n long", "n long", timeout="ProcessingTime"
+    )
+    assert needs_every_batch(op) and not needs_every_batch(Deduplicate(SCHEMA, ["k"]))
+
+    def at(batch_id: int, now_ms: int, lineage: dict[int, str | None]) -> TaskSpec:
+        base = spec(tmp_path, provider, batch_id, lineage)
+        return TaskSpec(**{**base.__dict__, "operator": op, "batch_timestamp_ms": now_ms})
+
+    rows = pa.RecordBatch.from_pylist([{"k": "a", "v": 1}], schema=SCHEMA)
+    report = Report()
+    out = list(run_stateful_task(at(0, 10_000, {}), iter([rows]), report))
+    assert sum(b.num_rows for b in out) == 1
+    filled = commit_empty(at(1, 20_000, {0: report[-1]["checkpoint_id"]}), 0)
+    assert filled["version"] == 2 and filled["store"]["num_keys"] == 0  # "a" timed out
+    assert filled["operator"]["num_output_rows_dropped"] == 1
+    assert filled["operator"]["num_rows_removed"] == 1
+    PROVIDERS.close_all()
