@@ -384,3 +384,37 @@ def test_unsupported_combinations_fail_at_start(
         update.dropDuplicates(["k"]).writeStream.outputMode("update").option(
             "checkpointLocation", str(tmp_path)
         ).start()
+
+
+def timeout_rows(key: tuple[Any, ...], rows: list[Any], state: Any) -> Any:
+    if state.hasTimedOut:
+        n = int(state.get[0])
+        state.remove()
+        return [(key[0], n, True)]
+    n = (int(state.get[0]) if state.exists else 0) + len(rows)
+    state.update((n,))
+    state.setTimeoutDuration("1 second")
+    return [(key[0], n, False)]
+
+
+def test_processing_time_timeout_fires_in_the_next_batch(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """Without a no-data batch the timed-out call runs in the next batch, after its input."""
+
+    def ours_query(c: Collector) -> Any:
+        planned = (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .flatMapGroupsWithState(
+                timeout_rows, TIMEOUT_OUTPUT, STATE, "update", "ProcessingTimeTimeout"
+            )
+        )
+        return _ours_writer(planned, tmp_path / "ours", PROVIDERS[-1], c)
+
+    batches = [[{"k": "a", "v": 1}], [{"k": "b", "v": 1}], [{"k": "b", "v": 2}]]
+    ours, groups = _run(feed, ours_query, batches, settle_s=1.2)  # > 1 s between batches
+    got = _per_feed(ours, groups)
+    assert got[0] == [("a", 1, False)]
+    assert got[1] == [("a", 1, True), ("b", 1, False)]
+    assert got[2] == [("b", 2, False)]  # b's timeout was renewed by its data
