@@ -418,3 +418,94 @@ def test_processing_time_timeout_fires_in_the_next_batch(
     assert got[0] == [("a", 1, False)]
     assert got[1] == [("a", 1, True), ("b", 1, False)]
     assert got[2] == [("b", 2, False)]  # b's timeout was renewed by its data
+
+
+class TimerProcessor(_processor_base()):  # type: ignore[misc]
+    """A count per key that an event-time timer ends 5 s after the key's latest row."""
+
+    def __init__(self, pandas: bool) -> None:
+        self.pandas = pandas
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self._count = handle.getValueState("count", STATE)
+
+    def _out(self, key: Any, n: int, fired: bool) -> Any:
+        if self.pandas:
+            return pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [fired]})
+        return (key[0], n, fired)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        current = self._count.get()
+        n = int(current[0]) if current is not None else 0
+        latest = 0
+        for item in rows:
+            if isinstance(item, pd.DataFrame):
+                n += len(item)
+                stamps = [pd.Timestamp(t) for t in item["ts"]]
+            else:
+                n += 1
+                stamps = [pd.Timestamp(item["ts"])]
+            for t in stamps:
+                t = t.tz_localize("UTC") if t.tzinfo is None else t
+                latest = max(latest, int(t.timestamp() * 1000))
+        self._count.update((n,))
+        for expiry in list(self.handle.listTimers()):
+            self.handle.deleteTimer(expiry)
+        self.handle.registerTimer(latest + 5000)
+        yield self._out(key, n, False)
+
+    def handleExpiredTimer(  # noqa: N802
+        self,
+        key: Any,
+        timerValues: Any,  # noqa: N803
+        expiredTimerInfo: Any,  # noqa: N803
+    ) -> Any:
+        current = self._count.get()
+        self._count.clear()
+        yield self._out(key, int(current[0]), True)
+
+    def close(self) -> None:
+        pass
+
+
+def test_event_time_timers_match_spark_tws(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    def spark_query(c: Collector) -> Any:
+        df = source(spark, feed, EVENT_SCHEMA).withWatermark("ts", "10 seconds")
+        planned = df.groupBy("k").transformWithStateInPandas(
+            statefulProcessor=TimerProcessor(pandas=True),
+            outputStructType=TIMEOUT_OUTPUT,
+            outputMode="Update",
+            timeMode="EventTime",
+        )
+        return _spark_writer(planned, tmp_path / "spark", c)
+
+    previous = spark.conf.get(PROVIDER_CONF, None)
+    spark.conf.set(PROVIDER_CONF, RocksDB)
+    try:
+        theirs, spark_groups = _run(feed, spark_query, EVENT_BATCHES, settle_s=1.5)
+    finally:
+        if previous is None:
+            spark.conf.unset(PROVIDER_CONF)
+        else:
+            spark.conf.set(PROVIDER_CONF, previous)
+    expected = _per_feed(theirs, spark_groups)
+    assert ("a", 2, True) in expected[2] and ("b", 1, True) in expected[2], expected
+    for pandas, provider in ((True, PROVIDERS[0]), (False, PROVIDERS[-1])):
+
+        def ours_query(c: Collector, pandas: bool = pandas, provider: str = provider) -> Any:
+            stream = ss.stream(source(spark, feed, EVENT_SCHEMA)).withWatermark("ts", "10 seconds")
+            grouped = stream.groupBy("k")
+            api = grouped.transformWithStateInPandas if pandas else grouped.transformWithState
+            planned = api(TimerProcessor(pandas), TIMEOUT_OUTPUT, "update", "EventTime")
+            return _ours_writer(planned, tmp_path / f"ours-{pandas}", provider, c)
+
+        ours, groups = _run(feed, ours_query, EVENT_BATCHES)
+        got = _per_feed(ours, groups)
+        assert same_schema(ours.schema, theirs.schema)
+        for i in range(len(EVENT_BATCHES)):
+            assert [r for r in got[i] if not r[2]] == [r for r in expected[i] if not r[2]], i
+            previous_fired = [r for r in expected[i - 1] if r[2]] if i else []
+            assert [r for r in got[i] if r[2]] == previous_fired, (i, pandas, provider)
