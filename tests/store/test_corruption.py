@@ -10,7 +10,6 @@ here runs on a new provider instance with an empty local directory, so it reads 
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkstate.exceptions import CorruptStateFileError, MissingVersionError, StateFileError
+from sparkstate.exceptions import CorruptStateFileError, StateFileError
 from sparkstate.store.base import Row, StateStoreProvider
 from sparkstate.store.frames import HEADER_SIZE
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all
@@ -181,15 +180,6 @@ def test_every_snapshot_damaged_falls_back_to_changelogs(
     assert custom["corruptSnapshotsSkipped"] == 3
 
 
-NO_FALLBACK_ERROR = (
-    "store/versioned.py VersionedProvider.load: when every usable snapshot is corrupt and the "
-    "changelogs before them are gone, lineage.plan_load raises MissingVersionError ('the changelog "
-    "file for ... is missing and no usable snapshot covers it'): the corrupt snapshot (or SST) "
-    "that is the real cause is named only in a warning log"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NO_FALLBACK_ERROR, raises=AssertionError)
 @pytest.mark.parametrize("checkpoint", PROVIDERS, indirect=True)
 def test_damaged_snapshot_without_fallback_names_the_file(checkpoint: ProviderFactory) -> None:
     """With the changelogs before the snapshot gone (retention), the error names the snapshot."""
@@ -238,7 +228,6 @@ def test_damaged_sst_file_is_skipped(
         path.write_bytes(saved)
 
 
-@pytest.mark.xfail(strict=True, reason=NO_FALLBACK_ERROR, raises=MissingVersionError)
 @pytest.mark.parametrize("checkpoint", [ROCKSDB], indirect=True)
 def test_damaged_sst_without_fallback_names_the_file(checkpoint: ProviderFactory) -> None:
     for v in range(1, 6):
@@ -252,13 +241,6 @@ def test_damaged_sst_without_fallback_names_the_file(checkpoint: ProviderFactory
     assert any(obj in str(info.value) for obj in _sst_objects(checkpoint)), str(info.value)
 
 
-SCHEMA_FILE_ERROR = (
-    "store/layout.py check_schema_file: json.loads(_schema.json) lets a JSONDecodeError escape "
-    "(a ValueError that is not ours and does not name the file)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=SCHEMA_FILE_ERROR, raises=json.JSONDecodeError)
 @pytest.mark.parametrize("checkpoint", PROVIDERS, indirect=True)
 @pytest.mark.parametrize("how", ["truncated-half", "empty", "trailing-garbage"])
 def test_damaged_schema_file_names_the_file(checkpoint: ProviderFactory, how: str) -> None:
@@ -267,17 +249,6 @@ def test_damaged_schema_file_names_the_file(checkpoint: ProviderFactory, how: st
         checkpoint.open()
 
 
-SST_REUSE_ACROSS_RESTORE = (
-    "store/rocksdb_snapshot.py upload_snapshot reuses an uploaded SST object when a local file "
-    "has the same name and size in the SstMap; store/rocksdb.py resets that map to the restored "
-    "snapshot's files on restore, so a checkpoint taken before a restore and uploaded by the next "
-    "maintenance takes another database's SST (same number, same size) for its own. The snapshot "
-    "then names foreign data: RocksDB's unique-ID check refuses to open it, and as the open is "
-    "outside the snapshot-skip loop of VersionedProvider.load, the load fails with no fallback"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=SST_REUSE_ACROSS_RESTORE, raises=CorruptStateFileError)
 @pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed")
 def test_snapshot_uploaded_after_a_restore_keeps_its_own_sst_files(tmp_path: Path) -> None:
     conf = {"min_deltas_for_snapshot": 3, "compression": "none"}
@@ -302,12 +273,15 @@ def test_snapshot_uploaded_after_a_restore_keeps_its_own_sst_files(tmp_path: Pat
         first.do_maintenance()  # uploads the checkpoint taken at "mine"
     finally:
         factory.close_all()
+    # The two databases have SST files of the same number and size (compression "none"): the
+    # snapshot of each must still name only its own uploads.
     shared = _snapshot_objects_of(factory, 3, mine) & _snapshot_objects_of(factory, 3, theirs)
-    if not shared:
-        pytest.skip("no two SST files of the same number and size on this RocksDB build")
+    assert not shared
     provider = factory.reopen(local_dir=factory.fresh_local_dir())
     want = {("k", i): (3, "x") for i in range(20)}
     assert read_all(provider.get_read_store(3, mine))["default"] == want
+    want = {("k", i): (4, "x") for i in range(20)}
+    assert read_all(provider.get_read_store(3, theirs))["default"] == want
     factory.close_all()
 
 

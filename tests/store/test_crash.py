@@ -37,7 +37,6 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 
-from sparkstate.exceptions import CorruptStateFileError
 from sparkstate.store.base import Row, StateStoreProvider
 from sparkstate.store.durable import TMP_PREFIX, DurableDir
 from sparkstate.store.frames import HEADER_SIZE, decode_frame
@@ -410,16 +409,6 @@ def test_temporary_files_are_ignored(tmp_path: Path) -> None:
     factory.close_all()
 
 
-CHECKPOINT_CLAIM_RACE = (
-    "store/rocksdb.py after_commit creates the local checkpoint directly as scratch/pending-<ref>, "
-    "the name _maybe_snapshot claims (renames) in any worker process of the executor: a "
-    "maintenance pass that runs between RocksDB creating the checkpoint and "
-    "LocalDB.create_checkpoint listing it (store/rocksdb_local.py) takes it away, and commit() "
-    "fails with a bare FileNotFoundError after the version became durable"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=CHECKPOINT_CLAIM_RACE, raises=FileNotFoundError)
 @pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed")
 def test_maintenance_by_another_worker_during_a_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -464,16 +453,8 @@ def test_maintenance_by_another_worker_during_a_commit(
         factory.close_all()
 
 
-NON_LOCAL_RENAME = (
-    "store/durable.py DurableDir.__init__ sets _renames only for pyarrow's LocalFileSystem, so on "
-    "any other file system that has an atomic rename (HDFS, a SubTreeFileSystem, ...) "
-    "write_atomic and upload write the final name directly: a writer killed halfway leaves a "
-    "truncated file under a version's name (DESIGN: temp + rename wherever the store has rename)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NON_LOCAL_RENAME, raises=CorruptStateFileError)
 def test_kill_mid_write_on_a_file_system_with_rename(tmp_path: Path) -> None:
+    """Not the local file system, but one with rename (like HDFS): writes still go temp + rename."""
     slot = Slot("memory", tmp_path / "slot")
     dry = slot.run(None, subtree=True)
     assert dry.returncode == 0, dry.output
