@@ -115,6 +115,19 @@ class GroupedStream:
         return self.agg(count_("*").alias("count"))
 
     # --- arbitrary state (PySpark's names and arguments) ----------------------------------------
+    #
+    # Grouping keys are column names; the arbitrary-state step is the last stateful step (a
+    # dropDuplicates before it is fine); the operator's outputMode must equal the query's
+    # ("append" or "update"), as Spark checks. Schemas are StructTypes or DDL strings.
+    #
+    # Time: the query runs as Spark's foreachBatch, which gets no no-data batches, so
+    # - event-time timeouts / timers that Spark fires in its no-data batch after the watermark
+    #   moved fire at the start of the next batch, before that batch's input (same rows, one batch
+    #   later);
+    # - processing-time timeouts, timers and TTL are checked in every batch (every partition runs:
+    #   one Spark skipped is caught up by the driver, timeout pass included, its rows dropped), but
+    #   a query that receives no new data runs no batch, so nothing fires until data arrives.
+    # Not supported yet: initialState, eventTimeColumnName, a stateful step after this one.
 
     def _arbitrary(self, step: ArbitraryStep) -> StatefulStream:
         if not callable(step.func) and step.api in ARBITRARY_FUNCTION_APIS:
