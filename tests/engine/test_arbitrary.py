@@ -214,6 +214,28 @@ def test_count_and_remove_match_spark_aipws(
         )
     )
     _compare(spark, feed, tmp_path, theirs, variants)
+    _compare_with_restart(spark, feed, tmp_path / "restart", theirs)
+
+
+def _compare_with_restart(
+    spark: SparkSession, feed: FileFeed, checkpoint: Path, theirs: Collector
+) -> None:
+    """Stop after two batches and continue from the checkpoint: the same output."""
+    _reset(feed)
+    collector = Collector()
+    for part in (COUNT_BATCHES[:2], COUNT_BATCHES[2:]):
+        grouped = ss.stream(source(spark, feed, SCHEMA)).groupBy("k")
+        planned = grouped.flatMapGroupsWithState(
+            count_rows, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
+        )
+        query = _ours_writer(planned, checkpoint, PROVIDERS[-1], collector)
+        try:
+            for rows in part:
+                feed.add(rows)
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    assert collector.batches == theirs.batches
 
 
 def _compare(
