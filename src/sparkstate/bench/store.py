@@ -45,7 +45,7 @@ def _bench_provider(kind: str, n: int, workdir: str) -> dict[str, Any]:
     key_schema = pa.schema([("id", pa.int64())])
     value_schema = pa.schema([("count", pa.int64()), ("total", pa.float64())])
     store_id = StoreId(os.path.join(workdir, "chk"), 0, 0)
-    conf = StoreConf(local_dir=os.path.join(workdir, "local"), min_deltas_for_snapshot=1000)
+    conf = StoreConf(local_dir=os.path.join(workdir, "local"))
     provider = provider_class(kind)()
     provider.init(store_id, key_schema, value_schema, conf)
     ids = _keys(n)

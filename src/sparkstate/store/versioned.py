@@ -199,7 +199,10 @@ class VersionedProvider(StateStoreProvider):
 
     def _retention_base(self, index: VersionIndex) -> VersionRef | None:
         """The newest snapshot on the live lineage at or below the oldest version to retain."""
-        latest = self._last_ref or index.latest(self.delta_ext)
+        # Only the instance that committed knows the live lineage: the newest attempt on storage
+        # may be an abandoned one (a restart from an older version), so without a commit of its
+        # own, an instance deletes nothing.
+        latest = self._last_ref
         if latest is None:
             return None
         min_keep = latest.version - self.conf.min_versions_to_retain + 1
