@@ -39,6 +39,7 @@ __all__ = [
     "BenchSpec",
     "NotAvailable",
     "drive",
+    "measure_query",
     "run_bench",
     "spark_session",
     "summarize",
@@ -430,3 +431,25 @@ def run_bench(spec: BenchSpec, args: argparse.Namespace) -> int:
             json.dump(report, f, indent=2)
         print(f"[bench {spec.name}] wrote {args.json_out}")
     return 1 if failed else 0
+
+
+def measure_query(
+    spark: Any, query: Any, params: dict[str, Any], system: str, session_s: float
+) -> dict[str, Any]:
+    """Drive a started query through its batches and summarize its progress."""
+    run_started = time.perf_counter()
+    progress = drive(
+        lambda: query.recentProgress,
+        query.stop,
+        query.exception,
+        batches=params["batches"],
+        timeout_s=params["timeout_s"],
+        label=system,
+    )
+    run_s = time.perf_counter() - run_started
+    result = summarize(progress, params["warmup"])
+    result["keys_per_s"] = result["rows_per_s"] * params["keys"] / params["rows_per_batch"]
+    result["session_start_s"] = session_s
+    result["run_s"] = run_s
+    result["spark_conf"] = recorded_conf(spark)
+    return result

@@ -33,12 +33,10 @@ from sparkstate.bench._spark import (
     ROCKSDB_PROVIDER,
     BenchSpec,
     NotAvailable,
-    drive,
+    measure_query,
     rate_keys,
-    recorded_conf,
     run_bench,
     spark_session,
-    summarize,
 )
 
 __all__ = [
@@ -229,21 +227,7 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
         if ours:
             writer = writer.option("stateStore", "rocksdb")
         query = writer.queryName(system.replace("-", "_")).start()
-        run_started = time.perf_counter()
-        progress = drive(
-            lambda: query.recentProgress,
-            query.stop,
-            query.exception,
-            batches=params["batches"],
-            timeout_s=params["timeout_s"],
-            label=system,
-        )
-        run_s = time.perf_counter() - run_started
-        result = summarize(progress, params["warmup"])
-        result["keys_per_s"] = result["rows_per_s"] * params["keys"] / params["rows_per_batch"]
-        result["session_start_s"] = session_s
-        result["run_s"] = run_s
-        result["spark_conf"] = recorded_conf(spark)
+        result = measure_query(spark, query, params, system, session_s)
         if ours:
             result["state_store"] = "rocksdb"
         return result
