@@ -1,8 +1,8 @@
 """The operator interface: a stateful step over Arrow record batches and one partition's store.
 
 The engine owns the store's life cycle (load version ``b``, commit ``b + 1`` or abort); an operator
-only reads and writes the store while it turns input batches into output batches. Operators never
-import pyspark, so they can be tested, and reused, without a Spark session.
+only reads and writes the store while it turns input batches into output batches. Operators do not
+depend on pyspark, so they can be tested, and reused, without a Spark session.
 """
 
 from __future__ import annotations
