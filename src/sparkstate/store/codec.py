@@ -729,19 +729,22 @@ class KeyCodec:
 
 
 class ValueCodec:
-    """Compact value rows: a version byte, a null bitmap, fixed-width fields, then variable ones."""
+    """Compact value rows: a header (the version byte), a null bitmap, fixed-width fields, then
+    variable ones. ``header`` is what every value starts with: :mod:`.evolution` gives values of a
+    later schema of a column family a header that names the schema."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, header: bytes = bytes([VALUE_FORMAT_VERSION])) -> None:
         self.schema = schema
+        self.header = header
         self._cols = _columns(schema, "value")
         self._fixed_cols = [c for c in self._cols if c.phys != "var"]
         self._var_cols = [c for c in self._cols if c.phys == "var"]
         self._bitmap_len = (len(self._cols) + 7) // 8
         codes = "".join(c.struct_code for c in self._fixed_cols)
-        self._head = struct.Struct(f"<B{self._bitmap_len}s{codes}")
+        self._head = struct.Struct(f"<{len(header)}s{self._bitmap_len}s{codes}")
         self._zero_bitmap = bytes(self._bitmap_len)
         self._offsets: list[int] = []  # byte offset of each fixed column in a value
-        offset = 1 + self._bitmap_len
+        offset = len(header) + self._bitmap_len
         for c in self._fixed_cols:
             self._offsets.append(offset)
             offset += c.width
@@ -784,10 +787,25 @@ class ValueCodec:
         from_phys = col._decimal_from_unscaled
         return lambda b: from_phys(int.from_bytes(b, "little", signed=True))
 
+    def header_error(self, data: bytes) -> SchemaMismatchError:
+        """The error for a value that does not start with this codec's header."""
+        if len(self.header) == 1:
+            version = data[0] if data else "missing"
+            msg = (
+                f"value format version {version} is not {self.header[0]}, the version this "
+                f"sparkstate writes and reads (value schema {self.schema.names})"
+            )
+        else:
+            msg = (
+                f"value header {bytes(data[: len(self.header)])!r} is not {self.header!r} "
+                f"(value schema {self.schema.names})"
+            )
+        return SchemaMismatchError(msg)
+
     def encode(self, row: Row) -> bytes:
         if type(row) is tuple and tuple(map(type, row)) == self._exact_types:
             try:
-                return self._head.pack(VALUE_FORMAT_VERSION, self._zero_bitmap, *row)
+                return self._head.pack(self.header, self._zero_bitmap, *row)
             except (struct.error, OverflowError):
                 pass  # out of range: the checked path below says which column
         _check_arity(row, self._cols, "value")
@@ -811,17 +829,12 @@ class ValueCodec:
             else:
                 fixed.append(p.to_bytes(16, "little", signed=True) if col.width == 16 else p)
         bitmap = nulls.to_bytes(self._bitmap_len, "little") if nulls else self._zero_bitmap
-        head = self._head.pack(VALUE_FORMAT_VERSION, bitmap, *fixed)
+        head = self._head.pack(self.header, bitmap, *fixed)
         return head + b"".join(tail) if tail else head
 
     def decode(self, data: bytes) -> Row:
-        if not data or data[0] != VALUE_FORMAT_VERSION:
-            version = data[0] if data else "missing"
-            msg = (
-                f"value format version {version} is not {VALUE_FORMAT_VERSION}, the version this "
-                f"sparkstate writes and reads (value schema {self.schema.names})"
-            )
-            raise SchemaMismatchError(msg)
+        if not data.startswith(self.header):
+            raise self.header_error(data)
         try:
             head: tuple[Any, ...] = self._head.unpack_from(data, 0)
             nulls = int.from_bytes(head[1], "little")
@@ -870,7 +883,8 @@ class ValueCodec:
         if n == 0:
             return []
         head = np.zeros((n, self._head.size), np.uint8)
-        head[:, 0] = VALUE_FORMAT_VERSION
+        h = len(self.header)
+        head[:, :h] = np.frombuffer(self.header, np.uint8)
         nulls = np.zeros((n, len(self._cols)), np.bool_)
         pieces: list[Bytes2D | pa.Array] = [head]
         fixed_at = dict(zip((c.index for c in self._fixed_cols), self._offsets, strict=True))
@@ -887,7 +901,7 @@ class ValueCodec:
             if valid is not None:
                 seg[~valid] = 0
         if nulls.any():
-            head[:, 1 : 1 + self._bitmap_len] = np.packbits(nulls, axis=1, bitorder="little")
+            head[:, h : h + self._bitmap_len] = np.packbits(nulls, axis=1, bitorder="little")
         return _assemble(pieces)
 
     @staticmethod
@@ -926,13 +940,14 @@ class ValueCodec:
         if width is None or not self._cols or len(buf) != len(present) * width:
             return _table_from_rows(self._cols, self._decode_each(data), self.schema), found
         m = np.frombuffer(buf, np.uint8).reshape(-1, width)
-        if (m[:, 0] != VALUE_FORMAT_VERSION).any():  # let the per-row decoder say which
+        h = len(self.header)
+        if (m[:, :h] != np.frombuffer(self.header, np.uint8)).any():  # the per-row decoder says
             self._decode_each(data)
         if len(present) < n:  # absent rows: all null
             m, rows = np.zeros((n, width), np.uint8), m
             m[found] = rows
-            m[~found, 1 : 1 + self._bitmap_len] = 0xFF
-        bitmap = m[:, 1 : 1 + self._bitmap_len]
+            m[~found, h : h + self._bitmap_len] = 0xFF
+        bitmap = m[:, h : h + self._bitmap_len]
         nulls = np.unpackbits(bitmap, axis=1, count=len(self._cols), bitorder="little")
         arrays = [
             _arrow_from_le(col, m[:, start : start + col.width], nulls[:, col.index] == 0)

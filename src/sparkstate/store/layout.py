@@ -1,4 +1,5 @@
-"""Names of a store's durable files, the index of what exists, and the ``_schema.json`` check.
+"""Names of a store's durable files, the index of what exists, and the ``_schema.json`` check
+(with each column family's value schema history, :mod:`.evolution`).
 
 Every file a commit writes is named ``<version>_<checkpoint id>.<ext>``. Checkpoint ids are fresh
 per attempt and sort by creation time, so zombie or retried attempts never overwrite each other and,
@@ -23,7 +24,9 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
+from sparkstate.store.codec import schema_from_json
 from sparkstate.store.durable import DurableDir, FileEntry
+from sparkstate.store.evolution import evolve
 
 __all__ = [
     "SCHEMA_FILE",
@@ -137,14 +140,23 @@ def schema_description(
     }
 
 
-def check_schema_file(directory: DurableDir, expected: dict[str, Any], where: str) -> None:
-    """Write ``_schema.json`` on first use; on later opens fail clearly on any difference.
+def _schema_of(fields: list[list[Any]]) -> pa.Schema:
+    described = [{"name": n, "type": t, "nullable": b} for n, t, b in fields]
+    return schema_from_json({"fields": described})
 
-    Column families not yet recorded are added (a new state variable is not a mismatch).
+
+def check_schema_file(
+    directory: DurableDir, expected: dict[str, Any], where: str
+) -> dict[str, tuple[list[pa.Schema], int]]:
+    """Write ``_schema.json`` on first use; on later opens fail clearly on an incompatible change.
+
+    Column families not yet recorded are added (a new state variable is not a mismatch). A value
+    schema may evolve (see :mod:`.evolution`): returns, for each family whose value schema ever
+    changed, its schema history and the id of the schema in use.
     """
     if not directory.exists(SCHEMA_FILE):
         directory.write_atomic(SCHEMA_FILE, json.dumps(expected, indent=2).encode())
-        return
+        return {}
     file = directory.where(SCHEMA_FILE)
     try:
         found = json.loads(directory.read(SCHEMA_FILE))
@@ -173,19 +185,33 @@ def check_schema_file(directory: DurableDir, expected: dict[str, Any], where: st
         raise SchemaMismatchError(msg)
     known = found.get("column_families", {})
     changed = False
+    evolved: dict[str, tuple[list[pa.Schema], int]] = {}
     for name, want in expected["column_families"].items():
         have = known.get(name)
         if have is None:
             known[name] = want
             changed = True
             continue
-        for part in ("key", "value"):
-            if have[part] != want[part]:
-                msg = (
-                    f"{where}: the {part} schema of column family {name!r} changed: "
-                    f"checkpoint has {have[part]}, query has {want[part]} ({file})"
-                )
-                raise SchemaMismatchError(msg)
+        if have["key"] != want["key"]:
+            msg = (
+                f"{where}: the key schema of column family {name!r} changed: "
+                f"checkpoint has {have['key']}, query has {want['key']} ({file}); "
+                "restore the original query, or start from a new checkpoint location"
+            )
+            raise SchemaMismatchError(msg)
+        recorded = have.get("value_history", [have["value"]])
+        if have["value"] == want["value"] and len(recorded) == 1:
+            continue
+        history = [_schema_of(v) for v in recorded]
+        current = recorded.index(have["value"]) if have["value"] in recorded else len(recorded) - 1
+        what = f"{where}: column family {name!r} ({file})"
+        history, schema_id = evolve(history, current, _schema_of(want["value"]), what)
+        evolved[name] = (history, schema_id)
+        if have["value"] != want["value"] or len(history) != len(recorded):
+            have["value"] = want["value"]
+            have["value_history"] = [_schema_json(s) for s in history]
+            changed = True
     if changed:
         found["column_families"] = known
         directory.write_atomic(SCHEMA_FILE, json.dumps(found, indent=2).encode())
+    return evolved

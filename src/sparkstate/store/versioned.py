@@ -23,6 +23,7 @@ from sparkstate.exceptions import (
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
 from sparkstate.store.changelog import Changelog, decode_changelog, encode_changelog
 from sparkstate.store.durable import TMP_PREFIX, DurableDir
+from sparkstate.store.evolution import value_codec_for
 from sparkstate.store.layout import (
     VersionIndex,
     VersionRef,
@@ -72,12 +73,14 @@ class VersionedProvider(StateStoreProvider):
     def _check_schema(self) -> None:
         specs = {n: (f.key_schema, f.value_schema) for n, f in self.families.items()}
         expected = schema_description(self.name, specs, self.conf.num_partitions)
-        check_schema_file(self.dir, expected, str(self.id))
+        evolved = check_schema_file(self.dir, expected, str(self.id))
+        for name, (history, schema_id) in evolved.items():
+            self.families[name].value_codec = value_codec_for(history, schema_id)
 
     def register_column_family(
         self, name: str, key_schema: pa.Schema, value_schema: pa.Schema
     ) -> None:
-        """Add a column family (recorded in ``_schema.json``; a changed schema is an error)."""
+        """Add a column family (recorded in ``_schema.json``; an incompatible change fails)."""
         fam = self.families.get(name)
         if fam is not None and fam.key_schema == key_schema and fam.value_schema == value_schema:
             return

@@ -893,8 +893,8 @@ class StateStoreContract:
     def test_reopen_with_a_different_value_schema(self, factory: ProviderFactory) -> None:
         _commit(factory.open(), 0, {("a", 1): (1, None)})
         factory.close_all()
-        other = pa.schema([("count", pa.int64()), ("label", pa.string()), ("x", pa.int8())])
-        with pytest.raises(SchemaMismatchError, match="value schema"):
+        other = pa.schema([("count", pa.string()), ("label", pa.string())])
+        with pytest.raises(SchemaMismatchError, match="value schema.*'count' changed type"):
             factory.open(value_schema=other)
         families = {"cf": (pa.schema([("k", pa.int64())]), V)}
         _commit(factory.open(column_families=families), 1, {(1,): (1, None)}, cf="cf")
