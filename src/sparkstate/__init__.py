@@ -18,6 +18,7 @@ __all__ = [
     "GroupState",
     "GroupStateTimeout",
     "GroupedStream",
+    "PICKLED",
     "StatefulProcessor",
     "StatefulProcessorHandle",
     "StatefulStream",
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         StatefulProcessorHandle,
         TimerValues,
     )
+    from sparkstate.operators.schemas import PICKLED
     from sparkstate.operators.timers import TimeMode
 
 _ENGINE = {
@@ -70,6 +72,7 @@ _OPERATORS = {
     "ExpiredTimerInfo": "sparkstate.operators.processor",
     "TimerValues": "sparkstate.operators.processor",
     "TimeMode": "sparkstate.operators.timers",
+    "PICKLED": "sparkstate.operators.schemas",
 }
 
 

@@ -110,7 +110,7 @@ def _bench_raw(n: int, workdir: str) -> dict[str, Any]:
     opts = Options(raw_mode=True)
     db = Rdict(os.path.join(workdir, "raw"), opts)
     wo = WriteOptions()
-    wo.disable_wal = True
+    wo.disable_wal = True  # type: ignore[method-assign,assignment]
     start = time.perf_counter()
     for lo in range(0, n, BATCH):
         wb = WriteBatch(raw_mode=True)

@@ -32,6 +32,7 @@ from sparkstate.exceptions import (
 from sparkstate.functions import AggregateExpression
 from sparkstate.functions import count as count_
 from sparkstate.operators.base import OUTPUT_MODES
+from sparkstate.operators.restart import check_state_change
 from sparkstate.store.base import StoreConf
 from sparkstate.store.registry import provider_class, provider_name
 
@@ -120,13 +121,11 @@ class GroupedStream:
     # dropDuplicates before it is fine); the operator's outputMode must equal the query's
     # ("append" or "update"), as Spark checks. Schemas are StructTypes or DDL strings.
     #
-    # Time: the query runs as Spark's foreachBatch, which gets no no-data batches, so
-    # - event-time timeouts / timers that Spark fires in its no-data batch after the watermark
-    #   moved fire at the start of the next batch, before that batch's input (same rows, one batch
-    #   later);
-    # - processing-time timeouts, timers and TTL are checked in every batch (every partition runs:
-    #   one Spark skipped is caught up by the driver, timeout pass included, its rows dropped), but
-    #   a query that receives no new data runs no batch, so nothing fires until data arrives.
+    # Time: as in Spark, a no-data batch runs after a batch that moved the watermark (event-time
+    # timeouts and timers fire there) and when a processing-time timeout or timer comes due on an
+    # idle stream (engine/clock.py makes Spark run them). Unlike Spark, an idle query with nothing
+    # due runs no batch at all. Every partition runs in every batch (one Spark skipped is caught
+    # up by the driver, timeout pass included, its rows dropped).
     # Not supported yet: initialState, eventTimeColumnName, a stateful step after this one.
 
     def _arbitrary(self, step: ArbitraryStep) -> StatefulStream:
@@ -375,6 +374,9 @@ class DataStreamWriter:
             log_.write_metadata(metadata)
         else:
             _check_restart(metadata, provider, requested, state_root, described, log_.root)
+            if metadata.get("operators") != described:  # state schemas evolved: record them
+                metadata = {**metadata, "operators": described}
+                log_.write_metadata(metadata)
         num_partitions = int(metadata["num_partitions"])
         conf = dataclasses.replace(conf, num_partitions=num_partitions)
         store = StoreSettings(state_root, provider_spec, conf, maintenance_s)
@@ -431,7 +433,8 @@ def _check_restart(
     described: list[dict[str, Any]],
     where: str,
 ) -> None:
-    """The restarted query must match what the checkpoint was written with."""
+    """The restarted query must match what the checkpoint was written with; state schemas may
+    evolve compatibly (:mod:`sparkstate.operators.restart`)."""
     file = f"{where}/metadata.json"
     if metadata.get("provider") != provider:
         msg = (
@@ -465,8 +468,9 @@ def _check_restart(
         )
         raise ConfigurationError(msg)
     for old, new in zip(before, described, strict=True):
+        evolving = check_state_change(old, new, file)  # state schemas may evolve compatibly
         for part in ("key_schema", "value_schema", "output_schema"):
-            if old.get(part) != new.get(part):
+            if part not in evolving and old.get(part) != new.get(part):
                 msg = (
                     f"operator {new['id']} ({new['kind']}): the {part.replace('_', ' ')} changed "
                     f"from {_show(old.get(part))} to {_show(new.get(part))} ({file}); state "
@@ -474,12 +478,16 @@ def _check_restart(
                     "use a new checkpoint location"
                 )
                 raise SchemaMismatchError(msg)
-        if old != new:
+        if _without(old, evolving) != _without(new, evolving):
             msg = (
                 f"operator {new['id']} ({new['kind']}) changed: checkpoint has {old}, query has "
                 f"{new} ({file}); restore the original query or use a new checkpoint location"
             )
             raise ConfigurationError(msg)
+
+
+def _without(described: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in described.items() if k not in keys}
 
 
 def _show(fields: Any) -> str:

@@ -21,6 +21,7 @@ import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
+from sparkstate.engine.clock import read_clock, write_clock
 from sparkstate.engine.executor import StoreSettings, TaskSpec, commit_empty, run_stateful_task
 from sparkstate.engine.logs import CheckpointLog
 from sparkstate.engine.plan import Stage, quote
@@ -99,6 +100,8 @@ class BatchDriver:
         if latest is not None:
             self.tracker.restore(latest.get("watermark", {}))
             self.last_batch = int(latest["batch_id"])
+        self.triggers = {s.op_id: s.operator.time_trigger() for s in stages}
+        self._clock = read_clock(log_.dir) if any(self.triggers.values()) else {}
 
     # --- the foreachBatch function ---------------------------------------------------------------
 
@@ -130,6 +133,7 @@ class BatchDriver:
         timings["sinkFinish"] = int((time.time() - sink_started) * 1000)
         commit_started = time.time()
         per_op = self._commit(batch_id, intent, reports)
+        self._request_batch(int(intent["watermark_ms"]), per_op)
         timings["stateCommit"] = int((time.time() - commit_started) * 1000)
         timings["triggerExecution"] = int((time.time() - started) * 1000)
         progress = build_progress(
@@ -291,6 +295,31 @@ class BatchDriver:
         )
         self.last_batch = batch_id
         return per_op
+
+    def _request_batch(
+        self, watermark_before: int, per_op: dict[int, list[dict[str, Any]]]
+    ) -> None:
+        """Ask the clock source for a no-data batch when an operator needs one (see clock.py):
+        now, if the watermark moved and event-time timeouts or timers may be due; once the
+        earliest processing-time timeout or timer comes due."""
+        if not any(self.triggers.values()):
+            return
+        requested = self._clock.get("requested_at_ms")
+        moved = self.tracker.watermark_ms > watermark_before
+        if moved and "event" in self.triggers.values():
+            requested = int(time.time() * 1000)
+        due: int | None = None
+        for op_id, trigger in self.triggers.items():
+            if trigger != "processing":
+                continue
+            for r in per_op.get(op_id, []):
+                ts = r.get("operator", {}).get("next_timer_ms")
+                if ts is not None and (due is None or ts < due):
+                    due = int(ts)
+        wanted = {"requested_at_ms": requested, "due_ms": due}
+        if wanted != self._clock:
+            write_clock(self.log.dir, requested, due)
+            self._clock = wanted
 
     def recent_progress(self) -> list[dict[str, Any]]:
         with self._lock:

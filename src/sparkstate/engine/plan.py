@@ -29,6 +29,7 @@ from sparkstate.operators.aggregate import (
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
+from sparkstate.operators.schemas import PickledState
 from sparkstate.operators.transform_with_state import TransformWithState
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 
@@ -285,7 +286,9 @@ def _plan_arbitrary(
             event_time_column=event_col,
         )
     else:
-        state_struct = _struct_of(step.state_schema, f"{api} stateStructType")
+        state_struct = step.state_schema
+        if not isinstance(state_struct, PickledState):  # sparkstate.PICKLED goes through as is
+            state_struct = _struct_of(step.state_schema, f"{api} stateStructType")
         cls = ApplyInPandasWithState if api == "applyInPandasWithState" else FlatMapGroupsWithState
         extra = {} if cls is ApplyInPandasWithState else {"row_format": step.row_format}
         operator = cls(

@@ -42,12 +42,18 @@ class OperatorMetrics:
     all_removals_time_ms: int = 0
     #: Largest event time seen in the input, in epoch milliseconds (None: no event time / no rows).
     max_event_time_ms: int | None = None
+    #: Earliest processing-time timeout or timer left after the batch (None: none pending).
+    next_timer_ms: int | None = None
 
     def observe_event_time(self, millis: int | None) -> None:
         if millis is not None and (
             self.max_event_time_ms is None or millis > self.max_event_time_ms
         ):
             self.max_event_time_ms = millis
+
+    def observe_timer(self, millis: int | None) -> None:
+        if millis is not None and (self.next_timer_ms is None or millis < self.next_timer_ms):
+            self.next_timer_ms = millis
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,6 +68,8 @@ class OperatorMetrics:
         for field in dataclasses.fields(self):
             if field.name == "max_event_time_ms":
                 self.observe_event_time(other.max_event_time_ms)
+            elif field.name == "next_timer_ms":
+                self.observe_timer(other.next_timer_ms)
             else:
                 setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
@@ -115,6 +123,13 @@ class StatefulOperator(ABC):
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         """Extra named keyspaces beside the default one (key schema, value schema)."""
         return {}
+
+    def time_trigger(self) -> str | None:
+        """What makes this operator need a batch without new data (Spark's
+        ``shouldRunAnotherBatch``): ``"event"`` (a watermark move, for event-time timeouts and
+        timers), ``"processing"`` (a processing-time timeout or timer came due, reported in
+        :attr:`OperatorMetrics.next_timer_ms`), or None."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """What must not change across restarts of a checkpoint (compared as JSON)."""

@@ -15,11 +15,14 @@ One partition, one batch (Spark's ``FlatMapGroupsWithStateExec`` /
 
 Layout: the default column family maps a key to its state fields plus ``__timeout_ms`` and
 ``__defined`` (a removed state can keep a timeout); ``$timeout_index`` maps
-``(timeout_ms, key...)`` to a marker (see :mod:`.ts_index`).
+``(timeout_ms, key...)`` to a marker (see :mod:`.ts_index`); ``$state_schema`` holds nothing and
+records the declared state schema. Stored states of an earlier state schema read back under the
+current one (:mod:`sparkstate.store.evolution`); a ``sparkstate.PICKLED`` state is stored pickled.
 """
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
@@ -33,13 +36,13 @@ from sparkstate.operators.base import (
     BatchContext,
     OperatorMetrics,
     StatefulOperator,
-    schema_to_json,
 )
 from sparkstate.operators.group_state import (
     NO_TIMESTAMP,
     GroupState,
     GroupStateClock,
     GroupStateTimeout,
+    PickledGroupState,
     timeout_conf,
 )
 from sparkstate.operators.grouping import (
@@ -51,14 +54,22 @@ from sparkstate.operators.grouping import (
     pandas_groups,
     rows_of,
 )
-from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.state_errors import InvalidOutputError
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import ColumnFamily, StateStore
 
-__all__ = ["TIMEOUT_INDEX_CF", "ApplyInPandasWithState", "FlatMapGroupsWithState"]
+__all__ = [
+    "STATE_SCHEMA_CF",
+    "TIMEOUT_INDEX_CF",
+    "ApplyInPandasWithState",
+    "FlatMapGroupsWithState",
+]
 
 TIMEOUT_INDEX_CF = "$timeout_index"
+#: Holds no data: records the state schema as declared (nullability included), so that the store
+#: refuses an incompatible change of it (the default family's state fields are all nullable).
+STATE_SCHEMA_CF = "$state_schema"
 TIMEOUT_FIELD = "__timeout_ms"
 DEFINED_FIELD = "__defined"
 
@@ -91,6 +102,10 @@ class FlatMapGroupsWithState(StatefulOperator):
     ``rows`` is a list of the key's input rows as tuples (``row_format="tuple"``, the fastest),
     dicts or ``Row`` objects; the function returns tuples (positional), dicts or Rows. The write
     rule is Scala's ``flatMapGroupsWithState`` (the stored timeout is the old timeout).
+
+    The state schema may gain nullable fields, lose fields or reorder them across restarts (old
+    states read back with the new fields null); ``sparkstate.PICKLED`` as the state schema keeps
+    any picklable object instead of a tuple (``state.get`` returns the object itself).
     """
 
     kind: ClassVar[str] = "flatMapGroupsWithState"
@@ -121,7 +136,8 @@ class FlatMapGroupsWithState(StatefulOperator):
         self.input_schema = input_schema
         self.key_schema = key_schema_of(input_schema, key_columns, api)
         self.output_schema = to_arrow_schema(output_schema, f"{api} output schema")
-        self.state_schema = to_arrow_schema(state_schema, f"{api} state schema")
+        self.state_schema, self.pickled = state_schema_of(state_schema, f"{api} state schema")
+        self._state_class = PickledGroupState if self.pickled else GroupState
         self.output_mode = output_mode.lower()
         self.check_output_mode(self.output_mode)
         self.timeout = timeout_conf(timeout)
@@ -155,7 +171,10 @@ class FlatMapGroupsWithState(StatefulOperator):
         self._index_key_schema = index_key_schema(self.key_schema, "timeout_ms")
 
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
-        return {TIMEOUT_INDEX_CF: (self._index_key_schema, MARKER_SCHEMA)}
+        return {
+            TIMEOUT_INDEX_CF: (self._index_key_schema, MARKER_SCHEMA),
+            STATE_SCHEMA_CF: (self.key_schema, self.state_schema),
+        }
 
     def should_run_no_data_batch(self, watermark_before_ms: int, watermark_after_ms: int) -> bool:
         """Spark's ``shouldRunAnotherBatch``: processing-time timeouts need a batch on every
@@ -169,7 +188,9 @@ class FlatMapGroupsWithState(StatefulOperator):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["timeout"] = self.timeout
-        out["state_schema"] = schema_to_json(self.state_schema)
+        out["state_schema"] = [
+            {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in self.state_schema
+        ]
         return out
 
     # --- the batch -------------------------------------------------------------------------------
@@ -194,7 +215,7 @@ class FlatMapGroupsWithState(StatefulOperator):
             yield from self._time_out(store, fam, clock, out, m)
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
-            stored = decode_present(
+            stored = self._decode_states(
                 fam, store.raw_get_many([fam.prefix + k for k in groups.key_bytes])
             )
             pending = _Pending()
@@ -207,6 +228,17 @@ class FlatMapGroupsWithState(StatefulOperator):
             m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
         yield from out.drain(final=True)
         m.num_output_rows += out.num_rows
+
+    def _decode_states(
+        self, fam: ColumnFamily, raws: Sequence[bytes | None]
+    ) -> list[tuple[Any, ...] | None]:
+        """Stored rows (state fields, timeout, defined) of a multi-get; PICKLED: unpickled."""
+        rows: list[tuple[Any, ...] | None] = decode_present(fam, raws)
+        if not self.pickled:
+            return rows
+        return [
+            None if r is None else (pickle.loads(r[0]) if r[2] else None, r[1], r[2]) for r in rows
+        ]
 
     def _input_table(self, batches: Iterator[pa.RecordBatch], ctx: BatchContext) -> pa.Table:
         collected = [b for b in batches if b.num_rows]
@@ -237,7 +269,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         data, emit = self._group_data(groups), self._emitter(out)
         compare = self.compare_with_stored_timeout
         key_bytes, put_keys, put_values = groups.key_bytes, pending.put_keys, pending.put_values
-        new_state = GroupState
+        new_state = self._state_class
         i = 0
         try:
             for i, row in enumerate(stored):
@@ -299,7 +331,8 @@ class FlatMapGroupsWithState(StatefulOperator):
     def _apply(self, store: StateStore, fam: ColumnFamily, p: _Pending, m: OperatorMetrics) -> None:
         if p.put_keys:
             prefix = fam.prefix
-            encoded = fam.value_codec.encode_many(p.put_values)
+            values = p.put_values if not self.pickled else _pickle_states(p.put_values)
+            encoded = fam.value_codec.encode_many(values)
             store.raw_put_many([prefix + k for k in p.put_keys], encoded)
             m.num_rows_updated += len(p.put_keys)
         if p.deletes:
@@ -325,7 +358,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         if not expired:
             return
         key_bytes = [k for _, k in expired]
-        stored = decode_present(fam, store.raw_get_many([fam.prefix + k for k in key_bytes]))
+        stored = self._decode_states(fam, store.raw_get_many([fam.prefix + k for k in key_bytes]))
         keys = fam.key_codec.decode_many(key_bytes)
         width, compare = self._width, self.compare_with_stored_timeout
         for (index_ts, kenc), key, row in zip(expired, keys, stored, strict=True):
@@ -333,7 +366,7 @@ class FlatMapGroupsWithState(StatefulOperator):
                 pending.index.remove(kenc, index_ts)
                 continue
             value = row[:width] if row[-1] else None
-            state = GroupState(
+            state = self._state_class(
                 clock, value, width, timed_out=True, old_timeout_ts=index_ts if compare else -1
             )
             try:
@@ -350,6 +383,12 @@ class FlatMapGroupsWithState(StatefulOperator):
             if out.has_batches:
                 yield from out.drain()
         self._apply(store, fam, pending, m)
+
+
+def _pickle_states(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Rows (object, timeout, defined) of a PICKLED state as stored: the object pickled."""
+    dumps, protocol = pickle.dumps, pickle.HIGHEST_PROTOCOL
+    return [(dumps(r[0], protocol) if r[2] else None, r[1], r[2]) for r in rows]
 
 
 class ApplyInPandasWithState(FlatMapGroupsWithState):

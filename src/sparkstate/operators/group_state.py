@@ -17,6 +17,9 @@ timeout differs from the *old* timeout. The old timeout is the stored one for Sc
 ``flatMapGroupsWithState``; PySpark's ``applyInPandasWithState`` compares with -1 (its
 ``oldTimeoutTimestamp`` is always ``NO_TIMESTAMP``), so a call that neither updates the state nor
 sets a timeout leaves the stored timeout as it was there.
+
+With ``sparkstate.PICKLED`` as the state schema, ``PickledGroupState`` takes and returns any
+picklable object instead of a tuple of fields.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "GroupState",
     "GroupStateClock",
     "GroupStateTimeout",
+    "PickledGroupState",
     "parse_duration_ms",
     "timeout_conf",
 ]
@@ -318,3 +322,27 @@ class GroupState:
                 return "remove", None, NO_TIMESTAMP  # Spark keeps an empty row; nobody sees it
             return "put", value, ts
         return "keep", None, NO_TIMESTAMP
+
+
+class PickledGroupState(GroupState):
+    """The ``GroupState`` of a ``sparkstate.PICKLED`` state: its value is any picklable object
+    (kept internally as a 1-tuple, so the operator treats both kinds alike)."""
+
+    __slots__ = ()
+
+    @property
+    def get(self) -> Any:
+        """The state value; raises when there is none."""
+        return super().get[0]
+
+    @property
+    def getOption(self) -> Any:  # noqa: N802 - PySpark's name
+        """The state value, or None."""
+        return self._value[0] if self._defined else None  # type: ignore[index]
+
+    def update(self, newValue: Any) -> None:  # noqa: N803
+        """Set the state value: any picklable object but None."""
+        if newValue is None:
+            msg = "'None' is not a valid state value"
+            raise InvalidStateValueError(msg)
+        super().update((newValue,))

@@ -9,6 +9,10 @@ every batch of every partition, ``init`` runs again with a live handle, the hand
 The handle enforces Spark's life cycle (``StatefulProcessorHandleImpl``): state variables are
 created only in ``init``; timers need a time mode and a grouping key, and are refused once timers
 have been processed; TTL needs the ``ProcessingTime`` mode.
+
+A state variable's schema (a list's elements, a map's values) may evolve across restarts as a
+store's value schema may (nullable fields added, fields dropped or reordered), or be
+``sparkstate.PICKLED`` for any picklable object; user keys of a map stay schema-encoded.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.state_collections import ListState, MapState
 from sparkstate.operators.state_errors import UnsupportedStateOperationError
 from sparkstate.operators.state_vars import KeyContext, ValueState, VarSpec
@@ -87,14 +91,16 @@ def _spec(
     if not isinstance(name, str) or not name or name.startswith("$"):
         msg = f"state variable name must be a non-empty string not starting with '$', got {name!r}"
         raise UnsupportedStateOperationError(msg)
+    value_schema, pickled = state_schema_of(schema, f"schema of state {name!r}")
     return VarSpec(
         name=name,
         kind=kind,
-        schema=to_arrow_schema(schema, f"schema of state {name!r}"),
+        schema=value_schema,
         key_schema=None
         if key_schema is None
         else to_arrow_schema(key_schema, f"key schema of map state {name!r}"),
         ttl_ms=check_ttl(ttl, time_mode, name),
+        pickled=pickled,
     )
 
 

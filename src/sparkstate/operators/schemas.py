@@ -5,6 +5,7 @@ string"``, ``"struct<count:bigint>"``); this module turns any of them into the `
 store codecs use, without importing pyspark (a ``StructType`` is read through its duck type:
 ``.fields`` with ``name``, ``dataType.simpleString()`` and ``nullable``). Types map as PySpark maps
 them to Arrow (``timestamp`` is UTC microseconds, ``timestamp_ntz`` naive microseconds).
+A state schema may instead be :data:`PICKLED`: Python objects, pickled, only when asked for.
 """
 
 from __future__ import annotations
@@ -16,11 +17,42 @@ from typing import Any, TypeAlias, cast
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.store.evolution import PICKLED_FIELD
 
-__all__ = ["SchemaLike", "parse_ddl", "parse_type", "to_arrow_schema"]
+__all__ = [
+    "PICKLED",
+    "PICKLED_SCHEMA",
+    "PickledState",
+    "SchemaLike",
+    "parse_ddl",
+    "parse_type",
+    "state_schema_of",
+    "to_arrow_schema",
+]
 
 #: Anything a schema may be given as.
 SchemaLike: TypeAlias = "pa.Schema | str | Sequence[tuple[str, Any]] | Any"
+
+
+class PickledState:
+    """The type of :data:`PICKLED` (one instance; it pickles as a reference to it)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "sparkstate.PICKLED"
+
+    def __reduce__(self) -> str:
+        return "PICKLED"
+
+
+#: Given as a state schema (``stateStructType`` of ``applyInPandasWithState`` /
+#: ``flatMapGroupsWithState``, the schema of ``getValueState`` / ``getListState`` or the value
+#: schema of ``getMapState``), state values are any picklable Python objects, stored pickled in
+#: one binary field. Unpickling runs code: only restart from checkpoints you trust.
+PICKLED = PickledState()
+#: How a ``PICKLED`` state value is stored.
+PICKLED_SCHEMA = pa.schema([pa.field(PICKLED_FIELD, pa.binary(), nullable=False)])
 
 _SIMPLE: dict[str, Callable[[], pa.DataType]] = {
     "boolean": pa.bool_,
@@ -155,3 +187,20 @@ def to_arrow_schema(schema: SchemaLike, what: str = "schema") -> pa.Schema:
         f"a pyspark StructType or a list of (name, type) pairs; got {schema!r}"
     )
     raise ConfigurationError(msg)
+
+
+def state_schema_of(schema: SchemaLike, what: str) -> tuple[pa.Schema, bool]:
+    """The stored schema of a state value and whether it holds pickled objects (:data:`PICKLED`)."""
+    if isinstance(schema, PickledState):
+        return PICKLED_SCHEMA, True
+    try:
+        out = to_arrow_schema(schema, what)
+    except ConfigurationError as exc:
+        if isinstance(schema, str | pa.Schema) or hasattr(schema, "fields"):
+            raise
+        msg = f"{exc}; to keep Python objects as state, pickled, pass sparkstate.PICKLED"
+        raise ConfigurationError(msg) from None
+    if PICKLED_FIELD in out.names:
+        msg = f"{what}: the field name {PICKLED_FIELD!r} is reserved"
+        raise ConfigurationError(msg)
+    return out, False

@@ -5,13 +5,15 @@ schema; a map as ``(user key, value)`` pairs, the user key in the order-preservi
 so maps iterate in user-key order. A key's elements are decoded on its first use in a batch and
 written back once, at the end of the phase. Under TTL each element carries its own expiration
 and the TTL index holds the key's earliest one. ``decode_list`` / ``decode_map`` read the stored
-form back (for state readers and the test harness).
+form back (for state readers and the test harness). Elements are encoded with the codec of the
+element schema's history (``$elements_<name>``), so old elements read under an evolved schema;
+with ``sparkstate.PICKLED`` an element (or map value) is any picklable object.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 from sparkstate.operators.state_errors import InvalidStateValueError
@@ -27,6 +29,20 @@ _U32 = struct.Struct("<I")
 
 class _BlobState(StateVariable):
     """List and map state: the key's elements as one value, decoded on first use in a batch."""
+
+    def _element_encoder(self) -> Callable[[tuple[Any, ...]], bytes]:
+        encode = self._element_codec.encode
+        if not self._pickled:
+            return encode
+        pickled = self._pickled_row
+        return lambda row: encode(pickled(row))
+
+    def _element_decoder(self) -> Callable[[bytes], tuple[Any, ...]]:
+        decode = self._element_codec.decode
+        if not self._pickled:
+            return decode
+        unpickled = self._unpickled_row
+        return lambda data: unpickled(decode(data))
 
     def _min_expiration(self, exps: Iterable[int]) -> int:
         return min(exps, default=NO_TS) if self._ttl is not None else NO_TS
@@ -90,7 +106,9 @@ class ListState(_BlobState):
             raw = self._raw(kenc)
             if raw is not None:
                 w = self._width
-                for row in decode_list(self._element_codec, self._fam.value_codec.decode(raw)[0]):
+                decode = self._element_decoder()
+                for part in _split_blob(self._fam.value_codec.decode(raw)[0]):
+                    row = decode(part)
                     found.append((row[:w], row[w]) if self._ttl is not None else (row, NO_TS))
             self._cache[kenc] = found
             self._indexed[kenc] = self._min_expiration(e for _, e in found)
@@ -101,9 +119,10 @@ class ListState(_BlobState):
         return any(self._live(e) for _, e in elements)
 
     def get(self) -> Iterator[tuple[Any, ...]]:
-        """The key's live elements, oldest first."""
+        """The key's live elements (tuples; PICKLED: the objects), oldest first."""
         _, elements = self._elements("get")
-        return iter([v for v, e in elements if self._live(e)])
+        live = [v for v, e in elements if self._live(e)]
+        return iter([v[0] for v in live] if self._pickled else live)
 
     def _checked(self, values: Any, what: str) -> list[tuple[tuple[Any, ...], int]]:
         if values is None or isinstance(values, str | bytes | dict | tuple):
@@ -111,7 +130,7 @@ class ListState(_BlobState):
             raise InvalidStateValueError(msg)
         label = f"ListState {self._name!r}.{what}"
         exp = self._expiration()
-        out = [(as_state_value(v, self._width, label), exp) for v in values]
+        out = [(self._as_value(v, label), exp) for v in values]
         if not out:
             msg = f"{label}: the list of values must not be empty"
             raise InvalidStateValueError(msg)
@@ -127,7 +146,7 @@ class ListState(_BlobState):
         """Add one element."""
         kenc, elements = self._elements("appendValue")
         label = f"ListState {self._name!r}.appendValue"
-        elements.append((as_state_value(newState, self._width, label), self._expiration()))
+        elements.append((self._as_value(newState, label), self._expiration()))
         self._dirty.add(kenc)
 
     def appendList(self, newState: Any) -> None:  # noqa: N802, N803
@@ -147,7 +166,7 @@ class ListState(_BlobState):
             return 0, 0
         dirty, self._dirty = self._dirty, set()
         blobs: dict[bytes, bytes | None] = {}
-        encode = self._element_codec.encode
+        encode = self._element_encoder()
         for kenc in dirty:
             elements = self._cache[kenc]
             if not elements:
@@ -200,7 +219,7 @@ class MapState(_BlobState):
             raw = self._raw(kenc)
             if raw is not None:
                 parts = _split_blob(self._fam.value_codec.decode(raw)[0])
-                decode_key, decode_value = self._user_key_codec.decode, self._element_codec.decode
+                decode_key, decode_value = self._user_key_codec.decode, self._element_decoder()
                 w = self._width
                 for i in range(0, len(parts), 2):
                     row = decode_value(parts[i + 1])
@@ -232,10 +251,10 @@ class MapState(_BlobState):
         return any(self._live(e) for _, _, e in entries.values())
 
     def getValue(self, key: Any) -> tuple[Any, ...] | None:  # noqa: N802
-        """The value of ``key``, or None."""
+        """The value of ``key`` (PICKLED: the object), or None."""
         _, entries = self._entries("getValue")
         found = entries.get(self._user_key(key, "getValue")[1])
-        return found[1] if found is not None and self._live(found[2]) else None
+        return self._user_value(found[1]) if found is not None and self._live(found[2]) else None
 
     def containsKey(self, key: Any) -> bool:  # noqa: N802
         return self.getValue(key) is not None
@@ -245,7 +264,7 @@ class MapState(_BlobState):
         kenc, entries = self._entries("updateValue")
         user_key, kbytes = self._user_key(key, "updateValue")
         label = f"MapState {self._name!r}.updateValue"
-        entries[kbytes] = (user_key, as_state_value(value, self._width, label), self._expiration())
+        entries[kbytes] = (user_key, self._as_value(value, label), self._expiration())
         self._dirty.add(kenc)
 
     def removeKey(self, key: Any) -> None:  # noqa: N802
@@ -255,13 +274,13 @@ class MapState(_BlobState):
 
     def iterator(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...]]]:
         """``(key, value)`` pairs in user-key order."""
-        return iter([(k, v) for _, (k, v, _) in self._live_items("iterator")])
+        return iter([(k, self._user_value(v)) for _, (k, v, _) in self._live_items("iterator")])
 
     def keys(self) -> Iterator[tuple[Any, ...]]:
         return iter([k for _, (k, _, _) in self._live_items("keys")])
 
     def values(self) -> Iterator[tuple[Any, ...]]:
-        return iter([v for _, (_, v, _) in self._live_items("values")])
+        return iter([self._user_value(v) for _, (_, v, _) in self._live_items("values")])
 
     def clear(self) -> None:
         kenc, _ = self._entries("clear")
@@ -273,7 +292,7 @@ class MapState(_BlobState):
             return 0, 0
         dirty, self._dirty = self._dirty, set()
         blobs: dict[bytes, bytes | None] = {}
-        encode = self._element_codec.encode
+        encode = self._element_encoder()
         ttl = self._ttl is not None
         for kenc in dirty:
             entries = self._cache[kenc]

@@ -7,12 +7,17 @@ and buffers its writes, which ``flush`` hands to the store in bulk at the end of
 
 Values are encoded with the declared schema (``ValueCodec``); with a TTL every value carries its
 expiration (``__expires_ms``) and ``$ttl_<name>`` indexes keys by expiration (see :mod:`.ttl`).
-List and map state live in :mod:`.state_collections`.
+A schema may evolve across restarts (nullable fields added, fields dropped or reordered): list
+elements and map values, stored inside one blob per key, take their codec from the empty column
+family ``$elements_<name>``, whose value schema history is the element schema's. With
+``sparkstate.PICKLED`` as the schema, values are any picklable objects, kept internally as
+1-tuples and stored pickled. List and map state live in :mod:`.state_collections`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,7 +36,6 @@ from sparkstate.operators.ts_index import (
 )
 from sparkstate.operators.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
 from sparkstate.store.base import StateStore
-from sparkstate.store.codec import ValueCodec
 
 __all__ = [
     "LIST_VALUE_SCHEMA",
@@ -41,6 +45,7 @@ __all__ = [
     "ValueState",
     "VarSpec",
     "as_state_value",
+    "elements_cf_name",
 ]
 
 LIST_VALUE_SCHEMA = pa.schema([pa.field("elements", pa.binary(), nullable=False)])
@@ -59,6 +64,8 @@ class VarSpec:
     schema: pa.Schema
     key_schema: pa.Schema | None = None
     ttl_ms: int | None = None
+    #: Values are pickled Python objects (``sparkstate.PICKLED``); ``schema`` is their one field.
+    pickled: bool = False
 
     @property
     def element_schema(self) -> pa.Schema:
@@ -72,20 +79,28 @@ class VarSpec:
             self.kind, MAP_VALUE_SCHEMA
         )
         out = {self.name: (grouping, value)}
+        if self.kind != "value":  # holds no data: records the element schema's history
+            out[elements_cf_name(self.name)] = (grouping, self.element_schema)
         if self.ttl_ms is not None:
             out[ttl_cf_name(self.name)] = (index_key_schema(grouping), MARKER_SCHEMA)
         return out
 
     def describe(self) -> dict[str, Any]:
-        """What must not change across restarts (the TTL may: Spark allows a new TTL)."""
+        """What is compared across restarts: the schema may evolve compatibly, the rest must not
+        change (the TTL may: Spark allows a new TTL)."""
         out: dict[str, Any] = {
             "kind": self.kind,
-            "schema": [[f.name, str(f.type)] for f in self.schema],
+            "schema": [[f.name, str(f.type), f.nullable] for f in self.schema],
             "ttl": self.ttl_ms is not None,
         }
         if self.key_schema is not None:
             out["key_schema"] = [[f.name, str(f.type)] for f in self.key_schema]
         return out
+
+
+def elements_cf_name(state_name: str) -> str:
+    """The (empty) column family that records the element schema of a list or map state."""
+    return f"$elements_{state_name}"
 
 
 class KeyContext:
@@ -145,7 +160,11 @@ class StateVariable:
         self._fam = store.column_family(spec.name)
         self._ttl = spec.ttl_ms
         self._width = len(spec.schema)
-        self._element_codec = ValueCodec(spec.element_schema)
+        self._pickled = spec.pickled
+        if spec.kind == "value":
+            self._element_codec = self._fam.value_codec
+        else:
+            self._element_codec = store.column_family(elements_cf_name(spec.name)).value_codec
         self._index = None if self._ttl is None else TimestampIndex(ttl_cf_name(spec.name))
         #: Earliest expiration of each loaded key as stored (what the TTL index holds).
         self._indexed: dict[bytes, int] = {}
@@ -162,6 +181,28 @@ class StateVariable:
 
     def _live(self, expiration: int) -> bool:
         return not is_expired(expiration, self._ctx.batch_ts)
+
+    def _as_value(self, value: Any, what: str) -> tuple[Any, ...]:
+        """A value the user gives, as kept in the caches (PICKLED: a 1-tuple of the object)."""
+        if not self._pickled:
+            return as_state_value(value, self._width, what)
+        if value is None:
+            msg = f"{what}: None is not a valid state value"
+            raise InvalidStateValueError(msg)
+        return (value,)
+
+    def _user_value(self, value: tuple[Any, ...]) -> Any:
+        """A cached value as the user sees it."""
+        return value[0] if self._pickled else value
+
+    @staticmethod
+    def _pickled_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A cached PICKLED row (object first, then the expiration under TTL) as stored."""
+        return (pickle.dumps(row[0], pickle.HIGHEST_PROTOCOL), *row[1:])
+
+    @staticmethod
+    def _unpickled_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (pickle.loads(row[0]), *row[1:])
 
     def _raw(self, kenc: bytes) -> bytes | None:
         return self._store.raw_get(self._fam.prefix + kenc)
@@ -203,6 +244,8 @@ class ValueState(StateVariable):
         self._remember(todo, rows)
 
     def _remember(self, kencs: list[bytes], rows: list[Any]) -> None:
+        if self._pickled:
+            rows = [None if r is None else self._unpickled_row(r) for r in rows]
         if self._ttl is None:
             self._cache.update(zip(kencs, rows, strict=True))
             return
@@ -221,8 +264,8 @@ class ValueState(StateVariable):
         """Whether the key has a (live) value."""
         return self.get() is not None
 
-    def get(self) -> tuple[Any, ...] | None:
-        """The key's value, or None."""
+    def get(self) -> Any:
+        """The key's value (a tuple; PICKLED: the object), or None."""
         kenc = self._ctx.kenc
         if kenc is None:
             raise _no_key(self.kind, self._name, "get")
@@ -231,14 +274,18 @@ class ValueState(StateVariable):
             value = self._load(kenc)
         if self._ttl is not None and value is not None and not self._live(self._exp[kenc]):
             return None
-        return value  # type: ignore[no-any-return]
+        if self._pickled and value is not None:
+            return value[0]
+        return value
 
     def update(self, newValue: Any) -> None:  # noqa: N803 - PySpark's name
         """Set the key's value (a tuple of the schema's fields); under TTL, restart its clock."""
         kenc = self._ctx.kenc
         if kenc is None:
             raise _no_key(self.kind, self._name, "update")
-        if (
+        if self._pickled:
+            value = self._as_value(newValue, f"ValueState {self._name!r}")
+        elif (
             type(newValue) is tuple
             and len(newValue) == self._width
             and _is_plain(map(type, newValue))
@@ -279,6 +326,8 @@ class ValueState(StateVariable):
             values = [cache[k] for k in puts]
         else:
             values = [(*cache[k], exp[k]) for k in puts]  # type: ignore[misc]
+        if self._pickled:
+            values = [self._pickled_row(v) for v in values]  # type: ignore[arg-type]
         prefix = self._fam.prefix
         if puts:
             try:

@@ -65,6 +65,7 @@ __all__ = ["INITIAL_STATE_MARKER", "MODES", "TransformWithState"]
 
 #: Input column that flags initial-state rows (batch 0 only).
 INITIAL_STATE_MARKER = "__sparkstate_initial_state__"
+_TIME_TRIGGERS = {TimeMode.PROCESSING_TIME: "processing", TimeMode.EVENT_TIME: "event"}
 #: ``rows``: ``transformWithState`` (Row iterators); ``pandas``: ``transformWithStateInPandas``.
 MODES = ("rows", "pandas")
 
@@ -158,6 +159,9 @@ class TransformWithState(StatefulOperator):
             return watermark_after_ms > watermark_before_ms
         return False
 
+    def time_trigger(self) -> str | None:
+        return _TIME_TRIGGERS.get(self.time_mode)
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["time_mode"] = self.time_mode
@@ -196,6 +200,8 @@ class TransformWithState(StatefulOperator):
         if self.time_mode != TimeMode.NONE:
             yield from self._expired_timers(session, values, emit, out, ctx)
             self._flush(session, m)
+        if self.time_mode == TimeMode.PROCESSING_TIME:
+            m.observe_timer(session.timers.index.earliest(store))
         handle.stage = TIMER_PROCESSED
         started = time.perf_counter()
         m.num_rows_removed += session.evict_expired()

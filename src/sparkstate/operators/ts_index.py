@@ -91,6 +91,15 @@ class TimestampIndex:
         decode = _TS_CODEC.decode
         return [(decode(k[start:split])[0], k[split:]) for k, _ in store.raw_scan(prefix, end)]
 
+    def earliest(self, store: StateStore) -> int | None:
+        """The smallest indexed timestamp, or None if the index is empty (flush first)."""
+        fam = store.column_family(self.cf_name)
+        start = len(fam.prefix)
+        for k, _ in store.raw_scan(fam.prefix, fam.end_of_family()):
+            ts: int = _TS_CODEC.decode(k[start : start + _TS_WIDTH])[0]
+            return ts
+        return None
+
     def extend_removals(self, entries: Iterable[tuple[int, bytes]]) -> None:
         for ts, kenc in entries:
             self.remove(kenc, ts)

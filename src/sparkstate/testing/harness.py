@@ -18,6 +18,7 @@ delay, Spark's way: the maximum event time of earlier batches minus the delay.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import shutil
 import struct
 import tempfile
@@ -37,6 +38,7 @@ from sparkstate.operators.flat_map_groups import (
 from sparkstate.operators.group_state import GroupStateTimeout
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
 from sparkstate.operators.state_collections import decode_list, decode_map
+from sparkstate.operators.state_vars import VarSpec, elements_cf_name
 from sparkstate.operators.timers import TIMERS_CF, TimeMode
 from sparkstate.operators.transform_with_state import INITIAL_STATE_MARKER, TransformWithState
 from sparkstate.store.base import StateStore, StateStoreProvider, StoreConf, StoreId
@@ -259,8 +261,17 @@ class OperatorHarness:
         finally:
             store.abort()
 
-    def group_state(self, key: Any) -> tuple[Any, ...] | None:
-        """The committed GroupState value of ``key`` (None when absent or removed)."""
+    def _codec(self, cf: str) -> ValueCodec:
+        """The value codec of a column family (it reads every schema the family had)."""
+        store = self._read_store()
+        try:
+            return store.column_family(cf).value_codec
+        finally:
+            store.abort()
+
+    def group_state(self, key: Any) -> Any:
+        """The committed GroupState value of ``key`` (None when absent or removed; the object
+        itself for a ``sparkstate.PICKLED`` state)."""
         op = self.operator
         if not isinstance(op, FlatMapGroupsWithState):
             msg = "group_state() is for applyInPandasWithState / flatMapGroupsWithState"
@@ -269,7 +280,7 @@ class OperatorHarness:
         names = op.value_schema.names
         if row is None or not row[names.index(DEFINED_FIELD)]:
             return None
-        return row[: len(op.state_schema)]
+        return pickle.loads(row[0]) if op.pickled else row[: len(op.state_schema)]
 
     def group_state_timeout(self, key: Any) -> int | None:
         """The committed timeout timestamp of ``key`` (None when there is none)."""
@@ -290,28 +301,29 @@ class OperatorHarness:
             raise ConfigurationError(msg)
         return spec
 
-    def value_state(self, name: str, key: Any) -> tuple[Any, ...] | None:
-        """The committed value of a ValueState (expired values included until cleaned up)."""
+    def value_state(self, name: str, key: Any) -> Any:
+        """The committed value of a ValueState (expired values included until cleaned up; the
+        object itself for a ``sparkstate.PICKLED`` state)."""
         spec = self._spec(name, "value")
         row = self._get(name, key)
-        return None if row is None else row[: len(spec.schema)]
+        return None if row is None else _user_value(spec, row)
 
-    def list_state(self, name: str, key: Any) -> list[tuple[Any, ...]]:
+    def list_state(self, name: str, key: Any) -> list[Any]:
         spec = self._spec(name, "list")
         row = self._get(name, key)
         if row is None:
             return []
-        width = len(spec.schema)
-        return [r[:width] for r in decode_list(ValueCodec(spec.element_schema), row[0])]
+        codec = self._codec(elements_cf_name(name))
+        return [_user_value(spec, r) for r in decode_list(codec, row[0])]
 
-    def map_state(self, name: str, key: Any) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    def map_state(self, name: str, key: Any) -> dict[tuple[Any, ...], Any]:
         spec = self._spec(name, "map")
         row = self._get(name, key)
         if row is None:
             return {}
-        width = len(spec.schema)
-        entries = decode_map(KeyCodec(spec.key_schema), ValueCodec(spec.element_schema), row[0])
-        return {k: v[:width] for k, v in entries}
+        codec = self._codec(elements_cf_name(name))
+        entries = decode_map(KeyCodec(spec.key_schema), codec, row[0])
+        return {k: _user_value(spec, v) for k, v in entries}
 
     def timers(self, key: Any) -> list[int]:
         """The committed timers of ``key``, earliest first."""
@@ -320,6 +332,11 @@ class OperatorHarness:
             return []
         blob = row[0]
         return list(struct.unpack(f"<{len(blob) // 8}q", blob))
+
+
+def _user_value(spec: VarSpec, row: tuple[Any, ...]) -> Any:
+    """A stored value or element as the processor sees it (without the TTL field)."""
+    return pickle.loads(row[0]) if spec.pickled else row[: len(spec.schema)]
 
 
 def group_state_harness(

@@ -1,0 +1,81 @@
+"""What may change in an operator's state when a query restarts on its checkpoint.
+
+``StatefulOperator.describe()`` is recorded in the checkpoint's ``metadata.json`` at the first
+start and compared at every restart. The state schemas in it may evolve as a store's value schema
+may (:mod:`sparkstate.store.evolution`: nullable fields added, fields dropped or reordered):
+``state_schema`` of ``applyInPandasWithState`` / ``flatMapGroupsWithState`` (with the
+``value_schema`` derived from it) and the schema of each ``StatefulProcessor`` state variable
+(``state``). The rest of the description must stay equal; the caller checks that.
+
+Only the recorded schema is compared here; the stores compare with every schema they ever held
+(a dropped field that comes back with another type) when they open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+from sparkstate.store.evolution import WHAT_TO_DO, Field, incompatibility, show_fields
+
+__all__ = ["check_state_change"]
+
+
+def _fields(described: Any) -> list[Field]:
+    """Fields of a recorded schema: dicts (``name``, ``type``, ``nullable``) or lists
+    ``[name, type, nullable]``; descriptions written before nullability was recorded give None."""
+    out: list[Field] = []
+    for f in described or []:
+        if isinstance(f, dict):
+            out.append((f["name"], f["type"], f.get("nullable")))
+        else:
+            out.append((f[0], f[1], f[2] if len(f) > 2 else None))
+    return out
+
+
+def _check_fields(old: Any, new: Any, what: str, where: str) -> None:
+    before, after = _fields(old), _fields(new)
+    reason = incompatibility([before], after)
+    if reason is not None:
+        msg = (
+            f"{what} cannot change from {show_fields(before)} to {show_fields(after)} ({where}): "
+            f"{reason}, so state stored before could not be read. {WHAT_TO_DO}"
+        )
+        raise SchemaMismatchError(msg)
+
+
+def _check_variables(old: dict[str, Any], new: dict[str, Any], op: str, where: str) -> None:
+    if sorted(old) != sorted(new):
+        msg = (
+            f"{op}: the state variables changed from {sorted(old)} to {sorted(new)} ({where}); "
+            "init() must create the variables the checkpoint has: restore the original "
+            "processor, or start from a new checkpoint location"
+        )
+        raise ConfigurationError(msg)
+    for name in sorted(new):
+        was = {k: v for k, v in old[name].items() if k != "schema"}
+        now = {k: v for k, v in new[name].items() if k != "schema"}
+        if was != now:
+            msg = (
+                f"{op}: state variable {name!r} changed from {was} to {now} ({where}); only its "
+                "schema may evolve: restore the original processor, or start from a new "
+                "checkpoint location"
+            )
+            raise ConfigurationError(msg)
+        what = f"{op}: the schema of state variable {name!r}"
+        _check_fields(old[name].get("schema"), new[name].get("schema"), what, where)
+
+
+def check_state_change(old: dict[str, Any], new: dict[str, Any], where: str) -> set[str]:
+    """Refuse an incompatible change of the state schemas between two descriptions of an
+    operator; returns the keys checked here (the caller compares the others for equality)."""
+    op = f"operator {new.get('id')} ({new.get('kind')})"
+    checked: set[str] = set()
+    if "state_schema" in old or "state_schema" in new:
+        what = f"{op}: the state schema"
+        _check_fields(old.get("state_schema"), new.get("state_schema"), what, where)
+        checked |= {"state_schema", "value_schema"}
+    if "state" in old or "state" in new:
+        _check_variables(old.get("state") or {}, new.get("state") or {}, op, where)
+        checked.add("state")
+    return checked
