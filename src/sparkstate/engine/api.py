@@ -10,6 +10,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
+from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.executor import StoreSettings
 from sparkstate.engine.logs import CheckpointLock, CheckpointLog, local_path
@@ -402,6 +403,8 @@ class DataStreamWriter:
             ).lower(),
         )
         driver = BatchDriver(config, stages, sink, log_, notify_progress)
+        if any(s.operator.time_trigger() for s in stages):
+            df = with_clock(df, engine_root)  # so that Spark runs no-data batches
         writer = df.writeStream.foreachBatch(driver).option("checkpointLocation", checkpoint)
         if self._name:
             writer = writer.queryName(self._name)

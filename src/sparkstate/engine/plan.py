@@ -303,9 +303,6 @@ def _plan_arbitrary(
             event_time_column=event_col,
             **extra,
         )
-    # foreachBatch gets no no-data batches: Spark's, after a watermark move, is run at the start
-    # of the next batch instead (same rows, one batch later).
-    operator.catch_up_no_data_batch = True  # type: ignore[attr-defined]
     return Stage(op_id, operator, out_struct, keys, lambda batch: batch), df
 
 
@@ -328,9 +325,10 @@ def plan_stages(
                 "deduplicate before aggregating"
             )
             raise ConfigurationError(msg)
-        if stages and isinstance(steps[op_id - 1], ArbitraryStep):
+        previous = steps[op_id - 1]
+        if stages and isinstance(previous, ArbitraryStep):
             msg = (
-                f"a stateful step after {steps[op_id - 1].api} is not supported yet; "
+                f"a stateful step after {previous.api} is not supported yet; "
                 "make the arbitrary-state step the last one"
             )
             raise ConfigurationError(msg)

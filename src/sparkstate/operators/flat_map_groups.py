@@ -72,6 +72,10 @@ TIMEOUT_INDEX_CF = "$timeout_index"
 STATE_SCHEMA_CF = "$state_schema"
 TIMEOUT_FIELD = "__timeout_ms"
 DEFINED_FIELD = "__defined"
+_TIME_TRIGGERS = {
+    GroupStateTimeout.ProcessingTimeTimeout: "processing",
+    GroupStateTimeout.EventTimeTimeout: "event",
+}
 
 
 def key_schema_of(input_schema: pa.Schema, key_columns: Sequence[str], api: str) -> pa.Schema:
@@ -185,6 +189,9 @@ class FlatMapGroupsWithState(StatefulOperator):
             return watermark_after_ms > watermark_before_ms
         return False
 
+    def time_trigger(self) -> str | None:
+        return _TIME_TRIGGERS.get(self.timeout)
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["timeout"] = self.timeout
@@ -226,6 +233,8 @@ class FlatMapGroupsWithState(StatefulOperator):
             started = time.perf_counter()
             yield from self._time_out(store, fam, clock, out, m)
             m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+        if self.timeout == GroupStateTimeout.ProcessingTimeTimeout:
+            m.observe_timer(TimestampIndex(TIMEOUT_INDEX_CF).earliest(store))
         yield from out.drain(final=True)
         m.num_output_rows += out.num_rows
 
