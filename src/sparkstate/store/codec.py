@@ -13,7 +13,9 @@ Spark's ascending sort). Per column: a marker byte (``0x00`` null, ``0x01`` pres
 A null fixed-width column is its marker and zeros, so fixed-width schemas have fixed-width keys.
 
 ``ValueCodec`` is not ordered: ``[version][null bitmap, bit i = column i][fixed-width columns,
-little-endian, zeros when null][per variable column: uint32 LE length, bytes]``.
+little-endian, zeros when null][per variable column: uint32 LE length, bytes]``; values of a
+column family whose schema evolved start with a header naming their schema instead of the version
+byte (:mod:`.evolution`).
 
 The batch methods (``encode_many``, ``decode_many_arrow``) work on whole Arrow columns with numpy
 and Arrow compute; only the per-row methods loop in Python (byte views assume a little-endian host).
