@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame
 from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.executor import StoreSettings
+from sparkstate.engine.initial_state import initial_state_of
 from sparkstate.engine.logs import CheckpointLock, CheckpointLog, local_path
 from sparkstate.engine.plan import (
     AggregateStep,
@@ -127,7 +128,15 @@ class GroupedStream:
     # idle stream (engine/clock.py makes Spark run them). Unlike Spark, an idle query with nothing
     # due runs no batch at all. Every partition runs in every batch (one Spark skipped is caught
     # up by the driver, timeout pass included, its rows dropped).
-    # Not supported yet: initialState, eventTimeColumnName, a stateful step after this one.
+    #
+    # initialState (transformWithState / transformWithStateInPandas): as in Spark, the GroupedData
+    # of a batch DataFrame (initial_df.groupBy("key")), grouped by as many columns as the stream,
+    # of the same types (a narrower integer or float type is cast up; a streaming initial state,
+    # which Spark takes, is refused). handleInitialState runs in the query's first batch only,
+    # before the input, for every initial-state row (rows mode) or each key's frame (pandas),
+    # keys without input included; a restart from a checkpoint does not apply it again. Spark
+    # takes it with every timeMode, and so do we (engine/initial_state.py).
+    # Not supported yet: eventTimeColumnName, a stateful step after this one.
 
     def _arbitrary(self, step: ArbitraryStep) -> StatefulStream:
         if not callable(step.func) and step.api in ARBITRARY_FUNCTION_APIS:
@@ -238,16 +247,16 @@ class GroupedStream:
         event_time_column: str,
         row_format: str,
     ) -> StatefulStream:
-        if initial_state is not None:
-            msg = f"{api}: initialState is not supported by the engine yet"
-            raise ConfigurationError(msg)
         if event_time_column:
             msg = f"{api}: eventTimeColumnName (a watermark on the output) is not supported yet"
             raise ConfigurationError(msg)
         if not hasattr(processor, "handleInputRows") or not hasattr(processor, "init"):
             msg = f"{api}: statefulProcessor must be a StatefulProcessor, got {processor!r}"
             raise ConfigurationError(msg)
-        step = ArbitraryStep(api, self.keys, processor, output, None, mode, time_mode, row_format)
+        initial = None if initial_state is None else initial_state_of(api, initial_state)
+        step = ArbitraryStep(
+            api, self.keys, processor, output, None, mode, time_mode, row_format, initial
+        )
         return self._arbitrary(step)
 
 

@@ -235,7 +235,7 @@ class BatchDriver:
         for stage in self.stages:
             spec = self._spec(stage, batch_id, intent, lineage, replay)
             specs[stage.op_id] = spec
-            shuffled = stage.prepare(current).repartition(
+            shuffled = stage.input_of(current, batch_id).repartition(
                 n, *[quote(c) for c in stage.partition_columns]
             )
             current = shuffled.mapInArrow(_task_function(spec, acc), stage.output_struct)

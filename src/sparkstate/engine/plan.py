@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import DecimalType, StructType
 
+from sparkstate.engine.initial_state import InitialState, plan_initial_state
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
 from sparkstate.operators.aggregate import (
@@ -77,6 +78,8 @@ class ArbitraryStep:
     output_mode: str
     timing: str
     row_format: str = "tuple"
+    #: ``initialState`` of the processor APIs.
+    initial_state: InitialState | None = None
 
 
 Step = AggregateStep | DedupStep | ArbitraryStep
@@ -97,6 +100,15 @@ class Stage:
     partition_columns: list[str]
     #: Turns the batch's input DataFrame into the operator's input (e.g. the partial aggregate).
     prepare: Callable[[DataFrame], DataFrame]
+    #: Adds the initial-state rows to the operator's input of the query's first batch.
+    initial: Callable[[DataFrame], DataFrame] | None = None
+
+    def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
+        """The operator's input in batch ``batch_id``."""
+        prepared = self.prepare(batch)
+        if batch_id == 0 and self.initial is not None:
+            return self.initial(prepared)
+        return prepared
 
 
 def quote(name: str) -> Column:
@@ -272,6 +284,9 @@ def _plan_arbitrary(
     has_event_time = event_time is not None and event_time in df.columns
     event_col = event_time if has_event_time else None
     operator: StatefulOperator
+    initial = None
+    if step.initial_state is not None:
+        initial = plan_initial_state(api, df.schema, keys, step.initial_state)
     if api in PROCESSOR_APIS:
         operator = TransformWithState(
             step.func,
@@ -284,6 +299,9 @@ def _plan_arbitrary(
             row_format=step.row_format,
             watermark_present=watermark_present,
             event_time_column=event_col,
+            initial_state_schema=None if initial is None else arrow_schema(initial.struct),
+            initial_state_key_columns=None if initial is None else initial.keys,
+            initial_state_columns=None if initial is None else initial.columns,
         )
     else:
         state_struct = step.state_schema
@@ -303,7 +321,8 @@ def _plan_arbitrary(
             event_time_column=event_col,
             **extra,
         )
-    return Stage(op_id, operator, out_struct, keys, lambda batch: batch), df
+    add_initial = None if initial is None else initial.add_to
+    return Stage(op_id, operator, out_struct, keys, lambda batch: batch, add_initial), df
 
 
 def plan_stages(

@@ -95,6 +95,7 @@ class TransformWithState(StatefulOperator):
         event_time_column: str | None = None,
         initial_state_schema: SchemaLike | None = None,
         initial_state_key_columns: Sequence[str] | None = None,
+        initial_state_columns: Sequence[str] | None = None,
     ) -> None:
         api = self.kind
         if not hasattr(processor, "handleInputRows") or not hasattr(processor, "init"):
@@ -138,6 +139,19 @@ class TransformWithState(StatefulOperator):
                 )
                 raise ConfigurationError(msg)
         self.initial_state_key_columns = init_keys
+        #: The input columns that carry the initial state's fields (default: the same names).
+        self.initial_state_columns = list(
+            initial_state_columns
+            or ([] if self.initial_state_schema is None else self.initial_state_schema.names)
+        )
+        if self.initial_state_schema is not None and len(self.initial_state_columns) != len(
+            self.initial_state_schema
+        ):
+            msg = (
+                f"{api}: initial_state_columns {self.initial_state_columns} do not match the "
+                f"initial state schema {self.initial_state_schema.names}"
+            )
+            raise ConfigurationError(msg)
         self.value_schema = MARKER_SCHEMA
         self.state_specs: dict[str, VarSpec] = declare_state(processor, self.time_mode)
 
@@ -235,7 +249,9 @@ class TransformWithState(StatefulOperator):
             if self.initial_state_schema is None:
                 msg = f"{self.kind}: initial state rows given but no initial_state_schema declared"
                 raise ConfigurationError(msg)
-            initial = _select(whole.filter(flag), self.initial_state_schema)
+            initial = _select(
+                whole.filter(flag), self.initial_state_schema, self.initial_state_columns
+            )
             table = _select(whole.filter(pc.invert(flag)), self.input_schema)
         elif collected:
             table = _select(pa.Table.from_batches(collected), self.input_schema)
@@ -360,13 +376,15 @@ class TransformWithState(StatefulOperator):
         kctx.kenc = kctx.key = None
 
 
-def _select(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    missing = [n for n in schema.names if n not in table.column_names]
+def _select(table: pa.Table, schema: pa.Schema, names: Sequence[str] | None = None) -> pa.Table:
+    """``schema``'s columns of ``table``, read from the columns ``names`` (default: its own)."""
+    names = schema.names if names is None else list(names)
+    missing = [n for n in names if n not in table.column_names]
     if missing:
         msg = f"input has no column(s) {missing}; it has {table.column_names}"
         raise ConfigurationError(msg)
     columns = []
-    for field in schema:
-        col = table.column(field.name)
+    for field, name in zip(schema, names, strict=True):
+        col = table.column(name)
         columns.append(col if col.type == field.type else col.cast(field.type))
     return pa.Table.from_arrays(columns, schema=schema)
