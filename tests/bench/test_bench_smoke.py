@@ -19,7 +19,11 @@ def _progress(batch: int, rows: int, ms: int, commit: int) -> dict[str, Any]:
         "numInputRows": rows,
         "durationMs": {"triggerExecution": ms, "addBatch": ms - 10},
         "stateOperators": [
-            {"numRowsTotal": rows, "commitTimeMs": commit, "customMetrics": {"x": 1}}
+            {
+                "numRowsTotal": rows,
+                "commitTimeMs": commit,
+                "customMetrics": {"x": 1, "userFunctionTimeMs": ms // 2},
+            }
         ],
         "sink": {"numOutputRows": rows},
     }
@@ -35,7 +39,14 @@ def test_summarize_skips_warmup_and_sums_batch_time() -> None:
     assert s["warmup_batch_ms"] == [5000.0]
     assert s["mean_duration_ms"]["addBatch"] == pytest.approx(190)
     assert s["mean_state"]["commitTimeMs"] == pytest.approx(3)
-    assert s["mean_state"]["customMetrics"] == {"x": 1.0}
+    assert s["mean_state"]["customMetrics"] == {"x": 1.0, "userFunctionTimeMs": 100.0}
+    assert s["where_time_goes_ms"] == {
+        "batch": 200.0,
+        "spark job": 190.0,
+        "state updates": 0.0,
+        "function": 100.0,
+        "commit": 3.0,
+    }
     with pytest.raises(ValueError, match="no measured batches"):
         _spark.summarize(progress[:1], warmup=1)
 
@@ -64,6 +75,8 @@ def _check_report(path: Path, name: str, systems: list[str], keys: int) -> dict[
         assert r["batches_measured"] > 0
         assert r["mean_state"]["finalNumRowsTotal"] == keys, system
         assert all(n == keys for n in r["sink_output_rows"]), system
+        where = r["where_time_goes_ms"]
+        assert where["batch"] >= where["spark job"] > 0, (system, where)
     return report
 
 
@@ -90,7 +103,9 @@ def test_arbitrary_bench_tiny(tmp_path: Path) -> None:
         quick=True, systems=",".join(systems), json_out=str(out), keys=200, batches=2
     )
     assert arbitrary.run(args) == 0
-    _check_report(out, "arbitrary", systems, 200)
+    report = _check_report(out, "arbitrary", systems, 200)
+    ours = report["systems"]["sparkstate-processor"]["where_time_goes_ms"]
+    assert {"input", "grouping", "state read", "function", "state write"} <= set(ours), ours
 
 
 def test_unknown_system_is_refused(tmp_path: Path) -> None:

@@ -110,6 +110,16 @@ class CountProcessor(_processor_base()):  # type: ignore[misc]
         pass
 
 
+#: ``customMetrics`` of a batch with input: the phases of the tasks' time.
+INPUT_PHASES = {
+    "inputReadTimeMs",
+    "groupingTimeMs",
+    "stateReadTimeMs",
+    "userFunctionTimeMs",
+    "stateWriteTimeMs",
+}
+
+
 # --- running both sides ---------------------------------------------------------------------------
 
 
@@ -237,8 +247,12 @@ def _compare_with_restart(
             for rows in part:
                 feed.add(rows)
                 query.processAllAvailable()
+            op = query.lastProgress["stateOperators"][0]
         finally:
             query.stop()
+        # where the tasks' time went, summed over the partitions that had input
+        phases = {k: v for k, v in op["customMetrics"].items() if k in INPUT_PHASES}
+        assert set(phases) == INPUT_PHASES and all(v >= 0 for v in phases.values()), op
     assert collector.batches == theirs.batches
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "run_bench",
     "spark_session",
     "summarize",
+    "time_breakdown",
     "worker_main",
 ]
 
@@ -83,6 +84,28 @@ STATE_FIELDS = (
     "allRemovalsTimeMs",
     "commitTimeMs",
     "memoryUsedBytes",
+)
+
+
+#: Where a batch's time goes: (label, section of a summarized result, field), mean per measured
+#: batch. Task times (phases, state updates, commit) are summed over the shuffle partitions, which
+#: share the machine's cores; ``allUpdatesTimeMs`` holds the phases up to the state write.
+BREAKDOWN = (
+    ("batch", "mean_duration_ms", "triggerExecution"),
+    ("spark job", "mean_duration_ms", "addBatch"),
+    ("state updates", "mean_state", "allUpdatesTimeMs"),
+    ("load", "customMetrics", "loadTimeMs"),
+    ("input", "customMetrics", "inputReadTimeMs"),
+    ("grouping", "customMetrics", "groupingTimeMs"),
+    ("state read", "customMetrics", "stateReadTimeMs"),
+    ("function", "customMetrics", "userFunctionTimeMs"),
+    ("state write", "customMetrics", "stateWriteTimeMs"),
+    ("timeouts", "customMetrics", "timeoutProcessingTimeMs"),
+    ("timers", "customMetrics", "timerProcessingTimeMs"),
+    ("ttl", "customMetrics", "ttlEvictionTimeMs"),
+    ("rocksdb get", "customMetrics", "rocksdbGetLatency"),
+    ("rocksdb put", "customMetrics", "rocksdbPutLatency"),
+    ("commit", "mean_state", "commitTimeMs"),
 )
 
 
@@ -237,7 +260,7 @@ def summarize(progress: Sequence[Mapping[str, Any]], warmup: int) -> dict[str, A
     state["operators"] = [op.get("operatorName") for op in last_ops]
     state["finalNumRowsTotal"] = sum(int(op.get("numRowsTotal", 0)) for op in last_ops)
     out_rows = [int((p.get("sink") or {}).get("numOutputRows", -1)) for p in measured]
-    return {
+    summary = {
         "available": True,
         "rows_per_s": rows / total_s,
         "p50_batch_ms": float(np.percentile(batch_ms, 50)),
@@ -252,6 +275,23 @@ def summarize(progress: Sequence[Mapping[str, Any]], warmup: int) -> dict[str, A
         "mean_duration_ms": durations,
         "mean_state": state,
     }
+    summary["where_time_goes_ms"] = time_breakdown(summary)
+    return summary
+
+
+def time_breakdown(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The :data:`BREAKDOWN` entries that a system reports, in milliseconds per batch."""
+    sections = {
+        "mean_duration_ms": summary.get("mean_duration_ms") or {},
+        "mean_state": summary.get("mean_state") or {},
+        "customMetrics": (summary.get("mean_state") or {}).get("customMetrics") or {},
+    }
+    out: dict[str, float] = {}
+    for label, section, field in BREAKDOWN:
+        value = sections[section].get(field)
+        if isinstance(value, int | float):
+            out[label] = float(value)
+    return out
 
 
 def worker_main(argv: Sequence[str]) -> int:
@@ -356,6 +396,19 @@ def _table(results: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _breakdown(results: Mapping[str, Mapping[str, Any]]) -> str:
+    lines = [
+        f"where the time goes (ms per batch; task times summed over {SHUFFLE_PARTITIONS} "
+        "partitions on the machine's cores):"
+    ]
+    for system, r in results.items():
+        parts = r.get("where_time_goes_ms")
+        if parts:
+            text = " | ".join(f"{label} {value:,.0f}" for label, value in parts.items())
+            lines.append(f"    {system}: {text}")
+    return "\n".join(lines)
+
+
 def ratios(
     results: Mapping[str, Mapping[str, Any]], pairs: Sequence[tuple[str, str]]
 ) -> dict[str, float]:
@@ -408,6 +461,7 @@ def run_bench(spec: BenchSpec, args: argparse.Namespace) -> int:
             )
     rat = ratios(results, spec.ratio_pairs)
     print(f"\n[bench {spec.name}] summary\n{_table(results)}")
+    print(f"[bench {spec.name}] {_breakdown(results)}")
     if rat:
         print(f"[bench {spec.name}] ratios (throughput):")
         for key, value in rat.items():

@@ -40,6 +40,8 @@ def state_operator_progress(
         for name, value in store.get("custom", {}).items():
             custom[name] = custom.get(name, 0) + value
     custom["loadTimeMs"] = round(load_ms)
+    for name, ms in total.phase_ms.items():  # where the tasks' time went, summed over partitions
+        custom[name] = round(ms)
     entry = {
         "operatorName": stage.operator.progress_name,
         "numRowsTotal": rows_total,

@@ -8,9 +8,10 @@ depend on pyspark, so they can be tested, and reused, without a Spark session.
 from __future__ import annotations
 
 import dataclasses
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
@@ -21,12 +22,40 @@ __all__ = [
     "OUTPUT_MODES",
     "BatchContext",
     "OperatorMetrics",
+    "Phase",
     "StatefulOperator",
     "schema_to_json",
+    "timed_phase",
 ]
+
+T = TypeVar("T")
 
 #: The output modes of Structured Streaming.
 OUTPUT_MODES = ("append", "update", "complete")
+
+
+class Phase:
+    """Names of the phases of a task in :attr:`OperatorMetrics.phase_ms`, as they appear in
+    the progress's ``customMetrics`` (milliseconds, summed over partitions)."""
+
+    #: Taking the partition's input from Spark (shuffle read, Arrow batches in).
+    INPUT_READ = "inputReadTimeMs"
+    #: Sorting the input by key, encoding keys, converting rows for the user's function.
+    GROUPING = "groupingTimeMs"
+    #: Reading and decoding the states of the batch's keys.
+    STATE_READ = "stateReadTimeMs"
+    #: The user's function (or processor) over the input groups, state calls and output included.
+    USER_FUNCTION = "userFunctionTimeMs"
+    #: Encoding the changed states and writing them into the store's batch.
+    STATE_WRITE = "stateWriteTimeMs"
+    #: Finding timed-out keys and calling the function for them (GroupState timeouts).
+    TIMEOUTS = "timeoutProcessingTimeMs"
+    #: Finding expired timers and calling ``handleExpiredTimer`` (Spark's name).
+    TIMERS = "timerProcessingTimeMs"
+    #: Applying the initial state (Spark's name).
+    INITIAL_STATE = "initialStateProcessingTimeMs"
+    #: Removing state whose TTL expired.
+    TTL_EVICTION = "ttlEvictionTimeMs"
 
 
 @dataclasses.dataclass
@@ -44,6 +73,9 @@ class OperatorMetrics:
     max_event_time_ms: int | None = None
     #: Earliest processing-time timeout or timer left after the batch (None: none pending).
     next_timer_ms: int | None = None
+    #: Wall time of the operator's phases in milliseconds, by progress name (``groupingTimeMs``,
+    #: ``userFunctionTimeMs``, ...): where a task's time went, shown in ``customMetrics``.
+    phase_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def observe_event_time(self, millis: int | None) -> None:
         if millis is not None and (
@@ -55,13 +87,21 @@ class OperatorMetrics:
         if millis is not None and (self.next_timer_ms is None or millis < self.next_timer_ms):
             self.next_timer_ms = millis
 
+    def add_phase(self, name: str, started: float) -> float:
+        """Add the time since ``started`` (a ``time.perf_counter()``) to phase ``name``; now."""
+        now = time.perf_counter()
+        self.phase_ms[name] = self.phase_ms.get(name, 0.0) + (now - started) * 1000
+        return now
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OperatorMetrics:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        out = cls(**{k: v for k, v in data.items() if k in names})
+        out.phase_ms = dict(out.phase_ms)  # never shared with ``data``
+        return out
 
     def merge(self, other: OperatorMetrics) -> None:
         """Add ``other`` (another partition's metrics) into this one."""
@@ -70,6 +110,9 @@ class OperatorMetrics:
                 self.observe_event_time(other.max_event_time_ms)
             elif field.name == "next_timer_ms":
                 self.observe_timer(other.next_timer_ms)
+            elif field.name == "phase_ms":
+                for name, ms in other.phase_ms.items():
+                    self.phase_ms[name] = self.phase_ms.get(name, 0.0) + ms
             else:
                 setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
@@ -156,6 +199,17 @@ class StatefulOperator(ABC):
 
         Batches yielded follow ``output_schema`` exactly. Metrics go into ``ctx.metrics``.
         """
+
+
+def timed_phase(items: Iterator[T], metrics: OperatorMetrics, name: str) -> Iterator[T]:
+    """``items``, with the time spent producing them (not in their consumer) added to phase
+    ``name`` of ``metrics``."""
+    started = time.perf_counter()
+    for item in items:
+        metrics.add_phase(name, started)
+        yield item
+        started = time.perf_counter()
+    metrics.add_phase(name, started)
 
 
 def schema_to_json(schema: pa.Schema) -> list[dict[str, Any]]:

@@ -35,7 +35,9 @@ from sparkstate.operators._arrow import is_late, max_event_time_ms
 from sparkstate.operators.base import (
     BatchContext,
     OperatorMetrics,
+    Phase,
     StatefulOperator,
+    timed_phase,
 )
 from sparkstate.operators.group_state import (
     NO_TIMESTAMP,
@@ -208,6 +210,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         m = ctx.metrics
         started = time.perf_counter()
         table = self._input_table(batches, ctx)
+        phase = m.add_phase(Phase.INPUT_READ, started)
         clock = GroupStateClock(
             timeout=self.timeout,
             processing_time_ms=ctx.batch_timestamp_ms,
@@ -219,19 +222,26 @@ class FlatMapGroupsWithState(StatefulOperator):
         fam = store.column_family()
         if self.catch_up_no_data_batch and self.timeout == GroupStateTimeout.EventTimeTimeout:
             # Spark's no-data batch after the watermark moved, run before this batch's input
-            yield from self._time_out(store, fam, clock, out, m)
+            yield from timed_phase(self._time_out(store, fam, clock, out, m), m, Phase.TIMEOUTS)
+            phase = time.perf_counter()
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
+            data = self._group_data(groups)
+            phase = m.add_phase(Phase.GROUPING, phase)
             stored = self._decode_states(
                 fam, store.raw_get_many([fam.prefix + k for k in groups.key_bytes])
             )
+            m.add_phase(Phase.STATE_READ, phase)
             pending = _Pending()
-            yield from self._call_groups(groups, stored, clock, out, pending)
+            calls = self._call_groups(groups, data, stored, clock, out, pending)
+            yield from timed_phase(calls, m, Phase.USER_FUNCTION)
+            phase = time.perf_counter()
             self._apply(store, fam, pending, m)
+            m.add_phase(Phase.STATE_WRITE, phase)
         m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
         if self.timeout != GroupStateTimeout.NoTimeout:
             started = time.perf_counter()
-            yield from self._time_out(store, fam, clock, out, m)
+            yield from timed_phase(self._time_out(store, fam, clock, out, m), m, Phase.TIMEOUTS)
             m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
         if self.timeout == GroupStateTimeout.ProcessingTimeTimeout:
             m.observe_timer(TimestampIndex(TIMEOUT_INDEX_CF).earliest(store))
@@ -268,6 +278,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     def _call_groups(
         self,
         groups: KeyGroups,
+        data: Callable[[int, int], Any],
         stored: list[tuple[Any, ...] | None],
         clock: GroupStateClock,
         out: OutputCollector,
@@ -275,7 +286,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     ) -> Iterator[pa.RecordBatch]:
         """Call the function once per key (the hot loop: the common case is inlined)."""
         func, width, starts, keys = self.func, self._width, groups.starts, groups.keys
-        data, emit = self._group_data(groups), self._emitter(out)
+        emit = self._emitter(out)
         compare = self.compare_with_stored_timeout
         key_bytes, put_keys, put_values = groups.key_bytes, pending.put_keys, pending.put_values
         new_state = self._state_class

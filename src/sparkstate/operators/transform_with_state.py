@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import is_late, max_event_time_ms
-from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.base import BatchContext, Phase, StatefulOperator, timed_phase
 from sparkstate.operators.flat_map_groups import key_schema_of
 from sparkstate.operators.grouping import (
     ROW_FORMATS,
@@ -190,6 +190,7 @@ class TransformWithState(StatefulOperator):
         m = ctx.metrics
         started = time.perf_counter()
         table, initial = self._split_input(batches, ctx)
+        phase = m.add_phase(Phase.INPUT_READ, started)
         fam = store.column_family()
         session = ProcessorSession(store, self.time_mode, ctx.batch_timestamp_ms)
         handle = StatefulProcessorHandle(session, self.state_specs)
@@ -200,31 +201,54 @@ class TransformWithState(StatefulOperator):
         emit = self._emitter(out)
         if initial is not None and initial.num_rows and ctx.batch_id == 0:
             self._initial_state(initial, fam.key_codec, session, values)
+            phase = m.add_phase(Phase.INITIAL_STATE, phase)
         if self.catch_up_no_data_batch and self.time_mode == TimeMode.EVENT_TIME:
             # Spark's no-data batch after the watermark moved, run before this batch's input
-            yield from self._expired_timers(session, values, emit, out, ctx)
-            self._flush(session, m)
+            yield from self._timers_phase(session, values, emit, out, ctx)
+            phase = time.perf_counter()
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
+            data = self._data_of(groups)
+            phase = m.add_phase(Phase.GROUPING, phase)
             session.prefetch(groups.key_bytes)
-            yield from self._input_rows(groups, session, values, emit, out)
+            m.add_phase(Phase.STATE_READ, phase)
+            calls = self._input_rows(groups, data, session, values, emit, out)
+            yield from timed_phase(calls, m, Phase.USER_FUNCTION)
+        phase = time.perf_counter()
         self._flush(session, m)
+        m.add_phase(Phase.STATE_WRITE, phase)
         m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
         handle.stage = DATA_PROCESSED
         if self.time_mode != TimeMode.NONE:
-            yield from self._expired_timers(session, values, emit, out, ctx)
-            self._flush(session, m)
+            yield from self._timers_phase(session, values, emit, out, ctx)
         if self.time_mode == TimeMode.PROCESSING_TIME:
             m.observe_timer(session.timers.index.earliest(store))
         handle.stage = TIMER_PROCESSED
         started = time.perf_counter()
         m.num_rows_removed += session.evict_expired()
         self._flush(session, m)
+        m.add_phase(Phase.TTL_EVICTION, started)
         m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
         self.processor.close()
         handle.stage = CLOSED
         yield from out.drain(final=True)
         m.num_output_rows += out.num_rows
+
+    def _timers_phase(
+        self,
+        session: ProcessorSession,
+        values: TimerValues,
+        emit: Callable[[Any], None],
+        out: OutputCollector,
+        ctx: BatchContext,
+    ) -> Iterator[pa.RecordBatch]:
+        """Expired timers handled and their state changes flushed, timed as one phase."""
+        m = ctx.metrics
+        expired = self._expired_timers(session, values, emit, out, ctx)
+        yield from timed_phase(expired, m, Phase.TIMERS)
+        started = time.perf_counter()
+        self._flush(session, m)
+        m.add_phase(Phase.TIMERS, started)
 
     @staticmethod
     def _flush(session: ProcessorSession, m: Any) -> None:
@@ -317,13 +341,14 @@ class TransformWithState(StatefulOperator):
     def _input_rows(
         self,
         groups: KeyGroups,
+        data: Callable[[int, int], Any],
         session: ProcessorSession,
         values: TimerValues,
         emit: Callable[[Any], None],
         out: OutputCollector,
     ) -> Iterator[pa.RecordBatch]:
         handler, ctx = self.processor.handleInputRows, session.ctx
-        data, starts, keys = self._data_of(groups), groups.starts, groups.keys
+        starts, keys = groups.starts, groups.keys
         i = 0
         try:
             for i, kenc in enumerate(groups.key_bytes):
