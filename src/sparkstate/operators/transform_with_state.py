@@ -204,7 +204,8 @@ class TransformWithState(StatefulOperator):
             phase = m.add_phase(Phase.INITIAL_STATE, phase)
         if self.catch_up_no_data_batch and self.time_mode == TimeMode.EVENT_TIME:
             # Spark's no-data batch after the watermark moved, run before this batch's input
-            yield from self._timers_phase(session, values, emit, out, ctx)
+            expired = self._expired_timers(session, values, emit, out, ctx)
+            yield from timed_phase(expired, m, Phase.TIMERS)
             phase = time.perf_counter()
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
@@ -220,7 +221,8 @@ class TransformWithState(StatefulOperator):
         m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
         handle.stage = DATA_PROCESSED
         if self.time_mode != TimeMode.NONE:
-            yield from self._timers_phase(session, values, emit, out, ctx)
+            expired = self._expired_timers(session, values, emit, out, ctx)
+            yield from timed_phase(expired, m, Phase.TIMERS)
         if self.time_mode == TimeMode.PROCESSING_TIME:
             m.observe_timer(session.timers.index.earliest(store))
         handle.stage = TIMER_PROCESSED
@@ -233,22 +235,6 @@ class TransformWithState(StatefulOperator):
         handle.stage = CLOSED
         yield from out.drain(final=True)
         m.num_output_rows += out.num_rows
-
-    def _timers_phase(
-        self,
-        session: ProcessorSession,
-        values: TimerValues,
-        emit: Callable[[Any], None],
-        out: OutputCollector,
-        ctx: BatchContext,
-    ) -> Iterator[pa.RecordBatch]:
-        """Expired timers handled and their state changes flushed, timed as one phase."""
-        m = ctx.metrics
-        expired = self._expired_timers(session, values, emit, out, ctx)
-        yield from timed_phase(expired, m, Phase.TIMERS)
-        started = time.perf_counter()
-        self._flush(session, m)
-        m.add_phase(Phase.TIMERS, started)
 
     @staticmethod
     def _flush(session: ProcessorSession, m: Any) -> None:
@@ -373,6 +359,7 @@ class TransformWithState(StatefulOperator):
         out: OutputCollector,
         ctx: BatchContext,
     ) -> Iterator[pa.RecordBatch]:
+        """Call ``handleExpiredTimer`` for each timer due, then flush the state changes."""
         if self.time_mode == TimeMode.PROCESSING_TIME:
             threshold = ctx.batch_timestamp_ms
         else:
@@ -380,6 +367,7 @@ class TransformWithState(StatefulOperator):
         store = session.store
         due = session.timers.due(store, threshold)
         if not due:
+            self._flush(session, ctx.metrics)
             return
         kencs = [k for _, k in due]
         keys = store.column_family().key_codec.decode_many(kencs)
@@ -399,6 +387,7 @@ class TransformWithState(StatefulOperator):
             if out.has_batches:
                 yield from out.drain()
         kctx.kenc = kctx.key = None
+        self._flush(session, ctx.metrics)
 
 
 def _select(table: pa.Table, schema: pa.Schema, names: Sequence[str] | None = None) -> pa.Table:
