@@ -182,15 +182,6 @@ class FlatMapGroupsWithState(StatefulOperator):
             STATE_SCHEMA_CF: (self.key_schema, self.state_schema),
         }
 
-    def should_run_no_data_batch(self, watermark_before_ms: int, watermark_after_ms: int) -> bool:
-        """Spark's ``shouldRunAnotherBatch``: processing-time timeouts need a batch on every
-        trigger, event-time timeouts one whenever the watermark moved."""
-        if self.timeout == GroupStateTimeout.ProcessingTimeTimeout:
-            return True
-        if self.timeout == GroupStateTimeout.EventTimeTimeout:
-            return watermark_after_ms > watermark_before_ms
-        return False
-
     def time_trigger(self) -> str | None:
         return _TIME_TRIGGERS.get(self.timeout)
 

@@ -164,15 +164,6 @@ class TransformWithState(StatefulOperator):
             out[TIMER_INDEX_CF] = (index_key_schema(self.key_schema), MARKER_SCHEMA)
         return out
 
-    def should_run_no_data_batch(self, watermark_before_ms: int, watermark_after_ms: int) -> bool:
-        """Spark's ``shouldRunAnotherBatch``: processing-time timers and TTL need a batch on
-        every trigger, event-time timers one whenever the watermark moved."""
-        if self.time_mode == TimeMode.PROCESSING_TIME:
-            return True
-        if self.time_mode == TimeMode.EVENT_TIME:
-            return watermark_after_ms > watermark_before_ms
-        return False
-
     def time_trigger(self) -> str | None:
         return _TIME_TRIGGERS.get(self.time_mode)
 
