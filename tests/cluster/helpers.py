@@ -4,59 +4,20 @@ state partition ran (read from the local RocksDB copies under each worker's loca
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from sparkstate.testing.differential import Batches as Batches
+from sparkstate.testing.differential import Collector as Collector
+from sparkstate.testing.differential import FileFeed as FileFeed
+from sparkstate.testing.differential import normalize as normalize
 
-Batches = dict[int, list[tuple[Any, ...]]]
 SCHEMA = "k string, g int, v long, s string"
 #: ``stateStore.local_dir`` of the cluster queries: a relative path, so each executor keeps its
 #: local RocksDB copies under its own working directory (``<worker dir>/<app>/<executor id>/``).
 LOCAL_DIR = "sparkstate-local"
-
-
-class FileFeed:
-    """A directory of JSON-lines files, one file per micro-batch (added atomically)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.count = 0
-
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        tmp = self.path / f".tmp-{self.count:05d}"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.rename(self.path / f"part-{self.count:05d}.json")
-        self.count += 1
-
-    def stream(self, spark: SparkSession) -> DataFrame:
-        return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(self.path))
-
-
-def normalize(rows: list[Row]) -> list[tuple[Any, ...]]:
-    """Rows as sorted tuples (nulls first), doubles rounded."""
-
-    def cell(v: Any) -> Any:
-        if isinstance(v, float):
-            return "NaN" if math.isnan(v) else round(v, 9)
-        return v
-
-    out = [tuple(cell(v) for v in r) for r in rows]
-    return sorted(out, key=lambda t: tuple((x is None, str(type(x)), str(x)) for x in t))
-
-
-class Collector:
-    """A ``foreachBatch`` function keeping each batch's rows (a replayed batch overwrites)."""
-
-    def __init__(self) -> None:
-        self.batches: Batches = {}
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self.batches[batch_id] = normalize(df.collect())
 
 
 def make_batches(

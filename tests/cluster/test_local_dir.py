@@ -11,7 +11,7 @@ import sparkstate as ss
 from sparkstate import functions as SF
 
 from .conftest import Cluster
-from .helpers import FileFeed, make_batches
+from .helpers import SCHEMA, FileFeed, make_batches
 
 pytestmark = pytest.mark.cluster
 
@@ -28,7 +28,7 @@ def test_executors_keep_local_copies_in_their_own_local_dir(
     feed = FileFeed(tmp_path / "input")
     checkpoint = tmp_path / "checkpoint"
     q = (
-        ss.stream(feed.stream(cluster_spark))
+        ss.stream(feed.stream(cluster_spark, SCHEMA))
         .groupBy("k")
         .agg(SF.count("*").alias("n"))
         .writeStream.outputMode("update")

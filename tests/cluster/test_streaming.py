@@ -34,6 +34,7 @@ from sparkstate import functions as SF
 from .conftest import Cluster, Worker, wait_for_executors
 from .helpers import (
     LOCAL_DIR,
+    SCHEMA,
     Batches,
     Collector,
     FileFeed,
@@ -89,7 +90,7 @@ def start_ours(
     spark: SparkSession, feed: FileFeed, checkpoint: Path, sink: Collector, provider: str
 ) -> Any:
     writer = (
-        ss.stream(feed.stream(spark))
+        ss.stream(feed.stream(spark, SCHEMA))
         .groupBy("k", "g")
         .agg(*ours_aggregates())
         .writeStream.outputMode("update")
@@ -138,7 +139,7 @@ def clean_run(
     ours, theirs = Collector(), Collector()
     q_ours = start_ours(cluster_spark, feed, checkpoint, ours, "rocksdb")
     q_spark = (
-        feed.stream(cluster_spark)
+        feed.stream(cluster_spark, SCHEMA)
         .groupBy("k", "g")
         .agg(*spark_aggregates())
         .writeStream.outputMode("update")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +20,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 from pyspark.sql import SparkSession  # noqa: E402
+
+from sparkstate.testing import FileFeed  # noqa: E402
 
 PROVIDERS = ["memory"]
 try:
@@ -51,22 +51,6 @@ def spark() -> Iterator[SparkSession]:
     for q in session.streams.active:
         q.stop()
     session.stop()
-
-
-class FileFeed:
-    """A directory of JSON-lines files: the tests add a file, then process what is available."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.count = 0
-
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        name = self.path / f"part-{self.count:05d}.json"
-        tmp = self.path / f".tmp-{self.count:05d}"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.rename(name)
-        self.count += 1
 
 
 @pytest.fixture

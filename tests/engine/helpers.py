@@ -2,48 +2,23 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 import sparkstate as ss
-
-from .conftest import FileFeed
-
-Batches = dict[int, list[tuple[Any, ...]]]
+from sparkstate.testing.differential import Batches as Batches
+from sparkstate.testing.differential import Collector as Collector
+from sparkstate.testing.differential import FileFeed as FileFeed
+from sparkstate.testing.differential import normalize as normalize
 
 
 def source(spark: SparkSession, feed: FileFeed, schema: str) -> DataFrame:
     """A streaming DataFrame over the feed: one file per micro-batch."""
-    return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(feed.path))
-
-
-def normalize(rows: list[Row]) -> list[tuple[Any, ...]]:
-    """Rows as tuples, sorted with nulls first; NaN compared as a marker, doubles rounded."""
-
-    def cell(v: Any) -> Any:
-        if isinstance(v, float):
-            return "NaN" if math.isnan(v) else round(v, 9)
-        return v
-
-    out = [tuple(cell(v) for v in r) for r in rows]
-    return sorted(out, key=lambda t: tuple((x is None, str(type(x)), str(x)) for x in t))
-
-
-class Collector:
-    """A foreachBatch function that keeps every batch's rows and schema."""
-
-    def __init__(self) -> None:
-        self.batches: Batches = {}
-        self.schema: StructType | None = None
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self.schema = df.schema
-        self.batches[batch_id] = normalize(df.collect())
+    return feed.stream(spark, schema)
 
 
 def run_batches(

@@ -123,12 +123,6 @@ INPUT_PHASES = {
 # --- running both sides ---------------------------------------------------------------------------
 
 
-def _reset(feed: FileFeed) -> None:
-    feed.count = 0
-    for f in feed.path.iterdir():
-        f.unlink()
-
-
 def _run(
     feed: FileFeed,
     start: Callable[[Collector], Any],
@@ -142,7 +136,7 @@ def _run(
     ``restart_after=n``: stop the query after ``n`` files and start it again (``start`` builds
     it anew on the same checkpoint) before the next one.
     """
-    _reset(feed)
+    feed.reset()
     collector = Collector()
     query = start(collector)
     groups: list[list[int]] = []
@@ -243,7 +237,7 @@ def _compare_with_restart(
     spark: SparkSession, feed: FileFeed, checkpoint: Path, theirs: Collector
 ) -> None:
     """Stop after two batches and continue from the checkpoint: the same output."""
-    _reset(feed)
+    feed.reset()
     collector = Collector()
     for part in (COUNT_BATCHES[:2], COUNT_BATCHES[2:]):
         grouped = ss.stream(source(spark, feed, SCHEMA)).groupBy("k")
@@ -458,7 +452,7 @@ def test_processing_time_timeout_fires_on_an_idle_stream(
         )
         return _ours_writer(planned, tmp_path / "ours", PROVIDERS[-1], c)
 
-    _reset(feed)
+    feed.reset()
     collector = Collector()
     query = ours_query(collector)
     try:

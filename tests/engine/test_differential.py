@@ -77,9 +77,7 @@ def test_aggregation_matches_spark(
         ss.stream(df).groupBy("k", "g").agg(*aggregates()), mode, tmp_path / "a", provider, ours
     )
     run_batches(feed, q, BATCHES)
-    feed.count = 0
-    for f in feed.path.iterdir():
-        f.unlink()
+    feed.reset()
     df = source(spark, feed, SCHEMA)
     q = start_spark(df.groupBy("k", "g").agg(*spark_aggregates()), mode, tmp_path / "b", theirs)
     run_batches(feed, q, BATCHES)
@@ -97,9 +95,7 @@ def test_dedup_matches_spark(
         ss.stream(df).dropDuplicates(["k", "g"]), "append", tmp_path / "a", provider, dedup_ours
     )
     run_batches(feed, q, BATCHES)
-    feed.count = 0
-    for f in feed.path.iterdir():
-        f.unlink()
+    feed.reset()
     df = source(spark, feed, SCHEMA)
     q = start_spark(df.dropDuplicates(["k", "g"]), "append", tmp_path / "b", dedup_theirs)
     run_batches(feed, q, BATCHES)
@@ -121,9 +117,7 @@ def test_dedup_then_aggregate_matches_spark(
         ours,
     )
     run_batches(feed, q, BATCHES)
-    feed.count = 0
-    for f in feed.path.iterdir():
-        f.unlink()
+    feed.reset()
     deduped = source(spark, feed, SCHEMA).dropDuplicates(["k", "v"])
     q = start_spark(
         deduped.groupBy("g").agg(F.count("*"), F.sum("v")), "complete", tmp_path / "b", theirs

@@ -104,9 +104,7 @@ def _rows(collector: Collector) -> list[tuple[Any, ...]]:
 
 def _run(feed: FileFeed, start: Callable[[Collector], Any]) -> list[list[tuple[Any, ...]]]:
     """Per feed, the rows that followed it once its last expected row came (or a time limit)."""
-    for f in feed.path.iterdir():
-        f.unlink()
-    feed.count = 0
+    feed.reset()
     collector = Collector()
     query = start(collector)
     out: list[list[tuple[Any, ...]]] = []

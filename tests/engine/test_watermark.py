@@ -58,9 +58,7 @@ def test_event_time_key_drops_late_rows_like_spark(
     )
     progress: list[dict[str, Any]] = []
     run_batches(feed, q, BATCHES, on_batch=lambda _: progress.append(q.lastProgress))
-    for f in feed.path.iterdir():
-        f.unlink()
-    feed.count = 0
+    feed.reset()
     spark_q = (
         source(spark, feed, SCHEMA)
         .withWatermark("ts", "10 seconds")

@@ -1,5 +1,6 @@
-"""Test helpers for users of sparkstate: the provider contract suite, store factories, and a
-Spark-free harness for stateful logic (``group_state_harness``, ``processor_harness``).
+"""Test helpers for users of sparkstate: the provider contract suite, store factories, a
+Spark-free harness for stateful logic (``group_state_harness``, ``processor_harness``), and
+helpers for differential tests against Spark (``FileFeed``, ``Collector``, ``normalize``).
 
 ``StateStoreContract`` and ``expected_failure`` need pytest; they are imported on first use, so
 that importing ``sparkstate.testing`` for the other helpers does not.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from sparkstate.testing.differential import Collector, FileFeed, normalize
 from sparkstate.testing.factory import KEY_SCHEMA, VALUE_SCHEMA, ProviderFactory
 
 if TYPE_CHECKING:
@@ -25,11 +27,14 @@ __all__ = [
     "KEY_SCHEMA",
     "VALUE_SCHEMA",
     "BatchResult",
+    "Collector",
+    "FileFeed",
     "OperatorHarness",
     "ProviderFactory",
     "StateStoreContract",
     "expected_failure",
     "group_state_harness",
+    "normalize",
     "processor_harness",
 ]
 _HARNESS = {"BatchResult", "OperatorHarness", "group_state_harness", "processor_harness"}
