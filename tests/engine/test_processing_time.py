@@ -211,3 +211,100 @@ def test_processing_time_timers_match_spark_tws(
         )
 
     assert _run(feed, ours_query) == theirs
+
+
+#: Long enough that a query stopped right after a key's data row stops before the key times out.
+PENDING_TIMEOUT_MS = 4000
+
+
+def pending_timeout_pandas(
+    key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any
+) -> Iterator[Any]:
+    if state.hasTimedOut:
+        n = int(state.get[0])
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [True]})
+        return
+    n = (int(state.get[0]) if state.exists else 0) + sum(len(pdf) for pdf in pdfs)
+    state.update((n,))
+    state.setTimeoutDuration(PENDING_TIMEOUT_MS)
+    yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [False]})
+
+
+def _wait_for(collector: Collector, row: tuple[Any, ...], query: Any, limit_s: float) -> None:
+    deadline = time.time() + limit_s
+    while time.time() < deadline and row not in _rows(collector):
+        assert query.exception() is None, query.exception()
+        time.sleep(0.1)
+
+
+def test_a_timeout_pending_at_a_restart_fires_after_it(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """Stop the query while a key's timeout is pending and start it again on its checkpoint.
+
+    Spark runs no no-data batch after a restart until new data comes (its rule needs the previous
+    batch's plan, and a restarted query has none), unless the stop interrupted a batch that the
+    restart then runs again: the timeout fires with the next data or, by that chance, when due.
+    We fire it when it comes due, as on a running query. The rows are the same.
+    """
+
+    def spark_query(c: Collector) -> Any:
+        planned = (
+            source(spark, feed, SCHEMA)
+            .groupBy("k")
+            .applyInPandasWithState(
+                pending_timeout_pandas,
+                OUTPUT,
+                STATE,
+                "Update",
+                GroupStateTimeout.ProcessingTimeTimeout,
+            )
+        )
+        writer = planned.writeStream.outputMode("update").foreachBatch(c)
+        writer = writer.trigger(processingTime=TRIGGER)
+        return writer.option("checkpointLocation", str(tmp_path / "spark")).start()
+
+    def ours_query(c: Collector) -> Any:
+        planned = (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .applyInPandasWithState(
+                pending_timeout_pandas,
+                OUTPUT,
+                STATE,
+                "update",
+                GroupStateTimeout.ProcessingTimeTimeout,
+            )
+        )
+        writer = planned.writeStream.outputMode("update").foreachBatch(c)
+        writer = writer.trigger(processingTime=TRIGGER)
+        writer = writer.option("checkpointLocation", str(tmp_path / "ours"))
+        return writer.option("stateStore", PROVIDERS[-1]).start()
+
+    timed_out = ("a", 2, True)
+    outputs, fired_while_idle = [], []
+    for start in (spark_query, ours_query):
+        feed.reset()
+        collector = Collector()
+        query = start(collector)
+        try:
+            feed.add([{"k": "a", "v": 1}, {"k": "a", "v": 2}])
+            _wait_for(collector, ("a", 2, False), query, 90)
+        finally:
+            query.stop()
+        assert _rows(collector) == [("a", 2, False)], "timed out before the restart"
+        query = start(collector)  # the same checkpoint, no new data
+        try:
+            _wait_for(collector, timed_out, query, 4 * PENDING_TIMEOUT_MS / 1000)
+            fired_while_idle.append(timed_out in _rows(collector))
+            feed.add([{"k": "b", "v": 1}])
+            _wait_for(collector, ("b", 1, False), query, 90)
+            _wait_for(collector, timed_out, query, 30)
+            time.sleep(1.5)  # nothing more may come
+        finally:
+            query.stop()
+        outputs.append(sorted(_rows(collector), key=str))
+    assert outputs[0] == sorted([("a", 2, False), timed_out, ("b", 1, False)], key=str), outputs
+    assert outputs[1] == outputs[0], ("sparkstate", outputs)
+    assert fired_while_idle[1], "sparkstate: the pending timeout did not fire while idle"

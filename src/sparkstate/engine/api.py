@@ -126,8 +126,12 @@ class GroupedStream:
     # Time: as in Spark, a no-data batch runs after a batch that moved the watermark (event-time
     # timeouts and timers fire there) and when a processing-time timeout or timer comes due on an
     # idle stream (engine/clock.py makes Spark run them). Unlike Spark, an idle query with nothing
-    # due runs no batch at all. Every partition runs in every batch (one Spark skipped is caught
-    # up by the driver, timeout pass included, its rows dropped).
+    # due runs no batch at all, and a query restarted on its checkpoint fires a pending
+    # processing-time timeout or timer when it comes due (Spark runs no no-data batch before the
+    # restarted query's first data batch, so it fires them with the next data, unless the stop
+    # interrupted a batch that the restart runs again). Every
+    # partition runs in every batch (one Spark skipped is caught up by the driver, timeout pass
+    # included, its rows dropped).
     #
     # initialState (transformWithState / transformWithStateInPandas): as in Spark, the GroupedData
     # of a batch DataFrame (initial_df.groupBy("key")), grouped by as many columns as the stream,
