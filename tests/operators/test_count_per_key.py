@@ -125,8 +125,8 @@ def test_time_in_the_users_function_is_reported_as_its_phase() -> None:
 def test_a_phase_excludes_the_time_its_consumer_takes() -> None:
     metrics = OperatorMetrics()
     for _ in timed_phase(iter(range(2)), metrics, "producing"):
-        time.sleep(0.05)
-    assert metrics.phase_ms["producing"] < 50
+        time.sleep(0.3)
+    assert metrics.phase_ms["producing"] < 300  # the consumer took 600
 
 
 def test_phases_add_up_over_partitions() -> None:
