@@ -249,35 +249,19 @@ def test_a_timeout_pending_at_a_restart_fires_after_it(
     We fire it when it comes due, as on a running query. The rows are the same.
     """
 
-    def spark_query(c: Collector) -> Any:
-        planned = (
-            source(spark, feed, SCHEMA)
-            .groupBy("k")
-            .applyInPandasWithState(
-                pending_timeout_pandas,
-                OUTPUT,
-                STATE,
-                "Update",
-                GroupStateTimeout.ProcessingTimeTimeout,
-            )
+    def planned(stream: Any) -> Any:  # a Spark DataFrame or a sparkstate stream: same calls
+        return stream.groupBy("k").applyInPandasWithState(
+            pending_timeout_pandas, OUTPUT, STATE, "update", GroupStateTimeout.ProcessingTimeTimeout
         )
-        writer = planned.writeStream.outputMode("update").foreachBatch(c)
-        writer = writer.trigger(processingTime=TRIGGER)
+
+    def spark_query(c: Collector) -> Any:
+        writer = planned(source(spark, feed, SCHEMA)).writeStream.outputMode("update")
+        writer = writer.foreachBatch(c).trigger(processingTime=TRIGGER)
         return writer.option("checkpointLocation", str(tmp_path / "spark")).start()
 
     def ours_query(c: Collector) -> Any:
-        planned = (
-            ss.stream(source(spark, feed, SCHEMA))
-            .groupBy("k")
-            .applyInPandasWithState(
-                pending_timeout_pandas,
-                OUTPUT,
-                STATE,
-                "update",
-                GroupStateTimeout.ProcessingTimeTimeout,
-            )
-        )
-        writer = planned.writeStream.outputMode("update").foreachBatch(c)
+        writer = planned(ss.stream(source(spark, feed, SCHEMA))).writeStream.outputMode("update")
+        writer = writer.foreachBatch(c)
         writer = writer.trigger(processingTime=TRIGGER)
         writer = writer.option("checkpointLocation", str(tmp_path / "ours"))
         return writer.option("stateStore", PROVIDERS[-1]).start()
