@@ -38,18 +38,25 @@ RocksDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
-def timeout_pandas(key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any) -> Iterator[Any]:
-    if state.hasTimedOut:
-        n = int(state.get[0])
-        state.remove()
-        yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [True]})
-        return
-    n = int(state.get[0]) if state.exists else 0
-    for pdf in pdfs:
-        n += len(pdf)
-    state.update((n,))
-    state.setTimeoutDuration(TIMEOUT_MS)
-    yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [False]})
+def counting_timeout(duration_ms: int) -> Callable[..., Iterator[Any]]:
+    """An ``applyInPandasWithState`` count per key that times out ``duration_ms`` after the
+    key's last data and then emits its count and removes it."""
+
+    def count(key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any) -> Iterator[Any]:
+        if state.hasTimedOut:
+            n = int(state.get[0])
+            state.remove()
+            yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [True]})
+            return
+        n = (int(state.get[0]) if state.exists else 0) + sum(len(pdf) for pdf in pdfs)
+        state.update((n,))
+        state.setTimeoutDuration(duration_ms)
+        yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [False]})
+
+    return count
+
+
+timeout_pandas = counting_timeout(TIMEOUT_MS)
 
 
 def _processor_base() -> type:
@@ -215,20 +222,7 @@ def test_processing_time_timers_match_spark_tws(
 
 #: Long enough that a query stopped right after a key's data row stops before the key times out.
 PENDING_TIMEOUT_MS = 4000
-
-
-def pending_timeout_pandas(
-    key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any
-) -> Iterator[Any]:
-    if state.hasTimedOut:
-        n = int(state.get[0])
-        state.remove()
-        yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [True]})
-        return
-    n = (int(state.get[0]) if state.exists else 0) + sum(len(pdf) for pdf in pdfs)
-    state.update((n,))
-    state.setTimeoutDuration(PENDING_TIMEOUT_MS)
-    yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [False]})
+pending_timeout_pandas = counting_timeout(PENDING_TIMEOUT_MS)
 
 
 def _wait_for(collector: Collector, row: tuple[Any, ...], query: Any, limit_s: float) -> None:

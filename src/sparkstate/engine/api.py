@@ -129,9 +129,8 @@ class GroupedStream:
     # due runs no batch at all, and a query restarted on its checkpoint fires a pending
     # processing-time timeout or timer when it comes due (Spark runs no no-data batch before the
     # restarted query's first data batch, so it fires them with the next data, unless the stop
-    # interrupted a batch that the restart runs again). Every
-    # partition runs in every batch (one Spark skipped is caught up by the driver, timeout pass
-    # included, its rows dropped).
+    # interrupted a batch that the restart runs again). Every partition runs in every batch (one
+    # Spark skipped is caught up by the driver, timeout pass included, its rows dropped).
     #
     # initialState (transformWithState / transformWithStateInPandas): as in Spark, the GroupedData
     # of a batch DataFrame (initial_df.groupBy("key")), grouped by as many columns as the stream,
