@@ -1,4 +1,4 @@
-"""``sparkstate`` command line: ``demo``, ``bench``, ``inspect``."""
+"""``sparkstate`` command line: ``demo``, ``bench``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
-#: bench name -> module with ``run(args) -> int`` and ``add_arguments(parser)``.
+#: bench name -> module with ``run(args) -> int``.
 BENCHES = {
     "store": "sparkstate.bench.store",
     "aggregate": "sparkstate.bench.aggregate",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkstate.engine.clock import ClockReader, read_clock, wants_batch, write_clock
+from sparkstate.engine.clock import ClockReader
+from sparkstate.runtime.triggers import read_clock, wants_batch, write_clock
 from sparkstate.store.durable import DurableDir
 
 

@@ -12,10 +12,10 @@ from pyspark.sql import SparkSession
 import sparkstate as ss
 from sparkstate import functions as SF
 from sparkstate.engine.driver import BatchDriver, DriverConfig
-from sparkstate.engine.executor import StoreSettings
-from sparkstate.engine.logs import CheckpointLog
 from sparkstate.engine.plan import AggregateStep, plan_stages
 from sparkstate.engine.sinks import ForeachBatchSink
+from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.providers import StoreSettings
 from sparkstate.store import StoreConf
 
 from .conftest import FileFeed

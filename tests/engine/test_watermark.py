@@ -11,8 +11,8 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.watermark import WatermarkTracker, parse_delay_ms
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.runtime.watermark import WatermarkTracker, parse_delay_ms
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector, run_batches, source

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
+from sparkstate.runtime.partition import run_partition
 from sparkstate.store import StateStoreProvider, StoreConf, StoreId, provider_class
 
 PROVIDERS = ["memory"]
@@ -31,14 +32,9 @@ class OperatorRunner:
         self, rows: list[dict[str, object]], mode: str, *, watermark_ms: int = 0
     ) -> tuple[pa.Table, OperatorMetrics]:
         table = pa.Table.from_pylist(rows, schema=self.op.input_schema)
-        store = self.provider.get_store(self.batch_id)
         ctx = BatchContext(batch_id=self.batch_id, output_mode=mode, watermark_ms=watermark_ms)
-        try:
-            out = list(self.op.process(store, iter(table.to_batches(max_chunksize=3)), ctx))
-            store.commit()
-        except BaseException:
-            store.abort()
-            raise
+        batches = iter(table.to_batches(max_chunksize=3))
+        out = list(run_partition(self.op, self.provider, ctx, batches))
         self.batch_id += 1
         return pa.Table.from_batches(out, schema=self.op.output_schema), ctx.metrics
 

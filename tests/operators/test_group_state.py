@@ -180,7 +180,7 @@ def rows(*pairs: tuple[str, int]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("pandas", [False, True], ids=["rows", "pandas"])
 def test_processing_time_timeout_and_restart(pandas: bool, provider: str) -> None:
     with make(pandas, provider) as h:
-        assert h.operator.should_run_no_data_batch(0, 0)  # type: ignore[union-attr]
+        assert h.operator.time_trigger() == "processing"  # type: ignore[union-attr]
         out = h.run(rows(("b", 1), ("a", 1), ("a", 2)), processing_time_ms=100)
         assert out.rows == [{"k": "a", "n": 2}, {"k": "b", "n": 1}]  # key order
         assert out.metrics.num_rows_updated == 2 and out.metrics.num_input_rows == 3
@@ -202,7 +202,7 @@ def test_processing_time_timeout_and_restart(pandas: bool, provider: str) -> Non
 @pytest.mark.parametrize("pandas", [False, True], ids=["rows", "pandas"])
 def test_no_timeout_keeps_state_forever(pandas: bool) -> None:
     with make(pandas, "memory", GroupStateTimeout.NoTimeout) as h:
-        assert not h.operator.should_run_no_data_batch(0, 10)  # type: ignore[union-attr]
+        assert h.operator.time_trigger() is None  # type: ignore[union-attr]
         h.run(rows(("a", 1)), processing_time_ms=1)
         assert h.run(processing_time_ms=10**9).rows == []
         assert h.run(rows(("a", 1))).rows == [{"k": "a", "n": 2}]

@@ -18,6 +18,7 @@ from sparkstate.operators.state_errors import (
 )
 from sparkstate.operators.state_vars import ValueState
 from sparkstate.operators.timers import ExpiredTimerInfo, TimerValues
+from sparkstate.runtime.triggers import next_request
 from sparkstate.testing.harness import processor_harness
 
 from .conftest import PROVIDERS
@@ -418,7 +419,11 @@ def test_which_queries_need_batches_without_data() -> None:
             watermark=True,
         ).operator
 
-    assert not make("None").should_run_no_data_batch(0, 10)
-    assert make("ProcessingTime").should_run_no_data_batch(0, 0)
-    assert make("EventTime").should_run_no_data_batch(0, 10)
-    assert not make("EventTime").should_run_no_data_batch(10, 10)
+    def requested(time_mode: str, watermark_moved: bool) -> bool:
+        triggers = {0: make(time_mode).time_trigger()}
+        return next_request({}, triggers, watermark_moved, [], now_ms=1)["requested_at_ms"] == 1
+
+    assert make("None").time_trigger() is None and not requested("None", True)
+    assert make("ProcessingTime").time_trigger() == "processing"  # a batch when a timer is due
+    assert requested("EventTime", True)
+    assert not requested("EventTime", False)

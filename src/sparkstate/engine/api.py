@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -12,9 +11,7 @@ from pyspark.sql import DataFrame
 
 from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
-from sparkstate.engine.executor import StoreSettings
 from sparkstate.engine.initial_state import initial_state_of
-from sparkstate.engine.logs import CheckpointLock, CheckpointLog, local_path
 from sparkstate.engine.plan import (
     AggregateStep,
     ArbitraryStep,
@@ -25,7 +22,6 @@ from sparkstate.engine.plan import (
 )
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
-from sparkstate.engine.watermark import WatermarkSpec, parse_delay_ms
 from sparkstate.exceptions import (
     ConfigurationError,
     ProviderMismatchError,
@@ -35,7 +31,11 @@ from sparkstate.functions import AggregateExpression
 from sparkstate.functions import count as count_
 from sparkstate.operators.base import OUTPUT_MODES
 from sparkstate.operators.restart import check_state_change
+from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
+from sparkstate.runtime.providers import StoreSettings
+from sparkstate.runtime.watermark import WatermarkSpec, parse_delay_ms
 from sparkstate.store.base import StoreConf
+from sparkstate.store.durable import DurableDir
 from sparkstate.store.registry import provider_class, provider_name
 
 __all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]
@@ -430,9 +430,8 @@ class DataStreamWriter:
 
 def _refuse_foreign_checkpoint(checkpoint: str) -> None:
     """A Spark checkpoint with committed batches but no sparkstate logs has no state for us."""
-    path = local_path(checkpoint)
-    commits = os.path.join(path, "commits") if path else None
-    if commits and os.path.isdir(commits) and any(n.isdigit() for n in os.listdir(commits)):
+    commits = DurableDir(checkpoint).child("commits")
+    if any(e.name.isdigit() for e in commits.list()):
         msg = (
             f"checkpoint {checkpoint} holds batches of a query that ran without sparkstate, so "
             "there is no state to continue from; start from a new checkpoint location"

@@ -10,17 +10,12 @@ under the engine's checkpoint directory. A new offset is new data to Spark, so t
 runs a batch, with the next batch id, through the whole per-batch protocol; the source never
 yields a row.
 
-The driver writes, after every batch (:func:`write_clock`):
-
-- ``requested_at_ms``: set when the watermark moved past one that event-time timeouts or timers
-  use; a batch is wanted if it is later than the source's current tick;
-- ``due_ms``: the earliest processing-time timeout or timer of any partition; a batch is wanted
-  once the clock passes it (so, unlike Spark, an idle query with nothing due runs no batch).
+What the driver writes to ``clock.json`` after every batch, and when it wants a batch, is
+:mod:`sparkstate.runtime.triggers`.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,40 +23,16 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from sparkstate.engine.logs import local_path
-from sparkstate.exceptions import MissingVersionError
+from sparkstate.runtime.logs import local_path
+from sparkstate.runtime.triggers import read_clock, wants_batch
 from sparkstate.store.durable import DurableDir
 
-__all__ = ["CLOCK_FILE", "SOURCE_NAME", "ClockSource", "read_clock", "with_clock", "write_clock"]
+__all__ = ["SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
 
 SOURCE_NAME = "sparkstate_clock"
-CLOCK_FILE = "clock.json"
 #: Spark polls an idle source about every 10 ms: a local ``clock.json`` is read at every poll
 #: (so the batch right after the request sees it), one on an object store at most once a second.
 REMOTE_REFRESH_S = 1.0
-
-
-def read_clock(directory: DurableDir) -> dict[str, Any]:
-    """The driver's last request; ``{}`` before the first one."""
-    try:
-        data = json.loads(directory.read(CLOCK_FILE))
-    except (MissingVersionError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def write_clock(directory: DurableDir, requested_at_ms: int | None, due_ms: int | None) -> None:
-    body = {"requested_at_ms": requested_at_ms, "due_ms": due_ms}
-    directory.write_atomic(CLOCK_FILE, json.dumps(body, sort_keys=True).encode("utf-8"))
-
-
-def wants_batch(request: dict[str, Any], tick_ms: int, now_ms: int) -> bool:
-    """Whether the driver's ``request`` asks for a batch after the one at ``tick_ms``."""
-    requested = request.get("requested_at_ms")
-    if requested is not None and int(requested) > tick_ms:
-        return True
-    due = request.get("due_ms")
-    return due is not None and now_ms > int(due)
 
 
 class ClockReader(DataSourceStreamReader):

@@ -1,10 +1,12 @@
 """The per-batch driver: the function Spark's ``foreachBatch`` calls for every micro-batch.
 
-For batch ``b`` (see DESIGN.md, "One micro-batch"): skip it if ``commits/<b>.json`` exists; read or
-write the intent ``batches/<b>.json`` (watermark, timestamp); build the stateful stages over the
-batch (shuffle by key, ``mapInArrow`` with the partition's store at version ``b``); hand the output
-to the sink, whose single action runs every stateful task once; collect the tasks' reports from an
-accumulator; write ``commits/<b>.json``; advance the watermark; publish progress.
+For batch ``b`` (docs/architecture.md, "One micro-batch"): skip it if ``commits/<b>.json``
+exists; read or write the intent ``batches/<b>.json`` (watermark, timestamp); build the stateful
+stages over the batch (shuffle by key, ``mapInArrow`` with the partition's store at version
+``b``); hand the output to the sink, whose single action runs every stateful task once; read the
+tasks' reports (small files under ``reports/<b>/``, :class:`~sparkstate.runtime.logs.ReportDir`);
+write ``commits/<b>.json``; advance the watermark; ask for a no-data batch if an operator needs
+one; publish progress. What runs inside a task is :mod:`sparkstate.runtime`.
 """
 
 from __future__ import annotations
@@ -18,47 +20,27 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 
-from sparkstate.engine.clock import read_clock, write_clock
-from sparkstate.engine.executor import StoreSettings, TaskSpec, commit_empty, run_stateful_task
-from sparkstate.engine.logs import CheckpointLog
+from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
 from sparkstate.engine.progress import build_progress, format_time
 from sparkstate.engine.sinks import Sink
-from sparkstate.engine.watermark import WatermarkTracker
 from sparkstate.exceptions import QueryError
+from sparkstate.runtime.logs import CheckpointLog, ReportDir
+from sparkstate.runtime.providers import StoreSettings
+from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit, TaskReport
+from sparkstate.runtime.tasks import TaskSpec, commit_untouched
+from sparkstate.runtime.triggers import next_request
+from sparkstate.runtime.watermark import WatermarkTracker
 
-__all__ = ["BatchDriver", "ReportParam"]
+__all__ = ["BatchDriver", "DriverConfig"]
 
 log = logging.getLogger("sparkstate.engine")
 AQE = "spark.sql.adaptive.enabled"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 INPUT = "input"
 MAX_RECENT_PROGRESS = 100
-
-
-class ReportParam(AccumulatorParam[list[dict[str, Any]]]):
-    """Accumulates the tasks' report dicts into one list."""
-
-    def zero(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return []
-
-    def addInPlace(  # noqa: N802 - PySpark's name
-        self, value1: list[dict[str, Any]], value2: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        value1.extend(value2)
-        return value1
-
-
-def _task_function(
-    spec: TaskSpec, report: Any
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return run_stateful_task(spec, batches, report)
-
-    return run
 
 
 @dataclasses.dataclass
@@ -98,10 +80,10 @@ class BatchDriver:
         latest = log_.latest_commit()
         self.last_batch: int | None = None
         if latest is not None:
-            self.tracker.restore(latest.get("watermark", {}))
-            self.last_batch = int(latest["batch_id"])
+            self.tracker.restore(latest.watermark)
+            self.last_batch = latest.batch_id
         self.triggers = {s.op_id: s.operator.time_trigger() for s in stages}
-        self._clock = read_clock(log_.dir) if any(self.triggers.values()) else {}
+        self._clock = log_.read_clock() if any(self.triggers.values()) else {}
 
     # --- the foreachBatch function ---------------------------------------------------------------
 
@@ -120,11 +102,8 @@ class BatchDriver:
         lineage = self._lineage(batch_id)
         intent = self.log.read_intent(batch_id)
         if intent is None:
-            intent = {
-                "watermark_ms": self.tracker.watermark_ms,
-                "batch_timestamp_ms": int(started * 1000),
-            }
-            self.log.write_intent(batch_id, intent)
+            intent = BatchIntent(batch_id, self.tracker.watermark_ms, int(started * 1000))
+            self.log.write_intent(intent)
         session = df.sparkSession
         with _engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage, session)
@@ -132,8 +111,8 @@ class BatchDriver:
         self.sink.finish_batch(batch_id)
         timings["sinkFinish"] = int((time.time() - sink_started) * 1000)
         commit_started = time.time()
-        per_op = self._commit(batch_id, intent, reports)
-        self._request_batch(int(intent["watermark_ms"]), per_op)
+        per_op = self._commit(intent, reports)
+        self._request_batch(intent.watermark_ms, reports)
         timings["stateCommit"] = int((time.time() - commit_started) * 1000)
         timings["triggerExecution"] = int((time.time() - started) * 1000)
         progress = build_progress(
@@ -146,7 +125,7 @@ class BatchDriver:
             stages=self.stages,
             per_op=per_op,
             num_partitions=self.config.num_partitions,
-            watermark_ms=int(intent["watermark_ms"]) if self.tracker.delays_ms else None,
+            watermark_ms=intent.watermark_ms if self.tracker.delays_ms else None,
             sink_description=self.sink.description,
         )
         with self._lock:
@@ -191,27 +170,23 @@ class BatchDriver:
                 "or start from a new checkpoint location."
             )
             raise QueryError(msg)
-        out: dict[int, dict[int, str | None]] = {}
-        for op_id, entry in previous["operators"].items():
-            out[int(op_id)] = {int(p): c for p, c in entry["checkpoint_ids"].items()}
-        return out
+        return previous.lineage()
 
     def _spec(
         self,
         stage: Stage,
-        batch_id: int,
-        intent: dict[str, Any],
-        lineage: dict[int, Any],
+        intent: BatchIntent,
+        lineage: dict[int, dict[int, str | None]],
         replay: bool,
     ) -> TaskSpec:
         last = stage is self.stages[-1]
         return TaskSpec(
             op_id=stage.op_id,
             operator=stage.operator,
-            batch_id=batch_id,
+            batch_id=intent.batch_id,
             output_mode=self.config.output_mode if last else "append",
-            watermark_ms=int(intent["watermark_ms"]),
-            batch_timestamp_ms=int(intent["batch_timestamp_ms"]),
+            watermark_ms=intent.watermark_ms,
+            batch_timestamp_ms=intent.batch_timestamp_ms,
             num_partitions=self.config.num_partitions,
             store=self.config.store,
             lineage=lineage.get(stage.op_id, {}),
@@ -222,29 +197,29 @@ class BatchDriver:
         self,
         df: DataFrame,
         batch_id: int,
-        intent: dict[str, Any],
-        lineage: dict[int, Any],
+        intent: BatchIntent,
+        lineage: dict[int, dict[int, str | None]],
         session: SparkSession,
         *,
         replay: bool = False,
-    ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        acc = session.sparkContext.accumulator([], ReportParam())
+    ) -> tuple[list[TaskReport], dict[str, int]]:
+        reports_dir = self.log.new_report_dir(batch_id)
         n = self.config.num_partitions
         current = df
         specs: dict[int, TaskSpec] = {}
         for stage in self.stages:
-            spec = self._spec(stage, batch_id, intent, lineage, replay)
+            spec = self._spec(stage, intent, lineage, replay)
             specs[stage.op_id] = spec
             shuffled = stage.input_of(current, batch_id).repartition(
                 n, *[quote(c) for c in stage.partition_columns]
             )
-            current = shuffled.mapInArrow(_task_function(spec, acc), stage.output_struct)
+            current = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
         sink_started = time.time()
         self.sink.add_batch(batch_id, current, self.config.output_mode)
         timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
         if replay:
             return [], timings
-        reports = _winning_reports(acc.value)
+        reports = _winning_reports(reports_dir.read())
         missing = [(op_id, p) for op_id in specs for p in range(n) if (op_id, p) not in reports]
         if missing:
             if self.config.output_mode == "complete":
@@ -254,71 +229,41 @@ class BatchDriver:
                 )
                 raise QueryError(msg)
             log.warning("batch %d: committing untouched partitions %s", batch_id, missing)
-            sc = session.sparkContext
-            filled = (
-                sc.parallelize(missing, len(missing))
-                .map(lambda item: commit_empty(specs[item[0]], item[1]))
-                .collect()
-            )
-            for r in filled:
-                reports[(r["op"], r["partition"])] = r
+            _commit_untouched(session, specs, missing, reports_dir)
+            reports = _winning_reports(reports_dir.read())
         return list(reports.values()), timings
 
     def _commit(
-        self, batch_id: int, intent: dict[str, Any], reports: list[dict[str, Any]]
-    ) -> dict[int, list[dict[str, Any]]]:
-        per_op: dict[int, list[dict[str, Any]]] = {s.op_id: [] for s in self.stages}
+        self, intent: BatchIntent, reports: list[TaskReport]
+    ) -> dict[int, list[TaskReport]]:
+        per_op: dict[int, list[TaskReport]] = {s.op_id: [] for s in self.stages}
         for r in reports:
-            per_op[int(r["op"])].append(r)
+            per_op[r.op].append(r)
         first = self.stages[0].op_id
         for r in per_op[first]:
-            self.tracker.observe(INPUT, r["operator"].get("max_event_time_ms"))
+            self.tracker.observe(INPUT, r.operator.max_event_time_ms)
         self.tracker.advance()
-        operators = {
-            str(op_id): {
-                "checkpoint_ids": {
-                    str(r["partition"]): r["checkpoint_id"]
-                    for r in sorted(rs, key=lambda r: int(r["partition"]))
-                },
-                "num_rows_total": sum(int(r["store"]["num_keys"]) for r in rs),
-            }
-            for op_id, rs in per_op.items()
-        }
         self.log.write_commit(
-            batch_id,
-            {
-                "watermark_ms": int(intent["watermark_ms"]),
-                "watermark": self.tracker.to_dict(),
-                "committed_at": format_time(time.time()),
-                "operators": operators,
-            },
+            BatchCommit(
+                batch_id=intent.batch_id,
+                watermark_ms=intent.watermark_ms,
+                watermark=self.tracker.to_dict(),
+                committed_at=format_time(time.time()),
+                operators={op_id: OperatorCommit.of(rs) for op_id, rs in per_op.items()},
+            )
         )
-        self.last_batch = batch_id
+        self.last_batch = intent.batch_id
         return per_op
 
-    def _request_batch(
-        self, watermark_before: int, per_op: dict[int, list[dict[str, Any]]]
-    ) -> None:
-        """Ask the clock source for a no-data batch when an operator needs one (see clock.py):
-        now, if the watermark moved and event-time timeouts or timers may be due; once the
-        earliest processing-time timeout or timer comes due."""
+    def _request_batch(self, watermark_before: int, reports: list[TaskReport]) -> None:
+        """Ask the clock source for a no-data batch when an operator needs one
+        (:func:`sparkstate.runtime.triggers.next_request`)."""
         if not any(self.triggers.values()):
             return
-        requested = self._clock.get("requested_at_ms")
         moved = self.tracker.watermark_ms > watermark_before
-        if moved and "event" in self.triggers.values():
-            requested = int(time.time() * 1000)
-        due: int | None = None
-        for op_id, trigger in self.triggers.items():
-            if trigger != "processing":
-                continue
-            for r in per_op.get(op_id, []):
-                ts = r.get("operator", {}).get("next_timer_ms")
-                if ts is not None and (due is None or ts < due):
-                    due = int(ts)
-        wanted = {"requested_at_ms": requested, "due_ms": due}
+        wanted = next_request(self._clock, self.triggers, moved, reports, int(time.time() * 1000))
         if wanted != self._clock:
-            write_clock(self.log.dir, requested, due)
+            self.log.write_clock(wanted)
             self._clock = wanted
 
     def recent_progress(self) -> list[dict[str, Any]]:
@@ -348,16 +293,34 @@ def _engine_settings(session: SparkSession, num_partitions: int) -> Iterator[Non
                 session.conf.set(k, old)
 
 
-def _winning_reports(reports: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
-    """One report per (operator, partition): the newest attempt if a task ran more than once.
-
-    Every successful attempt of a partition loaded the same version and saw the same input, so
-    each committed the same state; the newest one is kept (checkpoint ids sort by time).
-    """
-    out: dict[tuple[int, int], dict[str, Any]] = {}
+def _winning_reports(reports: list[TaskReport]) -> dict[tuple[int, int], TaskReport]:
+    """One report per (operator, partition): the newest attempt if a task ran more than once
+    (:meth:`TaskReport.wins_over`)."""
+    out: dict[tuple[int, int], TaskReport] = {}
     for r in reports:
-        key = (int(r["op"]), int(r["partition"]))
+        key = (r.op, r.partition)
         old = out.get(key)
-        if old is None or str(r["checkpoint_id"]) > str(old["checkpoint_id"]):
+        if old is None or r.wins_over(old):
             out[key] = r
     return out
+
+
+def _commit_untouched(
+    session: SparkSession,
+    specs: dict[int, TaskSpec],
+    missing: list[tuple[int, int]],
+    reports: ReportDir,
+) -> None:
+    """Commit the partitions Spark ran no task for, one Spark task each, reports beside the
+    others (a DataFrame job: no ``SparkContext`` needed)."""
+
+    def commit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for op_id, partition in zip(
+                batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
+            ):
+                reports(commit_untouched(specs[op_id], partition))
+        return iter(())
+
+    pairs = session.createDataFrame(missing, "op int, partition int")
+    pairs.repartition(len(missing)).mapInArrow(commit, pairs.schema).collect()

@@ -12,6 +12,7 @@ from typing import Any
 
 from sparkstate.engine.plan import Stage
 from sparkstate.operators.base import OperatorMetrics
+from sparkstate.runtime.records import TaskReport
 
 __all__ = ["build_progress", "format_time", "state_operator_progress"]
 
@@ -23,7 +24,7 @@ def format_time(seconds: float) -> str:
 
 
 def state_operator_progress(
-    stage: Stage, reports: Sequence[dict[str, Any]], num_partitions: int
+    stage: Stage, reports: Sequence[TaskReport], num_partitions: int
 ) -> tuple[dict[str, Any], OperatorMetrics]:
     """One ``stateOperators`` entry and the operator's summed metrics."""
     total = OperatorMetrics()
@@ -31,13 +32,12 @@ def state_operator_progress(
     commit_ms = load_ms = 0.0
     rows_total = memory = 0
     for r in reports:
-        total.merge(OperatorMetrics.from_dict(r.get("operator", {})))
-        store = r["store"]
-        rows_total += int(store["num_keys"])
-        memory += int(store["memory_used_bytes"])
-        commit_ms += float(store["commit_time_ms"])
-        load_ms += float(store["load_time_ms"])
-        for name, value in store.get("custom", {}).items():
+        total.merge(r.operator)
+        rows_total += r.store.num_keys
+        memory += r.store.memory_used_bytes
+        commit_ms += r.store.commit_time_ms
+        load_ms += r.store.load_time_ms
+        for name, value in r.store.custom.items():
             custom[name] = custom.get(name, 0) + value
     custom["loadTimeMs"] = round(load_ms)
     for name, ms in total.phase_ms.items():  # where the tasks' time went, summed over partitions
@@ -72,7 +72,7 @@ def build_progress(
     started_s: float,
     durations_ms: dict[str, int],
     stages: Sequence[Stage],
-    per_op: dict[int, list[dict[str, Any]]],
+    per_op: dict[int, list[TaskReport]],
     num_partitions: int,
     watermark_ms: int | None,
     sink_description: str,

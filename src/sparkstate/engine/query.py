@@ -10,9 +10,9 @@ from typing import Any, Protocol
 from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.driver import BatchDriver
-from sparkstate.engine.logs import CheckpointLock
 from sparkstate.engine.plan import Stage
 from sparkstate.engine.sinks import Sink
+from sparkstate.runtime.logs import CheckpointLock
 
 __all__ = [
     "ProgressListener",

@@ -9,7 +9,6 @@ function may run as many actions as it likes without running the stateful stage 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
@@ -18,11 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.store.durable import DurableDir, local_path
 
 __all__ = [
     "FILE_FORMATS",
@@ -86,22 +85,15 @@ class FileSink(Sink):
             raise ConfigurationError(msg)
         self.fmt = fmt
         self.options = options
-        if "://" in path:
-            self.fs, self.path = pafs.FileSystem.from_uri(path)
-            self.uri_prefix = path[: path.index("://") + 3]
-        else:
-            self.fs, self.path = pafs.LocalFileSystem(), os.path.abspath(path)
-            self.uri_prefix = "file://"
+        self.dir = DurableDir(path)
+        self.meta = self.dir.child(METADATA_DIR)
+        local = local_path(path)
+        #: How the manifest names a file: a URI of the file system the sink writes to.
+        self.uri_prefix = "file://" if local is not None else path[: path.index("://") + 3]
         self.description = f"FileSink[{path}]"
 
-    def _meta(self, name: str) -> str:
-        return f"{self.path}/{METADATA_DIR}/{name}"
-
-    def _exists(self, path: str) -> bool:
-        return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
-
     def committed(self, batch_id: int) -> bool:
-        return self._exists(self._meta(self._log_name(batch_id)))
+        return self.meta.exists(self._log_name(batch_id))
 
     @staticmethod
     def _log_name(batch_id: int) -> str:
@@ -115,19 +107,18 @@ class FileSink(Sink):
         if output_mode == "complete":
             msg = "the file sink cannot take complete output mode (as in Spark); use update"
             raise ConfigurationError(msg)
-        staging = f"{self.path}/{STAGING_DIR}/{batch_id}-{uuid.uuid4().hex}"
-        df.write.format(self.fmt).options(**self.options).mode("overwrite").save(staging)
+        staging = self.dir.child(STAGING_DIR, f"{batch_id}-{uuid.uuid4().hex}")
+        where = staging.path if self.uri_prefix == "file://" else staging.uri
+        df.write.format(self.fmt).options(**self.options).mode("overwrite").save(where)
         entries = []
-        selector = pafs.FileSelector(staging, recursive=False)
-        for info in self.fs.get_file_info(selector):
-            if info.type != pafs.FileType.File or not info.base_name.startswith("part-"):
+        for entry in staging.list():
+            if not entry.name.startswith("part-"):
                 continue
-            target = f"{self.path}/{info.base_name}"
-            self.fs.move(info.path, target)
+            staging.move_to(entry.name, self.dir)
             entries.append(
                 {
-                    "path": f"{self.uri_prefix}{target}",
-                    "size": info.size,
+                    "path": f"{self.uri_prefix}{self.dir.path}/{entry.name}",
+                    "size": entry.size,
                     "isDir": False,
                     "modificationTime": int(time.time() * 1000),
                     "blockReplication": 1,
@@ -136,47 +127,37 @@ class FileSink(Sink):
                 }
             )
         self._write_log(batch_id, entries)
-        self.fs.delete_dir(staging)
+        staging.delete_all()
 
     def _write_log(self, batch_id: int, entries: list[dict[str, Any]]) -> None:
         name = self._log_name(batch_id)
         if name.endswith(".compact"):
             entries = self._all_entries_before(batch_id) + entries
         body = "v1\n" + "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
-        self.fs.create_dir(f"{self.path}/{METADATA_DIR}", recursive=True)
-        tmp = self._meta(f".{name}.{uuid.uuid4().hex}.tmp")
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(body.encode("utf-8"))
-        self.fs.move(tmp, self._meta(name))
+        self.meta.write_atomic(name, body.encode("utf-8"))
+
+    def _entries(self, batch_id: int) -> list[dict[str, Any]]:
+        lines = self.meta.read(self._log_name(batch_id)).decode("utf-8").splitlines()[1:]
+        return [json.loads(line) for line in lines if line.strip()]
 
     def _all_entries_before(self, batch_id: int) -> list[dict[str, Any]]:
         start = batch_id - COMPACT_INTERVAL  # the previous compaction, or -1
         out: list[dict[str, Any]] = []
         for b in range(max(start, 0), batch_id):
-            path = self._meta(self._log_name(b))
-            if not self._exists(path):
-                continue
-            with self.fs.open_input_stream(path) as src:
-                lines = src.read().decode("utf-8").splitlines()[1:]
-            out.extend(json.loads(line) for line in lines if line.strip())
+            if self.committed(b):
+                out.extend(self._entries(b))
         return out
 
     def read_committed_files(self) -> list[str]:
         """Paths of the files the manifests list (what a manifest-following reader sees)."""
-        found = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/{METADATA_DIR}", True))
-        names = [i.base_name for i in found if not i.base_name.startswith(".")]
+        names = [e.name for e in self.meta.list() if not e.name.startswith(".")]
         ids = sorted({int(n.split(".")[0]) for n in names})
         if not ids:
             return []
         latest = ids[-1]
         compacts = [b for b in ids if (b + 1) % COMPACT_INTERVAL == 0]
         first = compacts[-1] if compacts else 0
-        files: list[str] = []
-        for b in range(first, latest + 1):
-            with self.fs.open_input_stream(self._meta(self._log_name(b))) as src:
-                lines = src.read().decode("utf-8").splitlines()[1:]
-            files.extend(json.loads(line)["path"] for line in lines if line.strip())
-        return files
+        return [e["path"] for b in range(first, latest + 1) for e in self._entries(b)]
 
 
 class ConsoleSink(Sink):

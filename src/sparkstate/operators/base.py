@@ -174,14 +174,6 @@ class StatefulOperator(ABC):
         :attr:`OperatorMetrics.next_timer_ms`), or None."""
         return None
 
-    def should_run_no_data_batch(self, watermark_before_ms: int, watermark_after_ms: int) -> bool:
-        """Spark's ``shouldRunAnotherBatch``: processing-time work wants a batch on every
-        trigger, event-time work one whenever the watermark moved."""
-        trigger = self.time_trigger()
-        if trigger == "processing":
-            return True
-        return trigger == "event" and watermark_after_ms > watermark_before_ms
-
     def describe(self) -> dict[str, Any]:
         """What must not change across restarts of a checkpoint (compared as JSON)."""
         return {

@@ -187,3 +187,49 @@ class DurableDir:
         except OSError as exc:
             msg = f"cannot download {self.where(name)} to {local_path}: {exc}"
             raise StateFileError(msg) from exc
+
+    def move_to(self, name: str, other: DurableDir) -> None:
+        """Move file ``name`` into ``other`` (same file system) under the same name."""
+        try:
+            other._ensure_dir()
+            self.fs.move(self._full(name), other._full(name))
+        except OSError as exc:
+            msg = f"cannot move {self.where(name)} to {other.where(name)}: {exc}"
+            raise StateFileError(msg) from exc
+
+    def append(self, name: str, data: bytes) -> None:
+        """Add ``data`` at the end of ``name``. Object stores cannot append: there each call
+        writes the whole file anew, so keep such files small or give each record its own name."""
+        local = local_path(self.uri)
+        try:
+            if local is not None:
+                os.makedirs(local, exist_ok=True)
+                with open(os.path.join(local, name), "ab") as out:
+                    out.write(data)
+                return
+        except OSError as exc:
+            msg = f"cannot append to {self.where(name)}: {exc}"
+            raise StateFileError(msg) from exc
+        old = self.read(name) if self.exists(name) else b""
+        self.write_atomic(name, old + data)
+
+    def delete_all(self) -> None:
+        """Delete this directory and everything in it; a directory that is gone is fine."""
+        try:
+            self.fs.delete_dir(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if self.fs.get_file_info(self.path).type == pafs.FileType.NotFound:
+                return
+            msg = f"cannot delete {self.uri}: {exc}"
+            raise StateFileError(msg) from exc
+
+
+def local_path(uri: str) -> str | None:
+    """The local file system path of ``uri`` (a plain path or ``file://``), None if not local."""
+    if "://" not in uri:
+        return os.path.abspath(uri)
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    return None

@@ -41,6 +41,8 @@ from sparkstate.operators.state_collections import decode_list, decode_map
 from sparkstate.operators.state_vars import VarSpec, elements_cf_name
 from sparkstate.operators.timers import TIMERS_CF, TimeMode
 from sparkstate.operators.transform_with_state import INITIAL_STATE_MARKER, TransformWithState
+from sparkstate.runtime.partition import run_partition
+from sparkstate.runtime.watermark import WatermarkTracker
 from sparkstate.store.base import StateStore, StateStoreProvider, StoreConf, StoreId
 from sparkstate.store.codec import KeyCodec, ValueCodec
 from sparkstate.store.registry import provider_class
@@ -52,6 +54,7 @@ __all__ = [
     "processor_harness",
 ]
 
+INPUT = "input"
 Rows = Any  # list of dicts, a pandas DataFrame, a pyarrow Table / RecordBatch, or None
 
 
@@ -123,7 +126,8 @@ class OperatorHarness:
         self.watermark_delay_ms = watermark_delay_ms
         self.event_time_column = event_time_column
         self.batch_id = 0
-        self._max_event_time_ms: int | None = None
+        delays = {INPUT: watermark_delay_ms} if watermark_delay_ms is not None else {}
+        self._watermarks = WatermarkTracker(delays)
         self._provider: StateStoreProvider | None = None
         self.operator: StatefulOperator | None = None
         if input_schema is not None:
@@ -213,33 +217,17 @@ class OperatorHarness:
             watermark_ms=self.watermark_ms,
             batch_timestamp_ms=self.clock_ms,
         )
-        store = self.provider.get_store(self.batch_id)
-        try:
-            out = list(op.process(store, iter(data.to_batches()), ctx))
-            if commit:
-                store.commit()
-            else:
-                store.abort()
-        except BaseException:
-            store.abort()
-            raise
+        out = list(run_partition(op, self.provider, ctx, iter(data.to_batches()), commit=commit))
         result = BatchResult(
             self.batch_id, pa.Table.from_batches(out, schema=op.output_schema), ctx.metrics
         )
         if commit:
             self.batch_id += 1
-            self._advance_watermark(ctx.metrics.max_event_time_ms)
+            self._watermarks.watermark_ms = self.watermark_ms  # a value set by the test counts
+            self._watermarks.observe(INPUT, ctx.metrics.max_event_time_ms)
+            self._watermarks.advance()
+            self.watermark_ms = self._watermarks.watermark_ms
         return result
-
-    def _advance_watermark(self, max_event_time_ms: int | None) -> None:
-        if max_event_time_ms is not None and (
-            self._max_event_time_ms is None or max_event_time_ms > self._max_event_time_ms
-        ):
-            self._max_event_time_ms = max_event_time_ms
-        if self.watermark_delay_ms is not None and self._max_event_time_ms is not None:
-            self.watermark_ms = max(
-                self.watermark_ms, self._max_event_time_ms - self.watermark_delay_ms
-            )
 
     # --- state inspection ---------------------------------------------------------------------
 

@@ -1,9 +1,8 @@
-"""``sparkstate demo``: the streaming demo when the engine is present, else the state store demo."""
+"""The state store demo: write, commit and restore a rocksdb store from its durable files, with
+no Spark involved."""
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -13,15 +12,7 @@ import pyarrow as pa
 
 from sparkstate.store import StoreConf, StoreId, provider_class
 
-__all__ = ["run", "run_store_demo"]
-
-
-def run(args: argparse.Namespace) -> int:
-    if not args.store_only and importlib.util.find_spec("sparkstate.engine.demo") is not None:
-        from sparkstate.engine import demo as engine_demo
-
-        return int(engine_demo.run(args))
-    return run_store_demo(args.out, args.batches or 5)
+__all__ = ["run_store_demo"]
 
 
 def run_store_demo(out: str | None, versions: int) -> int:

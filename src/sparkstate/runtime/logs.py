@@ -2,9 +2,11 @@
 
 ``metadata.json`` fixes what must not change for the life of a checkpoint; ``batches/<b>.json`` is
 the intent of batch ``b`` (its watermark and timestamp, written before it runs, reused by a
-replay); ``commits/<b>.json`` is its outcome (which attempt of every store partition counts, and
-metrics); ``progress.jsonl`` holds one progress dict per batch. A lock file keeps a second query
-off a checkpoint that a running query uses.
+replay); ``reports/<b>/<run>/`` holds the reports of the tasks of one run of batch ``b`` until
+``commits/<b>.json`` records its outcome (which attempt of every store partition counts);
+``progress.jsonl`` holds one progress dict per batch; ``clock.json`` asks for no-data batches
+(:mod:`sparkstate.runtime.triggers`). A lock file keeps a second query off a checkpoint that a
+running query uses. Every file goes through :class:`~sparkstate.store.durable.DurableDir`.
 """
 
 from __future__ import annotations
@@ -14,24 +16,40 @@ import fcntl
 import json
 import os
 import threading
+import uuid
 from typing import IO, Any
 
 from sparkstate.exceptions import CheckpointInUseError, MissingVersionError
-from sparkstate.store.durable import DurableDir
+from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskReport
+from sparkstate.runtime.triggers import read_clock, write_clock
+from sparkstate.store.durable import DurableDir, local_path
 
-__all__ = ["CheckpointLock", "CheckpointLog", "local_path"]
+__all__ = ["CheckpointLock", "CheckpointLog", "ReportDir", "local_path"]
 
 FORMAT_VERSION = 1
 LOCK_FILE = "_query.lock"
+PROGRESS_FILE = "progress.jsonl"
 
 
-def local_path(uri: str) -> str | None:
-    """The local file system path of ``uri``, or None if it is not local."""
-    if "://" not in uri:
-        return os.path.abspath(uri)
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    return None
+class ReportDir:
+    """Where the tasks of one run of a batch leave their reports, and where the driver reads
+    them. Pickles as its URI, so it travels to the tasks; each task attempt writes its own file."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def __call__(self, report: TaskReport) -> None:
+        tag = report.checkpoint_id or uuid.uuid4().hex
+        name = f"{report.op}-{report.partition}-{tag}.json"
+        DurableDir(self.uri).write_atomic(name, report.to_json().encode("utf-8"))
+
+    def read(self) -> list[TaskReport]:
+        directory = DurableDir(self.uri)
+        return [
+            TaskReport.from_json(directory.read(e.name))
+            for e in directory.list()
+            if e.name.endswith(".json")
+        ]
 
 
 class CheckpointLog:
@@ -42,6 +60,7 @@ class CheckpointLog:
         self.dir = DurableDir(self.root)
         self.batches = self.dir.child("batches")
         self.commits = self.dir.child("commits")
+        self.reports = self.dir.child("reports")
 
     # --- metadata --------------------------------------------------------------------------------
 
@@ -55,44 +74,53 @@ class CheckpointLog:
         body = {"format_version": FORMAT_VERSION, **metadata}
         self.dir.write_atomic("metadata.json", _dumps(body))
 
-    # --- intents and commits ---------------------------------------------------------------------
+    # --- intents, reports and commits ------------------------------------------------------------
 
-    def read_intent(self, batch_id: int) -> dict[str, Any] | None:
-        return _read_optional(self.batches, f"{batch_id}.json")
+    def read_intent(self, batch_id: int) -> BatchIntent | None:
+        text = _read_optional(self.batches, f"{batch_id}.json")
+        return None if text is None else BatchIntent.from_json(text)
 
-    def write_intent(self, batch_id: int, intent: dict[str, Any]) -> None:
-        self.batches.write_atomic(f"{batch_id}.json", _dumps({"batch_id": batch_id, **intent}))
+    def write_intent(self, intent: BatchIntent) -> None:
+        self.batches.write_atomic(f"{intent.batch_id}.json", intent.to_json().encode("utf-8"))
 
-    def read_commit(self, batch_id: int) -> dict[str, Any] | None:
-        return _read_optional(self.commits, f"{batch_id}.json")
+    def new_report_dir(self, batch_id: int) -> ReportDir:
+        """A fresh directory for the reports of one run of batch ``batch_id``."""
+        return ReportDir(self.reports.child(str(batch_id), uuid.uuid4().hex).uri)
 
-    def write_commit(self, batch_id: int, commit: dict[str, Any]) -> None:
-        self.commits.write_atomic(f"{batch_id}.json", _dumps({"batch_id": batch_id, **commit}))
+    def read_commit(self, batch_id: int) -> BatchCommit | None:
+        text = _read_optional(self.commits, f"{batch_id}.json")
+        return None if text is None else BatchCommit.from_json(text)
 
-    def latest_commit(self) -> dict[str, Any] | None:
-        ids = [int(e.name[:-5]) for e in self.commits.list() if _is_batch_file(e.name)]
+    def write_commit(self, commit: BatchCommit) -> None:
+        """Record the batch's outcome; the reports of its runs are not needed after that."""
+        self.commits.write_atomic(f"{commit.batch_id}.json", commit.to_json().encode("utf-8"))
+        self.reports.child(str(commit.batch_id)).delete_all()
+
+    def latest_commit(self) -> BatchCommit | None:
+        ids = [_batch_of(e.name) for e in self.commits.list() if _is_batch_file(e.name)]
         return self.read_commit(max(ids)) if ids else None
+
+    # --- clock -----------------------------------------------------------------------------------
+
+    def read_clock(self) -> dict[str, Any]:
+        return read_clock(self.dir)
+
+    def write_clock(self, request: dict[str, Any]) -> None:
+        write_clock(self.dir, request.get("requested_at_ms"), request.get("due_ms"))
 
     # --- progress --------------------------------------------------------------------------------
 
     def append_progress(self, progress: dict[str, Any]) -> None:
-        line = json.dumps(progress, sort_keys=True) + "\n"
-        path = local_path(self.root)
-        if path is not None:
-            os.makedirs(path, exist_ok=True)
-            with open(os.path.join(path, "progress.jsonl"), "a", encoding="utf-8") as out:
-                out.write(line)
+        line = (json.dumps(progress, sort_keys=True) + "\n").encode("utf-8")
+        if local_path(self.root) is not None:
+            self.dir.append(PROGRESS_FILE, line)
         else:  # object stores cannot append: one file per batch
-            self.dir.child("progress").write_atomic(f"{progress['batchId']}.json", line.encode())
+            self.dir.child("progress").write_atomic(f"{progress['batchId']}.json", line)
 
     def read_progress(self) -> list[dict[str, Any]]:
-        path = local_path(self.root)
-        if path is not None:
-            file = os.path.join(path, "progress.jsonl")
-            if not os.path.exists(file):
-                return []
-            with open(file, encoding="utf-8") as src:
-                return [json.loads(line) for line in src if line.strip()]
+        if local_path(self.root) is not None:
+            text = _read_optional(self.dir, PROGRESS_FILE) or b""
+            return [json.loads(line) for line in text.decode("utf-8").splitlines() if line.strip()]
         pdir = self.dir.child("progress")
         names = sorted((e.name for e in pdir.list() if _is_batch_file(e.name)), key=_batch_of)
         return [json.loads(pdir.read(n)) for n in names]
@@ -154,12 +182,11 @@ def _dumps(data: dict[str, Any]) -> bytes:
     return json.dumps(data, indent=2, sort_keys=True).encode("utf-8")
 
 
-def _read_optional(directory: DurableDir, name: str) -> dict[str, Any] | None:
+def _read_optional(directory: DurableDir, name: str) -> bytes | None:
     try:
-        data: dict[str, Any] = json.loads(directory.read(name))
+        return directory.read(name)
     except MissingVersionError:
         return None
-    return data
 
 
 def _is_batch_file(name: str) -> bool:

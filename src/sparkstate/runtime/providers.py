@@ -1,0 +1,134 @@
+"""The worker-level provider cache: one provider per (state root, operator, partition) in a
+Python worker process, an in-process lock per partition, and maintenance off the task's path.
+
+A partition that runs in the same worker again starts warm; maintenance (snapshots, retention)
+runs on a background thread of the worker after the task is done, at most every
+``maintenance_interval_s`` seconds per partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+
+from sparkstate.exceptions import StoreLockedError
+from sparkstate.store.base import StateStoreProvider, StoreConf, StoreId
+from sparkstate.store.registry import provider_class
+
+__all__ = ["PROVIDERS", "PartitionKey", "ProviderCache", "StoreSettings"]
+
+log = logging.getLogger("sparkstate.runtime")
+
+#: (state root, operator id, partition id)
+PartitionKey = tuple[str, int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSettings:
+    """Where and how an operator's stores live: shipped to every task."""
+
+    state_root: str
+    provider: str
+    conf: StoreConf
+    maintenance_interval_s: float = 30.0
+
+
+class ProviderCache:
+    """One provider per (state root, operator, partition) in this Python process."""
+
+    def __init__(self) -> None:
+        self._providers: dict[PartitionKey, StateStoreProvider] = {}
+        self._locks: dict[PartitionKey, threading.Lock] = {}
+        self._last_maintenance: dict[PartitionKey, float] = {}
+        self._guard = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def lock(self, key: PartitionKey) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    @contextlib.contextmanager
+    def holding(self, key: PartitionKey, timeout_s: float) -> Iterator[None]:
+        """The partition's in-process lock (tasks and maintenance take turns), with a timeout."""
+        lock = self.lock(key)
+        if not lock.acquire(timeout=timeout_s):
+            msg = (
+                f"state partition {key[1]}/{key[2]} under {key[0]} stayed busy in Python worker "
+                f"{os.getpid()} for {timeout_s:.0f} s (an abandoned task or a slow maintenance); "
+                "the task will be retried. Raise stateStore.lock_timeout_s if this is expected."
+            )
+            raise StoreLockedError(msg)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def provider(
+        self,
+        key: PartitionKey,
+        settings: StoreSettings,
+        num_partitions: int,
+        key_schema: pa.Schema,
+        value_schema: pa.Schema,
+        column_families: dict[str, tuple[pa.Schema, pa.Schema]],
+    ) -> StateStoreProvider:
+        """The cached provider of a partition (caller holds ``lock(key)``)."""
+        found = self._providers.get(key)
+        if found is not None:
+            return found
+        provider = provider_class(settings.provider)()
+        conf = dataclasses.replace(settings.conf, num_partitions=num_partitions)
+        provider.init(
+            StoreId(settings.state_root, key[1], key[2]),
+            key_schema,
+            value_schema,
+            conf,
+            column_families or None,
+        )
+        self._providers[key] = provider
+        return provider
+
+    def maintain_later(self, key: PartitionKey, interval_s: float) -> None:
+        """Run ``do_maintenance`` for the partition on a background thread, at most every
+        ``interval_s`` seconds."""
+        now = time.monotonic()
+        last = self._last_maintenance.get(key)
+        if last is not None and now - last < interval_s:
+            return
+        self._last_maintenance[key] = now
+        with self._guard:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkstate-maintenance")
+            pool = self._pool
+        pool.submit(self._maintain, key)
+
+    def _maintain(self, key: PartitionKey) -> None:
+        with self.lock(key):
+            provider = self._providers.get(key)
+            if provider is None:
+                return
+            try:
+                provider.do_maintenance()
+            except Exception:  # maintenance is retried next time; a batch never fails for it
+                log.exception("state store maintenance failed for %s", key)
+
+    def close_all(self) -> None:
+        with self._guard:
+            keys = list(self._providers)
+        for key in keys:
+            with self.lock(key):
+                provider = self._providers.pop(key, None)
+                if provider is not None:
+                    provider.close()
+
+
+#: The process-wide cache (one per Python worker process).
+PROVIDERS = ProviderCache()

@@ -1,0 +1,174 @@
+"""A stateful task: one operator partition of one batch, run from the worker-level provider cache.
+
+:func:`run_task` is the body of the engine's Spark task, :func:`commit_untouched` commits a
+partition Spark ran no task for; both go through :func:`run_partition` and end in a
+:class:`TaskReport` handed to ``publish`` (the engine writes it where the driver reads it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+
+from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.runtime.partition import Committed, run_partition
+from sparkstate.runtime.providers import PROVIDERS, PartitionKey, StoreSettings
+from sparkstate.runtime.records import StoreReport, TaskReport
+from sparkstate.store.base import StateStoreProvider
+
+__all__ = ["Attempt", "TaskSpec", "commit_untouched", "run_task"]
+
+log = logging.getLogger("sparkstate.runtime")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Everything a stateful task of one operator needs for one batch."""
+
+    op_id: int
+    operator: StatefulOperator
+    batch_id: int
+    output_mode: str
+    watermark_ms: int
+    batch_timestamp_ms: int
+    num_partitions: int
+    store: StoreSettings
+    #: Checkpoint id of version ``batch_id`` per partition (from the previous commit).
+    lineage: dict[int, str | None]
+    #: Re-deliver the output of a committed batch: run on version ``batch_id``, then abort.
+    replay: bool = False
+
+    def key(self, partition: int) -> PartitionKey:
+        return (self.store.state_root, self.op_id, partition)
+
+    def context(self, partition: int) -> BatchContext:
+        return BatchContext(
+            batch_id=self.batch_id,
+            output_mode=self.output_mode,
+            partition_id=partition,
+            num_partitions=self.num_partitions,
+            watermark_ms=self.watermark_ms,
+            batch_timestamp_ms=self.batch_timestamp_ms,
+        )
+
+    def provider(self, partition: int) -> StateStoreProvider:
+        """The partition's cached provider (the caller holds its lock)."""
+        op = self.operator
+        return PROVIDERS.provider(
+            self.key(partition),
+            self.store,
+            self.num_partitions,
+            op.key_schema,
+            op.value_schema,
+            op.column_families(),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """Which attempt of a task this is (Spark's numbers; -1 outside a Spark task)."""
+
+    number: int = 0
+    task_attempt_id: int = -1
+    pid: int = dataclasses.field(default_factory=os.getpid)
+
+
+def run_task(
+    spec: TaskSpec,
+    partition: int,
+    batches: Iterator[pa.RecordBatch],
+    publish: Callable[[TaskReport], None],
+    attempt: Attempt | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """The operator's output for one partition; the report is published after the commit."""
+    attempt = attempt or Attempt()
+    key = spec.key(partition)
+    ctx = spec.context(partition)
+    started = time.perf_counter()
+    done: list[Committed] = []
+    with PROVIDERS.holding(key, spec.store.conf.lock_timeout_s):
+        yield from run_partition(
+            spec.operator,
+            spec.provider(partition),
+            ctx,
+            batches,
+            checkpoint_id=spec.lineage.get(partition),
+            commit=not spec.replay,
+            on_commit=done.append,
+        )
+    if spec.replay:
+        return
+    (committed,) = done
+    task_ms = (time.perf_counter() - started) * 1000
+    publish(_report(spec, partition, ctx, committed, attempt, task_ms))
+    PROVIDERS.maintain_later(key, spec.store.maintenance_interval_s)
+
+
+def commit_untouched(spec: TaskSpec, partition: int) -> TaskReport:
+    """Commit version ``b + 1`` of a partition that received no task in batch ``b``.
+
+    An operator with time-driven work (timeouts, timers, TTL: ``time_trigger()``) runs its pass
+    over no input first, so its state advances as in a partition that ran; the rows it emits are
+    dropped (the sink consumed the batch already, and only a sink that reads part of the output,
+    e.g. the console, skips partitions) and counted in ``num_output_rows_dropped``.
+    """
+    ctx = spec.context(partition)
+    timed = spec.operator.time_trigger() is not None
+    done: list[Committed] = []
+    with PROVIDERS.holding(spec.key(partition), spec.store.conf.lock_timeout_s):
+        output = run_partition(
+            spec.operator if timed else None,
+            spec.provider(partition),
+            ctx,
+            iter(()),
+            checkpoint_id=spec.lineage.get(partition),
+            on_commit=done.append,
+        )
+        dropped = sum(b.num_rows for b in output)
+    if dropped:
+        log.warning(
+            "batch %d: partition %d of operator %d emitted %d row(s) in its timeout pass after "
+            "the sink had consumed the batch; dropped",
+            spec.batch_id,
+            partition,
+            spec.op_id,
+            dropped,
+        )
+    (committed,) = done
+    report = _report(spec, partition, ctx, committed, Attempt(), 0.0)
+    return dataclasses.replace(
+        report,
+        store=dataclasses.replace(report.store, load_time_ms=0.0, commit_time_ms=0.0),
+        num_output_rows_dropped=dropped,
+    )
+
+
+def _report(
+    spec: TaskSpec,
+    partition: int,
+    ctx: BatchContext,
+    committed: Committed,
+    attempt: Attempt,
+    task_ms: float,
+) -> TaskReport:
+    return TaskReport(
+        op=spec.op_id,
+        partition=partition,
+        checkpoint_id=committed.checkpoint_id,
+        version=committed.version,
+        operator=ctx.metrics,
+        store=StoreReport.of(
+            committed.metrics,
+            load_time_ms=committed.load_time_ms,
+            commit_time_ms=committed.commit_time_ms,
+            task_time_ms=task_ms,
+        ),
+        attempt=attempt.number,
+        task_attempt_id=attempt.task_attempt_id,
+        pid=attempt.pid,
+    )

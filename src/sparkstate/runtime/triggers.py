@@ -1,0 +1,76 @@
+"""When a query needs a batch without new data, and how the driver asks for one.
+
+An operator says what drives its time-based work with ``time_trigger()`` (Spark's
+``shouldRunAnotherBatch``): ``"event"`` wants a batch whenever the watermark moved (event-time
+timeouts and timers may be due), ``"processing"`` wants one once its earliest processing-time
+timeout or timer (``OperatorMetrics.next_timer_ms``) comes due. The driver turns that into a
+request in ``clock.json`` under the engine's checkpoint directory (:func:`next_request`); the
+engine's clock source reads it (:func:`wants_batch`) and makes Spark run the batch.
+
+``clock.json`` holds:
+
+- ``requested_at_ms``: set when the watermark moved past one that event-time work uses; a batch
+  is wanted if it is later than the source's current tick;
+- ``due_ms``: the earliest processing-time timeout or timer of any partition; a batch is wanted
+  once the clock passes it (so, unlike Spark, an idle query with nothing due runs no batch).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sparkstate.exceptions import MissingVersionError
+from sparkstate.runtime.records import TaskReport
+from sparkstate.store.durable import DurableDir
+
+__all__ = ["CLOCK_FILE", "next_request", "read_clock", "wants_batch", "write_clock"]
+
+CLOCK_FILE = "clock.json"
+
+
+def read_clock(directory: DurableDir) -> dict[str, Any]:
+    """The driver's last request; ``{}`` before the first one."""
+    try:
+        data = json.loads(directory.read(CLOCK_FILE))
+    except (MissingVersionError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_clock(directory: DurableDir, requested_at_ms: int | None, due_ms: int | None) -> None:
+    body = {"requested_at_ms": requested_at_ms, "due_ms": due_ms}
+    directory.write_atomic(CLOCK_FILE, json.dumps(body, sort_keys=True).encode("utf-8"))
+
+
+def wants_batch(request: Mapping[str, Any], tick_ms: int, now_ms: int) -> bool:
+    """Whether the driver's ``request`` asks for a batch after the one at ``tick_ms``."""
+    requested = request.get("requested_at_ms")
+    if requested is not None and int(requested) > tick_ms:
+        return True
+    due = request.get("due_ms")
+    return due is not None and now_ms > int(due)
+
+
+def next_request(
+    previous: Mapping[str, Any],
+    triggers: Mapping[int, str | None],
+    watermark_moved: bool,
+    reports: Iterable[TaskReport],
+    now_ms: int,
+) -> dict[str, Any]:
+    """The request after a batch, from the operators' triggers (by operator id) and the batch's
+    task reports: a batch now if the watermark moved and an operator is event-driven; one once
+    the earliest processing-time timeout or timer comes due."""
+    requested = previous.get("requested_at_ms")
+    if watermark_moved and "event" in triggers.values():
+        requested = now_ms
+    due: int | None = None
+    for r in reports:
+        if triggers.get(r.op) != "processing":
+            continue
+        ts = r.operator.next_timer_ms
+        if ts is not None and (due is None or ts < due):
+            due = int(ts)
+    return {"requested_at_ms": requested, "due_ms": due}

@@ -1,0 +1,77 @@
+"""The driver's records: JSON round trips, the files they were always written as, the reports'
+directory and the rule that picks one report per partition."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sparkstate.operators.base import OperatorMetrics
+from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.records import (
+    BatchCommit,
+    BatchIntent,
+    OperatorCommit,
+    StoreReport,
+    TaskReport,
+)
+from sparkstate.runtime.triggers import next_request
+
+
+def report(partition: int, checkpoint_id: str, next_timer_ms: int | None = None) -> TaskReport:
+    return TaskReport(
+        op=0,
+        partition=partition,
+        checkpoint_id=checkpoint_id,
+        version=3,
+        operator=OperatorMetrics(num_input_rows=2, next_timer_ms=next_timer_ms),
+        store=StoreReport(num_keys=5, custom={"rocksdbSstFileSize": 10.0}),
+    )
+
+
+def test_intent_and_commit_files_keep_their_format(tmp_path: Path) -> None:
+    log = CheckpointLog(str(tmp_path))
+    log.write_intent(BatchIntent(4, watermark_ms=1_000, batch_timestamp_ms=2_000))
+    written = json.loads((tmp_path / "batches" / "4.json").read_text())
+    assert written == {"batch_id": 4, "watermark_ms": 1_000, "batch_timestamp_ms": 2_000}
+    assert log.read_intent(4) == BatchIntent(4, 1_000, 2_000)
+    assert log.read_intent(5) is None
+    commit = BatchCommit(
+        batch_id=4,
+        watermark_ms=1_000,
+        watermark={"watermark_ms": 1_500, "max_event_time_ms": {"input": 2_500}},
+        committed_at="2026-01-01T00:00:00.000Z",
+        operators={0: OperatorCommit({0: "a", 1: None}, num_rows_total=7)},
+    )
+    log.write_commit(commit)
+    written = json.loads((tmp_path / "commits" / "4.json").read_text())
+    assert written["operators"] == {"0": {"checkpoint_ids": {"0": "a", "1": None},
+                                          "num_rows_total": 7}}  # fmt: skip
+    assert log.read_commit(4) == commit == log.latest_commit()
+    assert commit.lineage() == {0: {0: "a", 1: None}}
+
+
+def test_reports_travel_through_files_and_are_gone_after_the_commit(tmp_path: Path) -> None:
+    log = CheckpointLog(str(tmp_path))
+    reports = log.new_report_dir(7)
+    reports(report(0, "b"))
+    reports(report(0, "a"))  # an earlier attempt of the same partition
+    reports(report(1, "c"))
+    assert sorted((r.partition, r.checkpoint_id) for r in reports.read()) == [
+        (0, "a"), (0, "b"), (1, "c")]  # fmt: skip
+    assert report(0, "b").wins_over(report(0, "a"))
+    assert log.new_report_dir(7).read() == []  # another run of the batch starts empty
+    log.write_commit(BatchCommit(7, 0, {}, "", {0: OperatorCommit.of(reports.read())}))
+    assert not (tmp_path / "reports" / "7").exists()
+
+
+def test_a_no_data_batch_is_requested_by_what_drives_the_operators() -> None:
+    reports = [report(0, "a", next_timer_ms=9_000), report(1, "b", next_timer_ms=7_000)]
+    assert next_request({}, {0: "processing"}, False, reports, now_ms=1) == {
+        "requested_at_ms": None, "due_ms": 7_000}  # fmt: skip
+    assert next_request({}, {0: "event"}, True, reports, now_ms=5) == {
+        "requested_at_ms": 5, "due_ms": None}  # fmt: skip
+    assert next_request({"requested_at_ms": 3}, {0: "event"}, False, [], now_ms=5) == {
+        "requested_at_ms": 3, "due_ms": None}  # fmt: skip
+    assert next_request({}, {0: None}, True, reports, now_ms=5) == {
+        "requested_at_ms": None, "due_ms": None}  # fmt: skip
