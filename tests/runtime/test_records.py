@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
+
 from sparkstate.operators.base import OperatorMetrics
+from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.progress import build_progress
 from sparkstate.runtime.records import (
     BatchCommit,
     BatchIntent,
@@ -75,3 +79,25 @@ def test_a_no_data_batch_is_requested_by_what_drives_the_operators() -> None:
         "requested_at_ms": 3, "due_ms": None}  # fmt: skip
     assert next_request({}, {0: None}, True, reports, now_ms=5) == {
         "requested_at_ms": None, "due_ms": None}  # fmt: skip
+
+
+def test_progress_sums_the_partitions_reports() -> None:
+    op = Deduplicate(pa.schema([("k", pa.string())]), ["k"])
+    progress = build_progress(
+        query_id="q",
+        run_id="r",
+        name=None,
+        batch_id=3,
+        started_s=0.0,
+        durations_ms={"triggerExecution": 1_000},
+        operators={0: op},
+        per_op={0: [report(0, "a"), report(1, "b")]},
+        num_partitions=2,
+        watermark_ms=None,
+        sink_description="NoopSink",
+    )
+    (entry,) = progress["stateOperators"]
+    assert entry["operatorName"] == op.progress_name
+    assert entry["numRowsTotal"] == 10 and entry["numShufflePartitions"] == 2
+    assert entry["customMetrics"]["rocksdbSstFileSize"] == 20
+    assert progress["numInputRows"] == 4 and progress["batchId"] == 3

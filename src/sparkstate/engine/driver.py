@@ -24,10 +24,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
-from sparkstate.engine.progress import build_progress, format_time
 from sparkstate.engine.sinks import Sink
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
+from sparkstate.runtime.progress import build_progress, format_time
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit, TaskReport
 from sparkstate.runtime.tasks import TaskSpec, commit_untouched
@@ -122,7 +122,7 @@ class BatchDriver:
             batch_id=batch_id,
             started_s=started,
             durations_ms=timings,
-            stages=self.stages,
+            operators={s.op_id: s.operator for s in self.stages},
             per_op=per_op,
             num_partitions=self.config.num_partitions,
             watermark_ms=intent.watermark_ms if self.tracker.delays_ms else None,

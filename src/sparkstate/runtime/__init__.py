@@ -7,4 +7,5 @@
 - :mod:`~sparkstate.runtime.logs`: the engine's checkpoint logs.
 - :mod:`~sparkstate.runtime.watermark`: event-time watermarks with Spark's rules.
 - :mod:`~sparkstate.runtime.triggers`: when a query needs a batch without new data.
+- :mod:`~sparkstate.runtime.progress`: progress in the shape of Spark's, from the task reports.
 """

@@ -10,8 +10,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from sparkstate.engine.plan import Stage
-from sparkstate.operators.base import OperatorMetrics
+from sparkstate.operators.base import OperatorMetrics, StatefulOperator
 from sparkstate.runtime.records import TaskReport
 
 __all__ = ["build_progress", "format_time", "state_operator_progress"]
@@ -24,7 +23,7 @@ def format_time(seconds: float) -> str:
 
 
 def state_operator_progress(
-    stage: Stage, reports: Sequence[TaskReport], num_partitions: int
+    operator: StatefulOperator, reports: Sequence[TaskReport], num_partitions: int
 ) -> tuple[dict[str, Any], OperatorMetrics]:
     """One ``stateOperators`` entry and the operator's summed metrics."""
     total = OperatorMetrics()
@@ -43,7 +42,7 @@ def state_operator_progress(
     for name, ms in total.phase_ms.items():  # where the tasks' time went, summed over partitions
         custom[name] = round(ms)
     entry = {
-        "operatorName": stage.operator.progress_name,
+        "operatorName": operator.progress_name,
         "numRowsTotal": rows_total,
         "numRowsUpdated": total.num_rows_updated,
         "allUpdatesTimeMs": total.all_updates_time_ms,
@@ -71,7 +70,7 @@ def build_progress(
     batch_id: int,
     started_s: float,
     durations_ms: dict[str, int],
-    stages: Sequence[Stage],
+    operators: dict[int, StatefulOperator],
     per_op: dict[int, list[TaskReport]],
     num_partitions: int,
     watermark_ms: int | None,
@@ -80,8 +79,8 @@ def build_progress(
     """The progress of one batch (without ``sources``, which Spark's own progress adds)."""
     entries = []
     totals = []
-    for stage in stages:
-        entry, total = state_operator_progress(stage, per_op.get(stage.op_id, []), num_partitions)
+    for op_id, operator in operators.items():
+        entry, total = state_operator_progress(operator, per_op.get(op_id, []), num_partitions)
         entries.append(entry)
         totals.append(total)
     num_input = totals[0].num_input_rows if totals else 0
