@@ -2,17 +2,15 @@
 
 PySpark runs a partition's task in whichever Python worker process of the executor is free, so a
 store's local RocksDB lives in an executor-level directory ``<local_dir>/<local_key>/``, not in a
-process. An exclusive ``flock`` on ``LOCK.sparkstate`` says which process may use it; the holder
-records itself in the lock file (for the error message of a process that waits in vain), opens
-``db/`` and closes it before releasing the lock so the next process can open it. A process that
-dies loses its flock in the kernel, and RocksDB's own ``LOCK`` with it.
+process. An exclusive ``flock`` on ``LOCK.sparkstate`` (:mod:`.file_lock`) says which process may
+use it; the holder records itself in the lock file (for the error message of a process that waits
+in vain), opens ``db/`` and closes it before releasing the lock so the next process can open it. A
+process that dies loses its flock in the kernel, and RocksDB's own ``LOCK`` with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +21,7 @@ import time
 from types import TracebackType
 
 from sparkstate.exceptions import ConfigurationError, StoreLockedError
+from sparkstate.store.file_lock import FileLock
 
 __all__ = ["DB_DIR_NAME", "LOCK_FILE_NAME", "LocalStoreDir", "LockHolder", "local_key"]
 
@@ -59,9 +58,9 @@ class LocalStoreDir:
     """``<root>/<key>/``: one store's executor-local directory and its exclusive file lock.
 
     ``acquire`` waits for the lock (another worker process may be using the store) and records
-    this process in the lock file; ``release`` clears it. The lock is an ``flock`` on an open file
-    description, so it is also released when the holder dies, and two ``LocalStoreDir`` objects in
-    one process exclude each other too.
+    this process in the lock file; ``release`` clears it. The lock is a :class:`.FileLock` (an
+    ``flock`` on an open file description), so it is also released when the holder dies, and two
+    ``LocalStoreDir`` objects in one process exclude each other too.
     """
 
     def __init__(self, root: str, key: str) -> None:
@@ -73,8 +72,7 @@ class LocalStoreDir:
         self.path = os.path.join(root, key)
         self.db_path = os.path.join(self.path, DB_DIR_NAME)
         self.lock_path = os.path.join(self.path, LOCK_FILE_NAME)
-        self._fd: int | None = None
-        self._fd_pid = 0
+        self._lock = FileLock(self.lock_path)
 
     def __repr__(self) -> str:
         return f"LocalStoreDir({self.path!r}, held={self.held})"
@@ -82,7 +80,7 @@ class LocalStoreDir:
     @property
     def held(self) -> bool:
         """Whether this object holds the lock in this process (a forked child does not)."""
-        return self._fd is not None and self._fd_pid == os.getpid()
+        return self._lock.held
 
     def acquire(self, timeout_s: float, owner: str = "") -> float:
         """Take the lock, waiting up to ``timeout_s``; return the seconds waited.
@@ -93,70 +91,43 @@ class LocalStoreDir:
         if self.held:
             msg = f"local store directory {self.path} is already locked by this object"
             raise StoreLockedError(msg)
-        self._forget_inherited_fd()
         os.makedirs(self.path, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         start = time.monotonic()
         deadline = start + max(timeout_s, 0.0)
         delay = 0.001
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                        raise
-                now = time.monotonic()
-                if now >= deadline:
-                    holder = self.holder()
-                    who = holder.describe() if holder else "a process that recorded no pid"
-                    msg = (
-                        f"local store directory {self.path} is locked by {who}; "
-                        f"gave up after {timeout_s:.1f} s"
-                    )
-                    raise StoreLockedError(msg)
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 0.05)
-            record = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "acquired_at": time.time(),
-                "owner": owner,
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode("utf-8"), 0)
-        except BaseException:
-            os.close(fd)  # closing the only descriptor also drops a lock taken above
-            raise
-        self._fd = fd
-        self._fd_pid = os.getpid()
+        while not self._lock.try_acquire(self._record(owner)):
+            now = time.monotonic()
+            if now >= deadline:
+                holder = self.holder()
+                who = holder.describe() if holder else "a process that recorded no pid"
+                msg = (
+                    f"local store directory {self.path} is locked by {who}; "
+                    f"gave up after {timeout_s:.1f} s"
+                )
+                raise StoreLockedError(msg)
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.05)
         return time.monotonic() - start
+
+    @staticmethod
+    def _record(owner: str) -> str:
+        """The owner line of this process: a JSON object that :meth:`holder` reads back."""
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "acquired_at": time.time(),
+            "owner": owner,
+        }
+        return json.dumps(record)
 
     def release(self) -> None:
         """Clear the holder record and drop the lock. Close the DB first. Idempotent."""
-        if self._fd is None:
-            return
-        fd, self._fd = self._fd, None
-        try:
-            if self._fd_pid == os.getpid():
-                os.ftruncate(fd, 0)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-    def _forget_inherited_fd(self) -> None:
-        # A forked child shares the parent's open file description: unlocking it would release
-        # the parent's lock, so only close our copy of the descriptor.
-        if self._fd is not None and self._fd_pid != os.getpid():
-            fd, self._fd = self._fd, None
-            os.close(fd)
+        self._lock.release()
 
     def holder(self) -> LockHolder | None:
         """The holder recorded in the lock file, or None if none is recorded (or it is garbled)."""
         try:
-            with open(self.lock_path, "rb") as f:
-                raw = json.loads(f.read(4096) or b"null")
+            raw = json.loads(self._lock.owner() or "null")
             return LockHolder(
                 int(raw["pid"]), str(raw["host"]), float(raw["acquired_at"]), str(raw["owner"])
             )
