@@ -19,6 +19,7 @@ from sparkstate.store.evolution import (
     incompatibility,
     value_header,
 )
+from sparkstate.store.schema_json import fields_from_json
 from sparkstate.testing.factory import KEY_SCHEMA, ProviderFactory
 
 V0 = pa.schema([("count", pa.int64()), ("label", pa.string())])
@@ -183,7 +184,7 @@ def test_a_store_reads_old_values_after_its_schema_evolves(factory: ProviderFact
     _commit(provider, 2, v1)
     family = _schema_file(factory)["column_families"]["default"]
     assert len(family["value_history"]) == 2
-    assert [f[0] for f in family["value"]] == ["label", "extra", "count"]
+    assert [f[0] for f in fields_from_json(family["value"])] == ["label", "extra", "count"]
 
     provider = factory.reopen(value_schema=V2)
     rows = _read(provider, 3)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from sparkstate.exceptions import (
@@ -12,7 +15,7 @@ from sparkstate.exceptions import (
     SchemaMismatchError,
 )
 from sparkstate.store.changelog import decode_changelog, encode_changelog
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.durable import DurableDir, local_path
 from sparkstate.store.frames import decode_frame, encode_frame
 from sparkstate.store.layout import (
     VersionIndex,
@@ -72,6 +75,19 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path) -> None:  # type: igno
     with pytest.raises(MissingVersionError, match="missing state file"):
         d.read("nope")
     assert d.list() == [] or d.child("sub").list() == []
+
+
+def test_local_path_tells_local_locations_from_other_uris(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert local_path(str(tmp_path)) == str(tmp_path)
+    assert local_path("relative/dir") == os.path.join(os.getcwd(), "relative/dir")
+    assert local_path(f"file://{tmp_path}") == str(tmp_path)
+    assert local_path("s3://bucket/ckpt") is None
+    assert local_path("hdfs://namenode:8020/ckpt") is None
+    for uri in (str(tmp_path), f"file://{tmp_path}", f"file://{tmp_path}/"):
+        d = DurableDir(uri)
+        assert isinstance(d.fs, pafs.LocalFileSystem) and d.path == str(tmp_path)
+        d.write_atomic("f", uri.encode())
+        assert (tmp_path / "f").read_bytes() == uri.encode()
 
 
 def test_index_resolves_newest_attempt_and_names_missing_versions(tmp_path) -> None:  # type: ignore[no-untyped-def]

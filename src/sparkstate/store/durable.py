@@ -1,7 +1,8 @@
 """The one I/O boundary to durable storage: a directory behind ``pyarrow.fs``.
 
-Local paths, ``file://`` and ``s3://`` URIs (with ``?endpoint_override=...&scheme=http`` for an S3
-endpoint of your own) work; so does anything else ``pyarrow.fs.FileSystem.from_uri`` knows.
+Local paths and ``file://`` URIs (:func:`local_path` is the one test of what is local), ``s3://``
+URIs (with ``?endpoint_override=...&scheme=http`` for an S3 endpoint of your own) work; so does
+anything else ``pyarrow.fs.FileSystem.from_uri`` knows.
 
 A file becomes visible only once it is complete: on a file system with rename, it is written to a
 temporary name and renamed; on an object store, a single-object put is atomic by itself.
@@ -18,7 +19,7 @@ import pyarrow.fs as pafs
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, StateFileError
 
-__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry"]
+__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry", "local_path"]
 
 #: Files whose name starts with this are being written; readers ignore them, maintenance deletes
 #: old ones.
@@ -33,10 +34,19 @@ class FileEntry:
     mtime_s: float
 
 
-def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+def local_path(uri: str) -> str | None:
+    """The local file system path of a plain path or ``file://`` URI; None for any other URI."""
     if "://" not in uri:
-        path = os.path.abspath(uri)
-        return pafs.LocalFileSystem(), path
+        return os.path.abspath(uri)
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    return None
+
+
+def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    path = local_path(uri)
+    if path is not None:
+        return pafs.LocalFileSystem(), os.path.abspath(path)
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError) as exc:
@@ -225,11 +235,3 @@ class DurableDir:
             msg = f"cannot delete {self.uri}: {exc}"
             raise StateFileError(msg) from exc
 
-
-def local_path(uri: str) -> str | None:
-    """The local file system path of ``uri`` (a plain path or ``file://``), None if not local."""
-    if "://" not in uri:
-        return os.path.abspath(uri)
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    return None

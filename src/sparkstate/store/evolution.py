@@ -13,7 +13,8 @@ are null, fields the current schema dropped are skipped. Compatible changes: add
 fields, dropping fields, reordering fields, making a field nullable. Refused when the store opens:
 a field whose type differs from the one it had in any schema of the history (a dropped field
 cannot come back with another type), a field added or made non-nullable, and a switch between
-pickled Python objects (one ``__pickled`` binary field) and schema-encoded values.
+pickled Python objects (one ``__pickled`` binary field) and schema-encoded values. Schemas are
+compared as :mod:`.schema_json`'s ``Field`` tuples (re-exported here, with ``fields_of``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.store.codec import VALUE_FORMAT_VERSION, ValueCodec
+from sparkstate.store.schema_json import Field, fields_of
 
 __all__ = [
     "EVOLVED_VALUE_FORMAT",
@@ -54,8 +56,6 @@ WHAT_TO_DO = (
     "restore the original schema, or start from a new checkpoint location"
 )
 
-#: A field as compared across restarts: name, Arrow type string, nullable (None: not recorded).
-Field: TypeAlias = tuple[str, str, bool | None]
 Row: TypeAlias = tuple[Any, ...]
 
 
@@ -64,10 +64,6 @@ def value_header(schema_id: int) -> bytes:
     if schema_id == 0:
         return bytes([VALUE_FORMAT_VERSION])
     return bytes([EVOLVED_VALUE_FORMAT]) + schema_id.to_bytes(2, "little")
-
-
-def fields_of(schema: pa.Schema) -> list[Field]:
-    return [(f.name, str(f.type), f.nullable) for f in schema]
 
 
 def show_fields(fields: Sequence[Field]) -> str:

@@ -1,5 +1,6 @@
 """Names of a store's durable files, the index of what exists, and the ``_schema.json`` check
-(with each column family's value schema history, :mod:`.evolution`).
+(with each column family's value schema history, :mod:`.evolution`; schemas in the JSON form of
+:mod:`.schema_json`, files of earlier versions in theirs).
 
 Every file a commit writes is named ``<version>_<checkpoint id>.<ext>``. Checkpoint ids are fresh
 per attempt and sort by creation time, so zombie or retried attempts never overwrite each other and,
@@ -24,9 +25,15 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
-from sparkstate.store.codec import schema_from_json
 from sparkstate.store.durable import DurableDir, FileEntry
 from sparkstate.store.evolution import evolve
+from sparkstate.store.schema_json import (
+    Field,
+    fields_from_json,
+    fields_to_json,
+    schema_from_json,
+    schema_to_json,
+)
 
 __all__ = [
     "SCHEMA_FILE",
@@ -120,10 +127,6 @@ class VersionIndex:
         return max(candidates)
 
 
-def _schema_json(schema: pa.Schema) -> list[list[Any]]:
-    return [[f.name, str(f.type), f.nullable] for f in schema]
-
-
 def schema_description(
     provider: str,
     families: dict[str, tuple[pa.Schema, pa.Schema]],
@@ -134,15 +137,27 @@ def schema_description(
         "codec_version": CODEC_VERSION,
         "num_partitions": num_partitions,
         "column_families": {
-            name: {"key": _schema_json(k), "value": _schema_json(v)}
+            name: {"key": schema_to_json(k), "value": schema_to_json(v)}
             for name, (k, v) in sorted(families.items())
         },
     }
 
 
-def _schema_of(fields: list[list[Any]]) -> pa.Schema:
-    described = [{"name": n, "type": t, "nullable": b} for n, t, b in fields]
-    return schema_from_json({"fields": described})
+def _shown(fields: list[Field]) -> list[list[Any]]:
+    """Fields as a changed key schema has always been shown: ``[[name, type, nullable], ...]``."""
+    return [list(f) for f in fields]
+
+
+def _in_one_form(family: dict[str, Any]) -> dict[str, Any]:
+    """A column family's record with its schemas in :mod:`.schema_json`'s form."""
+    out = {**family, "key": _one_form(family["key"]), "value": _one_form(family["value"])}
+    if "value_history" in family:
+        out["value_history"] = [_one_form(v) for v in family["value_history"]]
+    return out
+
+
+def _one_form(described: Any) -> dict[str, Any]:
+    return fields_to_json(fields_from_json(described))
 
 
 def check_schema_file(
@@ -192,26 +207,29 @@ def check_schema_file(
             known[name] = want
             changed = True
             continue
-        if have["key"] != want["key"]:
+        have_key, want_key = fields_from_json(have["key"]), fields_from_json(want["key"])
+        if have_key != want_key:
             msg = (
                 f"{where}: the key schema of column family {name!r} changed: "
-                f"checkpoint has {have['key']}, query has {want['key']} ({file}); "
+                f"checkpoint has {_shown(have_key)}, query has {_shown(want_key)} ({file}); "
                 "restore the original query, or start from a new checkpoint location"
             )
             raise SchemaMismatchError(msg)
-        recorded = have.get("value_history", [have["value"]])
-        if have["value"] == want["value"] and len(recorded) == 1:
+        described = have.get("value_history", [have["value"]])
+        recorded = [fields_from_json(v) for v in described]
+        have_value, want_value = fields_from_json(have["value"]), fields_from_json(want["value"])
+        if have_value == want_value and len(recorded) == 1:
             continue
-        history = [_schema_of(v) for v in recorded]
-        current = recorded.index(have["value"]) if have["value"] in recorded else len(recorded) - 1
+        history = [schema_from_json(v) for v in described]
+        current = recorded.index(have_value) if have_value in recorded else len(recorded) - 1
         what = f"{where}: column family {name!r} ({file})"
-        history, schema_id = evolve(history, current, _schema_of(want["value"]), what)
+        history, schema_id = evolve(history, current, schema_from_json(want["value"]), what)
         evolved[name] = (history, schema_id)
-        if have["value"] != want["value"] or len(history) != len(recorded):
+        if have_value != want_value or len(history) != len(recorded):
             have["value"] = want["value"]
-            have["value_history"] = [_schema_json(s) for s in history]
+            have["value_history"] = [schema_to_json(s) for s in history]
             changed = True
     if changed:
-        found["column_families"] = known
+        found["column_families"] = {n: _in_one_form(f) for n, f in known.items()}
         directory.write_atomic(SCHEMA_FILE, json.dumps(found, indent=2).encode())
     return evolved

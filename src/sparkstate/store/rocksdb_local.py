@@ -1,33 +1,19 @@
-"""The executor-local half of the RocksDB provider: a locked directory per store, and the DB in it.
+"""The executor-local database of the RocksDB provider: :class:`LocalDB`, a RocksDB in a store's
+local directory (:mod:`.local_dir`), written one committed version per WriteBatch with the WAL off
+(the durable files are the truth). The directory and its lock, and the RocksDB settings, live in
+:mod:`.local_dir` and :mod:`.rocksdb_options`; their names are re-exported here.
 
-PySpark runs a partition's task in whichever Python worker process of the executor is free, so a
-store's local RocksDB lives in an executor-level directory ``<local_dir>/<local_key>/``, not in a
-process. An exclusive ``flock`` on ``LOCK.sparkstate`` says which process may use it; the holder
-opens ``db/`` as a :class:`LocalDB`, applies each committed version as one WriteBatch (WAL off: the
-durable files are the truth), and closes the DB before releasing the lock so the next process can
-open it. A process that dies loses its flock in the kernel, and RocksDB's own ``LOCK`` with it.
-
-Every DB a process opens shares one block cache and one write-buffer manager
-(:func:`shared_resources`), so memory is bounded per process, not per store.
-
-Only this module imports ``rocksdict``. It raises plain ``Exception`` carrying a RocksDB status
-text; :func:`_raise_translated` maps those to sparkstate's own errors, in one place.
+Only this module and :mod:`.rocksdb_options` import ``rocksdict``. It raises plain ``Exception``
+carrying a RocksDB status text; :func:`_raise_translated` maps those to sparkstate's own errors, in
+one place.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
-import fcntl
-import hashlib
 import json
 import os
-import re
 import shutil
-import socket
-import threading
-import time
 import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -37,13 +23,26 @@ import numpy as np
 import rocksdict
 
 from sparkstate.exceptions import (
-    ConfigurationError,
     CorruptStateFileError,
     MissingVersionError,
     StateFileError,
     StateStoreError,
     StoreClosedError,
     StoreLockedError,
+)
+from sparkstate.store.local_dir import (
+    DB_DIR_NAME,
+    LOCK_FILE_NAME,
+    LocalStoreDir,
+    LockHolder,
+    local_key,
+)
+from sparkstate.store.rocksdb_options import (
+    LocalDBConf,
+    SharedResources,
+    db_options,
+    shared_resources,
+    write_options,
 )
 
 __all__ = [
@@ -60,298 +59,12 @@ __all__ = [
     "shared_resources",
 ]
 
-LOCK_FILE_NAME = "LOCK.sparkstate"
-DB_DIR_NAME = "db"
 #: Keys starting with this prefix belong to sparkstate, not to a column family (whose physical
 #: prefix starts with a length byte <= 200). ``LocalDB.iterate`` never yields them.
 RESERVED_PREFIX = b"\xff\xff"
 MARKER_KEY = RESERVED_PREFIX + b"sparkstate.version"
-
-_MB = 1024 * 1024
 #: multi_get asks RocksDB for this many keys per call: measured faster than one huge call.
 _MULTI_GET_CHUNK = 1024
-_KEY_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def local_key(checkpoint_root: str, operator_id: int, partition_id: int, store_name: str) -> str:
-    """A filesystem-safe directory name for a store id: a SHA-1 prefix plus a readable suffix."""
-    ident = f"{checkpoint_root}\x00{operator_id}\x00{partition_id}\x00{store_name}"
-    digest = hashlib.sha1(ident.encode("utf-8"), usedforsecurity=False).hexdigest()[:20]
-    name = _KEY_SAFE.sub("_", store_name)[:40]
-    return f"{digest}-op{operator_id}-p{partition_id}-{name}"
-
-
-# --------------------------------------------------------------------------- directory + lock
-
-
-@dataclasses.dataclass(frozen=True)
-class LockHolder:
-    """Who holds a store directory, as recorded in its lock file by the holder."""
-
-    pid: int
-    host: str
-    acquired_at: float
-    owner: str
-
-    def describe(self) -> str:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
-        who = f" ({self.owner})" if self.owner else ""
-        return f"pid {self.pid} on {self.host}{who} since {since}"
-
-
-class LocalStoreDir:
-    """``<root>/<key>/``: one store's executor-local directory and its exclusive file lock.
-
-    ``acquire`` waits for the lock (another worker process may be using the store) and records
-    this process in the lock file; ``release`` clears it. The lock is an ``flock`` on an open file
-    description, so it is also released when the holder dies, and two ``LocalStoreDir`` objects in
-    one process exclude each other too.
-    """
-
-    def __init__(self, root: str, key: str) -> None:
-        if not key or key in (".", "..") or os.sep in key or "\x00" in key:
-            msg = f"local store key {key!r} is not a single safe directory name"
-            raise ConfigurationError(msg)
-        self.root = root
-        self.key = key
-        self.path = os.path.join(root, key)
-        self.db_path = os.path.join(self.path, DB_DIR_NAME)
-        self.lock_path = os.path.join(self.path, LOCK_FILE_NAME)
-        self._fd: int | None = None
-        self._fd_pid = 0
-
-    def __repr__(self) -> str:
-        return f"LocalStoreDir({self.path!r}, held={self.held})"
-
-    @property
-    def held(self) -> bool:
-        """Whether this object holds the lock in this process (a forked child does not)."""
-        return self._fd is not None and self._fd_pid == os.getpid()
-
-    def acquire(self, timeout_s: float, owner: str = "") -> float:
-        """Take the lock, waiting up to ``timeout_s``; return the seconds waited.
-
-        ``owner`` (e.g. a task attempt) is written to the lock file for error messages.
-        Raises :class:`StoreLockedError` naming the holder's pid when the wait times out.
-        """
-        if self.held:
-            msg = f"local store directory {self.path} is already locked by this object"
-            raise StoreLockedError(msg)
-        self._forget_inherited_fd()
-        os.makedirs(self.path, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        start = time.monotonic()
-        deadline = start + max(timeout_s, 0.0)
-        delay = 0.001
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                        raise
-                now = time.monotonic()
-                if now >= deadline:
-                    holder = self.holder()
-                    who = holder.describe() if holder else "a process that recorded no pid"
-                    msg = (
-                        f"local store directory {self.path} is locked by {who}; "
-                        f"gave up after {timeout_s:.1f} s"
-                    )
-                    raise StoreLockedError(msg)
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 0.05)
-            record = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "acquired_at": time.time(),
-                "owner": owner,
-            }
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(record).encode("utf-8"), 0)
-        except BaseException:
-            os.close(fd)  # closing the only descriptor also drops a lock taken above
-            raise
-        self._fd = fd
-        self._fd_pid = os.getpid()
-        return time.monotonic() - start
-
-    def release(self) -> None:
-        """Clear the holder record and drop the lock. Close the DB first. Idempotent."""
-        if self._fd is None:
-            return
-        fd, self._fd = self._fd, None
-        try:
-            if self._fd_pid == os.getpid():
-                os.ftruncate(fd, 0)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-    def _forget_inherited_fd(self) -> None:
-        # A forked child shares the parent's open file description: unlocking it would release
-        # the parent's lock, so only close our copy of the descriptor.
-        if self._fd is not None and self._fd_pid != os.getpid():
-            fd, self._fd = self._fd, None
-            os.close(fd)
-
-    def holder(self) -> LockHolder | None:
-        """The holder recorded in the lock file, or None if none is recorded (or it is garbled)."""
-        try:
-            with open(self.lock_path, "rb") as f:
-                raw = json.loads(f.read(4096) or b"null")
-            return LockHolder(
-                int(raw["pid"]), str(raw["host"]), float(raw["acquired_at"]), str(raw["owner"])
-            )
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
-
-    def scratch_path(self, name: str) -> str:
-        """A path on the DB's filesystem (so hard links work) for checkpoints and downloads."""
-        return os.path.join(self.path, "scratch", name)
-
-    def wipe_db(self) -> None:
-        """Delete the local DB directory (closed DB only); the caller holds the lock."""
-        if not self.held:
-            msg = f"wipe of {self.db_path} requires holding the lock of {self.path}"
-            raise StoreLockedError(msg)
-        shutil.rmtree(self.db_path, ignore_errors=True)
-
-    def __enter__(self) -> LocalStoreDir:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-
-# --------------------------------------------------------------------------- shared resources
-
-
-@dataclasses.dataclass
-class SharedResources:
-    """The block cache and write-buffer manager that every DB of this process uses."""
-
-    block_cache: rocksdict.Cache
-    write_buffer_manager: rocksdict.WriteBufferManager
-    block_cache_bytes: int
-    write_buffer_bytes: int
-    pid: int
-
-
-_shared: SharedResources | None = None
-_shared_lock = threading.Lock()
-
-
-def shared_resources(block_cache_mb: int, write_buffer_mb: int) -> SharedResources:
-    """This process's LRU block cache and write-buffer manager, created on first use.
-
-    A later call asking for more memory grows them (never shrinks: a DB may rely on them).
-    Memtables are bounded by the manager (flush, not stall, when over), data blocks plus index
-    and filter blocks by the cache. A forked child gets its own.
-    """
-    global _shared
-    if block_cache_mb < 1 or write_buffer_mb < 1:
-        msg = f"block cache and write buffers need >= 1 MB, got {block_cache_mb}, {write_buffer_mb}"
-        raise ConfigurationError(msg)
-    cache_bytes, buffer_bytes = block_cache_mb * _MB, write_buffer_mb * _MB
-    with _shared_lock:
-        res = _shared
-        if res is None or res.pid != os.getpid():
-            res = SharedResources(
-                block_cache=rocksdict.Cache(cache_bytes),
-                write_buffer_manager=rocksdict.WriteBufferManager(buffer_bytes, False),
-                block_cache_bytes=cache_bytes,
-                write_buffer_bytes=buffer_bytes,
-                pid=os.getpid(),
-            )
-            _shared = res
-        if cache_bytes > res.block_cache_bytes:
-            res.block_cache.set_capacity(cache_bytes)
-            res.block_cache_bytes = cache_bytes
-        if buffer_bytes > res.write_buffer_bytes:
-            res.write_buffer_manager.set_buffer_size(buffer_bytes)
-            res.write_buffer_bytes = buffer_bytes
-        return res
-
-
-# --------------------------------------------------------------------------- the database
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalDBConf:
-    """RocksDB settings of a local DB (the provider builds it from its ``StoreConf``)."""
-
-    compression: str = "zstd"
-    block_cache_mb: int = 64
-    write_buffer_mb: int = 64
-    bloom_bits_per_key: int = 10
-    max_background_jobs: int = 2
-    #: RocksDB tickers (bytes read/written, ...): costs a few percent of throughput.
-    statistics: bool = False
-
-    def __post_init__(self) -> None:
-        if self.compression not in _COMPRESSION:
-            msg = f"compression must be one of {sorted(_COMPRESSION)}, got {self.compression!r}"
-            raise ConfigurationError(msg)
-        if self.bloom_bits_per_key < 0 or self.max_background_jobs < 1:
-            msg = f"invalid RocksDB settings {self}"
-            raise ConfigurationError(msg)
-
-    @classmethod
-    def from_store_conf(cls, conf: Any) -> LocalDBConf:
-        """Take ``compression``, ``block_cache_mb`` and ``write_buffer_mb`` from a StoreConf."""
-        return cls(
-            compression=conf.compression,
-            block_cache_mb=conf.block_cache_mb,
-            write_buffer_mb=conf.write_buffer_mb,
-        )
-
-
-_COMPRESSION = {
-    "zstd": (rocksdict.DBCompressionType.lz4, rocksdict.DBCompressionType.zstd),
-    "lz4": (rocksdict.DBCompressionType.lz4, rocksdict.DBCompressionType.lz4),
-    "none": (rocksdict.DBCompressionType.none, rocksdict.DBCompressionType.none),
-}
-
-
-def _options(conf: LocalDBConf, res: SharedResources, *, create: bool) -> rocksdict.Options:
-    opts = rocksdict.Options(raw_mode=True)
-    opts.create_if_missing(create)
-    table = rocksdict.BlockBasedOptions()
-    table.set_block_cache(res.block_cache)
-    if conf.bloom_bits_per_key:
-        table.set_bloom_filter(conf.bloom_bits_per_key, False)
-    table.set_cache_index_and_filter_blocks(True)
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-    table.set_format_version(5)
-    opts.set_block_based_table_factory(table)
-    opts.set_write_buffer_manager(res.write_buffer_manager)
-    opts.set_write_buffer_size(max(_MB, min(64 * _MB, res.write_buffer_bytes // 2)))
-    opts.set_max_write_buffer_number(3)
-    upper, bottom = _COMPRESSION[conf.compression]
-    opts.set_compression_type(upper())
-    opts.set_bottommost_compression_type(bottom())
-    opts.set_compaction_style(rocksdict.DBCompactionStyle.level())
-    opts.set_level_compaction_dynamic_level_bytes(True)
-    opts.set_max_background_jobs(conf.max_background_jobs)
-    opts.set_keep_log_file_num(2)
-    opts.set_max_log_file_size(4 * _MB)
-    if conf.statistics:
-        opts.enable_statistics()
-    return opts
-
-
-def _write_options() -> rocksdict.WriteOptions:
-    wo = rocksdict.WriteOptions()
-    # The stub declares disable_wal a method; in 0.3.29 it is a bool property.
-    wo.disable_wal = True  # type: ignore[assignment, method-assign]
-    return wo
 
 
 def _raise_translated(exc: Exception, action: str, path: str) -> NoReturn:
@@ -410,8 +123,8 @@ class LocalDB:
         self.path = path
         self.conf = conf or LocalDBConf()
         self.resources = shared_resources(self.conf.block_cache_mb, self.conf.write_buffer_mb)
-        self._opts = _options(self.conf, self.resources, create=create_if_missing)
-        self._write_opts = _write_options()
+        self._opts = db_options(self.conf, self.resources, create=create_if_missing)
+        self._write_opts = write_options()
         self._iterators: weakref.WeakSet[Generator[tuple[bytes, bytes], None, None]]
         self._iterators = weakref.WeakSet()
         #: Bytes of every batch applied by this object (RocksDB's WriteBatch size).

@@ -1,0 +1,288 @@
+"""One column of a key or value schema: how its Python values become physical values and back.
+
+Physical values are what both codecs lay out in bytes: Python ints of a type's width (timestamps,
+dates and decimals as their integer counts), floats, bools and bytes (UTF-8 for strings).
+Validation happens here, so both codecs fail with the same message naming the column.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import struct
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+
+__all__ = ["Column", "Row", "check_arity", "columns_of"]
+
+Row: TypeAlias = tuple[Any, ...]
+
+_EPOCH_ORDINAL = datetime.date(1970, 1, 1).toordinal()
+_EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+_MS_PER_DAY = 86_400_000
+_DECIMAL_CTX = decimal.Context(prec=100, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+_INTS = (int, np.integer)
+_NP_INTS = frozenset(
+    {np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64}
+)
+_NP_FLOATS = frozenset({np.float32, np.float64})
+_INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
+_NONE = type(None)
+
+
+class Column:
+    """One field of a schema: how its Python values become physical values and back.
+
+    ``phys`` is the physical kind: ``int``/``uint`` (a Python int of ``width`` bytes), ``float``,
+    ``bool`` or ``var`` (bytes). ``to_phys`` validates a Python value; ``from_phys`` (None for the
+    identity) gives the value as pyarrow's ``to_pylist()`` does.
+    """
+
+    phys: str
+    width: int
+    struct_code: str
+    to_phys: Callable[[Any], Any]
+    py_types: frozenset[type]
+
+    def __init__(self, index: int, field: pa.Field, role: str) -> None:
+        self.index = index
+        self.name: str = field.name
+        self.type: pa.DataType = field.type
+        self.nullable: bool = field.nullable
+        self.from_phys: Callable[[Any], Any] | None = None
+        t = field.type
+        if pa.types.is_boolean(t):
+            self._set("bool", 1, "?", self._to_bool, {bool, np.bool_})
+        elif pa.types.is_integer(t):
+            width, bits = t.bit_width // 8, t.bit_width
+            if pa.types.is_signed_integer(t):
+                checker = self._int_checker(-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+                self._set("int", width, _INT_CODES[width], checker, {int, *_NP_INTS})
+            else:
+                checker = self._int_checker(0, (1 << bits) - 1)
+                self._set("uint", width, _INT_CODES[width].upper(), checker, {int, *_NP_INTS})
+        elif pa.types.is_float32(t):
+            self._set("float", 4, "f", self._to_float32, {float, int, *_NP_FLOATS, *_NP_INTS})
+        elif pa.types.is_float64(t):
+            self._set("float", 8, "d", self._to_float, {float, int, *_NP_FLOATS, *_NP_INTS})
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            self._set("var", 0, "", self._to_utf8, {str})
+            self.from_phys = _utf8
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            self._set("var", 0, "", self._to_bytes, {bytes})
+        elif pa.types.is_timestamp(t):
+            self._set("int", 8, "q", self._to_timestamp, {int, datetime.datetime})
+            self.from_phys = self._timestamp_decoder()
+        elif pa.types.is_date32(t):
+            self._set("int", 4, "i", self._to_date32, {int, datetime.date})
+            self.from_phys = _date32_from_days
+        elif pa.types.is_date64(t):
+            self._set("int", 8, "q", self._to_date64, {int, datetime.date})
+            self.from_phys = _date64_from_ms
+        elif pa.types.is_decimal128(t) and t.scale >= 0:
+            self._set("int", 16, "16s", self._to_decimal, {decimal.Decimal, int})
+            self.from_phys = self._decimal_from_unscaled
+        else:
+            msg = (
+                f"{role} column {self.name!r} has Arrow type {t}, which the {role} codec does not "
+                "support (supported: integers, float32/64, bool, string, binary, timestamp, "
+                "date32/64, decimal128 with a scale >= 0)"
+            )
+            raise ConfigurationError(msg)
+        if self.nullable:
+            self.py_types = self.py_types | {_NONE}
+
+    def _set(
+        self, phys: str, width: int, code: str, to_phys: Callable[[Any], Any], py: set[type]
+    ) -> None:
+        self.phys, self.width, self.struct_code, self.to_phys = phys, width, code, to_phys
+        self.py_types = frozenset(py)
+
+    def mismatch(self, value: Any, expected: str) -> SchemaMismatchError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        msg = (
+            f"column {self.name!r} ({self.type}) expects {expected}, "
+            f"got {shown} of type {type(value).__name__}"
+        )
+        return SchemaMismatchError(msg)
+
+    def null_error(self) -> SchemaMismatchError:
+        msg = f"column {self.name!r} ({self.type}) is not nullable, got None"
+        return SchemaMismatchError(msg)
+
+    # to_phys for each type family
+
+    def _int_checker(self, lo: int, hi: int) -> Callable[[Any], int]:
+        def to_int(v: Any) -> int:
+            if type(v) is int:
+                i: int = v
+            elif isinstance(v, bool) or not isinstance(v, _INTS):
+                raise self.mismatch(v, "an int")
+            else:
+                i = int(v)
+            if not lo <= i <= hi:
+                raise self.mismatch(v, f"an int in [{lo}, {hi}]")
+            return i
+
+        return to_int
+
+    def _to_bool(self, v: Any) -> bool:
+        if isinstance(v, bool | np.bool_):
+            return bool(v)
+        raise self.mismatch(v, "a bool")
+
+    def _to_float(self, v: Any) -> float:
+        if type(v) is float:
+            return v
+        if isinstance(v, bool) or not isinstance(v, float | int | np.floating | np.integer):
+            raise self.mismatch(v, "a float")
+        try:
+            return float(v)
+        except OverflowError:
+            raise self.mismatch(v, "a float in the float64 range") from None
+
+    def _to_float32(self, v: Any) -> float:
+        x = self._to_float(v)
+        try:
+            return float(_F32.unpack(_F32.pack(x))[0])
+        except OverflowError:  # rounds to infinity, as numpy and Arrow casts do
+            return float("inf") if x > 0 else float("-inf")
+
+    def _to_utf8(self, v: Any) -> bytes:
+        if not isinstance(v, str):
+            raise self.mismatch(v, "a str")
+        try:
+            return v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise self.mismatch(v, "a str encodable as UTF-8") from None
+
+    def _to_bytes(self, v: Any) -> bytes:
+        if isinstance(v, bytes):
+            return v
+        if isinstance(v, bytearray | memoryview):
+            return bytes(v)
+        raise self.mismatch(v, "bytes")
+
+    def _checked_i64(self, v: int, expected: str) -> int:
+        if not -(1 << 63) <= v < (1 << 63):
+            raise self.mismatch(v, expected)
+        return v
+
+    def _to_timestamp(self, v: Any) -> int:
+        unit = self.type.unit
+        expected = f"a datetime or an int64 count of {unit}"
+        if isinstance(v, datetime.datetime):
+            us = (v.toordinal() - _EPOCH_ORDINAL) * 86_400 + v.hour * 3600 + v.minute * 60
+            us = (us + v.second) * 1_000_000 + v.microsecond
+            offset = v.utcoffset()
+            if offset is not None:  # aware: to UTC; naive values are taken as UTC, as Arrow does
+                us -= (offset.days * 86_400 + offset.seconds) * 1_000_000 + offset.microseconds
+            if unit == "ns":
+                return self._checked_i64(us * 1000 + getattr(v, "nanosecond", 0), expected)
+            return self._checked_i64(us // (1_000_000 // _PER_SECOND[unit]), expected)
+        if isinstance(v, bool) or not isinstance(v, _INTS):
+            raise self.mismatch(v, expected)
+        return self._checked_i64(int(v), expected)
+
+    def _to_date32(self, v: Any) -> int:
+        if isinstance(v, datetime.date):
+            return v.toordinal() - _EPOCH_ORDINAL
+        if isinstance(v, bool) or not isinstance(v, _INTS) or not -(1 << 31) <= v < (1 << 31):
+            raise self.mismatch(v, "a date or an int32 count of days")
+        return int(v)
+
+    def _to_date64(self, v: Any) -> int:
+        if isinstance(v, datetime.date):
+            return (v.toordinal() - _EPOCH_ORDINAL) * _MS_PER_DAY
+        if isinstance(v, bool) or not isinstance(v, _INTS):
+            raise self.mismatch(v, "a date or an int64 count of milliseconds")
+        return self._checked_i64(int(v), "a date or an int64 count of milliseconds")
+
+    def _to_decimal(self, v: Any) -> int:
+        precision, scale = self.type.precision, self.type.scale
+        expected = f"a Decimal or int with at most {precision} digits, {scale} after the point"
+        if isinstance(v, decimal.Decimal):
+            if not v.is_finite() or (v and v.adjusted() >= precision - scale):
+                raise self.mismatch(v, expected)
+            scaled = v.scaleb(scale, _DECIMAL_CTX)
+            unscaled = int(scaled)
+            if scaled != unscaled:
+                raise self.mismatch(v, expected)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            unscaled = v * 10**scale
+        else:
+            raise self.mismatch(v, expected)
+        if abs(unscaled) >= 10**precision:
+            raise self.mismatch(v, expected)
+        return unscaled
+
+    # from_phys needing the type
+
+    def _decimal_from_unscaled(self, unscaled: int) -> decimal.Decimal:
+        return decimal.Decimal(unscaled).scaleb(-self.type.scale, _DECIMAL_CTX)
+
+    def _timestamp_decoder(self) -> Callable[[int], Any]:
+        typ: pa.DataType = self.type
+        if typ.unit == "ns":  # pyarrow gives pandas Timestamps (or ints) here: ask it
+            return lambda i: pa.scalar(i, typ).as_py()
+        step = 1_000_000 // _PER_SECOND[typ.unit]
+        if typ.tz is None:
+            base, tz = _EPOCH, None
+        else:
+            base = _EPOCH_UTC
+            try:
+                tz = pa.scalar(0, typ).as_py().tzinfo
+            except Exception as exc:
+                msg = f"column {self.name!r} has time zone {typ.tz!r}, which is not known here"
+                raise ConfigurationError(msg) from exc
+
+        def decode(i: int) -> Any:
+            try:
+                value = base + datetime.timedelta(microseconds=i * step)
+                return value if tz is None else value.astimezone(tz)
+            except OverflowError:  # outside datetime's range: whatever pyarrow does
+                return pa.scalar(i, typ).as_py()
+
+        return decode
+
+
+_F32 = struct.Struct("<f")
+
+
+def _utf8(b: bytes) -> str:
+    return b.decode("utf-8")
+
+
+def _date32_from_days(days: int) -> datetime.date:
+    return datetime.date.fromordinal(_EPOCH_ORDINAL + days)
+
+
+def _date64_from_ms(ms: int) -> datetime.date:
+    return datetime.date.fromordinal(_EPOCH_ORDINAL + ms // _MS_PER_DAY)
+
+
+def columns_of(schema: pa.Schema, role: str) -> list[Column]:
+    if not isinstance(schema, pa.Schema):
+        msg = f"{role} codec needs a pyarrow.Schema, got {schema!r}"
+        raise ConfigurationError(msg)
+    return [Column(i, schema.field(i), role) for i in range(len(schema))]
+
+
+def check_arity(row: Any, cols: list[Column], role: str, exact: bool = True) -> None:
+    if isinstance(row, tuple | list):
+        n = len(row)
+        if n == len(cols) or (not exact and 0 < n <= len(cols)):
+            return
+    names = [c.name for c in cols]
+    want = f"{len(cols)}" if exact else f"1 to {len(cols)}"
+    msg = f"{role} row must be a tuple of {want} values for columns {names}, got {row!r}"
+    raise SchemaMismatchError(msg)
+

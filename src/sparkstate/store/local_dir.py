@@ -1,0 +1,157 @@
+"""A store's executor-local directory and the exclusive file lock that says who may use it.
+
+PySpark runs a partition's task in whichever Python worker process of the executor is free, so a
+store's local RocksDB lives in an executor-level directory ``<local_dir>/<local_key>/``, not in a
+process. An exclusive ``flock`` on ``LOCK.sparkstate`` (:mod:`.file_lock`) says which process may
+use it; the holder records itself in the lock file (for the error message of a process that waits
+in vain), opens ``db/`` and closes it before releasing the lock so the next process can open it. A
+process that dies loses its flock in the kernel, and RocksDB's own ``LOCK`` with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from types import TracebackType
+
+from sparkstate.exceptions import ConfigurationError, StoreLockedError
+from sparkstate.store.file_lock import FileLock
+
+__all__ = ["DB_DIR_NAME", "LOCK_FILE_NAME", "LocalStoreDir", "LockHolder", "local_key"]
+
+LOCK_FILE_NAME = "LOCK.sparkstate"
+DB_DIR_NAME = "db"
+_KEY_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def local_key(checkpoint_root: str, operator_id: int, partition_id: int, store_name: str) -> str:
+    """A filesystem-safe directory name for a store id: a SHA-1 prefix plus a readable suffix."""
+    ident = f"{checkpoint_root}\x00{operator_id}\x00{partition_id}\x00{store_name}"
+    digest = hashlib.sha1(ident.encode("utf-8"), usedforsecurity=False).hexdigest()[:20]
+    name = _KEY_SAFE.sub("_", store_name)[:40]
+    return f"{digest}-op{operator_id}-p{partition_id}-{name}"
+
+
+
+@dataclasses.dataclass(frozen=True)
+class LockHolder:
+    """Who holds a store directory, as recorded in its lock file by the holder."""
+
+    pid: int
+    host: str
+    acquired_at: float
+    owner: str
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
+        who = f" ({self.owner})" if self.owner else ""
+        return f"pid {self.pid} on {self.host}{who} since {since}"
+
+
+class LocalStoreDir:
+    """``<root>/<key>/``: one store's executor-local directory and its exclusive file lock.
+
+    ``acquire`` waits for the lock (another worker process may be using the store) and records
+    this process in the lock file; ``release`` clears it. The lock is a :class:`.FileLock` (an
+    ``flock`` on an open file description), so it is also released when the holder dies, and two
+    ``LocalStoreDir`` objects in one process exclude each other too.
+    """
+
+    def __init__(self, root: str, key: str) -> None:
+        if not key or key in (".", "..") or os.sep in key or "\x00" in key:
+            msg = f"local store key {key!r} is not a single safe directory name"
+            raise ConfigurationError(msg)
+        self.root = root
+        self.key = key
+        self.path = os.path.join(root, key)
+        self.db_path = os.path.join(self.path, DB_DIR_NAME)
+        self.lock_path = os.path.join(self.path, LOCK_FILE_NAME)
+        self._lock = FileLock(self.lock_path)
+
+    def __repr__(self) -> str:
+        return f"LocalStoreDir({self.path!r}, held={self.held})"
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock in this process (a forked child does not)."""
+        return self._lock.held
+
+    def acquire(self, timeout_s: float, owner: str = "") -> float:
+        """Take the lock, waiting up to ``timeout_s``; return the seconds waited.
+
+        ``owner`` (e.g. a task attempt) is written to the lock file for error messages.
+        Raises :class:`StoreLockedError` naming the holder's pid when the wait times out.
+        """
+        if self.held:
+            msg = f"local store directory {self.path} is already locked by this object"
+            raise StoreLockedError(msg)
+        os.makedirs(self.path, exist_ok=True)
+        start = time.monotonic()
+        deadline = start + max(timeout_s, 0.0)
+        delay = 0.001
+        while not self._lock.try_acquire(self._record(owner)):
+            now = time.monotonic()
+            if now >= deadline:
+                holder = self.holder()
+                who = holder.describe() if holder else "a process that recorded no pid"
+                msg = (
+                    f"local store directory {self.path} is locked by {who}; "
+                    f"gave up after {timeout_s:.1f} s"
+                )
+                raise StoreLockedError(msg)
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.05)
+        return time.monotonic() - start
+
+    @staticmethod
+    def _record(owner: str) -> str:
+        """The owner line of this process: a JSON object that :meth:`holder` reads back."""
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "acquired_at": time.time(),
+            "owner": owner,
+        }
+        return json.dumps(record)
+
+    def release(self) -> None:
+        """Clear the holder record and drop the lock. Close the DB first. Idempotent."""
+        self._lock.release()
+
+    def holder(self) -> LockHolder | None:
+        """The holder recorded in the lock file, or None if none is recorded (or it is garbled)."""
+        try:
+            raw = json.loads(self._lock.owner() or "null")
+            return LockHolder(
+                int(raw["pid"]), str(raw["host"]), float(raw["acquired_at"]), str(raw["owner"])
+            )
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def scratch_path(self, name: str) -> str:
+        """A path on the DB's filesystem (so hard links work) for checkpoints and downloads."""
+        return os.path.join(self.path, "scratch", name)
+
+    def wipe_db(self) -> None:
+        """Delete the local DB directory (closed DB only); the caller holds the lock."""
+        if not self.held:
+            msg = f"wipe of {self.db_path} requires holding the lock of {self.path}"
+            raise StoreLockedError(msg)
+        shutil.rmtree(self.db_path, ignore_errors=True)
+
+    def __enter__(self) -> LocalStoreDir:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
