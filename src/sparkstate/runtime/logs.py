@@ -11,18 +11,17 @@ running query uses. Every file goes through :class:`~sparkstate.store.durable.Du
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import threading
 import uuid
-from typing import IO, Any
+from typing import Any
 
 from sparkstate.exceptions import CheckpointInUseError, MissingVersionError
 from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskReport
 from sparkstate.runtime.triggers import read_clock, write_clock
 from sparkstate.store.durable import DurableDir, local_path
+from sparkstate.store.file_lock import FileLock
 
 __all__ = ["CheckpointLock", "CheckpointLog", "ReportDir", "local_path"]
 
@@ -129,8 +128,8 @@ class CheckpointLog:
 class CheckpointLock:
     """An exclusive lock on a checkpoint for the life of a query.
 
-    On a local checkpoint it is an ``flock`` (released by the kernel if the driver dies); elsewhere
-    only queries of this process are kept apart.
+    On a local checkpoint it is a :class:`~sparkstate.store.file_lock.FileLock` (released by the
+    kernel if the driver dies); elsewhere only queries of this process are kept apart.
     """
 
     _held: set[str] = set()
@@ -138,7 +137,7 @@ class CheckpointLock:
 
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
-        self._file: IO[str] | None = None
+        self._lock: FileLock | None = None
 
     def acquire(self) -> None:
         with self._guard:
@@ -147,29 +146,18 @@ class CheckpointLock:
             path = local_path(self.root)
             if path is not None:
                 os.makedirs(path, exist_ok=True)
-                handle = open(os.path.join(path, LOCK_FILE), "a+", encoding="utf-8")  # noqa: SIM115
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    handle.seek(0)
-                    owner = handle.read().strip() or "another process"
-                    handle.close()
-                    raise CheckpointInUseError(self._message(owner)) from None
-                handle.seek(0)
-                handle.truncate()
-                handle.write(f"pid {os.getpid()}\n")
-                handle.flush()
-                self._file = handle
+                lock = FileLock(os.path.join(path, LOCK_FILE))
+                if not lock.try_acquire():
+                    raise CheckpointInUseError(self._message(lock.owner() or "another process"))
+                self._lock = lock
             self._held.add(self.root)
 
     def release(self) -> None:
         with self._guard:
             self._held.discard(self.root)
-            if self._file is not None:
-                with contextlib.suppress(OSError):
-                    fcntl.flock(self._file, fcntl.LOCK_UN)
-                self._file.close()
-                self._file = None
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _message(self, owner: str) -> str:
         return (
