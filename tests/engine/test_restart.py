@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,44 @@ def test_restart_mid_stream_continues_the_state(
     assert collector.batches == expected
     assert (chk / "sparkstate" / "commits" / "3.json").exists()
     assert (chk / "sparkstate" / "batches" / "3.json").exists()
+
+
+def _as_earlier_version_wrote_it(chk: Path) -> None:
+    """Rewrite the checkpoint's schema records in the forms earlier versions wrote: operators'
+    schemas as ``[{"name", "type"}]`` in ``metadata.json``, ``[[name, type, nullable]]`` in every
+    ``_schema.json``."""
+    meta_file = chk / "sparkstate" / "metadata.json"
+    meta = json.loads(meta_file.read_text())
+    for op in meta["operators"]:
+        for part in ("key_schema", "value_schema", "output_schema"):
+            op[part] = [{"name": f["name"], "type": f["type"]} for f in op[part]["fields"]]
+    meta_file.write_text(json.dumps(meta))
+    schema_files = list((chk / "sparkstate" / "state").rglob("_schema.json"))
+    assert schema_files
+    for file in schema_files:
+        described = json.loads(file.read_text())
+        for family in described["column_families"].values():
+            for side in ("key", "value"):
+                fields = family[side]["fields"]
+                family[side] = [[f["name"], f["type"], f["nullable"]] for f in fields]
+        file.write_text(json.dumps(described))
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_checkpoint_of_an_earlier_version_continues(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    collector = Collector()
+    chk = tmp_path / "chk"
+
+    def start() -> Any:
+        stream = ss.stream(source(spark, feed, SCHEMA)).groupBy("k").agg(*ours_aggs())
+        return start_ours(stream, "update", chk, provider, collector)
+
+    run_batches(feed, start(), BATCHES[:2])
+    _as_earlier_version_wrote_it(chk)
+    run_batches(feed, start(), BATCHES[2:])
+    assert collector.batches == oracle_update(spark, SCHEMA, BATCHES, ["k"], spark_aggs)
 
 
 def test_changed_queries_are_refused_on_restart(

@@ -30,18 +30,21 @@ from sparkstate.exceptions import (
 from sparkstate.functions import AggregateExpression
 from sparkstate.functions import count as count_
 from sparkstate.operators.base import OUTPUT_MODES
-from sparkstate.operators.restart import check_state_change
+from sparkstate.operators.restart import check_state_change, same_schema
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.runtime.watermark import WatermarkSpec, parse_delay_ms
 from sparkstate.store.base import StoreConf
 from sparkstate.store.durable import DurableDir
 from sparkstate.store.registry import provider_class, provider_name
+from sparkstate.store.schema_json import fields_from_json
 
 __all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]
 
 DEFAULT_PROVIDER = "memory"
 ARBITRARY_FUNCTION_APIS = ("applyInPandasWithState", "flatMapGroupsWithState")
+#: The schemas of an operator's description, compared by field names and types.
+SCHEMA_PARTS = ("key_schema", "value_schema", "output_schema")
 _ENGINE_OPTIONS = {"checkpointLocation", "stateLocation", "stateStore", "numPartitions"}
 _STORE_PREFIX = "stateStore."
 _MAINTENANCE = "stateStore.maintenanceIntervalSeconds"
@@ -483,8 +486,8 @@ def _check_restart(
         raise ConfigurationError(msg)
     for old, new in zip(before, described, strict=True):
         evolving = check_state_change(old, new, file)  # state schemas may evolve compatibly
-        for part in ("key_schema", "value_schema", "output_schema"):
-            if part not in evolving and old.get(part) != new.get(part):
+        for part in SCHEMA_PARTS:
+            if part not in evolving and not same_schema(old.get(part), new.get(part)):
                 msg = (
                     f"operator {new['id']} ({new['kind']}): the {part.replace('_', ' ')} changed "
                     f"from {_show(old.get(part))} to {_show(new.get(part))} ({file}); state "
@@ -492,7 +495,8 @@ def _check_restart(
                     "use a new checkpoint location"
                 )
                 raise SchemaMismatchError(msg)
-        if _without(old, evolving) != _without(new, evolving):
+        compared = evolving | set(SCHEMA_PARTS)
+        if _without(old, compared) != _without(new, compared):
             msg = (
                 f"operator {new['id']} ({new['kind']}) changed: checkpoint has {old}, query has "
                 f"{new} ({file}); restore the original query or use a new checkpoint location"
@@ -504,7 +508,9 @@ def _without(described: dict[str, Any], keys: set[str]) -> dict[str, Any]:
     return {k: v for k, v in described.items() if k not in keys}
 
 
-def _show(fields: Any) -> str:
-    if not isinstance(fields, list):
-        return repr(fields)
-    return "[" + ", ".join(f"{f['name']}: {f['type']}" for f in fields) + "]"
+def _show(described: Any) -> str:
+    try:
+        fields = fields_from_json(described)
+    except ConfigurationError:
+        return repr(described)
+    return "[" + ", ".join(f"{name}: {typ}" for name, typ, _ in fields) + "]"

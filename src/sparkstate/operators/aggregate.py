@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.operators._arrow import conform, is_late, lookup, max_event_time_ms, scan
-from sparkstate.operators.base import BatchContext, StatefulOperator, schema_to_json
+from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.store.base import StateStore
+from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
     "AGGREGATE_FUNCTIONS",

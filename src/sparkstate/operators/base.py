@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.store.base import StateStore
+from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
     "OUTPUT_MODES",
@@ -24,7 +25,6 @@ __all__ = [
     "OperatorMetrics",
     "Phase",
     "StatefulOperator",
-    "schema_to_json",
     "timed_phase",
 ]
 
@@ -210,8 +210,3 @@ def timed_phase(items: Iterator[T], metrics: OperatorMetrics, name: str) -> Iter
         yield item
         started = time.perf_counter()
     metrics.add_phase(name, started)
-
-
-def schema_to_json(schema: pa.Schema) -> list[dict[str, Any]]:
-    """A JSON form of a schema for ``metadata.json`` (names, types; nullability is not compared)."""
-    return [{"name": f.name, "type": str(f.type)} for f in schema]

@@ -17,20 +17,21 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.store.evolution import WHAT_TO_DO, Field, incompatibility, show_fields
+from sparkstate.store.schema_json import fields_from_json
 
-__all__ = ["check_state_change"]
+__all__ = ["check_state_change", "same_schema"]
 
 
 def _fields(described: Any) -> list[Field]:
-    """Fields of a recorded schema: dicts (``name``, ``type``, ``nullable``) or lists
-    ``[name, type, nullable]``; descriptions written before nullability was recorded give None."""
-    out: list[Field] = []
-    for f in described or []:
-        if isinstance(f, dict):
-            out.append((f["name"], f["type"], f.get("nullable")))
-        else:
-            out.append((f[0], f[1], f[2] if len(f) > 2 else None))
-    return out
+    """Fields of a recorded schema, in any form sparkstate wrote (:mod:`sparkstate.store.
+    schema_json`); descriptions written before nullability was recorded give None."""
+    return [] if described is None else fields_from_json(described)
+
+
+def same_schema(old: Any, new: Any) -> bool:
+    """Whether two recorded schemas have the same field names and types, whatever form each was
+    recorded in (nullability is not compared: earlier versions did not record it)."""
+    return [f[:2] for f in _fields(old)] == [f[:2] for f in _fields(new)]
 
 
 def _check_fields(old: Any, new: Any, what: str, where: str) -> None:
@@ -53,9 +54,9 @@ def _check_variables(old: dict[str, Any], new: dict[str, Any], op: str, where: s
         )
         raise ConfigurationError(msg)
     for name in sorted(new):
-        was = {k: v for k, v in old[name].items() if k != "schema"}
-        now = {k: v for k, v in new[name].items() if k != "schema"}
-        if was != now:
+        was = {k: v for k, v in old[name].items() if k not in ("schema", "key_schema")}
+        now = {k: v for k, v in new[name].items() if k not in ("schema", "key_schema")}
+        if was != now or not same_schema(old[name].get("key_schema"), new[name].get("key_schema")):
             msg = (
                 f"{op}: state variable {name!r} changed from {was} to {now} ({where}); only its "
                 "schema may evolve: restore the original processor, or start from a new "
