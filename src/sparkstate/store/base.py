@@ -7,7 +7,9 @@ of it, opened for reading and writing by one task. Batch ``b`` opens version ``b
 Providers implement a small byte-level core (``raw_*`` methods over *physical keys*, which are an
 encoded column-family prefix followed by the order-preserving key encoding) plus ``_commit`` and
 ``_abort``. Everything typed (schemas, codecs, column families, batch calls over Arrow) lives here,
-once, for every provider.
+once, for every provider. Operators that encode keys and values in bulk themselves use the
+``*_encoded*`` methods: a family's encoded keys in and out, the family prefix added here, so the
+physical key layout is known to this package alone.
 """
 
 from __future__ import annotations
@@ -355,6 +357,54 @@ class StateStore(ABC):
         kdec, vdec = fam.key_codec.decode, fam.value_codec.decode
         for k, v in self.raw_scan(start, end):
             yield kdec(k[skip:]), vdec(v)
+
+    # --- encoded keys ----------------------------------------------------------------------------
+    # Keys are the output of the family's ``key_codec`` and values that of its ``value_codec``;
+    # the family prefix is added (and stripped) here, once per call, never per key by the caller.
+
+    def get_encoded(self, key: bytes, cf: str = DEFAULT_CF) -> bytes | None:
+        """The encoded value of one encoded key, or None."""
+        self._readable()
+        return self.raw_get(self.column_family(cf).prefix + key)
+
+    def get_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> list[bytes | None]:
+        """Encoded values of many encoded keys in one multi-get (None where absent)."""
+        self._readable()
+        prefix = self.column_family(cf).prefix
+        return self.raw_get_many([prefix + k for k in keys])
+
+    def put_encoded_many(
+        self, keys: Sequence[bytes], values: Sequence[bytes], cf: str = DEFAULT_CF
+    ) -> None:
+        """Write encoded values under encoded keys, counted as updated rows like ``put_many``."""
+        self._writable()
+        if len(keys) != len(values):
+            msg = f"{self.id}: put_encoded_many got {len(keys)} keys but {len(values)} values"
+            raise ValueError(msg)
+        prefix = self.column_family(cf).prefix
+        self.raw_put_many([prefix + k for k in keys], values)
+        self._num_updated += len(keys)
+
+    def remove_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> None:
+        """Delete encoded keys (absent ones included), counted as removed rows like
+        ``remove_many``."""
+        self._writable()
+        prefix = self.column_family(cf).prefix
+        self.raw_delete_many([prefix + k for k in keys])
+        self._num_removed += len(keys)
+
+    def range_scan_encoded(
+        self, start: bytes | None = None, end: bytes | None = None, cf: str = DEFAULT_CF
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """(encoded key, encoded value) pairs with ``start <= key < end`` in key order; a bound
+        of None is the family's start or end."""
+        self._readable()
+        fam = self.column_family(cf)
+        prefix = fam.prefix
+        lo = prefix if start is None else prefix + start
+        hi = fam.end_of_family() if end is None else prefix + end
+        skip = len(prefix)
+        return ((k[skip:], v) for k, v in self.raw_scan(lo, hi))
 
     def commit(self) -> int:
         """Make this version's writes durable as version ``version + 1`` and return that number."""
