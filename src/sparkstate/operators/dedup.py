@@ -68,15 +68,15 @@ class Deduplicate(StatefulOperator):
             if self.event_time is not None:
                 m.observe_event_time(max_event_time_ms(batch.column(self.event_time)))
             started = time.perf_counter()
-            pkeys = fam.physical_keys(conform(batch, self.key_schema))
+            kencs = fam.key_codec.encode_many(conform(batch, self.key_schema))
             first: dict[bytes, int] = {}
-            for i, key in enumerate(pkeys):
+            for i, key in enumerate(kencs):
                 first.setdefault(key, i)
             candidates = list(first.items())
-            stored = store.raw_get_many([k for k, _ in candidates])
+            stored = store.get_encoded_many([k for k, _ in candidates])
             fresh = [kv for kv, raw in zip(candidates, stored, strict=True) if raw is None]
             if fresh:
-                store.raw_put_many([k for k, _ in fresh], [seen_value] * len(fresh))
+                store.put_encoded_many([k for k, _ in fresh], [seen_value] * len(fresh))
             m.num_rows_updated += len(fresh)
             m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
             if fresh:

@@ -219,9 +219,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         if len(groups):
             data = self._group_data(groups)
             phase = m.add_phase(Phase.GROUPING, phase)
-            stored = self._decode_states(
-                fam, store.raw_get_many([fam.prefix + k for k in groups.key_bytes])
-            )
+            stored = self._decode_states(fam, store.get_encoded_many(groups.key_bytes))
             m.add_phase(Phase.STATE_READ, phase)
             pending = _Pending()
             calls = self._call_groups(groups, data, stored, clock, out, pending)
@@ -341,13 +339,11 @@ class FlatMapGroupsWithState(StatefulOperator):
 
     def _apply(self, store: StateStore, fam: ColumnFamily, p: _Pending, m: OperatorMetrics) -> None:
         if p.put_keys:
-            prefix = fam.prefix
             values = p.put_values if not self.pickled else _pickle_states(p.put_values)
-            encoded = fam.value_codec.encode_many(values)
-            store.raw_put_many([prefix + k for k in p.put_keys], encoded)
+            store.put_encoded_many(p.put_keys, fam.value_codec.encode_many(values))
             m.num_rows_updated += len(p.put_keys)
         if p.deletes:
-            store.raw_delete_many([fam.prefix + k for k in p.deletes])
+            store.remove_encoded_many(p.deletes)
             m.num_rows_removed += len(p.deletes)
         p.index.flush(store)
 
@@ -369,7 +365,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         if not expired:
             return
         key_bytes = [k for _, k in expired]
-        stored = self._decode_states(fam, store.raw_get_many([fam.prefix + k for k in key_bytes]))
+        stored = self._decode_states(fam, store.get_encoded_many(key_bytes))
         keys = fam.key_codec.decode_many(key_bytes)
         width, compare = self._width, self.compare_with_stored_timeout
         for (index_ts, kenc), key, row in zip(expired, keys, stored, strict=True):
