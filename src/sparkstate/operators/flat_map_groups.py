@@ -28,10 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import is_late, max_event_time_ms
 from sparkstate.operators.base import (
     BatchContext,
     OperatorMetrics,
@@ -51,13 +49,15 @@ from sparkstate.operators.grouping import (
     ROW_FORMATS,
     KeyGroups,
     OutputCollector,
+    concat_batches,
     decode_present,
     group_by_key,
+    key_schema_of,
+    on_time_rows,
     pandas_groups,
     rows_of,
 )
 from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
-from sparkstate.operators.state_errors import InvalidOutputError
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import ColumnFamily, StateStore
 
@@ -78,18 +78,6 @@ _TIME_TRIGGERS = {
     GroupStateTimeout.ProcessingTimeTimeout: "processing",
     GroupStateTimeout.EventTimeTimeout: "event",
 }
-
-
-def key_schema_of(input_schema: pa.Schema, key_columns: Sequence[str], api: str) -> pa.Schema:
-    """The grouping key schema (nullable fields of the input), with a clear error for typos."""
-    if not key_columns:
-        msg = f"{api}: at least one grouping column is needed"
-        raise ConfigurationError(msg)
-    missing = [c for c in key_columns if c not in input_schema.names]
-    if missing:
-        msg = f"{api}: no grouping column(s) {missing} in the input {input_schema.names}"
-        raise ConfigurationError(msg)
-    return pa.schema([input_schema.field(c).with_nullable(True) for c in key_columns])
 
 
 class _Pending:
@@ -249,20 +237,11 @@ class FlatMapGroupsWithState(StatefulOperator):
         ]
 
     def _input_table(self, batches: Iterator[pa.RecordBatch], ctx: BatchContext) -> pa.Table:
-        collected = [b for b in batches if b.num_rows]
-        table = pa.Table.from_batches(collected) if collected else self.input_schema.empty_table()
-        m = ctx.metrics
-        m.num_input_rows += table.num_rows
-        col = self.event_time_column
-        if col is not None and table.num_rows:
-            m.observe_event_time(max_event_time_ms(table.column(col)))
-            if self.timeout == GroupStateTimeout.EventTimeTimeout and self.watermark_present:
-                late = is_late(table.column(col), ctx.watermark_ms)
-                dropped = int(pc.sum(late).as_py() or 0)
-                if dropped:
-                    m.num_rows_dropped_by_watermark += dropped
-                    table = table.filter(pc.invert(late))
-        return table
+        """The input as one table; with event-time timeouts, rows behind the watermark dropped."""
+        table = concat_batches(batches, self.input_schema)
+        drop_late = self.timeout == GroupStateTimeout.EventTimeTimeout and self.watermark_present
+        watermark = ctx.watermark_ms if drop_late else None
+        return on_time_rows(table, ctx.metrics, self.event_time_column, watermark)
 
     def _call_groups(
         self,
@@ -442,13 +421,4 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
         return iter([self.input_schema.empty_table().to_pandas()])
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
-        def emit(result: Any) -> None:
-            if result is None:
-                return
-            if hasattr(result, "columns"):
-                msg = f"{self.kind} function must return an iterator of DataFrames, not a DataFrame"
-                raise InvalidOutputError(msg)
-            for frame in result:
-                out.add_frame(frame)
-
-        return emit
+        return out.frame_sink()
