@@ -2,7 +2,8 @@
 
 Operators encode keys and values in bulk and address the store with those bytes; these tests pin
 that the methods store exactly what the typed API stores, keep families apart, scan in key order
-with pending writes, count like ``put_many`` / ``remove_many`` and refuse closed stores.
+with pending writes, count like ``put_many`` / ``remove_many``, refuse closed stores, and that a
+write after a read (which may reuse the read's physical keys) writes the keys it is given.
 """
 
 from __future__ import annotations
@@ -178,3 +179,24 @@ def test_closed_and_read_only_stores_refuse(factory: ProviderFactory) -> None:
         else:
             call(reader)
         reader.abort()
+
+
+def test_read_modify_write_writes_the_keys_given(factory: ProviderFactory) -> None:
+    """A write after a multi-get may reuse its physical keys; only when the keys are the same."""
+    store = factory.open().get_store(0)
+    codec = store.column_family().key_codec
+    keys, values = _encoded(store, ROWS)
+    assert store.get_encoded_many(keys) == [None] * 4
+    store.put_encoded_many(keys, values)  # the same keys: a read-modify-write
+    assert store.get_encoded_many(keys) == values
+    keys[0] = codec.encode(("changed", 0))  # the caller's list changed after the read
+    store.put_encoded_many(keys, values)
+    assert store.get(("changed", 0)) == ROWS[("b", 2)]
+    store.get_encoded_many(keys)
+    other = store.column_family(OTHER).value_codec.encode((2.5,))
+    store.put_encoded_many(keys[:1], [other], OTHER)  # another family, other keys
+    store.get_encoded_many(keys)
+    store.remove_encoded_many(keys)
+    assert store.get_encoded_many(keys) == [None] * 4
+    assert dict(store.iterator()) == {("b", 2): ROWS[("b", 2)]}
+    assert list(store.range_scan_encoded(cf=OTHER)) == [(keys[0], other)]

@@ -210,6 +210,9 @@ class StateStore(ABC):
         self._committed = False
         self._num_updated = 0
         self._num_removed = 0
+        #: The last multi-get of a writable store: (family, copy of its encoded keys, physical
+        #: keys). A write of the same keys next (a read-modify-write) reuses the physical keys.
+        self._last_read: tuple[str, list[bytes], list[bytes]] | None = None
         #: Set by ``commit()``: the checkpoint id of the committed version ``version + 1``.
         self.checkpoint_id: str | None = None
         #: Providers set the load time; ``commit()`` measures the commit time.
@@ -371,7 +374,10 @@ class StateStore(ABC):
         """Encoded values of many encoded keys in one multi-get (None where absent)."""
         self._readable()
         prefix = self.column_family(cf).prefix
-        return self.raw_get_many([prefix + k for k in keys])
+        pkeys = [prefix + k for k in keys]
+        if not self._read_only:
+            self._last_read = (cf, list(keys), pkeys)
+        return self.raw_get_many(pkeys)
 
     def put_encoded_many(
         self, keys: Sequence[bytes], values: Sequence[bytes], cf: str = DEFAULT_CF
@@ -381,17 +387,25 @@ class StateStore(ABC):
         if len(keys) != len(values):
             msg = f"{self.id}: put_encoded_many got {len(keys)} keys but {len(values)} values"
             raise ValueError(msg)
-        prefix = self.column_family(cf).prefix
-        self.raw_put_many([prefix + k for k in keys], values)
+        self.raw_put_many(self._keys_to_write(keys, cf), values)
         self._num_updated += len(keys)
 
     def remove_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> None:
         """Delete encoded keys (absent ones included), counted as removed rows like
         ``remove_many``."""
         self._writable()
-        prefix = self.column_family(cf).prefix
-        self.raw_delete_many([prefix + k for k in keys])
+        self.raw_delete_many(self._keys_to_write(keys, cf))
         self._num_removed += len(keys)
+
+    def _keys_to_write(self, keys: Sequence[bytes], cf: str) -> list[bytes]:
+        """Physical keys of a write: those of the last multi-get when it read the same keys (a
+        read-modify-write, as aggregation does, prefixes a batch of keys once), else new ones.
+        Comparing two lists of the same key objects costs far less than prefixing them."""
+        last, self._last_read = self._last_read, None
+        if last is not None and last[0] == cf and isinstance(keys, list) and last[1] == keys:
+            return last[2]
+        prefix = self.column_family(cf).prefix
+        return [prefix + k for k in keys]
 
     def range_scan_encoded(
         self, start: bytes | None = None, end: bytes | None = None, cf: str = DEFAULT_CF
@@ -409,6 +423,7 @@ class StateStore(ABC):
     def commit(self) -> int:
         """Make this version's writes durable as version ``version + 1`` and return that number."""
         self._writable()
+        self._last_read = None
         start = time.perf_counter()
         self._commit()
         self.commit_time_ms = int((time.perf_counter() - start) * 1000)
@@ -420,6 +435,7 @@ class StateStore(ABC):
         """Discard this version's writes. Safe to call more than once and after a failed commit."""
         if self._done and self._committed:
             return
+        self._last_read = None
         if not self._done:
             self._abort()
         self._done = True
