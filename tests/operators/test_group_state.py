@@ -328,6 +328,17 @@ def test_pandas_write_rule_compares_with_no_timestamp() -> None:
         assert h.group_state("a") == (1,)
 
 
+def test_pandas_function_must_return_an_iterator_of_dataframes() -> None:
+    def f(key: Any, frames: Iterator[pd.DataFrame], state: GroupState) -> Any:
+        return pd.DataFrame({"k": [key[0]], "n": [1]})
+
+    h = group_state_harness(
+        f, key_columns=["k"], output_schema="k string, n long", state_schema="n long", pandas=True
+    )
+    with h, pytest.raises(InvalidOutputError, match="function must return an iterator of Data"):
+        h.run(rows(("a", 1)))
+
+
 def test_row_formats_and_output_forms() -> None:
     def f(key: Any, rows: list[Any], state: GroupState) -> Iterator[Any]:
         yield {"k": key[0], "n": len(rows)}

@@ -13,6 +13,7 @@ import pytest
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.processor import StatefulProcessor
 from sparkstate.operators.state_errors import (
+    InvalidOutputError,
     InvalidStateValueError,
     UnsupportedStateOperationError,
 )
@@ -367,6 +368,21 @@ def test_pandas_mode() -> None:
         frame = pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]})
         assert h.run(frame).rows == [{"k": "a", "n": 4}, {"k": "b", "n": 2}]
         assert h.run(frame.iloc[:1]).to_pandas().to_dict("list") == {"k": ["a"], "n": [5]}
+
+
+def test_pandas_mode_refuses_a_dataframe_for_an_iterator() -> None:
+    class Bare(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
+            return pd.DataFrame({"k": [key[0]], "n": [1]})
+
+    h = processor_harness(
+        Bare(), key_columns=["k"], output_schema="k string, n long", mode="pandas"
+    )
+    with h, pytest.raises(InvalidOutputError, match="processor must return an iterator of Data"):
+        h.run(pd.DataFrame({"k": ["a"], "v": [1]}))
 
 
 def test_delete_if_exists_purges_a_variable() -> None:

@@ -47,27 +47,26 @@ def decode_keys(fam: ColumnFamily, raws: Sequence[bytes]) -> pa.Table:
 def lookup(
     store: StateStore, fam: ColumnFamily, keys: pa.Table
 ) -> tuple[list[bytes], pa.Table, pa.Array]:
-    """One multi-get for a batch of keys: (physical keys, values table, found mask)."""
-    pkeys = fam.physical_keys(keys)
-    values, found = decode_values(fam, store.raw_get_many(pkeys))
-    return pkeys, values, found
+    """One multi-get for a batch of keys: (encoded keys, values table, found mask)."""
+    kencs = fam.key_codec.encode_many(keys)
+    values, found = decode_values(fam, store.get_encoded_many(kencs, fam.name))
+    return kencs, values, found
 
 
 def scan(
     store: StateStore, fam: ColumnFamily, chunk: int = SCAN_CHUNK
 ) -> Iterator[tuple[list[bytes], pa.Table, pa.Table]]:
-    """The whole family in key order, in chunks of (physical keys, keys table, values table)."""
-    skip = len(fam.prefix)
-    pkeys: list[bytes] = []
+    """The whole family in key order, in chunks of (encoded keys, keys table, values table)."""
+    kencs: list[bytes] = []
     raws: list[bytes | None] = []
-    for k, v in store.raw_scan(fam.prefix, fam.end_of_family()):
-        pkeys.append(k)
+    for k, v in store.range_scan_encoded(cf=fam.name):
+        kencs.append(k)
         raws.append(v)
-        if len(pkeys) >= chunk:
-            yield pkeys, decode_keys(fam, [p[skip:] for p in pkeys]), decode_values(fam, raws)[0]
-            pkeys, raws = [], []
-    if pkeys:
-        yield pkeys, decode_keys(fam, [p[skip:] for p in pkeys]), decode_values(fam, raws)[0]
+        if len(kencs) >= chunk:
+            yield kencs, decode_keys(fam, kencs), decode_values(fam, raws)[0]
+            kencs, raws = [], []
+    if kencs:
+        yield kencs, decode_keys(fam, kencs), decode_values(fam, raws)[0]
 
 
 def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

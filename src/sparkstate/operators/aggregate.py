@@ -240,11 +240,11 @@ class StreamingAggregate(StatefulOperator):
                         continue
             started = time.perf_counter()
             keys = conform(batch, self.key_schema)
-            pkeys, state, _found = lookup(store, fam, pa.Table.from_batches([keys]))
+            kencs, state, _found = lookup(store, fam, pa.Table.from_batches([keys]))
             merged = self._merge(state, batch)
             values = pa.RecordBatch.from_arrays(merged, schema=self.value_schema)
-            store.raw_put_many(pkeys, fam.value_codec.encode_many(values))
-            m.num_rows_updated += len(pkeys)
+            store.put_encoded_many(kencs, fam.value_codec.encode_many(values))
+            m.num_rows_updated += len(kencs)
             m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
             if emit_updates:
                 out = self._finish(keys, values)
@@ -253,7 +253,7 @@ class StreamingAggregate(StatefulOperator):
         if ctx.output_mode == "update" and self.watermark_key is not None and ctx.watermark_ms > 0:
             self._evict(store, ctx)
         if ctx.output_mode == "complete":
-            for _pkeys, keys_table, values_table in scan(store, fam):
+            for _kencs, keys_table, values_table in scan(store, fam):
                 out = self._finish(keys_table, values_table)
                 m.num_output_rows += out.num_rows
                 yield out
@@ -282,11 +282,11 @@ class StreamingAggregate(StatefulOperator):
         started = time.perf_counter()
         fam = store.column_family()
         doomed: list[bytes] = []
-        for pkeys, keys_table, _values in scan(store, fam):
+        for kencs, keys_table, _values in scan(store, fam):
             late = is_late(keys_table.column(self.watermark_key), ctx.watermark_ms)
-            doomed.extend(k for k, d in zip(pkeys, late.to_pylist(), strict=True) if d)
+            doomed.extend(k for k, d in zip(kencs, late.to_pylist(), strict=True) if d)
         if doomed:
-            store.raw_delete_many(doomed)
+            store.remove_encoded_many(doomed)
             ctx.metrics.num_rows_removed += len(doomed)
         ctx.metrics.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
 

@@ -28,10 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import is_late, max_event_time_ms
 from sparkstate.operators.base import (
     BatchContext,
     OperatorMetrics,
@@ -51,13 +49,15 @@ from sparkstate.operators.grouping import (
     ROW_FORMATS,
     KeyGroups,
     OutputCollector,
+    concat_batches,
     decode_present,
     group_by_key,
+    key_schema_of,
+    on_time_rows,
     pandas_groups,
     rows_of,
 )
 from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
-from sparkstate.operators.state_errors import InvalidOutputError
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import ColumnFamily, StateStore
 
@@ -78,18 +78,6 @@ _TIME_TRIGGERS = {
     GroupStateTimeout.ProcessingTimeTimeout: "processing",
     GroupStateTimeout.EventTimeTimeout: "event",
 }
-
-
-def key_schema_of(input_schema: pa.Schema, key_columns: Sequence[str], api: str) -> pa.Schema:
-    """The grouping key schema (nullable fields of the input), with a clear error for typos."""
-    if not key_columns:
-        msg = f"{api}: at least one grouping column is needed"
-        raise ConfigurationError(msg)
-    missing = [c for c in key_columns if c not in input_schema.names]
-    if missing:
-        msg = f"{api}: no grouping column(s) {missing} in the input {input_schema.names}"
-        raise ConfigurationError(msg)
-    return pa.schema([input_schema.field(c).with_nullable(True) for c in key_columns])
 
 
 class _Pending:
@@ -219,9 +207,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         if len(groups):
             data = self._group_data(groups)
             phase = m.add_phase(Phase.GROUPING, phase)
-            stored = self._decode_states(
-                fam, store.raw_get_many([fam.prefix + k for k in groups.key_bytes])
-            )
+            stored = self._decode_states(fam, store.get_encoded_many(groups.key_bytes))
             m.add_phase(Phase.STATE_READ, phase)
             pending = _Pending()
             calls = self._call_groups(groups, data, stored, clock, out, pending)
@@ -251,20 +237,11 @@ class FlatMapGroupsWithState(StatefulOperator):
         ]
 
     def _input_table(self, batches: Iterator[pa.RecordBatch], ctx: BatchContext) -> pa.Table:
-        collected = [b for b in batches if b.num_rows]
-        table = pa.Table.from_batches(collected) if collected else self.input_schema.empty_table()
-        m = ctx.metrics
-        m.num_input_rows += table.num_rows
-        col = self.event_time_column
-        if col is not None and table.num_rows:
-            m.observe_event_time(max_event_time_ms(table.column(col)))
-            if self.timeout == GroupStateTimeout.EventTimeTimeout and self.watermark_present:
-                late = is_late(table.column(col), ctx.watermark_ms)
-                dropped = int(pc.sum(late).as_py() or 0)
-                if dropped:
-                    m.num_rows_dropped_by_watermark += dropped
-                    table = table.filter(pc.invert(late))
-        return table
+        """The input as one table; with event-time timeouts, rows behind the watermark dropped."""
+        table = concat_batches(batches, self.input_schema)
+        drop_late = self.timeout == GroupStateTimeout.EventTimeTimeout and self.watermark_present
+        watermark = ctx.watermark_ms if drop_late else None
+        return on_time_rows(table, ctx.metrics, self.event_time_column, watermark)
 
     def _call_groups(
         self,
@@ -341,13 +318,11 @@ class FlatMapGroupsWithState(StatefulOperator):
 
     def _apply(self, store: StateStore, fam: ColumnFamily, p: _Pending, m: OperatorMetrics) -> None:
         if p.put_keys:
-            prefix = fam.prefix
             values = p.put_values if not self.pickled else _pickle_states(p.put_values)
-            encoded = fam.value_codec.encode_many(values)
-            store.raw_put_many([prefix + k for k in p.put_keys], encoded)
+            store.put_encoded_many(p.put_keys, fam.value_codec.encode_many(values))
             m.num_rows_updated += len(p.put_keys)
         if p.deletes:
-            store.raw_delete_many([fam.prefix + k for k in p.deletes])
+            store.remove_encoded_many(p.deletes)
             m.num_rows_removed += len(p.deletes)
         p.index.flush(store)
 
@@ -369,7 +344,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         if not expired:
             return
         key_bytes = [k for _, k in expired]
-        stored = self._decode_states(fam, store.raw_get_many([fam.prefix + k for k in key_bytes]))
+        stored = self._decode_states(fam, store.get_encoded_many(key_bytes))
         keys = fam.key_codec.decode_many(key_bytes)
         width, compare = self._width, self.compare_with_stored_timeout
         for (index_ts, kenc), key, row in zip(expired, keys, stored, strict=True):
@@ -446,13 +421,4 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
         return iter([self.input_schema.empty_table().to_pandas()])
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
-        def emit(result: Any) -> None:
-            if result is None:
-                return
-            if hasattr(result, "columns"):
-                msg = f"{self.kind} function must return an iterator of DataFrames, not a DataFrame"
-                raise InvalidOutputError(msg)
-            for frame in result:
-                out.add_frame(frame)
-
-        return emit
+        return out.frame_sink()

@@ -1,8 +1,9 @@
-"""Arrow plumbing shared by the arbitrary-state operators: group input by key, rows out.
+"""Arrow plumbing shared by the arbitrary-state operators: input in, group by key, rows out.
 
-``group_by_key`` sorts a partition's input by the grouping columns (ascending, nulls first, the
-order in which Spark calls the user function) and cuts it into one slice per key, all in Arrow;
-the encoded key of each group is what the store is addressed with. ``OutputCollector`` turns what
+``concat_batches`` and ``on_time_rows`` read a partition's input and drop the rows behind the
+watermark. ``group_by_key`` sorts it by the grouping columns (ascending, nulls first, the order
+in which Spark calls the user function) and cuts it into one slice per key, all in Arrow; the
+encoded key of each group is what the store is addressed with. ``OutputCollector`` turns what
 user functions return (tuples, dicts, ``Row``-like objects, pandas frames) into record batches of
 the output schema.
 """
@@ -19,6 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators._arrow import is_late, max_event_time_ms
+from sparkstate.operators.base import OperatorMetrics
 from sparkstate.operators.state_errors import InvalidOutputError
 from sparkstate.store.base import ColumnFamily
 from sparkstate.store.codec import KeyCodec
@@ -27,10 +31,13 @@ __all__ = [
     "ROW_FORMATS",
     "KeyGroups",
     "OutputCollector",
+    "concat_batches",
     "decode_present",
     "group_by_key",
-    "pandas_groups",
+    "key_schema_of",
     "make_row_class",
+    "on_time_rows",
+    "pandas_groups",
     "rows_of",
 ]
 
@@ -51,6 +58,48 @@ class KeyGroups:
 
     def __len__(self) -> int:
         return len(self.key_bytes)
+
+
+def key_schema_of(input_schema: pa.Schema, key_columns: Sequence[str], api: str) -> pa.Schema:
+    """The grouping key schema (nullable fields of the input), with a clear error for typos."""
+    if not key_columns:
+        msg = f"{api}: at least one grouping column is needed"
+        raise ConfigurationError(msg)
+    missing = [c for c in key_columns if c not in input_schema.names]
+    if missing:
+        msg = f"{api}: no grouping column(s) {missing} in the input {input_schema.names}"
+        raise ConfigurationError(msg)
+    return pa.schema([input_schema.field(c).with_nullable(True) for c in key_columns])
+
+
+def concat_batches(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """A partition's non-empty input batches as one table (an empty table of ``schema`` if none)."""
+    collected = [b for b in batches if b.num_rows]
+    return pa.Table.from_batches(collected) if collected else schema.empty_table()
+
+
+def on_time_rows(
+    table: pa.Table,
+    metrics: OperatorMetrics,
+    event_time_column: str | None,
+    watermark_ms: int | None,
+) -> pa.Table:
+    """The input rows to process: all of them counted as input rows and their largest event time
+    observed; with a ``watermark_ms``, the rows at or before it dropped (Spark's late-row rule)
+    and counted as dropped by watermark."""
+    metrics.num_input_rows += table.num_rows
+    if event_time_column is None or not table.num_rows:
+        return table
+    event_time = table.column(event_time_column)
+    metrics.observe_event_time(max_event_time_ms(event_time))
+    if watermark_ms is None:
+        return table
+    late = is_late(event_time, watermark_ms)
+    dropped = int(pc.sum(late).as_py() or 0)
+    if dropped:
+        metrics.num_rows_dropped_by_watermark += dropped
+        table = table.filter(pc.invert(late))
+    return table
 
 
 def _select(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -286,6 +335,19 @@ class OutputCollector:
         a non-iterable result raises TypeError, which ``check_result`` turns into a clear error).
         """
         return self._rows.extend
+
+    def frame_sink(self) -> Callable[[Any], None]:
+        """The way in for pandas functions: each result is an iterable of DataFrames."""
+        add_frame = self.add_frame
+
+        def emit(result: Any) -> None:
+            if hasattr(result, "columns"):
+                msg = f"{self.where} must return an iterator of DataFrames, not a DataFrame"
+                raise InvalidOutputError(msg)
+            for frame in result:
+                add_frame(frame)
+
+        return emit
 
     def ready(self) -> bool:
         """Whether batches are ready to drain (flushing a full chunk of pending rows first)."""

@@ -249,12 +249,12 @@ class ProcessorSession:
     def purge(self, name: str) -> int:
         """Delete every entry of a column family (``deleteIfExists``); 0 if there is none."""
         try:
-            fam = self.store.column_family(name)
+            self.store.column_family(name)
         except ValueError:
             return 0
-        keys = [k for k, _ in self.store.raw_scan(fam.prefix, fam.end_of_family())]
+        keys = [k for k, _ in self.store.range_scan_encoded(cf=name)]
         if keys:
-            self.store.raw_delete_many(keys)
+            self.store.remove_encoded_many(keys, name)
         return len(keys)
 
 

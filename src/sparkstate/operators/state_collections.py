@@ -50,13 +50,11 @@ class _BlobState(StateVariable):
     def _write(self, blobs: dict[bytes, bytes | None]) -> tuple[int, int]:
         puts = [k for k, b in blobs.items() if b is not None]
         deletes = [k for k, b in blobs.items() if b is None]
-        prefix, encode = self._fam.prefix, self._fam.value_codec.encode
+        encode = self._fam.value_codec.encode
         if puts:
-            self._store.raw_put_many(
-                [prefix + k for k in puts], [encode((blobs[k],)) for k in puts]
-            )
+            self._store.put_encoded_many(puts, [encode((blobs[k],)) for k in puts], self._name)
         if deletes:
-            self._store.raw_delete_many([prefix + k for k in deletes])
+            self._store.remove_encoded_many(deletes, self._name)
         return len(puts), len(deletes)
 
 

@@ -205,7 +205,7 @@ class StateVariable:
         return (pickle.loads(row[0]), *row[1:])
 
     def _raw(self, kenc: bytes) -> bytes | None:
-        return self._store.raw_get(self._fam.prefix + kenc)
+        return self._store.get_encoded(kenc, self._name)
 
     def flush(self) -> tuple[int, int]:
         """Write the dirty keys (and TTL index moves); returns (rows written, rows deleted)."""
@@ -238,9 +238,8 @@ class ValueState(StateVariable):
 
     def prefetch(self, kencs: list[bytes]) -> None:
         """Read the values of many keys with one multi-get."""
-        fam = self._fam
         todo = [k for k in kencs if k not in self._cache] if self._cache else kencs
-        rows = decode_present(fam, self._store.raw_get_many([fam.prefix + k for k in todo]))
+        rows = decode_present(self._fam, self._store.get_encoded_many(todo, self._name))
         self._remember(todo, rows)
 
     def _remember(self, kencs: list[bytes], rows: list[Any]) -> None:
@@ -312,9 +311,7 @@ class ValueState(StateVariable):
         if self._ttl is not None:
             unknown = [k for k in dirty if k not in self._indexed]
             if unknown:  # written without a read: learn what the TTL index holds for them
-                rows = decode_present(
-                    self._fam, self._store.raw_get_many([self._fam.prefix + k for k in unknown])
-                )
+                rows = decode_present(self._fam, self._store.get_encoded_many(unknown, self._name))
                 w = self._width
                 self._indexed.update(
                     (k, NO_TS if r is None else r[w]) for k, r in zip(unknown, rows, strict=True)
@@ -328,16 +325,15 @@ class ValueState(StateVariable):
             values = [(*cache[k], exp[k]) for k in puts]  # type: ignore[misc]
         if self._pickled:
             values = [self._pickled_row(v) for v in values]  # type: ignore[arg-type]
-        prefix = self._fam.prefix
         if puts:
             try:
                 encoded = self._fam.value_codec.encode_many(values)
             except ValueError as exc:
                 exc.add_note(f"sparkstate: in a value of ValueState {self._name!r}")
                 raise
-            self._store.raw_put_many([prefix + k for k in puts], encoded)
+            self._store.put_encoded_many(puts, encoded, self._name)
         if deletes:
-            self._store.raw_delete_many([prefix + k for k in deletes])
+            self._store.remove_encoded_many(deletes, self._name)
         if self._index is not None:
             for kenc in dirty:
                 new = exp[kenc] if cache[kenc] is not None else NO_TS

@@ -115,9 +115,11 @@ class TimerState:
     def _load(self, store: StateStore, kenc: bytes) -> list[int]:
         found = self._cache.get(kenc)
         if found is None:
-            fam = store.column_family(TIMERS_CF)
-            raw = store.raw_get(fam.prefix + kenc)
-            found = [] if raw is None else _unpack(fam.value_codec.decode(raw)[0])
+            raw = store.get_encoded(kenc, TIMERS_CF)
+            if raw is None:
+                found = []
+            else:
+                found = _unpack(store.column_family(TIMERS_CF).value_codec.decode(raw)[0])
             self._cache[kenc] = found
         return found
 
@@ -150,14 +152,13 @@ class TimerState:
         deletes: list[bytes] = []
         for kenc in self._dirty:
             (puts if self._cache[kenc] else deletes).append(kenc)
-        fam = store.column_family(TIMERS_CF) if self._dirty else None
-        if fam is not None and puts:
-            encode = fam.value_codec.encode
-            store.raw_put_many(
-                [fam.prefix + k for k in puts], [encode((_pack(self._cache[k]),)) for k in puts]
+        if puts:
+            encode = store.column_family(TIMERS_CF).value_codec.encode
+            store.put_encoded_many(
+                puts, [encode((_pack(self._cache[k]),)) for k in puts], TIMERS_CF
             )
-        if fam is not None and deletes:
-            store.raw_delete_many([fam.prefix + k for k in deletes])
+        if deletes:
+            store.remove_encoded_many(deletes, TIMERS_CF)
         self._dirty.clear()
         self.index.flush(store)
         return len(puts), len(deletes)

@@ -26,14 +26,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import is_late, max_event_time_ms
 from sparkstate.operators.base import BatchContext, Phase, StatefulOperator, timed_phase
-from sparkstate.operators.flat_map_groups import key_schema_of
 from sparkstate.operators.grouping import (
     ROW_FORMATS,
     KeyGroups,
     OutputCollector,
+    concat_batches,
     group_by_key,
+    key_schema_of,
+    on_time_rows,
     pandas_groups,
     rows_of,
 )
@@ -47,7 +48,6 @@ from sparkstate.operators.processor import (
     declare_state,
 )
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
-from sparkstate.operators.state_errors import InvalidOutputError
 from sparkstate.operators.state_vars import VarSpec
 from sparkstate.operators.timers import (
     TIMER_INDEX_CF,
@@ -242,10 +242,11 @@ class TransformWithState(StatefulOperator):
     def _split_input(
         self, batches: Iterator[pa.RecordBatch], ctx: BatchContext
     ) -> tuple[pa.Table, pa.Table | None]:
-        collected = [b for b in batches if b.num_rows]
+        """The input rows (with ``EventTime``, rows behind the watermark dropped) and the
+        initial-state rows among them (None when there are none)."""
+        whole = concat_batches(batches, self.input_schema)
         initial = None
-        if collected and INITIAL_STATE_MARKER in collected[0].schema.names:
-            whole = pa.Table.from_batches(collected)
+        if INITIAL_STATE_MARKER in whole.column_names:
             flag = pc.fill_null(whole.column(INITIAL_STATE_MARKER), False)
             if self.initial_state_schema is None:
                 msg = f"{self.kind}: initial state rows given but no initial_state_schema declared"
@@ -253,23 +254,10 @@ class TransformWithState(StatefulOperator):
             initial = _select(
                 whole.filter(flag), self.initial_state_schema, self.initial_state_columns
             )
-            table = _select(whole.filter(pc.invert(flag)), self.input_schema)
-        elif collected:
-            table = _select(pa.Table.from_batches(collected), self.input_schema)
-        else:
-            table = self.input_schema.empty_table()
-        m = ctx.metrics
-        m.num_input_rows += table.num_rows
-        col = self.event_time_column
-        if col is not None and table.num_rows:
-            m.observe_event_time(max_event_time_ms(table.column(col)))
-            if self.time_mode == TimeMode.EVENT_TIME:
-                late = is_late(table.column(col), ctx.watermark_ms)
-                dropped = int(pc.sum(late).as_py() or 0)
-                if dropped:
-                    m.num_rows_dropped_by_watermark += dropped
-                    table = table.filter(pc.invert(late))
-        return table, initial
+            whole = whole.filter(pc.invert(flag))
+        table = _select(whole, self.input_schema)
+        watermark = ctx.watermark_ms if self.time_mode == TimeMode.EVENT_TIME else None
+        return on_time_rows(table, ctx.metrics, self.event_time_column, watermark), initial
 
     def _data_of(self, groups: KeyGroups) -> Callable[[int, int], Any]:
         if self.mode == "pandas":
@@ -278,17 +266,7 @@ class TransformWithState(StatefulOperator):
         return lambda s, e: iter(rows[s:e])
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
-        if self.mode == "rows":
-            return out.sink()
-
-        def emit(result: Any) -> None:
-            if hasattr(result, "columns"):
-                msg = f"{self.kind} processor must return an iterator of DataFrames"
-                raise InvalidOutputError(msg)
-            for frame in result:
-                out.add_frame(frame)
-
-        return emit
+        return out.sink() if self.mode == "rows" else out.frame_sink()
 
     def _initial_state(
         self, initial: pa.Table, codec: Any, session: ProcessorSession, values: TimerValues

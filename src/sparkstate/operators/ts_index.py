@@ -1,8 +1,8 @@
 """An ordered ``(timestamp, grouping key)`` index in a column family: timers, TTL, timeouts.
 
-The physical key is the family prefix, the order-preserving encoding of the timestamp (an int64
-column) and the encoded grouping key, so a range scan from the start of the family to
-``threshold`` finds exactly the entries due, in timestamp order, without touching the others.
+An entry's key is the order-preserving encoding of the timestamp (an int64 column) followed by
+the encoded grouping key, so a range scan from the start of the family to ``threshold`` finds
+exactly the entries due, in timestamp order, without touching the others.
 Changes are buffered (``move``) and written in one batch (``flush``) so that the store sees a few
 bulk calls per phase, never a call per key.
 """
@@ -72,31 +72,26 @@ class TimestampIndex:
         """Write the buffered changes in two bulk calls."""
         if not self._puts and not self._deletes:
             return
-        prefix = store.column_family(self.cf_name).prefix
+        cf = self.cf_name
         if self._deletes:
-            store.raw_delete_many([prefix + encode_ts(ts) + k for ts, k in self._deletes])
+            store.remove_encoded_many([encode_ts(ts) + k for ts, k in self._deletes], cf)
         if self._puts:
-            keys = [prefix + encode_ts(ts) + k for ts, k in self._puts]
-            store.raw_put_many(keys, [MARKER] * len(keys))
+            keys = [encode_ts(ts) + k for ts, k in self._puts]
+            store.put_encoded_many(keys, [MARKER] * len(keys), cf)
         self._puts.clear()
         self._deletes.clear()
 
     def due(self, store: StateStore, up_to: int) -> list[tuple[int, bytes]]:
         """Entries with ``ts <= up_to`` as ``(ts, encoded key)``, in order (flush first)."""
-        fam = store.column_family(self.cf_name)
-        prefix = fam.prefix
-        start = len(prefix)
-        split = start + _TS_WIDTH
-        end = prefix + encode_ts(up_to + 1) if up_to < _INT64_MAX else fam.end_of_family()
-        decode = _TS_CODEC.decode
-        return [(decode(k[start:split])[0], k[split:]) for k, _ in store.raw_scan(prefix, end)]
+        end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
+        decode, split = _TS_CODEC.decode, _TS_WIDTH
+        entries = store.range_scan_encoded(None, end, self.cf_name)
+        return [(decode(k[:split])[0], k[split:]) for k, _ in entries]
 
     def earliest(self, store: StateStore) -> int | None:
         """The smallest indexed timestamp, or None if the index is empty (flush first)."""
-        fam = store.column_family(self.cf_name)
-        start = len(fam.prefix)
-        for k, _ in store.raw_scan(fam.prefix, fam.end_of_family()):
-            ts: int = _TS_CODEC.decode(k[start : start + _TS_WIDTH])[0]
+        for k, _ in store.range_scan_encoded(cf=self.cf_name):
+            ts: int = _TS_CODEC.decode(k[:_TS_WIDTH])[0]
             return ts
         return None
 

@@ -7,7 +7,9 @@ of it, opened for reading and writing by one task. Batch ``b`` opens version ``b
 Providers implement a small byte-level core (``raw_*`` methods over *physical keys*, which are an
 encoded column-family prefix followed by the order-preserving key encoding) plus ``_commit`` and
 ``_abort``. Everything typed (schemas, codecs, column families, batch calls over Arrow) lives here,
-once, for every provider.
+once, for every provider. Operators that encode keys and values in bulk themselves use the
+``*_encoded*`` methods: a family's encoded keys in and out, the family prefix added here, so the
+physical key layout is known to this package alone.
 """
 
 from __future__ import annotations
@@ -208,6 +210,9 @@ class StateStore(ABC):
         self._committed = False
         self._num_updated = 0
         self._num_removed = 0
+        #: The last multi-get of a writable store: (family, copy of its encoded keys, physical
+        #: keys). A write of the same keys next (a read-modify-write) reuses the physical keys.
+        self._last_read: tuple[str, list[bytes], list[bytes]] | None = None
         #: Set by ``commit()``: the checkpoint id of the committed version ``version + 1``.
         self.checkpoint_id: str | None = None
         #: Providers set the load time; ``commit()`` measures the commit time.
@@ -239,6 +244,13 @@ class StateStore(ABC):
     @abstractmethod
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` in ascending byte order, pending writes included."""
+
+    def raw_scan_suffixes(
+        self, start: bytes, end: bytes, skip: int
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``raw_scan`` with the first ``skip`` bytes of every key cut off (a family prefix).
+        A provider whose scan is a Python loop cuts them there, saving a generator per key."""
+        return ((k[skip:], v) for k, v in self.raw_scan(start, end))
 
     @abstractmethod
     def raw_num_keys(self) -> int:
@@ -356,9 +368,68 @@ class StateStore(ABC):
         for k, v in self.raw_scan(start, end):
             yield kdec(k[skip:]), vdec(v)
 
+    # --- encoded keys ----------------------------------------------------------------------------
+    # Keys are the output of the family's ``key_codec`` and values that of its ``value_codec``;
+    # the family prefix is added (and stripped) here, once per call, never per key by the caller.
+
+    def get_encoded(self, key: bytes, cf: str = DEFAULT_CF) -> bytes | None:
+        """The encoded value of one encoded key, or None."""
+        self._readable()
+        return self.raw_get(self.column_family(cf).prefix + key)
+
+    def get_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> list[bytes | None]:
+        """Encoded values of many encoded keys in one multi-get (None where absent)."""
+        self._readable()
+        prefix = self.column_family(cf).prefix
+        pkeys = [prefix + k for k in keys]
+        if not self._read_only:
+            self._last_read = (cf, list(keys), pkeys)
+        return self.raw_get_many(pkeys)
+
+    def put_encoded_many(
+        self, keys: Sequence[bytes], values: Sequence[bytes], cf: str = DEFAULT_CF
+    ) -> None:
+        """Write encoded values under encoded keys, counted as updated rows like ``put_many``."""
+        self._writable()
+        if len(keys) != len(values):
+            msg = f"{self.id}: put_encoded_many got {len(keys)} keys but {len(values)} values"
+            raise ValueError(msg)
+        self.raw_put_many(self._keys_to_write(keys, cf), values)
+        self._num_updated += len(keys)
+
+    def remove_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> None:
+        """Delete encoded keys (absent ones included), counted as removed rows like
+        ``remove_many``."""
+        self._writable()
+        self.raw_delete_many(self._keys_to_write(keys, cf))
+        self._num_removed += len(keys)
+
+    def _keys_to_write(self, keys: Sequence[bytes], cf: str) -> list[bytes]:
+        """Physical keys of a write: those of the last multi-get when it read the same keys (a
+        read-modify-write, as aggregation does, prefixes a batch of keys once), else new ones.
+        Comparing two lists of the same key objects costs far less than prefixing them."""
+        last, self._last_read = self._last_read, None
+        if last is not None and last[0] == cf and isinstance(keys, list) and last[1] == keys:
+            return last[2]
+        prefix = self.column_family(cf).prefix
+        return [prefix + k for k in keys]
+
+    def range_scan_encoded(
+        self, start: bytes | None = None, end: bytes | None = None, cf: str = DEFAULT_CF
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """(encoded key, encoded value) pairs with ``start <= key < end`` in key order; a bound
+        of None is the family's start or end."""
+        self._readable()
+        fam = self.column_family(cf)
+        prefix = fam.prefix
+        lo = prefix if start is None else prefix + start
+        hi = fam.end_of_family() if end is None else prefix + end
+        return self.raw_scan_suffixes(lo, hi, len(prefix))
+
     def commit(self) -> int:
         """Make this version's writes durable as version ``version + 1`` and return that number."""
         self._writable()
+        self._last_read = None
         start = time.perf_counter()
         self._commit()
         self.commit_time_ms = int((time.perf_counter() - start) * 1000)
@@ -370,6 +441,7 @@ class StateStore(ABC):
         """Discard this version's writes. Safe to call more than once and after a failed commit."""
         if self._done and self._committed:
             return
+        self._last_read = None
         if not self._done:
             self._abort()
         self._done = True

@@ -70,15 +70,27 @@ class MemoryStateStore(StateStore):
             self._sorted = None
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        if self._sorted is None:
-            self._sorted = sorted(self._data)
-        keys = self._sorted
         data = self._data
-        for i in range(bisect.bisect_left(keys, start), bisect.bisect_left(keys, end)):
-            k = keys[i]
+        for k in self._keys_between(start, end):
             v = data.get(k)
             if v is not None:
                 yield k, v
+
+    def raw_scan_suffixes(
+        self, start: bytes, end: bytes, skip: int
+    ) -> Iterator[tuple[bytes, bytes]]:
+        data = self._data
+        for k in self._keys_between(start, end):
+            v = data.get(k)
+            if v is not None:
+                yield k[skip:], v
+
+    def _keys_between(self, start: bytes, end: bytes) -> list[bytes]:
+        """Keys with ``start <= key < end``, in order (sorted once per change of the key set)."""
+        if self._sorted is None:
+            self._sorted = sorted(self._data)
+        keys = self._sorted
+        return keys[bisect.bisect_left(keys, start) : bisect.bisect_left(keys, end)]
 
     def raw_num_keys(self) -> int:
         return len(self._data)
