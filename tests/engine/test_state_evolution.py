@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 import sparkstate as ss
 from sparkstate.exceptions import SchemaMismatchError
+from sparkstate.store.schema_json import fields_from_json
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector, run_batches, source, start_ours
@@ -58,7 +59,8 @@ def test_restart_with_an_added_nullable_state_field_continues(
         2: [("a", 4, "last=4")],
     }
     metadata = json.loads((chk / "sparkstate" / "metadata.json").read_text())
-    assert [f["name"] for f in metadata["operators"][0]["state_schema"]] == ["count", "last"]
+    recorded = fields_from_json(metadata["operators"][0]["state_schema"])
+    assert [name for name, _, _ in recorded] == ["count", "last"]
 
 
 def test_restart_with_an_incompatible_state_schema_is_refused(

@@ -60,6 +60,7 @@ from sparkstate.operators.grouping import (
 from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import ColumnFamily, StateStore
+from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
     "STATE_SCHEMA_CF",
@@ -107,10 +108,6 @@ class FlatMapGroupsWithState(StatefulOperator):
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     #: Whether the old timeout of Spark's write rule is the stored one (Scala) or -1 (PySpark).
     compare_with_stored_timeout: ClassVar[bool] = True
-    #: Run the event-time timeout pass before the input too: what Spark's no-data batch after a
-    #: watermark move would have emitted (the engine sets it: foreachBatch gets no such batch).
-    catch_up_no_data_batch: bool = False
-
     def __init__(
         self,
         func: Callable[..., Any],
@@ -176,9 +173,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["timeout"] = self.timeout
-        out["state_schema"] = [
-            {"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in self.state_schema
-        ]
+        out["state_schema"] = schema_to_json(self.state_schema)
         return out
 
     # --- the batch -------------------------------------------------------------------------------
@@ -199,10 +194,6 @@ class FlatMapGroupsWithState(StatefulOperator):
         )
         out = OutputCollector(self.output_schema, f"{self.kind} function")
         fam = store.column_family()
-        if self.catch_up_no_data_batch and self.timeout == GroupStateTimeout.EventTimeTimeout:
-            # Spark's no-data batch after the watermark moved, run before this batch's input
-            yield from timed_phase(self._time_out(store, fam, clock, out, m), m, Phase.TIMEOUTS)
-            phase = time.perf_counter()
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
             data = self._group_data(groups)

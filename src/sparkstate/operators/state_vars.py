@@ -36,6 +36,7 @@ from sparkstate.operators.ts_index import (
 )
 from sparkstate.operators.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
 from sparkstate.store.base import StateStore
+from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
     "LIST_VALUE_SCHEMA",
@@ -90,11 +91,11 @@ class VarSpec:
         change (the TTL may: Spark allows a new TTL)."""
         out: dict[str, Any] = {
             "kind": self.kind,
-            "schema": [[f.name, str(f.type), f.nullable] for f in self.schema],
+            "schema": schema_to_json(self.schema),
             "ttl": self.ttl_ms is not None,
         }
         if self.key_schema is not None:
-            out["key_schema"] = [[f.name, str(f.type)] for f in self.key_schema]
+            out["key_schema"] = schema_to_json(self.key_schema)
         return out
 
 

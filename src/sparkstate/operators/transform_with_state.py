@@ -76,10 +76,6 @@ class TransformWithState(StatefulOperator):
     kind: ClassVar[str] = "transformWithState"
     progress_name: ClassVar[str] = "transformWithStateExec"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
-    #: Fire the event-time timers due before the input too: what Spark's no-data batch after a
-    #: watermark move would have fired (the engine sets it: foreachBatch gets no such batch).
-    catch_up_no_data_batch: bool = False
-
     def __init__(
         self,
         processor: Any,
@@ -193,11 +189,6 @@ class TransformWithState(StatefulOperator):
         if initial is not None and initial.num_rows and ctx.batch_id == 0:
             self._initial_state(initial, fam.key_codec, session, values)
             phase = m.add_phase(Phase.INITIAL_STATE, phase)
-        if self.catch_up_no_data_batch and self.time_mode == TimeMode.EVENT_TIME:
-            # Spark's no-data batch after the watermark moved, run before this batch's input
-            expired = self._expired_timers(session, values, emit, out, ctx)
-            yield from timed_phase(expired, m, Phase.TIMERS)
-            phase = time.perf_counter()
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
             data = self._data_of(groups)
