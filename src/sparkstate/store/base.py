@@ -245,6 +245,13 @@ class StateStore(ABC):
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` in ascending byte order, pending writes included."""
 
+    def raw_scan_suffixes(
+        self, start: bytes, end: bytes, skip: int
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``raw_scan`` with the first ``skip`` bytes of every key cut off (a family prefix).
+        A provider whose scan is a Python loop cuts them there, saving a generator per key."""
+        return ((k[skip:], v) for k, v in self.raw_scan(start, end))
+
     @abstractmethod
     def raw_num_keys(self) -> int:
         """Number of live keys over all families, pending writes included (may be an estimate)."""
@@ -417,8 +424,7 @@ class StateStore(ABC):
         prefix = fam.prefix
         lo = prefix if start is None else prefix + start
         hi = fam.end_of_family() if end is None else prefix + end
-        skip = len(prefix)
-        return ((k[skip:], v) for k, v in self.raw_scan(lo, hi))
+        return self.raw_scan_suffixes(lo, hi, len(prefix))
 
     def commit(self) -> int:
         """Make this version's writes durable as version ``version + 1`` and return that number."""

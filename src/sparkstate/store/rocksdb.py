@@ -107,12 +107,24 @@ class RocksDBStateStore(StateStore):
         self._pending.update(dict.fromkeys(keys))
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        for k, v in self._merged(start, end):
+            if v is not None:
+                yield k, v
+
+    def raw_scan_suffixes(
+        self, start: bytes, end: bytes, skip: int
+    ) -> Iterator[tuple[bytes, bytes]]:
+        for k, v in self._merged(start, end):
+            if v is not None:
+                yield k[skip:], v
+
+    def _merged(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes | None]]:
+        """Stored pairs and pending writes (None: a delete) with ``start <= key < end``, in
+        key order, a pending write in place of the stored pair of its key."""
         pending = self._pending
         overlay = sorted((k, v) for k, v in pending.items() if start <= k < end)
         stored = ((k, v) for k, v in self._db.iterate(start, end) if k not in pending)
-        for k, v in heapq.merge(stored, overlay):
-            if v is not None:
-                yield k, v
+        return heapq.merge(stored, overlay)
 
     def _count_after_writes(self) -> int:
         """Exact number of keys once the overlay is applied (reads unknown existence in bulk)."""
