@@ -59,3 +59,20 @@ def test_unknown_column_and_complete_mode_are_refused() -> None:
         Deduplicate(SCHEMA, ["nope"])
     with pytest.raises(ConfigurationError, match="complete"):
         Deduplicate(SCHEMA, ["k"]).check_output_mode("complete")
+
+
+def test_first_rows_of_interleaved_keys_in_input_order(make_runner: Runner) -> None:
+    runner = make_runner(Deduplicate(SCHEMA, ["j"]))
+    js = [3, 1, 3, 2, 1, 4, 2, 5]
+    out, m = runner.run([{"k": "x", "j": j, "v": float(i)} for i, j in enumerate(js)], "append")
+    assert [(r["j"], r["v"]) for r in out.to_pylist()] == [
+        (3, 0.0),
+        (1, 1.0),
+        (2, 3.0),
+        (4, 5.0),
+        (5, 7.0),
+    ]
+    assert m.num_rows_updated == 5
+    out, m = runner.run([{"k": "y", "j": j, "v": -1.0} for j in (5, 6, 6, 1, 7)], "append")
+    assert [(r["j"], r["v"]) for r in out.to_pylist()] == [(6, -1.0), (7, -1.0)]
+    assert m.num_rows_updated == 2
