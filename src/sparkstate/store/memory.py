@@ -70,8 +70,9 @@ class MemoryStateStore(StateStore):
             self._sorted = None
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        data = self._data
-        for k in self._keys_between(start, end):
+        keys, data = self._sorted_keys(), self._data
+        for i in range(bisect.bisect_left(keys, start), bisect.bisect_left(keys, end)):
+            k = keys[i]
             v = data.get(k)
             if v is not None:
                 yield k, v
@@ -79,18 +80,18 @@ class MemoryStateStore(StateStore):
     def raw_scan_suffixes(
         self, start: bytes, end: bytes, skip: int
     ) -> Iterator[tuple[bytes, bytes]]:
-        data = self._data
-        for k in self._keys_between(start, end):
+        keys, data = self._sorted_keys(), self._data
+        for i in range(bisect.bisect_left(keys, start), bisect.bisect_left(keys, end)):
+            k = keys[i]
             v = data.get(k)
             if v is not None:
                 yield k[skip:], v
 
-    def _keys_between(self, start: bytes, end: bytes) -> list[bytes]:
-        """Keys with ``start <= key < end``, in order (sorted once per change of the key set)."""
+    def _sorted_keys(self) -> list[bytes]:
+        """All keys in order, sorted once per change of the key set."""
         if self._sorted is None:
             self._sorted = sorted(self._data)
-        keys = self._sorted
-        return keys[bisect.bisect_left(keys, start) : bisect.bisect_left(keys, end)]
+        return self._sorted
 
     def raw_num_keys(self) -> int:
         return len(self._data)
