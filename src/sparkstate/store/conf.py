@@ -1,0 +1,105 @@
+"""Which store (:class:`StoreId`) and how it is kept (:class:`StoreConf`): the settings a provider
+is opened with, validated when they are built."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+from sparkstate.exceptions import ConfigurationError
+
+__all__ = ["DEFAULT_CF", "StoreConf", "StoreId", "default_local_dir"]
+
+#: The name of a store's default column family (and of an operator's default store).
+DEFAULT_CF = "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreId:
+    """Names one store: an operator's partition under a checkpoint root (a path or URI)."""
+
+    checkpoint_root: str
+    operator_id: int
+    partition_id: int
+    store_name: str = DEFAULT_CF
+
+    def __str__(self) -> str:
+        return (
+            f"StateStore[op={self.operator_id}, part={self.partition_id}, "
+            f"name={self.store_name}, root={self.checkpoint_root}]"
+        )
+
+    @property
+    def relative_dir(self) -> str:
+        """``state/<op>/<part>[/<store>]`` under the checkpoint root."""
+        base = f"state/{self.operator_id}/{self.partition_id}"
+        return base if self.store_name == DEFAULT_CF else f"{base}/{self.store_name}"
+
+
+def default_local_dir() -> str:
+    """The executor-level directory for local databases: ``$SPARKSTATE_LOCAL_DIR`` or a temp dir."""
+    return os.environ.get("SPARKSTATE_LOCAL_DIR") or os.path.join(
+        tempfile.gettempdir(), f"sparkstate-{os.getuid()}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConf:
+    """Settings of a provider. Defaults work out of the box; every field is validated."""
+
+    min_deltas_for_snapshot: int = 10
+    min_versions_to_retain: int = 100
+    compression: str = "zstd"
+    #: Executor-level directory for local databases; empty: resolved where the store opens
+    #: (``$SPARKSTATE_LOCAL_DIR`` of the executor, else a temp dir), not where the conf is built.
+    local_dir: str = ""
+    block_cache_mb: int = 64
+    write_buffer_mb: int = 64
+    lock_timeout_s: float = 120.0
+    num_partitions: int | None = None
+    #: Memory provider: how many recent versions to keep in memory.
+    max_versions_in_memory: int = 2
+
+    def __post_init__(self) -> None:
+        if self.min_deltas_for_snapshot < 1:
+            msg = f"min_deltas_for_snapshot must be >= 1, got {self.min_deltas_for_snapshot}"
+            raise ConfigurationError(msg)
+        if self.min_versions_to_retain < 1:
+            msg = f"min_versions_to_retain must be >= 1, got {self.min_versions_to_retain}"
+            raise ConfigurationError(msg)
+        if self.compression not in ("zstd", "lz4", "none"):
+            msg = f"compression must be 'zstd', 'lz4' or 'none', got {self.compression!r}"
+            raise ConfigurationError(msg)
+        for name in ("block_cache_mb", "write_buffer_mb"):
+            if getattr(self, name) < 1:
+                msg = f"{name} must be >= 1 MB, got {getattr(self, name)}"
+                raise ConfigurationError(msg)
+        if self.num_partitions is not None and self.num_partitions < 1:
+            msg = f"num_partitions must be >= 1, got {self.num_partitions}"
+            raise ConfigurationError(msg)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> StoreConf:
+        """Build from string options (as given to ``.option(...)``); unknown keys are an error."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in options.items():
+            if key not in fields:
+                msg = f"unknown state store option {key!r}; known: {sorted(fields)}"
+                raise ConfigurationError(msg)
+            default = fields[key].default
+            try:
+                if isinstance(default, bool):
+                    kwargs[key] = str(raw).lower() in ("1", "true", "yes")
+                elif isinstance(default, int) or key == "num_partitions":
+                    kwargs[key] = int(raw)
+                elif isinstance(default, float):
+                    kwargs[key] = float(raw)
+                else:
+                    kwargs[key] = str(raw)
+            except ValueError as exc:
+                msg = f"state store option {key}={raw!r} is not a valid value"
+                raise ConfigurationError(msg) from exc
+        return cls(**kwargs)
