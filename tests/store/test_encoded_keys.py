@@ -200,20 +200,3 @@ def test_read_modify_write_writes_the_keys_given(factory: ProviderFactory) -> No
     assert store.get_encoded_many(keys) == [None] * 4
     assert dict(store.iterator()) == {("b", 2): ROWS[("b", 2)]}
     assert list(store.range_scan_encoded(cf=OTHER)) == [(keys[0], other)]
-
-
-def test_providers_cut_scanned_keys_as_the_base_class_does(factory: ProviderFactory) -> None:
-    """``raw_scan_suffixes``: a provider's own loop gives what the base class's default gives."""
-    provider = factory.open()
-    store = provider.get_store(0)
-    keys, values = _encoded(store, ROWS)
-    store.put_encoded_many(keys[:2], values[:2])
-    store.commit()
-    store = provider.get_store(1)
-    store.put_encoded_many(keys[2:], values[2:])
-    store.remove_encoded_many(keys[:1])
-    for start, end, skip in [(b"", b"\xff", 0), (b"\x00", b"\x01", 1), (b"\x00\x01", b"\x01", 2)]:
-        own = list(store.raw_scan_suffixes(start, end, skip))
-        assert own == list(StateStore.raw_scan_suffixes(store, start, end, skip))
-        assert own == [(k[skip:], v) for k, v in store.raw_scan(start, end)]
-    assert len(list(store.raw_scan_suffixes(b"\x00", b"\x01", 1))) == 3

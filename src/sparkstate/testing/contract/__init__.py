@@ -12,8 +12,8 @@ Override the ``checkpoint_root`` fixture to run the suite on another file system
 it against ``s3://`` on a loopback S3 endpoint). The suite starts no Spark and needs only pytest.
 
 Each theme is a mixin in a module of its own: reads and writes, key order and scans, column
-families, versions, maintenance, schema checks on restart, metrics; :mod:`._base` holds the
-provider under test, the fixtures and the helpers they share.
+families, encoded keys, versions, maintenance, schema checks on restart, metrics; :mod:`._base`
+holds the provider under test, the fixtures and the helpers they share.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from sparkstate.testing.contract._encoded import EncodedKeyContract
 from sparkstate.testing.contract._families import ColumnFamilyContract
 from sparkstate.testing.contract._maintenance import MaintenanceContract
 from sparkstate.testing.contract._metrics import MetricsContract
@@ -39,6 +40,7 @@ class StateStoreContract(
     ReadWriteContract,
     ScanContract,
     ColumnFamilyContract,
+    EncodedKeyContract,
     VersionContract,
     MaintenanceContract,
     SchemaContract,
