@@ -72,6 +72,8 @@ class RocksDBStateStore(StateStore):
         self._existed: dict[bytes, bool] = {}
         self._base_keys = num_keys
         self._num_keys = num_keys
+        #: The key count of the overlay as it stands (None: a write since it was counted).
+        self._counted: int | None = None
         self._final: dict[str, float] = {}
         self._memory_used: int | None = None
 
@@ -95,15 +97,19 @@ class RocksDBStateStore(StateStore):
         return [pending[k] if k in pending else found[k] for k in keys]
 
     def raw_put(self, key: bytes, value: bytes) -> None:
+        self._counted = None
         self._pending[key] = value
 
     def raw_put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        self._counted = None
         self._pending.update(zip(keys, values, strict=True))
 
     def raw_delete(self, key: bytes) -> None:
+        self._counted = None
         self._pending[key] = None
 
     def raw_delete_many(self, keys: Sequence[bytes]) -> None:
+        self._counted = None
         self._pending.update(dict.fromkeys(keys))
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -127,7 +133,10 @@ class RocksDBStateStore(StateStore):
         return heapq.merge(stored, overlay)
 
     def _count_after_writes(self) -> int:
-        """Exact number of keys once the overlay is applied (reads unknown existence in bulk)."""
+        """Exact number of keys once the overlay is applied (reads unknown existence in bulk);
+        counted once per state of the overlay (the task's metrics and the commit both ask)."""
+        if self._counted is not None:
+            return self._counted
         unknown = [k for k in self._pending if k not in self._existed]
         if unknown:
             found = self._db.multi_get(unknown)
@@ -139,7 +148,8 @@ class RocksDBStateStore(StateStore):
                 delta -= existed[k]
             else:
                 delta += not existed[k]
-        return self._base_keys + delta
+        self._counted = self._base_keys + delta
+        return self._counted
 
     def raw_num_keys(self) -> int:
         if self._done:
@@ -178,6 +188,7 @@ class RocksDBStateStore(StateStore):
 
     def _abort(self) -> None:
         self._pending.clear()
+        self._counted = None
         self._provider.release()
 
     def capture_final_metrics(self) -> None:
@@ -291,6 +302,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             # One local database per partition: as in Spark, opening a version discards a
             # version still open in this provider (its writes were never committed).
             active._pending.clear()
+            active._counted = None
             active._done = True
         if self._db is not None:
             self._db.close()
