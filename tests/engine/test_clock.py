@@ -29,7 +29,7 @@ def test_reader_ticks_only_when_asked(tmp_path: Path) -> None:
     start = reader.initialOffset()
     assert read_clock(directory) == {}
     assert reader.latestOffset(start, None) == start  # no clock.json yet
-    write_clock(directory, requested_at_ms=1, due_ms=None)
+    write_clock(directory, {"requested_at_ms": 1, "due_ms": None})
     ticked = reader.latestOffset(start, None)
     assert ticked["tick"] > start["tick"]
     assert reader.latestOffset(ticked, None) == ticked  # served: no second batch

@@ -87,9 +87,9 @@ class FileSink(Sink):
         self.options = options
         self.dir = DurableDir(path)
         self.meta = self.dir.child(METADATA_DIR)
-        local = local_path(path)
+        self.local = local_path(path) is not None
         #: How the manifest names a file: a URI of the file system the sink writes to.
-        self.uri_prefix = "file://" if local is not None else path[: path.index("://") + 3]
+        self.uri_prefix = "file://" if self.local else path[: path.index("://") + 3]
         self.description = f"FileSink[{path}]"
 
     def committed(self, batch_id: int) -> bool:
@@ -108,7 +108,7 @@ class FileSink(Sink):
             msg = "the file sink cannot take complete output mode (as in Spark); use update"
             raise ConfigurationError(msg)
         staging = self.dir.child(STAGING_DIR, f"{batch_id}-{uuid.uuid4().hex}")
-        where = staging.path if self.uri_prefix == "file://" else staging.uri
+        where = staging.path if self.local else staging.uri
         df.write.format(self.fmt).options(**self.options).mode("overwrite").save(where)
         entries = []
         for entry in staging.list():

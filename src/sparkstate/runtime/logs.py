@@ -105,7 +105,7 @@ class CheckpointLog:
         return read_clock(self.dir)
 
     def write_clock(self, request: dict[str, Any]) -> None:
-        write_clock(self.dir, request.get("requested_at_ms"), request.get("due_ms"))
+        write_clock(self.dir, request)
 
     # --- progress --------------------------------------------------------------------------------
 

@@ -140,12 +140,7 @@ def commit_untouched(spec: TaskSpec, partition: int) -> TaskReport:
             dropped,
         )
     (committed,) = done
-    report = _report(spec, partition, ctx, committed, Attempt(), 0.0)
-    return dataclasses.replace(
-        report,
-        store=dataclasses.replace(report.store, load_time_ms=0.0, commit_time_ms=0.0),
-        num_output_rows_dropped=dropped,
-    )
+    return _report(spec, partition, ctx, committed, Attempt(), 0.0, dropped)
 
 
 def _report(
@@ -155,6 +150,7 @@ def _report(
     committed: Committed,
     attempt: Attempt,
     task_ms: float,
+    dropped: int = 0,
 ) -> TaskReport:
     return TaskReport(
         op=spec.op_id,
@@ -171,4 +167,5 @@ def _report(
         attempt=attempt.number,
         task_attempt_id=attempt.task_attempt_id,
         pid=attempt.pid,
+        num_output_rows_dropped=dropped,
     )

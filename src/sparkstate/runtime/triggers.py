@@ -39,8 +39,9 @@ def read_clock(directory: DurableDir) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_clock(directory: DurableDir, requested_at_ms: int | None, due_ms: int | None) -> None:
-    body = {"requested_at_ms": requested_at_ms, "due_ms": due_ms}
+def write_clock(directory: DurableDir, request: Mapping[str, Any]) -> None:
+    """Record the driver's request (``requested_at_ms``, ``due_ms``; see the module)."""
+    body = {"requested_at_ms": request.get("requested_at_ms"), "due_ms": request.get("due_ms")}
     directory.write_atomic(CLOCK_FILE, json.dumps(body, sort_keys=True).encode("utf-8"))
 
 

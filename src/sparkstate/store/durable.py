@@ -208,20 +208,19 @@ class DurableDir:
             raise StateFileError(msg) from exc
 
     def append(self, name: str, data: bytes) -> None:
-        """Add ``data`` at the end of ``name``. Object stores cannot append: there each call
-        writes the whole file anew, so keep such files small or give each record its own name."""
+        """Add ``data`` at the end of ``name``, on a local file system only: object stores cannot
+        append (give each record a file of its own there)."""
         local = local_path(self.uri)
+        if local is None:
+            msg = f"cannot append to {self.where(name)}: an object store has no append"
+            raise StateFileError(msg)
         try:
-            if local is not None:
-                os.makedirs(local, exist_ok=True)
-                with open(os.path.join(local, name), "ab") as out:
-                    out.write(data)
-                return
+            os.makedirs(local, exist_ok=True)
+            with open(os.path.join(local, name), "ab") as out:
+                out.write(data)
         except OSError as exc:
             msg = f"cannot append to {self.where(name)}: {exc}"
             raise StateFileError(msg) from exc
-        old = self.read(name) if self.exists(name) else b""
-        self.write_atomic(name, old + data)
 
     def delete_all(self) -> None:
         """Delete this directory and everything in it; a directory that is gone is fine."""

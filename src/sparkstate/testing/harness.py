@@ -122,7 +122,6 @@ class OperatorHarness:
         self.output_mode = output_mode
         #: Processing time of the next batch (``run`` may override it).
         self.clock_ms = processing_time_ms
-        self.watermark_ms = 0
         self.watermark_delay_ms = watermark_delay_ms
         self.event_time_column = event_time_column
         self.batch_id = 0
@@ -182,6 +181,12 @@ class OperatorHarness:
 
     # --- batches ------------------------------------------------------------------------------
 
+    @property
+    def watermark_ms(self) -> int:
+        """The watermark of the next batch: set by ``run(watermark_ms=...)`` or, with a delay,
+        the largest event time of earlier batches minus the delay (Spark's rule)."""
+        return self._watermarks.watermark_ms
+
     def advance(self, millis: int) -> None:
         """Move the processing-time clock forward."""
         self.clock_ms += millis
@@ -207,7 +212,7 @@ class OperatorHarness:
         if processing_time_ms is not None:
             self.clock_ms = processing_time_ms
         if watermark_ms is not None:
-            self.watermark_ms = watermark_ms
+            self._watermarks.watermark_ms = watermark_ms
         data = table if table is not None else op.input_schema.empty_table()
         if extra is not None:
             data = pa.concat_tables([data, extra], promote_options="permissive")
@@ -223,10 +228,8 @@ class OperatorHarness:
         )
         if commit:
             self.batch_id += 1
-            self._watermarks.watermark_ms = self.watermark_ms  # a value set by the test counts
             self._watermarks.observe(INPUT, ctx.metrics.max_event_time_ms)
             self._watermarks.advance()
-            self.watermark_ms = self._watermarks.watermark_ms
         return result
 
     # --- state inspection ---------------------------------------------------------------------
