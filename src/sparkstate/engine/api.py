@@ -17,6 +17,7 @@ from sparkstate.engine.plan import (
     ArbitraryStep,
     DedupStep,
     Stage,
+    StatelessStep,
     Step,
     plan_stages,
 )
@@ -27,7 +28,9 @@ from sparkstate.exceptions import (
 )
 from sparkstate.functions import AggregateExpression
 from sparkstate.functions import count as count_
+from sparkstate.operators.aggregate import StreamingAggregate
 from sparkstate.operators.base import OUTPUT_MODES
+from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
 from sparkstate.runtime.metadata import check_restart, refuse_foreign_checkpoint
 from sparkstate.runtime.providers import StoreSettings
@@ -52,7 +55,25 @@ def stream(df: DataFrame) -> StatefulStream:
     if not df.isStreaming:
         msg = "ss.stream() needs a streaming DataFrame (spark.readStream...), not a batch one"
         raise ConfigurationError(msg)
-    return StatefulStream(df)
+    return StatefulStream(df, watermarks=declared_watermarks(df))
+
+
+#: Where PySpark records ``withWatermark`` on a DataFrame: the event-time column's metadata.
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+def declared_watermarks(df: DataFrame) -> tuple[WatermarkSpec, ...]:
+    """The watermark declared on ``df`` itself (``df.withWatermark(...)`` before wrapping).
+
+    Spark keeps the delay on the event-time column's metadata, and only on the column of the
+    latest ``withWatermark``, so there is at most one.
+    """
+    out = []
+    for field in df.schema.fields:
+        delay = (field.metadata or {}).get(WATERMARK_DELAY_KEY)
+        if delay is not None:
+            out.append(WatermarkSpec(field.name, f"{int(delay)} milliseconds"))
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +82,15 @@ class StatefulStream:
 
     df: DataFrame
     steps: tuple[Step, ...] = ()
-    watermark: WatermarkSpec | None = None
+    #: Every ``withWatermark`` of the input, in order: the one declared on the wrapped DataFrame,
+    #: then those called on the stream. Spark tracks each and combines them with
+    #: ``spark.sql.streaming.multipleWatermarkPolicy``; the event-time column is the last one's.
+    watermarks: tuple[WatermarkSpec, ...] = ()
+
+    @property
+    def watermark(self) -> WatermarkSpec | None:
+        """The watermark whose column is the event time (the last declared)."""
+        return self.watermarks[-1] if self.watermarks else None
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StatefulStream:  # noqa: N802,N803
         """Track ``eventTime``'s watermark: its largest value seen minus ``delayThreshold``."""
@@ -72,7 +101,15 @@ class StatefulStream:
             msg = f"withWatermark: no column {eventTime!r}; the stream has {self.df.columns}"
             raise ConfigurationError(msg)
         parse_delay_ms(delayThreshold)
-        return dataclasses.replace(self, watermark=WatermarkSpec(eventTime, delayThreshold))
+        others = {w.column for w in self.watermarks} - {eventTime}
+        if others:
+            msg = (
+                f"withWatermark({eventTime!r}): the stream already has a watermark on "
+                f"{sorted(others)}; watermarks on two different columns are not supported yet"
+            )
+            raise ConfigurationError(msg)
+        spec = WatermarkSpec(eventTime, delayThreshold)
+        return dataclasses.replace(self, watermarks=(*self.watermarks, spec))
 
     def groupBy(self, *cols: Any) -> GroupedStream:  # noqa: N802 - PySpark's name
         """Group by column names or ``Column`` expressions, then ``.agg(...)``."""
@@ -88,6 +125,49 @@ class StatefulStream:
         return dataclasses.replace(self, steps=(*self.steps, DedupStep(cols)))
 
     drop_duplicates = dropDuplicates
+
+    # --- stateless steps (PySpark's DataFrame methods) --------------------------------------------
+    #
+    # Before the first stateful step they go to the input DataFrame as they are; after one, to its
+    # output in every batch, before the next stateful step or the sink (engine/plan.py).
+
+    def _stateless(self, method: str, *args: Any, **kwargs: Any) -> StatefulStream:
+        if not self.steps:
+            return dataclasses.replace(self, df=getattr(self.df, method)(*args, **kwargs))
+        step = StatelessStep(method, args, tuple(kwargs.items()))
+        return dataclasses.replace(self, steps=(*self.steps, step))
+
+    def select(self, *cols: Any) -> StatefulStream:
+        return self._stateless("select", *cols)
+
+    def selectExpr(self, *expr: str) -> StatefulStream:  # noqa: N802 - PySpark's name
+        return self._stateless("selectExpr", *expr)
+
+    def where(self, condition: Any) -> StatefulStream:
+        return self._stateless("where", condition)
+
+    filter = where
+
+    def withColumn(self, colName: str, col: Any) -> StatefulStream:  # noqa: N802,N803
+        return self._stateless("withColumn", colName, col)
+
+    def withColumns(self, *colsMap: Any) -> StatefulStream:  # noqa: N802,N803
+        return self._stateless("withColumns", *colsMap)
+
+    def withColumnRenamed(self, existing: str, new: str) -> StatefulStream:  # noqa: N802
+        return self._stateless("withColumnRenamed", existing, new)
+
+    def withColumnsRenamed(self, colsMap: dict[str, str]) -> StatefulStream:  # noqa: N802,N803
+        return self._stateless("withColumnsRenamed", colsMap)
+
+    def drop(self, *cols: Any) -> StatefulStream:
+        return self._stateless("drop", *cols)
+
+    def orderBy(self, *cols: Any, **kwargs: Any) -> StatefulStream:  # noqa: N802
+        """Sorting, as in Spark, only after an aggregation in complete output mode."""
+        return self._stateless("orderBy", *cols, **kwargs)
+
+    sort = orderBy
 
     @property
     def writeStream(self) -> DataStreamWriter:  # noqa: N802 - PySpark's name
@@ -136,7 +216,8 @@ class GroupedStream:
     # before the input, for every initial-state row (rows mode) or each key's frame (pandas),
     # keys without input included; a restart from a checkpoint does not apply it again. Spark
     # takes it with every timeMode, and so do we (engine/initial_state.py).
-    # Not supported yet: eventTimeColumnName, a stateful step after this one.
+    # eventTimeColumnName: as in Spark, the batch fails when the processor emits a row older than
+    # the watermark in that column. Not supported yet: a stateful step after this one.
 
     def _arbitrary(self, step: ArbitraryStep) -> StatefulStream:
         if not callable(step.func) and step.api in ARBITRARY_FUNCTION_APIS:
@@ -247,17 +328,36 @@ class GroupedStream:
         event_time_column: str,
         row_format: str,
     ) -> StatefulStream:
-        if event_time_column:
-            msg = f"{api}: eventTimeColumnName (a watermark on the output) is not supported yet"
-            raise ConfigurationError(msg)
         if not hasattr(processor, "handleInputRows") or not hasattr(processor, "init"):
             msg = f"{api}: statefulProcessor must be a StatefulProcessor, got {processor!r}"
             raise ConfigurationError(msg)
         initial = None if initial_state is None else initial_state_of(api, initial_state)
         step = ArbitraryStep(
-            api, self.keys, processor, output, None, mode, time_mode, row_format, initial
+            api,
+            self.keys,
+            processor,
+            output,
+            None,
+            mode,
+            time_mode,
+            row_format,
+            initial,
+            event_time_column,
         )
         return self._arbitrary(step)
+
+
+def needs_clock(stages: list[Stage], *, legacy: bool = False) -> bool:
+    """Whether the query takes the clock source (engine/clock.py): an operator needs batches
+    without data. ``legacy``: the rule of checkpoints written before aggregation and
+    deduplication asked for Spark's no-data batches after a watermark move; their Spark
+    checkpoint has no clock source, and a source cannot be added to a Spark checkpoint, so they
+    keep running without those batches."""
+    return any(
+        s.operator.time_trigger()
+        and not (legacy and isinstance(s.operator, StreamingAggregate | Deduplicate))
+        for s in stages
+    )
 
 
 class DataStreamWriter:
@@ -314,7 +414,13 @@ class DataStreamWriter:
         df = self._stream.df
         spark = df.sparkSession
         wm = self._stream.watermark
-        stages = plan_stages(df, self._stream.steps, self._mode, wm.column if wm else None)
+        stages = plan_stages(
+            df,
+            self._stream.steps,
+            self._mode,
+            wm.column if wm else None,
+            wm.delay_ms if wm else None,
+        )
         if self._format in FILE_FORMATS and self._mode == "complete" and self._foreach is None:
             msg = f"the {self._format} sink does not take complete mode (as in Spark); use update"
             raise ConfigurationError(msg)
@@ -380,12 +486,16 @@ class DataStreamWriter:
                 "state_location": state_root,
                 "output_mode": self._mode,
                 "operators": described,
+                "clock": needs_clock(stages),
             }
             log_.write_metadata(metadata)
         else:
             check_restart(metadata, provider, requested, state_root, described, log_.root)
-            if metadata.get("operators") != described:  # state schemas evolved: record them
-                metadata = {**metadata, "operators": described}
+            recorded = {"operators": described, "clock": metadata.get("clock")}
+            if recorded["clock"] is None:
+                recorded["clock"] = needs_clock(stages, legacy=True)
+            if any(metadata.get(k) != v for k, v in recorded.items()):
+                metadata = {**metadata, **recorded}  # state schemas evolved, or an older form
                 log_.write_metadata(metadata)
         num_partitions = int(metadata["num_partitions"])
         conf = dataclasses.replace(conf, num_partitions=num_partitions)
@@ -406,13 +516,14 @@ class DataStreamWriter:
             num_partitions=num_partitions,
             store=store,
             watermark_column=wm.column if wm else None,
-            watermark_delay_ms=wm.delay_ms if wm else None,
+            watermark_delays_ms=tuple(w.delay_ms for w in self._stream.watermarks),
+            clock=bool(metadata["clock"]),
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             ).lower(),
         )
         driver = BatchDriver(config, stages, sink, log_, notify_progress)
-        if any(s.operator.time_trigger() for s in stages):
+        if config.clock:
             df = with_clock(df, engine_root)  # so that Spark runs no-data batches
         writer = df.writeStream.foreachBatch(driver).option("checkpointLocation", checkpoint)
         if self._name:

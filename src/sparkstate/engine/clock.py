@@ -12,6 +12,16 @@ yields a row.
 
 What the driver writes to ``clock.json`` after every batch, and when it wants a batch, is
 :mod:`sparkstate.runtime.triggers`.
+
+Under ``trigger(availableNow=True)`` the source supports Spark's available-now contract, so Spark
+keeps every source's own read limit (``maxFilesPerTrigger``, ...) and runs the same data batches
+as for the query without sparkstate (a source without the contract makes Spark read everything in
+one batch). The clock still adds the no-data batches the driver asks for, reading the request at
+every call, so the query runs Spark's no-data batch after its last data batch when that batch
+moved the watermark, and then ends. One difference: with processing-time timeouts or timers Spark
+runs no-data batches without end under ``availableNow`` and the query never finishes; a sparkstate
+query runs one when a timeout is already due and otherwise finishes (what comes due later fires in
+the next run).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from sparkstate.runtime.logs import local_path
 from sparkstate.runtime.triggers import read_clock, wants_batch
@@ -35,7 +46,7 @@ SOURCE_NAME = "sparkstate_clock"
 REMOTE_REFRESH_S = 1.0
 
 
-class ClockReader(DataSourceStreamReader):
+class ClockReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets ``{"tick": ms}``; no partitions, no rows."""
 
     def __init__(self, root: str) -> None:
@@ -44,6 +55,11 @@ class ClockReader(DataSourceStreamReader):
         self._request: dict[str, Any] = {}
         self._read_at = 0.0
         self._refresh_s = 0.0 if local_path(root) else REMOTE_REFRESH_S
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - PySpark's name
+        """``availableNow``: Spark ends the query at the first call that returns ``start``, so
+        the driver's request is read at every call, even on an object store."""
+        self._refresh_s = 0.0
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - PySpark's name
         return {"tick": 0}

@@ -52,8 +52,19 @@ class DriverConfig:
     num_partitions: int
     store: StoreSettings
     watermark_column: str | None
-    watermark_delay_ms: int | None
+    #: The delay of every ``withWatermark`` of the input, in declaration order.
+    watermark_delays_ms: tuple[int, ...] = ()
+    #: Whether the query takes the clock source, through which the driver asks for batches.
+    clock: bool = False
     watermark_policy: str = "min"
+
+    def watermark_inputs(self) -> dict[str, int]:
+        """The tracker's inputs: ``input`` for the first watermark (the name checkpoints have
+        always used), ``input.<i>`` for more on the same column."""
+        return {
+            INPUT if i == 0 else f"{INPUT}.{i}": delay
+            for i, delay in enumerate(self.watermark_delays_ms)
+        }
 
 
 class BatchDriver:
@@ -72,8 +83,7 @@ class BatchDriver:
         self.sink = sink
         self.log = log_
         self.on_progress = on_progress
-        delays = {INPUT: config.watermark_delay_ms} if config.watermark_delay_ms is not None else {}
-        self.tracker = WatermarkTracker(delays, config.watermark_policy)
+        self.tracker = WatermarkTracker(config.watermark_inputs(), config.watermark_policy)
         self.recent: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -82,7 +92,7 @@ class BatchDriver:
         if latest is not None:
             self.tracker.restore(latest.watermark)
             self.last_batch = latest.batch_id
-        self.triggers = {s.op_id: s.operator.time_trigger() for s in stages}
+        self.triggers = {s.op_id: s.operator.time_trigger() for s in stages if config.clock}
         self._clock = log_.read_clock() if any(self.triggers.values()) else {}
 
     # --- the foreachBatch function ---------------------------------------------------------------
@@ -213,7 +223,8 @@ class BatchDriver:
             shuffled = stage.input_of(current, batch_id).repartition(
                 n, *[quote(c) for c in stage.partition_columns]
             )
-            current = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
+            output = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
+            current = stage.output_of(output)
         sink_started = time.time()
         self.sink.add_batch(batch_id, current, self.config.output_mode)
         timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
@@ -241,7 +252,8 @@ class BatchDriver:
             per_op[r.op].append(r)
         first = self.stages[0].op_id
         for r in per_op[first]:
-            self.tracker.observe(INPUT, r.operator.max_event_time_ms)
+            for name in self.tracker.delays_ms:  # every watermark is on the event-time column
+                self.tracker.observe(name, r.operator.max_event_time_ms)
         self.tracker.advance()
         self.log.write_commit(
             BatchCommit(

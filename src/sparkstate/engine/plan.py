@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import DecimalType, StructType
+from pyspark.sql.types import DecimalType, StructField, StructType
 
 from sparkstate.engine.initial_state import InitialState, plan_initial_state
 from sparkstate.exceptions import ConfigurationError
@@ -40,6 +40,7 @@ __all__ = [
     "ArbitraryStep",
     "DedupStep",
     "Stage",
+    "StatelessStep",
     "Step",
     "plan_stages",
     "quote",
@@ -80,9 +81,25 @@ class ArbitraryStep:
     row_format: str = "tuple"
     #: ``initialState`` of the processor APIs.
     initial_state: InitialState | None = None
+    #: ``eventTimeColumnName`` of the processor APIs ("" for none).
+    output_event_time: str = ""
 
 
-Step = AggregateStep | DedupStep | ArbitraryStep
+@dataclasses.dataclass(frozen=True)
+class StatelessStep:
+    """A DataFrame method after a stateful step (``select``, ``where``, ``withColumn``, ...),
+    applied to that step's output in the same batch."""
+
+    method: str
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        result: DataFrame = getattr(df, self.method)(*self.args, **dict(self.kwargs))
+        return result
+
+
+Step = AggregateStep | DedupStep | ArbitraryStep | StatelessStep
 
 #: The APIs of ``ArbitraryStep`` that run a ``StatefulProcessor``.
 PROCESSOR_APIS = ("transformWithStateInPandas", "transformWithState")
@@ -102,6 +119,8 @@ class Stage:
     prepare: Callable[[DataFrame], DataFrame]
     #: Adds the initial-state rows to the operator's input of the query's first batch.
     initial: Callable[[DataFrame], DataFrame] | None = None
+    #: Stateless steps the user wrote after this operator, applied to its output.
+    after: list[StatelessStep] = dataclasses.field(default_factory=list)
 
     def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The operator's input in batch ``batch_id``."""
@@ -109,6 +128,12 @@ class Stage:
         if batch_id == 0 and self.initial is not None:
             return self.initial(prepared)
         return prepared
+
+    def output_of(self, output: DataFrame) -> DataFrame:
+        """The operator's output after the stateless steps that follow it."""
+        for step in self.after:
+            output = step.apply(output)
+        return output
 
 
 def quote(name: str) -> Column:
@@ -159,7 +184,12 @@ def _partials(aggs: Sequence[AggregateExpression]) -> list[Column]:
 
 
 def _plan_aggregate(
-    op_id: int, df: DataFrame, step: AggregateStep, event_time: str | None
+    op_id: int,
+    df: DataFrame,
+    step: AggregateStep,
+    event_time: str | None,
+    watermark_present: bool,
+    query_mode: str,
 ) -> tuple[Stage, DataFrame]:
     keys = [_as_column(k) for k in step.keys]
     for agg in step.aggregates:
@@ -204,6 +234,7 @@ def _plan_aggregate(
         watermark_key=watermark_key,
         has_event_time=has_event_time,
         ansi=str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true",
+        no_data_batches=watermark_present and query_mode != "complete",
     )
 
     def prepare(batch: DataFrame) -> DataFrame:
@@ -213,7 +244,7 @@ def _plan_aggregate(
 
 
 def _plan_dedup(
-    op_id: int, df: DataFrame, step: DedupStep, event_time: str | None
+    op_id: int, df: DataFrame, step: DedupStep, event_time: str | None, watermark_present: bool
 ) -> tuple[Stage, DataFrame]:
     columns = list(step.columns) if step.columns else list(df.columns)
     missing = [c for c in columns if c not in df.columns]
@@ -228,7 +259,12 @@ def _plan_dedup(
         raise ConfigurationError(msg)
     schema = arrow_schema(df.schema)
     has_event_time = event_time is not None and event_time in df.columns
-    operator = Deduplicate(schema, columns, event_time=event_time if has_event_time else None)
+    operator = Deduplicate(
+        schema,
+        columns,
+        event_time=event_time if has_event_time else None,
+        no_data_batches=watermark_present,
+    )
     return Stage(op_id, operator, df.schema, columns, lambda batch: batch), df
 
 
@@ -259,6 +295,7 @@ def _plan_arbitrary(
     event_time: str | None,
     watermark_present: bool,
     query_mode: str,
+    watermark_delay_ms: int | None = None,
 ) -> tuple[Stage, DataFrame]:
     api = step.api
     keys = [k for k in step.keys if isinstance(k, str)]
@@ -280,6 +317,8 @@ def _plan_arbitrary(
         )
         raise ConfigurationError(msg)
     out_struct = _struct_of(step.output_schema, f"{api} outputStructType")
+    if step.output_event_time and step.output_event_time in out_struct.names:
+        out_struct = _with_watermark_on(out_struct, step.output_event_time, watermark_delay_ms)
     input_schema = arrow_schema(df.schema)
     has_event_time = event_time is not None and event_time in df.columns
     event_col = event_time if has_event_time else None
@@ -302,6 +341,7 @@ def _plan_arbitrary(
             initial_state_schema=None if initial is None else arrow_schema(initial.struct),
             initial_state_key_columns=None if initial is None else initial.keys,
             initial_state_columns=None if initial is None else initial.columns,
+            output_event_time_column=step.output_event_time or None,
         )
     else:
         state_struct = step.state_schema
@@ -325,8 +365,24 @@ def _plan_arbitrary(
     return Stage(op_id, operator, out_struct, keys, lambda batch: batch, add_initial), df
 
 
+def _with_watermark_on(struct: StructType, column: str, delay_ms: int | None) -> StructType:
+    """``struct`` with the watermark on ``column``, as Spark re-assigns it to the output column of
+    ``eventTimeColumnName`` (the delay in the column's metadata, where PySpark records it)."""
+    fields = []
+    for f in struct.fields:
+        if f.name == column and delay_ms is not None:
+            metadata = {**(f.metadata or {}), "spark.watermarkDelayMs": delay_ms}
+            f = StructField(f.name, f.dataType, f.nullable, metadata)
+        fields.append(f)
+    return StructType(fields)
+
+
 def plan_stages(
-    df: DataFrame, steps: Sequence[Step], output_mode: str, event_time: str | None
+    df: DataFrame,
+    steps: Sequence[Step],
+    output_mode: str,
+    event_time: str | None,
+    watermark_delay_ms: int | None = None,
 ) -> list[Stage]:
     """The stages of a query, checked against ``output_mode`` as Spark would check them."""
     if not steps:
@@ -337,14 +393,19 @@ def plan_stages(
         raise ConfigurationError(msg)
     stages: list[Stage] = []
     current = df
-    for op_id, step in enumerate(steps):
+    stateful = [s for s in steps if not isinstance(s, StatelessStep)]
+    for step in steps:
+        if isinstance(step, StatelessStep):
+            current = _plan_stateless(stages[-1], current, step, output_mode)
+            continue
+        op_id = len(stages)
         if stages and isinstance(stages[-1].operator, StreamingAggregate):
             msg = (
                 "a stateful step after an aggregation is not supported yet; "
                 "deduplicate before aggregating"
             )
             raise ConfigurationError(msg)
-        previous = steps[op_id - 1]
+        previous = stateful[op_id - 1]
         if stages and isinstance(previous, ArbitraryStep):
             msg = (
                 f"a stateful step after {previous.api} is not supported yet; "
@@ -354,12 +415,20 @@ def plan_stages(
         watermark = event_time if op_id == 0 else None
         if isinstance(step, ArbitraryStep):
             stage, current = _plan_arbitrary(
-                op_id, current, step, watermark, event_time is not None, output_mode
+                op_id,
+                current,
+                step,
+                watermark,
+                event_time is not None,
+                output_mode,
+                watermark_delay_ms,
             )
         elif isinstance(step, AggregateStep):
-            stage, current = _plan_aggregate(op_id, current, step, watermark)
+            stage, current = _plan_aggregate(
+                op_id, current, step, watermark, event_time is not None, output_mode
+            )
         else:
-            stage, current = _plan_dedup(op_id, current, step, watermark)
+            stage, current = _plan_dedup(op_id, current, step, watermark, event_time is not None)
         stages.append(stage)
     has_agg = any(isinstance(s.operator, StreamingAggregate) for s in stages)
     if output_mode == "append" and has_agg:
@@ -383,6 +452,46 @@ def plan_stages(
             stage.operator.check_output_mode(output_mode)
         _check_storable(stage)
     return stages
+
+
+#: What a stateless step may be, by the DataFrame method's name.
+STATELESS_METHODS = (
+    "select",
+    "selectExpr",
+    "where",
+    "filter",
+    "withColumn",
+    "withColumns",
+    "withColumnRenamed",
+    "withColumnsRenamed",
+    "drop",
+    "orderBy",
+    "sort",
+)
+_SORTS = ("orderBy", "sort")
+
+
+def _plan_stateless(stage: Stage, output: DataFrame, step: StatelessStep, mode: str) -> DataFrame:
+    """Attach ``step`` to ``stage``'s output; Spark analyses it here, so a bad column fails at
+    ``start()``."""
+    if step.method in _SORTS and not (
+        mode == "complete" and isinstance(stage.operator, StreamingAggregate)
+    ):
+        msg = (
+            f"{step.method}() after a stateful step needs an aggregation in complete output "
+            "mode (as in Spark: sorting is not supported on streaming DataFrames otherwise)"
+        )
+        raise ConfigurationError(msg)
+    try:
+        result = step.apply(output)
+        _ = result.schema  # a lazily analysed plan (Spark Connect) is analysed here
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        msg = f"{step.method}() after operator {stage.op_id} ({stage.operator.kind}): {exc}"
+        raise ConfigurationError(msg) from exc
+    stage.after.append(step)
+    return result
 
 
 def _check_storable(stage: Stage) -> None:

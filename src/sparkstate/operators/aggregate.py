@@ -168,6 +168,7 @@ class StreamingAggregate(StatefulOperator):
         watermark_key: str | None = None,
         has_event_time: bool = False,
         ansi: bool = True,
+        no_data_batches: bool = False,
     ) -> None:
         if not aggregates:
             msg = "an aggregation needs at least one aggregate function"
@@ -179,6 +180,10 @@ class StreamingAggregate(StatefulOperator):
         self.key_schema = key_schema
         self.watermark_key = watermark_key
         self.has_event_time = has_event_time
+        #: Whether a watermark move asks for a batch, as Spark's ``StateStoreSaveExec`` does in
+        #: append and update mode when the query has a watermark (keys without event time
+        #: included: only the batch ids show it there).
+        self.no_data_batches = no_data_batches
         #: Spark's ``spark.sql.ansi.enabled``: an overflowing sum fails (True) or wraps (False).
         self.ansi = ansi
         # (column, merge kind, type, index of the aggregate)
@@ -204,6 +209,9 @@ class StreamingAggregate(StatefulOperator):
                 f"{len(default_output)} (keys, then one per aggregate)"
             )
             raise ConfigurationError(msg)
+
+    def time_trigger(self) -> str | None:
+        return "event" if self.no_data_batches else None
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

@@ -32,7 +32,12 @@ class Deduplicate(StatefulOperator):
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
 
     def __init__(
-        self, input_schema: pa.Schema, columns: list[str], *, event_time: str | None = None
+        self,
+        input_schema: pa.Schema,
+        columns: list[str],
+        *,
+        event_time: str | None = None,
+        no_data_batches: bool = False,
     ) -> None:
         missing = [c for c in columns if c not in input_schema.names]
         if missing:
@@ -48,6 +53,12 @@ class Deduplicate(StatefulOperator):
         )
         self.value_schema = DEDUP_VALUE_SCHEMA
         self.event_time = event_time
+        #: Whether a watermark move asks for a batch (Spark's ``StreamingDeduplicateExec`` does
+        #: whenever the query has a watermark).
+        self.no_data_batches = no_data_batches
+
+    def time_trigger(self) -> str | None:
+        return "event" if self.no_data_batches else None
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

@@ -18,6 +18,7 @@ rows whose ``INITIAL_STATE_MARKER`` column is true carry the columns of ``initia
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
@@ -25,7 +26,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, QueryError
 from sparkstate.operators.base import BatchContext, Phase, StatefulOperator, timed_phase
 from sparkstate.operators.grouping import (
     ROW_FORMATS,
@@ -92,6 +93,7 @@ class TransformWithState(StatefulOperator):
         initial_state_schema: SchemaLike | None = None,
         initial_state_key_columns: Sequence[str] | None = None,
         initial_state_columns: Sequence[str] | None = None,
+        output_event_time_column: str | None = None,
     ) -> None:
         api = self.kind
         if not hasattr(processor, "handleInputRows") or not hasattr(processor, "init"):
@@ -120,6 +122,11 @@ class TransformWithState(StatefulOperator):
             raise ConfigurationError(msg)
         self.watermark_present = watermark_present
         self.event_time_column = event_time_column
+        #: ``eventTimeColumnName``: the output column that carries event time onwards; as in
+        #: Spark, a row older than the batch's watermark there fails the batch.
+        self.output_event_time_column = output_event_time_column
+        if output_event_time_column is not None:
+            self._check_output_event_time(api, output_event_time_column, watermark_present)
         self.initial_state_schema = (
             None
             if initial_state_schema is None
@@ -171,7 +178,34 @@ class TransformWithState(StatefulOperator):
 
     # --- the batch -------------------------------------------------------------------------------
 
+    def _check_output_event_time(self, api: str, column: str, watermark_present: bool) -> None:
+        if not watermark_present:
+            msg = (
+                f"{api}: [CANNOT_ASSIGN_EVENT_TIME_COLUMN_WITHOUT_WATERMARK] eventTimeColumnName "
+                f"{column!r} needs a watermark (withWatermark) on the input"
+            )
+            raise ConfigurationError(msg)
+        if column not in self.output_schema.names:
+            msg = f"{api}: eventTimeColumnName {column!r} is not in the output schema"
+            raise ConfigurationError(msg)
+        typ = self.output_schema.field(column).type
+        if not pa.types.is_timestamp(typ):
+            msg = (
+                f"{api}: [EVENT_TIME_IS_NOT_ON_TIMESTAMP_TYPE] the event time {column!r} has the "
+                f"invalid type {typ}, but expected a timestamp"
+            )
+            raise ConfigurationError(msg)
+
     def process(
+        self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
+    ) -> Iterator[pa.RecordBatch]:
+        output = self._process(store, batches, ctx)
+        column = self.output_event_time_column
+        if column is None:
+            return output
+        return _not_older_than(output, column, ctx.watermark_ms)
+
+    def _process(
         self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
     ) -> Iterator[pa.RecordBatch]:
         m = ctx.metrics
@@ -362,3 +396,24 @@ def _select(table: pa.Table, schema: pa.Schema, names: Sequence[str] | None = No
         col = table.column(name)
         columns.append(col if col.type == field.type else col.cast(field.type))
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _not_older_than(
+    batches: Iterator[pa.RecordBatch], column: str, watermark_ms: int
+) -> Iterator[pa.RecordBatch]:
+    """``batches``, failing at the first row whose ``column`` is older than the watermark (Spark's
+    check on an operator's ``eventTimeColumnName``)."""
+    for batch in batches:
+        values = batch.column(column)
+        if batch.num_rows and values.null_count < len(values):
+            oldest = pc.min(values.cast(pa.timestamp("us"))).value
+            if oldest is not None and oldest < watermark_ms * 1000:
+                emitted = datetime.datetime.fromtimestamp(oldest / 1e6, tz=datetime.UTC)
+                msg = (
+                    "[EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED] the processor emitted a row "
+                    f"with {column}={emitted.isoformat()}, older than the current watermark "
+                    f"({watermark_ms} ms). This can lead to correctness issues in the stateful "
+                    "operators downstream; emit rows at or after the watermark."
+                )
+                raise QueryError(msg)
+        yield batch

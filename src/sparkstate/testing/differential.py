@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +30,26 @@ Batches = dict[int, list[tuple[Any, ...]]]
 
 
 class FileFeed:
-    """A directory of JSON-lines files, one file per micro-batch, each added atomically."""
+    """A directory of JSON-lines files, one file per micro-batch, each added atomically.
+
+    Spark's file source takes files in modification-time order, and files written within the
+    same clock tick tie in an order of the listing's choosing; each file therefore gets a
+    modification time one second after the previous one, so the batches are the files in the
+    order they were added, in every query that reads the feed.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.count = 0
+        self._mtime = 0.0
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Write the next batch's rows (a rename, so a query never sees half a file)."""
         tmp = self.path / f".tmp-{self.count:05d}"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        self._mtime = max(float(int(time.time())), self._mtime + 1.0)
+        os.utime(tmp, (self._mtime, self._mtime))
         tmp.rename(self.path / f"part-{self.count:05d}.json")
         self.count += 1
 
