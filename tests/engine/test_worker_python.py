@@ -176,3 +176,18 @@ def test_a_failed_check_job_is_reported_in_a_line(java_message: str, reason: str
         "sparkstate installed"
     )
     assert "\tat " not in msg
+
+
+def test_the_probe_reports_the_first_import_that_fails() -> None:
+    probe = workers._import_probe(("sparkstate", "sparkstate_no_such_module", "json"))
+    report = json.loads(probe(0))
+    assert report["executable"] == sys.executable
+    assert report["modules"] == {"sparkstate": sparkstate.__file__}
+    assert report["failed"] == [
+        "sparkstate_no_such_module",
+        "ModuleNotFoundError: No module named 'sparkstate_no_such_module'",
+    ]
+    assert report["sparkstate_version"] == sparkstate.__version__
+    assert workers._what("sparkstate.store.rocksdb", "rocksdb") == (
+        "sparkstate.store.rocksdb (the state store provider 'rocksdb')"
+    )
