@@ -60,7 +60,7 @@ def free_port() -> int:
         return port
 
 
-def _java_missing() -> str | None:
+def java_missing() -> str | None:
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
     if not java or not os.path.exists(java):
@@ -122,8 +122,11 @@ class Worker:
 class Cluster:
     """A master and workers started with ``spark-class`` on loopback."""
 
-    def __init__(self, root: Path, num_workers: int = 2) -> None:
+    def __init__(self, root: Path, num_workers: int = 2, *, python_env: bool = True) -> None:
+        """``python_env=False``: the daemons (and so the executors) get neither this process's
+        ``PYTHONPATH`` nor a ``PYSPARK_PYTHON``, as on nodes where nothing is installed."""
         self.root = root
+        self.python_env = python_env
         self.port = free_port()
         self.web_port = free_port()
         self.master_url = f"spark://{HOST}:{self.port}"
@@ -143,12 +146,16 @@ class Cluster:
                 "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
                 "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
                 "SPARK_CONF_DIR": str(self.root / "conf"),
-                "PYSPARK_PYTHON": sys.executable,
-                "PYTHONPATH": os.pathsep.join(
-                    p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p
-                ),
             }
         )
+        if self.python_env:
+            env["PYSPARK_PYTHON"] = sys.executable
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p
+            )
+        else:
+            for name in ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV"):
+                env.pop(name, None)
         env.update(extra)
         return env
 
@@ -284,7 +291,7 @@ class Cluster:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A running standalone cluster: a master and two workers (1 core, 1g each) on loopback."""
-    reason = _java_missing()
+    reason = java_missing()
     if reason:
         pytest.skip(reason)
     active = SparkContext._active_spark_context

@@ -23,6 +23,7 @@ from sparkstate.engine.plan import (
 )
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
+from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,
 )
@@ -461,6 +462,7 @@ class DataStreamWriter:
         opts = dict(self._options)
         provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
         provider = provider_name(provider_class(provider_spec))
+        check_workers(spark, provider_spec)
         state_root = opts.get("stateLocation") or engine_root
         store_opts = {
             k[len(_STORE_PREFIX) :]: v

@@ -1,0 +1,228 @@
+"""Which Python the workers run, checked once before a query starts.
+
+A worker that cannot import sparkstate fails deep inside Spark, in the first batch, with a Java
+stack trace. :func:`check_workers` runs one tiny DataFrame job first (a plain Python UDF, so the
+worker needs nothing but PySpark to run it) that tries the imports a stateful task makes and
+reports the interpreter; a failure becomes a :class:`ConfigurationError` naming the interpreter,
+what did not import and the setting that fixes it. The answer is kept per application and
+interpreter, so only the first ``start()`` of a process pays for the job.
+
+The interpreter is chosen the way PySpark does (``PYSPARK_PYTHON``, else ``python3`` from
+``PATH``), with two differences on a classic session: ``spark.pyspark.python`` counts also when
+set on the builder of a script that spark-submit did not start (PySpark reads it only in
+spark-submit), and with a ``local`` master and nothing set the workers run the driver's own
+interpreter (``sys.executable``), which has sparkstate since the driver imported it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.store.registry import provider_class
+
+__all__ = ["Interpreter", "WorkerPython", "check_workers", "choose_interpreter"]
+
+log = logging.getLogger("sparkstate.engine")
+
+#: What PySpark runs when nothing is set (``SparkContext.pythonExec``).
+PYSPARK_DEFAULT = "python3"
+#: What every stateful task imports in the worker (pyarrow and the operators with it).
+TASK_MODULES = ("sparkstate", "sparkstate.runtime.tasks")
+#: Providers whose third-party module the message names with the fix.
+_PROVIDER_PACKAGES = {"rocksdb": "rocksdict"}
+#: Results of successful checks: (application, interpreter, modules) -> what the workers run.
+_CHECKED: dict[tuple[str | None, str | None, tuple[str, ...]], WorkerPython] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Interpreter:
+    """The workers' interpreter as the driver sees it (``None`` on Spark Connect, where the
+    server decides) and the setting it comes from, for messages."""
+
+    path: str | None
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPython:
+    """What the check task found in a worker: its interpreter, Python version, the file each
+    module was imported from, and sparkstate's version there."""
+
+    executable: str
+    version: str
+    modules: dict[str, str | None]
+    sparkstate_version: str | None
+    elapsed_s: float
+
+
+def choose_interpreter(spark: Any) -> Interpreter:
+    """The interpreter the workers will run, set on the session's SparkContext where PySpark
+    would otherwise ignore the user's ``spark.pyspark.python`` or, on a local master with nothing
+    set, run ``python3`` from ``PATH`` instead of the driver's interpreter."""
+    sc: Any = getattr(spark, "_sc", None)
+    if not hasattr(sc, "pythonExec"):  # Spark Connect: the server's workers, not ours to set
+        return Interpreter(None, "chosen by the Spark Connect server")
+    conf = spark.conf.get("spark.pyspark.python", None)
+    if conf:
+        sc.pythonExec = conf
+        return Interpreter(conf, "set by spark.pyspark.python")
+    env = os.environ.get("PYSPARK_PYTHON")
+    if env and sc.pythonExec == env:
+        return Interpreter(env, "set by PYSPARK_PYTHON")
+    if sc.pythonExec != PYSPARK_DEFAULT:
+        return Interpreter(sc.pythonExec, "set on the SparkContext (pythonExec)")
+    if str(sc.master).startswith("local"):
+        sc.pythonExec = sys.executable
+        return Interpreter(
+            sys.executable,
+            "the driver's interpreter: neither PYSPARK_PYTHON nor spark.pyspark.python is set",
+        )
+    return Interpreter(
+        PYSPARK_DEFAULT,
+        "PySpark's default, python3 from the executors' PATH: "
+        "neither PYSPARK_PYTHON nor spark.pyspark.python is set",
+    )
+
+
+def check_workers(spark: Any, provider: str) -> WorkerPython:
+    """Choose the workers' interpreter, then check once per application and interpreter that it
+    can run a stateful task with ``provider`` (a provider name or ``"pkg.mod:Class"``).
+
+    Raises :class:`ConfigurationError` naming the interpreter, what failed and the fix.
+    """
+    interpreter = choose_interpreter(spark)
+    modules = (*TASK_MODULES, provider_class(provider).__module__)
+    key = (spark.conf.get("spark.app.id", None), interpreter.path, modules)
+    found = _CHECKED.get(key)
+    if found is None:
+        found = _run_check(spark, interpreter, modules, provider)
+        log.info(
+            "the Python workers run %s (Python %s); checked in %.2f s",
+            found.executable,
+            found.version,
+            found.elapsed_s,
+        )
+        _CHECKED[key] = found
+    return found
+
+
+def _run_check(
+    spark: Any, interpreter: Interpreter, modules: tuple[str, ...], provider: str
+) -> WorkerPython:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    # A plain UDF (not Arrow): the worker needs only PySpark to run it and report.
+    probe = F.udf(_import_probe(modules), StringType(), useArrow=False)
+    started = time.monotonic()
+    try:
+        rows = spark.range(0, 1, 1, 1).select(probe(F.lit(0))).collect()
+    except Exception as exc:
+        raise ConfigurationError(_job_failed(interpreter, exc, provider)) from exc
+    elapsed = time.monotonic() - started
+    report: dict[str, Any] = json.loads(rows[0][0])
+    where = f"{report['executable']} (Python {report['version']}; {interpreter.source})"
+    failed = report["failed"]
+    if failed:
+        module, error = failed
+        msg = (
+            f"the Python workers cannot run sparkstate: their interpreter {where} "
+            f"cannot import {_what(module, provider)}: {error}. {_fix(provider)}"
+        )
+        raise ConfigurationError(msg)
+    driver_version = getattr(sys.modules["sparkstate"], "__version__", None)
+    if report["sparkstate_version"] != driver_version:
+        msg = (
+            f"the Python workers run sparkstate {report['sparkstate_version']} "
+            f"(from {report['modules']['sparkstate']}, interpreter {where}) but the driver "
+            f"runs {driver_version}: install the same version for both"
+        )
+        raise ConfigurationError(msg)
+    return WorkerPython(
+        executable=report["executable"],
+        version=report["version"],
+        modules=report["modules"],
+        sparkstate_version=report["sparkstate_version"],
+        elapsed_s=elapsed,
+    )
+
+
+def _import_probe(modules: tuple[str, ...]) -> Callable[[int], str]:
+    """The check task's function. It is a closure so that cloudpickle ships it by value: a
+    worker without sparkstate must be able to run it."""
+
+    def probe(_: int) -> str:
+        import importlib
+        import json
+        import platform
+        import sys
+
+        found: dict[str, str | None] = {}
+        failed: list[str] = []
+        for name in modules:
+            try:
+                found[name] = getattr(importlib.import_module(name), "__file__", None)
+            except Exception as exc:  # noqa: BLE001 - reported to the driver
+                failed = [name, f"{type(exc).__name__}: {exc}"]
+                break
+        version = getattr(sys.modules.get("sparkstate"), "__version__", None)
+        return json.dumps(
+            {
+                "executable": sys.executable,
+                "version": platform.python_version(),
+                "modules": found,
+                "failed": failed,
+                "sparkstate_version": version,
+            }
+        )
+
+    return probe
+
+
+def _what(module: str, provider: str) -> str:
+    if module in TASK_MODULES:
+        return module
+    return f"{module} (the state store provider {provider!r})"
+
+
+def _fix(provider: str) -> str:
+    """How to give the workers the driver's interpreter, which has what they need."""
+    needs = " and ".join(filter(None, ["sparkstate", _PROVIDER_PACKAGES.get(provider)]))
+    exe = sys.executable
+    return (
+        f"Run the workers with an interpreter that has {needs} installed, such as the driver's: "
+        f"set PYSPARK_PYTHON={exe} before the SparkSession is created, or "
+        f'.config("spark.pyspark.python", "{exe}") on its builder '
+        f"(spark-submit: --conf spark.pyspark.python={exe}); on a cluster, see "
+        "'Running on a cluster' in sparkstate's README."
+    )
+
+
+#: What makes a failed check job's message worth a line (the rest is a Java stack trace).
+_REASONS = (
+    re.compile(r'Cannot run program "[^"]*": [^\n]*'),
+    re.compile(r"\[PYTHON_VERSION_MISMATCH\][^\n]*"),
+    re.compile(r"(?:ModuleNotFoundError|ImportError): [^\n]*"),
+)
+
+
+def _job_failed(interpreter: Interpreter, exc: BaseException, provider: str) -> str:
+    text = str(exc)
+    reason = next((m.group(0) for p in _REASONS if (m := p.search(text))), None)
+    if reason is None:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        reason = f"{type(exc).__name__}: {lines[0][:300] if lines else '(no message)'}"
+    who = interpreter.path or "the workers' interpreter"
+    return (
+        f"the Python workers could not run sparkstate's check task with {who} "
+        f"({interpreter.source}): {reason}. {_fix(provider)}"
+    )
