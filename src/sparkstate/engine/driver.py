@@ -6,7 +6,9 @@ stages over the batch (shuffle by key, ``mapInArrow`` with the partition's store
 ``b``); hand the output to the sink, whose single action runs every stateful task once; read the
 tasks' reports (small files under ``reports/<b>/``, :class:`~sparkstate.runtime.logs.ReportDir`);
 write ``commits/<b>.json``; advance the watermark; ask for a no-data batch if an operator needs
-one; publish progress. What runs inside a task is :mod:`sparkstate.runtime`.
+one; publish progress. What runs inside a task is :mod:`sparkstate.runtime`. Once ``stop()`` is
+called, the driver starts no batch and commits nothing of the one in flight
+(:mod:`sparkstate.engine.stopping`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.stopping import StopRequest, hide_cancelled_from_py4j
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
 from sparkstate.runtime.progress import build_progress, format_time
@@ -77,6 +80,7 @@ class BatchDriver:
         self.recent: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
+        self._stop: StopRequest | None = None
         latest = log_.latest_commit()
         self.last_batch: int | None = None
         if latest is not None:
@@ -89,10 +93,26 @@ class BatchDriver:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         try:
+            self._check_stop()
             self.run_batch(df, batch_id)
+            return
         except BaseException as exc:
-            self.error = exc
-            raise
+            stop = self._stop
+            if stop is None:
+                self.error = exc
+                raise
+            log.info("batch %d abandoned, the query is stopping: %s", batch_id, type(exc).__name__)
+        raise stop.cancelled(batch_id)  # outside the handler: a short traceback for Spark
+
+    def request_stop(self, request: StopRequest) -> None:
+        """From now on start no batch, and end the one in flight without committing it."""
+        hide_cancelled_from_py4j()
+        self._stop = request
+
+    def _check_stop(self) -> None:
+        if self._stop is not None:
+            msg = "the query is stopping"
+            raise QueryError(msg)
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.time()
@@ -214,6 +234,7 @@ class BatchDriver:
                 n, *[quote(c) for c in stage.partition_columns]
             )
             current = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
+        self._check_stop()
         sink_started = time.time()
         self.sink.add_batch(batch_id, current, self.config.output_mode)
         timings = {"statefulStage": int((time.time() - sink_started) * 1000)}

@@ -12,6 +12,7 @@ from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 from sparkstate.engine.driver import BatchDriver
 from sparkstate.engine.plan import Stage
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.stopping import StopRequest
 from sparkstate.runtime.logs import CheckpointLock
 
 __all__ = [
@@ -134,10 +135,21 @@ class StreamingQuery:
         self._query.processAllAvailable()
 
     def stop(self) -> None:
+        """Stop the query. A batch in flight is abandoned: nothing of it is committed, and the
+        next start runs it again."""
         try:
-            self._query.stop()
+            if self._query.isActive:
+                self._stop_running()
+            else:
+                self._query.stop()
         finally:
             self._release()
+
+    def _stop_running(self) -> None:
+        """The driver is told first, then Spark stops the query (:mod:`.stopping`)."""
+        run_id = str(self._query.runId)
+        self._driver.request_stop(StopRequest(run_id, lambda: not self._query.isActive))
+        self._query.stop()
 
     def exception(self) -> Any:
         return self._query.exception()
