@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
 from sparkstate.engine.sinks import Sink
-from sparkstate.engine.stopping import StopRequest, hide_cancelled_from_py4j
+from sparkstate.engine.stopping import StopRequest, hide_cancelled_from_py4j, tag_tasks
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
 from sparkstate.runtime.progress import build_progress, format_time
@@ -94,6 +94,7 @@ class BatchDriver:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         try:
             self._check_stop()
+            tag_tasks(df.sparkSession.sparkContext)
             self.run_batch(df, batch_id)
             return
         except BaseException as exc:
