@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
 from sparkstate.engine.sinks import Sink
-from sparkstate.engine.stopping import StopRequest, hide_cancelled_from_py4j, tag_tasks
+from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
 from sparkstate.runtime.progress import build_progress, format_time
@@ -81,6 +81,7 @@ class BatchDriver:
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._stop: StopRequest | None = None
+        self._in_batch = threading.Event()
         latest = log_.latest_commit()
         self.last_batch: int | None = None
         if latest is not None:
@@ -92,10 +93,17 @@ class BatchDriver:
     # --- the foreachBatch function ---------------------------------------------------------------
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self._in_batch.set()
+        try:
+            self._run_or_abandon(df, batch_id)
+        finally:
+            self._in_batch.clear()
+
+    def _run_or_abandon(self, df: DataFrame, batch_id: int) -> None:
         try:
             self._check_stop()
-            tag_tasks(df.sparkSession.sparkContext)
-            self.run_batch(df, batch_id)
+            with batch_jobs(df.sparkSession.sparkContext):
+                self.run_batch(df, batch_id)
             return
         except BaseException as exc:
             stop = self._stop
@@ -109,6 +117,11 @@ class BatchDriver:
         """From now on start no batch, and end the one in flight without committing it."""
         hide_cancelled_from_py4j()
         self._stop = request
+
+    def holds_batch(self) -> bool:
+        """True while a batch runs that has not let go for a stop."""
+        stop = self._stop
+        return self._in_batch.is_set() and not (stop is not None and stop.let_go.is_set())
 
     def _check_stop(self) -> None:
         if self._stop is not None:
@@ -126,6 +139,7 @@ class BatchDriver:
             intent = BatchIntent(batch_id, self.tracker.watermark_ms, int(started * 1000))
             self.log.write_intent(intent)
         session = df.sparkSession
+        self._check_stop()  # the last moment before the batch's Spark job
         with _engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage, session)
         sink_started = time.time()
@@ -235,7 +249,6 @@ class BatchDriver:
                 n, *[quote(c) for c in stage.partition_columns]
             )
             current = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
-        self._check_stop()
         sink_started = time.time()
         self.sink.add_batch(batch_id, current, self.config.output_mode)
         timings = {"statefulStage": int((time.time() - sink_started) * 1000)}

@@ -13,7 +13,7 @@ from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 from sparkstate.engine.driver import BatchDriver
 from sparkstate.engine.plan import Stage
 from sparkstate.engine.sinks import Sink
-from sparkstate.engine.stopping import RunTasks, StopRequest, quiet_run
+from sparkstate.engine.stopping import RunTasks, StopRequest, cancel_batch, quiet_run
 from sparkstate.runtime.logs import CheckpointLock
 
 __all__ = [
@@ -147,12 +147,15 @@ class StreamingQuery:
             self._release()
 
     def _stop_running(self) -> None:
-        """The driver is told first, then Spark stops the query (:mod:`.stopping`)."""
+        """The driver is told; the batch's jobs are cancelled until it lets go of the batch;
+        their tasks end; then Spark stops the query (:mod:`.stopping`)."""
         run_id = str(self._query.runId)
         sc = SparkContext.getOrCreate()
         tasks = RunTasks(sc, run_id)
         self._driver.request_stop(StopRequest(run_id, lambda: not self._query.isActive))
-        with quiet_run(sc, run_id):
+        with quiet_run(sc, run_id, str(self._query.id)):
+            cancel_batch(sc, run_id, self._driver.holds_batch)
+            tasks.wait_ended()
             self._query.stop()
             if not tasks.wait_ended():
                 log.warning("query %s stopped, but some of its tasks still run", self._id)
