@@ -6,7 +6,9 @@ stages over the batch (shuffle by key, ``mapInArrow`` with the partition's store
 ``b``); hand the output to the sink, whose single action runs every stateful task once; read the
 tasks' reports (small files under ``reports/<b>/``, :class:`~sparkstate.runtime.logs.ReportDir`);
 write ``commits/<b>.json``; advance the watermark; ask for a no-data batch if an operator needs
-one; publish progress. What runs inside a task is :mod:`sparkstate.runtime`.
+one; publish progress. What runs inside a task is :mod:`sparkstate.runtime`. Once ``stop()`` is
+called, the driver starts no batch and commits nothing of the one in flight
+(:mod:`sparkstate.engine.stopping`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
 from sparkstate.runtime.progress import build_progress, format_time
@@ -87,6 +90,8 @@ class BatchDriver:
         self.recent: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
+        self._stop: StopRequest | None = None
+        self._in_batch = threading.Event()
         latest = log_.latest_commit()
         self.last_batch: int | None = None
         if latest is not None:
@@ -98,11 +103,40 @@ class BatchDriver:
     # --- the foreachBatch function ---------------------------------------------------------------
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self._in_batch.set()
         try:
-            self.run_batch(df, batch_id)
+            self._run_or_abandon(df, batch_id)
+        finally:
+            self._in_batch.clear()
+
+    def _run_or_abandon(self, df: DataFrame, batch_id: int) -> None:
+        try:
+            self._check_stop()
+            with batch_jobs(df.sparkSession.sparkContext):
+                self.run_batch(df, batch_id)
+            return
         except BaseException as exc:
-            self.error = exc
-            raise
+            stop = self._stop
+            if stop is None:
+                self.error = exc
+                raise
+            log.info("batch %d abandoned, the query is stopping: %s", batch_id, type(exc).__name__)
+        raise stop.cancelled(batch_id)  # outside the handler: a short traceback for Spark
+
+    def request_stop(self, request: StopRequest) -> None:
+        """From now on start no batch, and end the one in flight without committing it."""
+        hide_cancelled_from_py4j()
+        self._stop = request
+
+    def holds_batch(self) -> bool:
+        """True while a batch runs that has not let go for a stop."""
+        stop = self._stop
+        return self._in_batch.is_set() and not (stop is not None and stop.let_go.is_set())
+
+    def _check_stop(self) -> None:
+        if self._stop is not None:
+            msg = "the query is stopping"
+            raise QueryError(msg)
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.time()
@@ -115,6 +149,7 @@ class BatchDriver:
             intent = BatchIntent(batch_id, self.tracker.watermark_ms, int(started * 1000))
             self.log.write_intent(intent)
         session = df.sparkSession
+        self._check_stop()  # the last moment before the batch's Spark job
         with _engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage, session)
         sink_started = time.time()

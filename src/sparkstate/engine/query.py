@@ -7,11 +7,13 @@ import logging
 import threading
 from typing import Any, Protocol
 
+from pyspark import SparkContext
 from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.driver import BatchDriver
 from sparkstate.engine.plan import Stage
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.stopping import RunTasks, StopRequest, cancel_batch, quiet_run
 from sparkstate.runtime.logs import CheckpointLock
 
 __all__ = [
@@ -134,10 +136,29 @@ class StreamingQuery:
         self._query.processAllAvailable()
 
     def stop(self) -> None:
+        """Stop the query. A batch in flight is abandoned: nothing of it is committed, and the
+        next start runs it again. Returns once the query's tasks have ended."""
         try:
-            self._query.stop()
+            if self._query.isActive:
+                self._stop_running()
+            else:
+                self._query.stop()
         finally:
             self._release()
+
+    def _stop_running(self) -> None:
+        """The driver is told; the batch's jobs are cancelled until it lets go of the batch;
+        their tasks end; then Spark stops the query (:mod:`.stopping`)."""
+        run_id = str(self._query.runId)
+        sc = SparkContext.getOrCreate()
+        tasks = RunTasks(sc, run_id)
+        self._driver.request_stop(StopRequest(run_id, lambda: not self._query.isActive))
+        with quiet_run(sc, run_id, str(self._query.id)):
+            cancel_batch(sc, run_id, self._driver.holds_batch)
+            tasks.wait_ended()
+            self._query.stop()
+            if not tasks.wait_ended():
+                log.warning("query %s stopped, but some of its tasks still run", self._id)
 
     def exception(self) -> Any:
         return self._query.exception()

@@ -9,6 +9,7 @@ function may run as many actions as it likes without running the stateful stage 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, StateFileError
 from sparkstate.store.durable import DurableDir, local_path
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "Sink",
     "make_sink",
 ]
+
+log = logging.getLogger("sparkstate.engine")
 
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
 METADATA_DIR = "_spark_metadata"
@@ -91,6 +94,8 @@ class FileSink(Sink):
         #: How the manifest names a file: a URI of the file system the sink writes to.
         self.uri_prefix = "file://" if self.local else path[: path.index("://") + 3]
         self.description = f"FileSink[{path}]"
+        #: The staging directory of the batch being written, until its files are committed.
+        self._staging: DurableDir | None = None
 
     def committed(self, batch_id: int) -> bool:
         return self.meta.exists(self._log_name(batch_id))
@@ -108,6 +113,7 @@ class FileSink(Sink):
             msg = "the file sink cannot take complete output mode (as in Spark); use update"
             raise ConfigurationError(msg)
         staging = self.dir.child(STAGING_DIR, f"{batch_id}-{uuid.uuid4().hex}")
+        self._staging = staging
         where = staging.path if self.local else staging.uri
         df.write.format(self.fmt).options(**self.options).mode("overwrite").save(where)
         entries = []
@@ -128,6 +134,16 @@ class FileSink(Sink):
             )
         self._write_log(batch_id, entries)
         staging.delete_all()
+        self._staging = None
+
+    def stop(self) -> None:
+        """Remove the files of a batch that was not committed (a stop or a failure mid-write)."""
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            try:
+                staging.delete_all()
+            except StateFileError as exc:
+                log.warning("could not remove the uncommitted files in %s: %s", staging.uri, exc)
 
     def _write_log(self, batch_id: int, entries: list[dict[str, Any]]) -> None:
         name = self._log_name(batch_id)

@@ -1,0 +1,201 @@
+"""Stops a query at random points inside its batches; run by ``test_stop.py`` in a process of its
+own, so that the test sees everything Spark and Python print.
+
+``python -m tests.engine.stopper WORK PROVIDERS SEED`` feeds a directory of JSON files, one per
+batch; runs the README's query (update mode, Parquet sink) once without a stop, as the reference;
+then, for each provider, starts the query, lets one batch finish, stops the query at a random
+moment of the next batch's sink action (which runs its stateful stage), and starts it again, a few
+times. It prints one line of JSON: what every stop did, and whether the outputs equal the
+reference's, batch for batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+import sparkstate as ss
+from sparkstate import functions as SF
+from sparkstate.engine.driver import BatchDriver
+from sparkstate.engine.sinks import FileSink
+from sparkstate.testing import FileFeed
+
+SCHEMA = "k string, v int"
+FILES = 6
+STOPS = 3
+
+
+class Probe:
+    """What the driver and the file sink did, in order: ("sink", b) when a batch's sink action
+    starts, ("done", b) or ("failed", b) when the driver is through with the batch."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.sink_s: list[float] = []
+        self._cond = threading.Condition()
+
+    def install(self) -> None:
+        run_batch, add_batch = BatchDriver.run_batch, FileSink.add_batch
+        probe = self
+
+        def probed_run_batch(driver: BatchDriver, df: DataFrame, batch_id: int) -> None:
+            try:
+                run_batch(driver, df, batch_id)
+            except BaseException:
+                probe.note("failed", batch_id)
+                raise
+            probe.note("done", batch_id)
+
+        def probed_add_batch(sink: FileSink, batch_id: int, df: DataFrame, mode: str) -> None:
+            probe.note("sink", batch_id)
+            started = time.monotonic()
+            add_batch(sink, batch_id, df, mode)
+            probe.sink_s.append(time.monotonic() - started)
+
+        BatchDriver.run_batch = probed_run_batch  # type: ignore[method-assign]
+        FileSink.add_batch = probed_add_batch  # type: ignore[method-assign]
+
+    def note(self, what: str, batch_id: int) -> None:
+        with self._cond:
+            self.events.append((what, batch_id))
+            self._cond.notify_all()
+
+    def mark(self) -> int:
+        with self._cond:
+            return len(self.events)
+
+    def wait(self, what: str, since: int, timeout: float = 180.0) -> int:
+        """The batch of the first ``what`` event at or after position ``since``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for event, batch_id in self.events[since:]:
+                    if event == what:
+                        return batch_id
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    msg = f"no {what!r} event after {self.events[:since]}: {self.events[since:]}"
+                    raise TimeoutError(msg)
+                self._cond.wait(left)
+
+    def outcome(self, batch_id: int, since: int) -> str | None:
+        with self._cond:
+            ends = [e for e, b in self.events[since:] if b == batch_id and e != "sink"]
+        return ends[-1] if ends else None
+
+
+def start(spark: SparkSession, feed: Path, base: Path, provider: str) -> Any:
+    events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(feed))
+    return (
+        ss.stream(events)
+        .groupBy("k")
+        .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+        .writeStream.outputMode("update")
+        .format("parquet")
+        .option("path", str(base / "out"))
+        .option("checkpointLocation", str(base / "chk"))
+        .option("stateStore", provider)
+        .start()
+    )
+
+
+def batch_rows(out: Path) -> dict[str, list[list[Any]]]:
+    """Each batch's rows, from the files its manifest (``_spark_metadata/<b>``) lists."""
+    rows: dict[str, list[list[Any]]] = {}
+    for manifest in sorted((out / "_spark_metadata").iterdir()):
+        if manifest.name.startswith("."):
+            continue
+        lines = manifest.read_text().splitlines()[1:]
+        paths = [json.loads(line)["path"].removeprefix("file://") for line in lines]
+        tables = [pq.read_table(p).to_pylist() for p in paths]
+        rows[manifest.name] = sorted(
+            ([r["k"], r["n"], r["total"]] for t in tables for r in t), key=str
+        )
+    return rows
+
+
+def stop_inside_batches(
+    spark: SparkSession, feed: Path, base: Path, provider: str, rng: random.Random, probe: Probe
+) -> list[dict[str, Any]]:
+    stops: list[dict[str, Any]] = []
+    for _ in range(STOPS):
+        since = probe.mark()
+        query = start(spark, feed, base, provider)
+        first = probe.wait("done", since)  # the rerun of the batch stopped last time, if any
+        if stops and not stops[-1]["finished"]:
+            stops[-1]["rerun"] = first == stops[-1]["batch"] and probe.wait("sink", since) == first
+        mark = probe.mark()
+        batch_id = probe.wait("sink", mark)
+        delay = rng.uniform(0.0, 0.9 * min(probe.sink_s[-3:]))
+        time.sleep(delay)
+        started = time.monotonic()
+        query.stop()
+        stopped_s = time.monotonic() - started
+        query.awaitTermination()  # raises if Spark took the stop for a failure
+        state = base / "chk" / "sparkstate"
+        stops.append(
+            {
+                "provider": provider,
+                "batch": batch_id,
+                "delay_s": round(delay, 3),
+                "stop_s": round(stopped_s, 3),
+                "finished": probe.outcome(batch_id, mark) == "done",
+                "outcome": probe.outcome(batch_id, mark),
+                "commit": (state / "commits" / f"{batch_id}.json").exists(),
+                "manifest": (base / "out" / "_spark_metadata" / str(batch_id)).exists(),
+            }
+        )
+    since = probe.mark()
+    query = start(spark, feed, base, provider)
+    query.processAllAvailable()
+    if not stops[-1]["finished"]:
+        stops[-1]["rerun"] = probe.wait("done", since) == stops[-1]["batch"]
+    query.stop()
+    return stops
+
+
+def main(work: Path, providers: list[str], seed: int) -> dict[str, Any]:
+    logging.basicConfig(level=logging.WARNING)  # so that py4j's logged errors would show
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    rng = random.Random(seed)
+    feed = FileFeed(work / "feed")
+    for _ in range(FILES):
+        feed.add([{"k": f"k{rng.randrange(40)}", "v": rng.randrange(1000)} for _row in range(300)])
+    probe = Probe()
+    probe.install()
+    reference = start(spark, feed.path, work / "reference", "memory")
+    reference.processAllAvailable()
+    reference.stop()
+    want = batch_rows(work / "reference" / "out")
+    report: dict[str, Any] = {"seed": seed, "batches": len(want), "stops": [], "equal": {}}
+    for provider in providers:
+        base = work / provider
+        report["stops"] += stop_inside_batches(spark, feed.path, base, provider, rng, probe)
+        report["equal"][provider] = batch_rows(base / "out") == want
+        staging = base / "out" / "_sparkstate_staging"
+        report.setdefault("staging_left", {})[provider] = (
+            sorted(p.name for p in staging.iterdir()) if staging.exists() else []
+        )
+    spark.stop()
+    return report
+
+
+if __name__ == "__main__":
+    result = main(Path(sys.argv[1]), sys.argv[2].split(","), int(sys.argv[3]))
+    print(json.dumps(result), flush=True)
