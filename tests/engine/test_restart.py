@@ -83,6 +83,36 @@ def test_restart_mid_stream_continues_the_state(
     assert (chk / "sparkstate" / "batches" / "3.json").exists()
 
 
+def test_a_watermarked_aggregation_of_an_earlier_version_restarts(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Earlier versions ran a watermarked aggregation without the clock source, and Spark cannot
+    add a source to a checkpoint: such a checkpoint (``metadata.json`` without ``clock``) keeps
+    running without it, its counts carrying on."""
+    collector = Collector()
+    chk = tmp_path / "chk"
+    rows = [
+        [{"k": "a", "ts": "2024-01-01 00:00:00", "v": 1}],
+        [{"k": "a", "ts": "2024-01-01 00:01:00", "v": 2}],
+    ]
+
+    def start() -> Any:
+        df = source(spark, feed, "k string, ts timestamp, v int")
+        stream = ss.stream(df).withWatermark("ts", "10 seconds").groupBy("k").agg(*ours_aggs())
+        return start_ours(stream, "update", chk, "memory", collector)
+
+    with monkeypatch.context() as patched:  # as an earlier version wrote it
+        patched.setattr("sparkstate.engine.api.needs_clock", lambda stages, legacy=False: False)
+        run_batches(feed, start(), rows[:1])
+    meta_file = chk / "sparkstate" / "metadata.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["clock"]
+    meta_file.write_text(json.dumps(meta))
+    run_batches(feed, start(), rows[1:])
+    assert json.loads(meta_file.read_text())["clock"] is False
+    assert [r for rs in collector.batches.values() for r in rs] == [("a", 1, 1), ("a", 2, 3)]
+
+
 def test_changed_queries_are_refused_on_restart(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:
