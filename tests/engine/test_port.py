@@ -160,6 +160,10 @@ CASES = [
         ),
     ),
     Case(
+        "dedup",
+        lambda df: with_watermark(df).dropDuplicates(["k"]).select("k", "v"),
+    ),
+    Case(
         "sorted-complete",
         lambda df: (
             with_watermark(df)
