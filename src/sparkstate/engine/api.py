@@ -35,7 +35,7 @@ from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
 from sparkstate.runtime.metadata import check_restart, refuse_foreign_checkpoint
 from sparkstate.runtime.providers import StoreSettings
-from sparkstate.runtime.watermark import WatermarkSpec, parse_delay_ms
+from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY, WatermarkSpec, parse_delay_ms
 from sparkstate.store.base import StoreConf
 from sparkstate.store.registry import provider_class, provider_name
 
@@ -57,10 +57,6 @@ def stream(df: DataFrame) -> StatefulStream:
         msg = "ss.stream() needs a streaming DataFrame (spark.readStream...), not a batch one"
         raise ConfigurationError(msg)
     return StatefulStream(df, watermarks=declared_watermarks(df))
-
-
-#: Where PySpark records ``withWatermark`` on a DataFrame: the event-time column's metadata.
-WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 
 
 def declared_watermarks(df: DataFrame) -> tuple[WatermarkSpec, ...]:
@@ -509,7 +505,6 @@ class DataStreamWriter:
         }
         sink = make_sink(self._format, sink_opts, spark, self._name, self._foreach)
         run_id = str(uuid.uuid4())
-        wm = self._stream.watermark
         config = DriverConfig(
             query_id=str(metadata["query_id"]),
             run_id=run_id,
@@ -517,7 +512,6 @@ class DataStreamWriter:
             output_mode=self._mode,
             num_partitions=num_partitions,
             store=store,
-            watermark_column=wm.column if wm else None,
             watermark_delays_ms=tuple(w.delay_ms for w in self._stream.watermarks),
             clock=bool(metadata["clock"]),
             watermark_policy=str(

@@ -54,7 +54,6 @@ class DriverConfig:
     output_mode: str
     num_partitions: int
     store: StoreSettings
-    watermark_column: str | None
     #: The delay of every ``withWatermark`` of the input, in declaration order.
     watermark_delays_ms: tuple[int, ...] = ()
     #: Whether the query takes the clock source, through which the driver asks for batches.

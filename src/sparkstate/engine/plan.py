@@ -32,6 +32,7 @@ from sparkstate.operators.dedup import Deduplicate
 from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
 from sparkstate.operators.schemas import PickledState
 from sparkstate.operators.transform_with_state import TransformWithState
+from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 
 __all__ = [
@@ -371,7 +372,7 @@ def _with_watermark_on(struct: StructType, column: str, delay_ms: int | None) ->
     fields = []
     for f in struct.fields:
         if f.name == column and delay_ms is not None:
-            metadata = {**(f.metadata or {}), "spark.watermarkDelayMs": delay_ms}
+            metadata = {**(f.metadata or {}), WATERMARK_DELAY_KEY: delay_ms}
             f = StructField(f.name, f.dataType, f.nullable, metadata)
         fields.append(f)
     return StructType(fields)

@@ -14,7 +14,10 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError
 
-__all__ = ["WatermarkSpec", "WatermarkTracker", "parse_delay_ms"]
+__all__ = ["WATERMARK_DELAY_KEY", "WatermarkSpec", "WatermarkTracker", "parse_delay_ms"]
+
+#: Where Spark records a column's watermark: its delay in ms, in the column's metadata.
+WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
 
 _MS = {
     "microsecond": 0.001,
