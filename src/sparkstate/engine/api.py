@@ -517,6 +517,7 @@ class DataStreamWriter:
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             ).lower(),
+            checkpoint=checkpoint,
         )
         driver = BatchDriver(config, stages, sink, log_, notify_progress)
         if config.clock:

@@ -1,7 +1,8 @@
 """The per-batch driver: the function Spark's ``foreachBatch`` calls for every micro-batch.
 
-For batch ``b`` (docs/architecture.md, "One micro-batch"): skip it if ``commits/<b>.json``
-exists; read or write the intent ``batches/<b>.json`` (watermark, timestamp); build the stateful
+For batch ``b`` (docs/architecture.md, "One micro-batch"): roll back to the state before ``b``
+if Spark planned it again with other input; replay it if ``commits/<b>.json`` exists; read or
+write the intent ``batches/<b>.json`` (watermark, timestamp, input digest); build the stateful
 stages over the batch (shuffle by key, ``mapInArrow`` with the partition's store at version
 ``b``); hand the output to the sink, whose single action runs every stateful task once; read the
 tasks' reports (small files under ``reports/<b>/``, :class:`~sparkstate.runtime.logs.ReportDir`);
@@ -28,14 +29,16 @@ from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
 from sparkstate.engine.sinks import Sink
 from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
-from sparkstate.exceptions import QueryError
+from sparkstate.exceptions import ConfigurationError, QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
+from sparkstate.runtime.offsets import input_digest
 from sparkstate.runtime.progress import build_progress, format_time
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit, TaskReport
 from sparkstate.runtime.tasks import TaskSpec, commit_untouched
 from sparkstate.runtime.triggers import next_request
 from sparkstate.runtime.watermark import WatermarkTracker
+from sparkstate.store.durable import DurableDir
 
 __all__ = ["BatchDriver", "DriverConfig"]
 
@@ -59,6 +62,8 @@ class DriverConfig:
     #: Whether the query takes the clock source, through which the driver asks for batches.
     clock: bool = False
     watermark_policy: str = "min"
+    #: Spark's checkpoint location (its ``offsets/`` say what each batch read); "" for none.
+    checkpoint: str = ""
 
     def watermark_inputs(self) -> dict[str, int]:
         """The tracker's inputs: ``input`` for the first watermark (the name checkpoints have
@@ -96,6 +101,8 @@ class BatchDriver:
         if latest is not None:
             self.tracker.restore(latest.watermark)
             self.last_batch = latest.batch_id
+        #: Spark's checkpoint, where the driver reads what each batch read (None: unreachable).
+        self.spark_checkpoint = _spark_checkpoint(config.checkpoint)
         self.triggers = {s.op_id: s.operator.time_trigger() for s in stages if config.clock}
         self._clock = log_.read_clock() if any(self.triggers.values()) else {}
 
@@ -139,13 +146,19 @@ class BatchDriver:
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.time()
+        digest = input_digest(self.spark_checkpoint, batch_id) if self.spark_checkpoint else None
+        intent = self.log.read_intent(batch_id)
+        if intent is not None and not intent.same_input(digest):
+            self._roll_back(batch_id)
+            intent = None
         if self.log.read_commit(batch_id) is not None:
             self._replay_committed(df, batch_id)
             return
         lineage = self._lineage(batch_id)
-        intent = self.log.read_intent(batch_id)
         if intent is None:
-            intent = BatchIntent(batch_id, self.tracker.watermark_ms, int(started * 1000))
+            intent = BatchIntent(
+                batch_id, self.tracker.watermark_ms, int(started * 1000), input_digest=digest
+            )
             self.log.write_intent(intent)
         session = df.sparkSession
         self._check_stop()  # the last moment before the batch's Spark job
@@ -177,6 +190,28 @@ class BatchDriver:
             del self.recent[:-MAX_RECENT_PROGRESS]
         self.log.append_progress(progress)
         self.on_progress(progress)
+
+    def _roll_back(self, batch_id: int) -> None:
+        """Spark plans batch ``batch_id`` again with other input: its offsets were deleted from
+        the Spark checkpoint (a rollback). As Spark does, run it from the state before it: the
+        outcome of it and of later batches is forgotten, the watermark goes back to what it
+        was after the batch before. A file sink keeps the files it committed for those batches
+        and writes nothing for them again, as Spark's file sink does."""
+        dropped = self.log.roll_back(batch_id)
+        previous = self.log.read_commit(batch_id - 1) if batch_id > 0 else None
+        self.tracker = WatermarkTracker(
+            self.config.watermark_inputs(), self.config.watermark_policy
+        )
+        if previous is not None:
+            self.tracker.restore(previous.watermark)
+        self.last_batch = previous.batch_id if previous is not None else None
+        log.warning(
+            "batch %d reads other input than when it ran before (Spark's offsets of it "
+            "changed: the Spark checkpoint was rolled back); running it again from the state "
+            "before it%s",
+            batch_id,
+            f", and batches {dropped} again after it" if len(dropped) > 1 else "",
+        )
 
     def _replay_committed(self, df: DataFrame, batch_id: int) -> None:
         """Spark re-runs a batch whose state we committed (it died before its own commit).
@@ -337,6 +372,16 @@ def _engine_settings(session: SparkSession, num_partitions: int) -> Iterator[Non
                 session.conf.unset(k)
             else:
                 session.conf.set(k, old)
+
+
+def _spark_checkpoint(location: str) -> DurableDir | None:
+    if not location:
+        return None
+    try:
+        return DurableDir(location)
+    except ConfigurationError:  # a Hadoop file system pyarrow does not reach
+        log.info("cannot read Spark's checkpoint %s: rolled-back batches go unnoticed", location)
+        return None
 
 
 def _winning_reports(reports: list[TaskReport]) -> dict[tuple[int, int], TaskReport]:

@@ -99,6 +99,26 @@ class CheckpointLog:
         ids = [_batch_of(e.name) for e in self.commits.list() if _is_batch_file(e.name)]
         return self.read_commit(max(ids)) if ids else None
 
+    def roll_back(self, batch_id: int) -> list[int]:
+        """Forget the outcome of batch ``batch_id`` and every later batch (Spark plans them
+        again). Newest first, so that a crash part way leaves the logs a prefix of batches.
+        The intent of ``batch_id`` stays until the caller replaces it, which is what tells a
+        run after such a crash to go on rolling back. Returns the batches whose commits went."""
+        committed = sorted(
+            (
+                b
+                for b in (_batch_of(e.name) for e in self.commits.list() if _is_batch_file(e.name))
+                if b >= batch_id
+            ),
+            reverse=True,
+        )
+        for b in committed:
+            self.commits.delete(f"{b}.json")
+        intents = [_batch_of(e.name) for e in self.batches.list() if _is_batch_file(e.name)]
+        for b in sorted((b for b in intents if b > batch_id), reverse=True):
+            self.batches.delete(f"{b}.json")
+        return sorted(committed)
+
     # --- clock -----------------------------------------------------------------------------------
 
     def read_clock(self) -> dict[str, Any]:

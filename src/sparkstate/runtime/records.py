@@ -96,9 +96,17 @@ class BatchIntent:
     batch_id: int
     watermark_ms: int
     batch_timestamp_ms: int
+    #: The digest of the source offsets Spark's batch read (:mod:`sparkstate.runtime.offsets`);
+    #: None where it could not be read, and in intents written before it was recorded.
+    input_digest: str | None = None
 
     def to_json(self) -> str:
         return _dumps(dataclasses.asdict(self))
+
+    def same_input(self, digest: str | None) -> bool:
+        """Whether a batch that read ``digest`` is this batch run again (as far as can be told:
+        a digest missing on either side counts as the same input)."""
+        return self.input_digest is None or digest is None or self.input_digest == digest
 
     @classmethod
     def from_json(cls, text: str | bytes) -> BatchIntent:
@@ -107,6 +115,7 @@ class BatchIntent:
             batch_id=int(data["batch_id"]),
             watermark_ms=int(data["watermark_ms"]),
             batch_timestamp_ms=int(data["batch_timestamp_ms"]),
+            input_digest=data.get("input_digest"),
         )
 
 
