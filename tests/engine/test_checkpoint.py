@@ -8,6 +8,9 @@ through the same deletions in the Spark checkpoint and the same restarts.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import sparkstate as ss
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed, normalize
 
 from .conftest import PROVIDERS
@@ -171,3 +175,131 @@ def test_rolled_back_file_sink_keeps_what_spark_keeps(spark: SparkSession, tmp_p
     assert results["ours"] == results["spark"]
     seen = {v // 10 for _, v in results["ours"]}
     assert seen == {0, 1, 2, 3, 5, 6, 7}  # file 4 went into the new batch 3, as in Spark
+
+
+def run_count(spark: SparkSession, feed: FileFeed, location: str, **options: str) -> Deliveries:
+    """One availableNow run of a count per user on ``location``; what it delivered."""
+    collector = Deliveries()
+    counted = count_per_user(ss.stream(feed.stream(spark, SCHEMA)))
+    writer = counted.writeStream.outputMode("update").foreachBatch(collector)
+    writer = writer.option("checkpointLocation", location).option("stateStore", "rocksdb")
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    handle = writer.trigger(availableNow=True).start()
+    assert handle.awaitTermination(180)
+    return collector
+
+
+def last_counts(collector: Deliveries) -> list[tuple[Any, ...]]:
+    return collector.batches[max(collector.batches)]
+
+
+def counts(files: int) -> list[tuple[Any, ...]]:
+    return [(f"u{j}", 2 * files) for j in range(3)]
+
+
+@pytest.mark.skipif("rocksdb" not in PROVIDERS, reason="needs the rocksdb provider")
+def test_one_checkpoint_however_spelled_wherever_moved(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run adds a file and gives the checkpoint another spelling; each continues the
+    counts. Then the checkpoint is moved, and copied: each copy runs on at its place."""
+    feed = FileFeed(tmp_path / "input")
+    chk = tmp_path / "dir" / "chk"
+    chk.parent.mkdir()
+    (tmp_path / "link").symlink_to(chk.parent)
+    monkeypatch.chdir(tmp_path)
+    spellings = [
+        str(chk),
+        f"file://{chk}",
+        f"file:{chk}/",
+        "dir/chk",
+        f"{tmp_path}/./dir/../dir/chk",
+        f"{tmp_path}/link/chk",
+    ]
+    for n, location in enumerate(spellings, start=1):
+        feed.add(rows(feed.count))
+        assert last_counts(run_count(spark, feed, location)) == counts(n), location
+    files = len(spellings)
+
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    shutil.move(str(chk), str(moved))
+    feed.add(rows(feed.count))
+    assert last_counts(run_count(spark, feed, str(moved))) == counts(files + 1)
+    assert not chk.exists()  # nothing recreated at the old place
+
+    copy = tmp_path / "copy"
+    shutil.copytree(moved, copy, symlinks=True)
+    feed.add(rows(feed.count))
+    assert last_counts(run_count(spark, feed, str(moved))) == counts(files + 2)
+    assert last_counts(run_count(spark, feed, str(copy))) == counts(files + 2)
+
+    # Versions before this one recorded the state's absolute place even when it was the
+    # checkpoint's own: such a checkpoint, moved, runs at its new place too.
+    metadata = copy / "sparkstate" / "metadata.json"
+    legacy = {**json.loads(metadata.read_text()), "state_location": f"{chk}/sparkstate"}
+    metadata.write_text(json.dumps(legacy))
+    feed.add(rows(feed.count))
+    assert last_counts(run_count(spark, feed, str(copy))) == counts(files + 3)
+    assert json.loads(metadata.read_text())["state_location"] is None
+
+
+def test_relative_checkpoint_stays_one_after_chdir(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM resolves a relative path against its own working directory, which Python's
+    ``os.chdir`` does not move: Spark's files and sparkstate's must still land together."""
+    feed = FileFeed(tmp_path / "input")
+    feed.add(rows(0))
+    jvm_cwd = Path(os.getcwd())
+    monkeypatch.chdir(tmp_path)
+    name = f"relative-chk-{os.getpid()}"
+    try:
+        assert last_counts(run_count(spark, feed, name)) == counts(1)
+        assert (tmp_path / name / "offsets" / "0").exists()
+        assert (tmp_path / name / "sparkstate" / "commits" / "0.json").exists()
+        assert not (jvm_cwd / name).exists()
+    finally:
+        shutil.rmtree(jvm_cwd / name, ignore_errors=True)
+
+
+def test_bad_checkpoint_locations_fail_at_start(spark: SparkSession, tmp_path: Path) -> None:
+    feed = FileFeed(tmp_path / "input")
+    feed.add(rows(0))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a checkpoint")
+    with pytest.raises(ConfigurationError, match=f"{a_file} is a file"):
+        run_count(spark, feed, str(a_file))
+    with pytest.raises(
+        ConfigurationError, match=f"cannot write to checkpointLocation {a_file}/chk"
+    ):
+        run_count(spark, feed, f"{a_file}/chk")
+    with pytest.raises(ConfigurationError, match="host 'otherhost'"):
+        run_count(spark, feed, "file://otherhost/chk")
+    assert not spark.streams.active
+
+
+def test_handle_ids_are_sparks(spark: SparkSession, tmp_path: Path) -> None:
+    """The handle's id is the one Spark runs the query under, at the first start and after."""
+    feed = FileFeed(tmp_path / "input")
+    feed.add(rows(0))
+    ids = set()
+    for run in range(2):
+        if run:
+            feed.add(rows(1))
+        counted = count_per_user(ss.stream(feed.stream(spark, SCHEMA)))
+        writer = counted.writeStream.outputMode("update").format("memory").queryName("ids")
+        handle = writer.option("checkpointLocation", str(tmp_path / "chk")).start()
+        try:
+            handle.processAllAvailable()
+            assert spark.streams.get(handle.id) is not None
+            assert str(spark.streams.get(handle.id).id) == handle.id
+            assert handle.runId == str(handle.spark_query.runId)
+            progress = handle.lastProgress
+            assert progress is not None
+            assert (progress["id"], progress["runId"]) == (handle.id, handle.runId)
+            ids.add(handle.id)
+        finally:
+            handle.stop()
+    assert len(ids) == 1

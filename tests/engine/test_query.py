@@ -99,7 +99,7 @@ def test_partitions_spark_runs_no_task_for_are_still_committed(
     collector = Collector()
     log = CheckpointLog(str(tmp_path / "chk"))
     store = StoreSettings(str(tmp_path / "chk"), "memory", StoreConf(num_partitions=4))
-    config = DriverConfig("q", "r", None, "update", 4, store)
+    config = DriverConfig("q", None, "update", 4, store, run_id="r")
     driver = BatchDriver(config, stages, ForeachBatchSink(collector), log, lambda p: None)
     empty = spark.createDataFrame([("a", 1)], SCHEMA).where("false")  # a LocalTableScan <empty>
     driver.run_batch(empty, 0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparkstate.runtime.logs import CheckpointLog
-from sparkstate.runtime.offsets import input_digest
 from sparkstate.runtime.records import BatchCommit, BatchIntent
+from sparkstate.runtime.spark_checkpoint import input_digest
 from sparkstate.store.durable import DurableDir
 
 

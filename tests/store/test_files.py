@@ -9,13 +9,14 @@ import pyarrow.fs as pafs
 import pytest
 
 from sparkstate.exceptions import (
+    ConfigurationError,
     CorruptStateFileError,
     MissingVersionError,
     ProviderMismatchError,
     SchemaMismatchError,
 )
 from sparkstate.store.changelog import decode_changelog, encode_changelog
-from sparkstate.store.durable import DurableDir, local_path
+from sparkstate.store.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.frames import decode_frame, encode_frame
 from sparkstate.store.layout import (
     VersionIndex,
@@ -83,6 +84,32 @@ def test_local_path_tells_local_locations_from_other_uris(tmp_path) -> None:  # 
     assert local_path(f"file://{tmp_path}") == str(tmp_path)
     assert local_path("s3://bucket/ckpt") is None
     assert local_path("hdfs://namenode:8020/ckpt") is None
+    assert local_path(f"file:{tmp_path}") == str(tmp_path)  # Hadoop's spelling
+    assert local_path(f"file://localhost{tmp_path}") == str(tmp_path)
+    with pytest.raises(ConfigurationError, match="host 'host'"):
+        local_path("file://host/x")  # not "host/x" under the working directory
+
+
+def test_canonical_location_is_one_spelling_per_directory(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.chdir(tmp_path)
+    spellings = [
+        str(real),
+        f"{real}/",
+        f"file://{real}",
+        f"file:{real}",
+        "real",
+        "./real",
+        f"{tmp_path}/./real",
+        f"{tmp_path}/link",
+        "link/../real",
+    ]
+    assert {canonical_location(s) for s in spellings} == {str(real.resolve())}
+    uri = "s3://bucket/ckpt?endpoint_override=localhost:9000&scheme=http"
+    assert canonical_location(uri) == uri
+    assert canonical_location("s3://bucket/ckpt/") == "s3://bucket/ckpt"
     for uri in (str(tmp_path), f"file://{tmp_path}", f"file://{tmp_path}/"):
         d = DurableDir(uri)
         assert isinstance(d.fs, pafs.LocalFileSystem) and d.path == str(tmp_path)

@@ -33,10 +33,16 @@ from sparkstate.operators.aggregate import StreamingAggregate
 from sparkstate.operators.base import OUTPUT_MODES
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
-from sparkstate.runtime.metadata import check_restart, refuse_foreign_checkpoint
+from sparkstate.runtime.metadata import (
+    check_checkpoint_location,
+    check_restart,
+    refuse_foreign_checkpoint,
+)
 from sparkstate.runtime.providers import StoreSettings
+from sparkstate.runtime.spark_checkpoint import spark_query_id
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY, WatermarkSpec, parse_delay_ms
 from sparkstate.store.base import StoreConf
+from sparkstate.store.durable import DurableDir, canonical_location
 from sparkstate.store.registry import provider_class, provider_name
 
 __all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]
@@ -421,8 +427,9 @@ class DataStreamWriter:
         if self._format in FILE_FORMATS and self._mode == "complete" and self._foreach is None:
             msg = f"the {self._format} sink does not take complete mode (as in Spark); use update"
             raise ConfigurationError(msg)
-        checkpoint = self._checkpoint_location(spark)
-        engine_root = checkpoint.rstrip("/") + "/sparkstate"
+        checkpoint = canonical_location(self._checkpoint_location(spark))
+        check_checkpoint_location(checkpoint)
+        engine_root = checkpoint + "/sparkstate"
         release_if_finished(engine_root)
         lock = CheckpointLock(engine_root)
         lock.acquire()
@@ -459,7 +466,11 @@ class DataStreamWriter:
         provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
         provider = provider_name(provider_class(provider_spec))
         check_workers(spark, provider_spec)
-        state_root = opts.get("stateLocation") or engine_root
+        chosen = opts.get("stateLocation")
+        state_option = canonical_location(chosen) if chosen else None
+        if state_option == engine_root:
+            state_option = None  # the default place, spelled out
+        state_root = state_option or engine_root
         store_opts = {
             k[len(_STORE_PREFIX) :]: v
             for k, v in opts.items()
@@ -481,20 +492,28 @@ class DataStreamWriter:
                 "query_id": str(uuid.uuid4()),
                 "num_partitions": num_partitions,
                 "provider": provider,
-                "state_location": state_root,
+                "state_location": state_option,  # None: in the checkpoint, wherever it moves
                 "output_mode": self._mode,
                 "operators": described,
                 "clock": needs_clock(stages),
             }
             log_.write_metadata(metadata)
         else:
-            check_restart(metadata, provider, requested, state_root, described, log_.root)
-            recorded = {"operators": described, "clock": metadata.get("clock")}
+            check_restart(metadata, provider, requested, state_option, described, log_.root)
+            recorded = {
+                "operators": described,
+                "clock": metadata.get("clock"),
+                "state_location": state_option,
+            }
             if recorded["clock"] is None:
                 recorded["clock"] = needs_clock(stages, legacy=True)
             if any(metadata.get(k) != v for k, v in recorded.items()):
                 metadata = {**metadata, **recorded}  # state schemas evolved, or an older form
                 log_.write_metadata(metadata)
+        query_id = spark_query_id(DurableDir(checkpoint), str(metadata["query_id"]))
+        if query_id != metadata["query_id"]:  # Spark's checkpoint was there first
+            metadata = {**metadata, "query_id": query_id}
+            log_.write_metadata(metadata)
         num_partitions = int(metadata["num_partitions"])
         conf = dataclasses.replace(conf, num_partitions=num_partitions)
         store = StoreSettings(state_root, provider_spec, conf, maintenance_s)
@@ -504,10 +523,8 @@ class DataStreamWriter:
             if k not in _ENGINE_OPTIONS and not k.startswith(_STORE_PREFIX)
         }
         sink = make_sink(self._format, sink_opts, spark, self._name, self._foreach)
-        run_id = str(uuid.uuid4())
         config = DriverConfig(
-            query_id=str(metadata["query_id"]),
-            run_id=run_id,
+            query_id=query_id,
             name=self._name,
             output_mode=self._mode,
             num_partitions=num_partitions,
@@ -528,6 +545,5 @@ class DataStreamWriter:
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         spark_query = writer.start()
-        return StreamingQuery(
-            spark_query, driver, lock, sink, stages, str(metadata["query_id"]), run_id
-        )
+        driver.started(str(spark_query.runId))
+        return StreamingQuery(spark_query, driver, lock, sink, stages)

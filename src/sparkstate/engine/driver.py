@@ -31,10 +31,10 @@ from sparkstate.engine.sinks import Sink
 from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.exceptions import ConfigurationError, QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
-from sparkstate.runtime.offsets import input_digest
 from sparkstate.runtime.progress import build_progress, format_time
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit, TaskReport
+from sparkstate.runtime.spark_checkpoint import input_digest
 from sparkstate.runtime.tasks import TaskSpec, commit_untouched
 from sparkstate.runtime.triggers import next_request
 from sparkstate.runtime.watermark import WatermarkTracker
@@ -47,16 +47,18 @@ AQE = "spark.sql.adaptive.enabled"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 INPUT = "input"
 MAX_RECENT_PROGRESS = 100
+RUN_ID_WAIT_S = 30.0
 
 
 @dataclasses.dataclass
 class DriverConfig:
     query_id: str
-    run_id: str
     name: str | None
     output_mode: str
     num_partitions: int
     store: StoreSettings
+    #: Spark's run id of the query, known once Spark started it (:meth:`BatchDriver.started`).
+    run_id: str = ""
     #: The delay of every ``withWatermark`` of the input, in declaration order.
     watermark_delays_ms: tuple[int, ...] = ()
     #: Whether the query takes the clock source, through which the driver asks for batches.
@@ -96,6 +98,7 @@ class BatchDriver:
         self._lock = threading.Lock()
         self._stop: StopRequest | None = None
         self._in_batch = threading.Event()
+        self._started = threading.Event()
         latest = log_.latest_commit()
         self.last_batch: int | None = None
         if latest is not None:
@@ -128,6 +131,11 @@ class BatchDriver:
                 raise
             log.info("batch %d abandoned, the query is stopping: %s", batch_id, type(exc).__name__)
         raise stop.cancelled(batch_id)  # outside the handler: a short traceback for Spark
+
+    def started(self, run_id: str) -> None:
+        """Spark started the query under ``run_id`` (progress carries it)."""
+        self.config.run_id = run_id
+        self._started.set()
 
     def request_stop(self, request: StopRequest) -> None:
         """From now on start no batch, and end the one in flight without committing it."""
@@ -172,6 +180,8 @@ class BatchDriver:
         self._request_batch(intent.watermark_ms, reports)
         timings["stateCommit"] = int((time.time() - commit_started) * 1000)
         timings["triggerExecution"] = int((time.time() - started) * 1000)
+        if not self.config.run_id:  # start() sets it right after Spark started the query
+            self._started.wait(RUN_ID_WAIT_S)
         progress = build_progress(
             query_id=self.config.query_id,
             run_id=self.config.run_id,

@@ -83,16 +83,13 @@ class StreamingQuery:
         lock: CheckpointLock,
         sink: Sink,
         stages: list[Stage],
-        query_id: str,
-        run_id: str,
     ) -> None:
         self._query = spark_query
         self._driver = driver
         self._lock = lock
         self._sink = sink
         self._stages = stages
-        self._id = query_id
-        self._run_id = run_id
+        self._id = driver.config.query_id
         self._released = False
         with _active_lock:
             _active[lock.root] = self
@@ -104,7 +101,8 @@ class StreamingQuery:
 
     @property
     def runId(self) -> str:  # noqa: N802 - PySpark's name
-        return self._run_id
+        """New at every start (Spark's run id)."""
+        return str(self._query.runId)
 
     @property
     def name(self) -> str | None:

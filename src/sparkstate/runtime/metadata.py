@@ -5,14 +5,18 @@ is refused, since it has no state to continue from."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
 from sparkstate.operators.restart import check_state_change, same_schema
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.schema_json import fields_from_json
 
-__all__ = ["check_restart", "refuse_foreign_checkpoint"]
+__all__ = ["check_checkpoint_location", "check_restart", "refuse_foreign_checkpoint"]
+
+#: Where the state of a checkpoint without a ``stateLocation`` lives, under its engine directory.
+STATE_DIR = "state"
 
 #: The schemas of an operator's description, compared by field names and types.
 SCHEMA_PARTS = ("key_schema", "value_schema", "output_schema")
@@ -33,12 +37,13 @@ def check_restart(
     metadata: dict[str, Any],
     provider: str,
     requested_partitions: str | None,
-    state_root: str,
+    state_location: str | None,
     described: list[dict[str, Any]],
     where: str,
 ) -> None:
     """The restarted query must match what the checkpoint was written with; state schemas may
-    evolve compatibly (:mod:`sparkstate.operators.restart`)."""
+    evolve compatibly (:mod:`sparkstate.operators.restart`). ``state_location`` is the
+    ``stateLocation`` option (canonical), None for the state in the checkpoint at ``where``."""
     file = f"{where}/metadata.json"
     if metadata.get("provider") != provider:
         msg = (
@@ -55,12 +60,7 @@ def check_restart(
             "checkpoint: drop the numPartitions option or use a new checkpoint location"
         )
         raise SchemaMismatchError(msg)
-    if metadata.get("state_location") != state_root:
-        msg = (
-            f"the checkpoint's state lives at {metadata.get('state_location')!r} but this query "
-            f"uses {state_root!r} ({file}); pass the original .option('stateLocation', ...)"
-        )
-        raise ConfigurationError(msg)
+    _check_state_location(metadata.get("state_location"), state_location, where, file)
     before = metadata.get("operators", [])
     kinds_before = [o.get("kind") for o in before]
     kinds_now = [o.get("kind") for o in described]
@@ -89,6 +89,62 @@ def check_restart(
                 f"{new} ({file}); restore the original query or use a new checkpoint location"
             )
             raise ConfigurationError(msg)
+
+
+def _check_state_location(
+    recorded: str | None, chosen: str | None, engine_root: str, file: str
+) -> None:
+    """The state is where the checkpoint says: in the checkpoint itself (recorded None, which
+    moves with it), or at the ``stateLocation`` it was started with. Checkpoints written
+    before state in the checkpoint was recorded as None name the engine directory they were in
+    then; one that has its state beside it now was moved, and runs where it is."""
+    if recorded is not None:
+        place = canonical_location(recorded)
+        here = place == engine_root
+        moved = chosen is None and recorded.rstrip("/").endswith("/sparkstate")
+        moved_here = moved and DurableDir(engine_root).exists(STATE_DIR)
+        recorded = None if here or moved_here else place
+    if recorded == chosen:
+        return
+    if recorded is None:
+        msg = (
+            f"the checkpoint keeps its state inside itself ({engine_root}) but this query sets "
+            f"stateLocation {chosen!r} ({file}); drop the stateLocation option"
+        )
+    elif chosen is None:
+        msg = (
+            f"the checkpoint's state lives at {recorded!r} ({file}); pass "
+            f".option('stateLocation', {recorded!r})"
+        )
+    else:
+        msg = (
+            f"the checkpoint's state lives at {recorded!r} but this query uses {chosen!r} "
+            f"({file}); pass the original .option('stateLocation', ...)"
+        )
+    raise ConfigurationError(msg)
+
+
+def check_checkpoint_location(checkpoint: str) -> None:
+    """A local checkpoint location must be a directory this process can write (or create)."""
+    path = local_path(checkpoint)
+    if path is None:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        msg = f"checkpointLocation {path} is a file, not a directory; give a directory"
+        raise ConfigurationError(msg)
+    engine = os.path.join(path, "sparkstate")
+    try:
+        os.makedirs(engine, exist_ok=True)
+        probe = os.path.join(engine, f".tmp-probe-{os.getpid()}")
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        msg = (
+            f"cannot write to checkpointLocation {path}: {exc.strerror or exc}; give a "
+            "directory this user can write"
+        )
+        raise ConfigurationError(msg) from exc
 
 
 def _without(described: dict[str, Any], keys: set[str]) -> dict[str, Any]:

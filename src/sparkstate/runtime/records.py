@@ -96,7 +96,7 @@ class BatchIntent:
     batch_id: int
     watermark_ms: int
     batch_timestamp_ms: int
-    #: The digest of the source offsets Spark's batch read (:mod:`sparkstate.runtime.offsets`);
+    #: The digest of the source offsets Spark's batch read (``runtime/spark_checkpoint.py``);
     #: None where it could not be read, and in intents written before it was recorded.
     input_digest: str | None = None
 

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, StateFileError
 
-__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry", "local_path"]
+__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry", "canonical_location", "local_path"]
 
 #: Files whose name starts with this are being written; readers ignore them, maintenance deletes
 #: old ones.
@@ -35,12 +35,33 @@ class FileEntry:
 
 
 def local_path(uri: str) -> str | None:
-    """The local file system path of a plain path or ``file://`` URI; None for any other URI."""
+    """The absolute local path of a plain path or a ``file:`` URI (``file:///x``, Hadoop's
+    ``file:/x``, ``file://localhost/x``); None for any other URI."""
+    if uri.startswith("file:"):
+        rest = uri[len("file:") :]
+        if rest.startswith("//"):
+            host, _, path = rest[2:].partition("/")
+            if host not in ("", "localhost"):
+                msg = (
+                    f"{uri!r} names a file on host {host!r}, which is not a local path: "
+                    "write file:///path (three slashes) or the path alone"
+                )
+                raise ConfigurationError(msg)
+            rest = "/" + path
+        return os.path.abspath(rest)
     if "://" not in uri:
         return os.path.abspath(uri)
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
     return None
+
+
+def canonical_location(uri: str) -> str:
+    """One spelling for one directory: a local path made absolute with ``.``, ``..`` and
+    symbolic links resolved (however it was written, and whatever the working directory is
+    later); any other URI as given, without a trailing ``/``."""
+    path = local_path(uri)
+    if path is not None:
+        return os.path.realpath(path)
+    return uri.rstrip("/")
 
 
 def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -233,4 +254,3 @@ class DurableDir:
                 return
             msg = f"cannot delete {self.uri}: {exc}"
             raise StateFileError(msg) from exc
-

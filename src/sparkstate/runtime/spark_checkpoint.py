@@ -1,4 +1,8 @@
-"""What Spark's own checkpoint says a batch read: a digest of its offsets.
+"""What sparkstate reads in Spark's own checkpoint: the query's id, and what a batch read.
+
+Spark keeps the query id in ``<checkpointLocation>/metadata`` (``{"id": "<uuid>"}``), written at
+the first start; sparkstate writes it first with its own id, or takes Spark's, so that the
+handle's ``id``, progress and ``spark.streams.get(id)`` agree.
 
 Spark writes ``<checkpointLocation>/offsets/<b>`` before it runs batch ``b``: a version line, a
 line of batch metadata (timestamp, watermark, confs), then one line per source with the offset
@@ -12,16 +16,38 @@ digest of the source lines in the batch's intent and compares it when the batch 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 
-from sparkstate.exceptions import StateFileError
+from sparkstate.exceptions import CorruptStateFileError, MissingVersionError, StateFileError
 from sparkstate.store.durable import DurableDir
 
-__all__ = ["input_digest"]
+__all__ = ["input_digest", "spark_query_id"]
 
 log = logging.getLogger("sparkstate.engine")
 
 OFFSETS_DIR = "offsets"
+METADATA_FILE = "metadata"
+
+
+def spark_query_id(checkpoint: DurableDir, proposed: str) -> str:
+    """The id Spark runs the query under: the one in Spark's ``metadata`` file, or ``proposed``,
+    written there for Spark to take when the file does not exist yet."""
+    try:
+        text = checkpoint.read(METADATA_FILE)
+    except MissingVersionError:
+        body = json.dumps({"id": proposed}) + "\n"
+        checkpoint.write_atomic(METADATA_FILE, body.encode("utf-8"))
+        return proposed
+    try:
+        found = json.loads(text)["id"]
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = (
+            f"Spark's query metadata {checkpoint.where(METADATA_FILE)} is damaged ({exc}); "
+            "restore it from a copy of the checkpoint, or start from a new checkpoint location"
+        )
+        raise CorruptStateFileError(msg) from exc
+    return str(found)
 
 
 def input_digest(checkpoint: DurableDir, batch_id: int) -> str | None:
