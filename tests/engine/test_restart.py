@@ -15,6 +15,7 @@ from sparkstate import functions as SF
 from sparkstate.exceptions import (
     CheckpointInUseError,
     ConfigurationError,
+    CorruptStateFileError,
     ProviderMismatchError,
     SchemaMismatchError,
 )
@@ -111,6 +112,36 @@ def test_a_watermarked_aggregation_of_an_earlier_version_restarts(
     run_batches(feed, start(), rows[1:])
     assert json.loads(meta_file.read_text())["clock"] is False
     assert [r for rs in collector.batches.values() for r in rs] == [("a", 1, 1), ("a", 2, 3)]
+
+
+def test_a_damaged_commit_log_fails_the_restart_naming_the_file(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """A truncated ``sparkstate/commits/<last>.json`` fails ``start()`` itself (the driver reads
+    the last commit before Spark starts the query), naming the file and the way out; the file
+    restored, the query carries on."""
+    collector = Collector()
+    chk = tmp_path / "chk"
+
+    def start() -> Any:
+        stream = ss.stream(source(spark, feed, SCHEMA)).groupBy("k").agg(*ours_aggs())
+        return start_ours(stream, "update", chk, "memory", collector)
+
+    run_batches(feed, start(), BATCHES[:2])
+    last = chk / "sparkstate" / "commits" / "1.json"
+    backup = last.read_bytes()
+    last.write_bytes(backup[: len(backup) // 2])
+    with pytest.raises(CorruptStateFileError) as info:
+        start()
+    message = str(info.value)
+    assert message.startswith(f"corrupt state file {last}: is not valid JSON (it ends too early")
+    assert message.endswith(
+        "Restore it from a backup of the checkpoint, or start the query from a new checkpoint "
+        "location."
+    )
+    last.write_bytes(backup)
+    run_batches(feed, start(), BATCHES[2:3])
+    assert collector.batches[2] == [("b", 2, 2), ("c", 1, 5)]
 
 
 def test_changed_queries_are_refused_on_restart(

@@ -30,6 +30,26 @@ def spark_aggs() -> list[Any]:
     return [F.count("*").alias("n"), F.sum("v").alias("total")]
 
 
+NAN = float("nan")
+#: The first two batches with a double column holding NaN and NULL.
+SCHEMA_X = "k string, v int, x double"
+BATCHES_X: list[list[dict[str, Any]]] = [
+    [{"k": "a", "v": 1, "x": NAN}, {"k": "b", "v": 2, "x": None}],
+    [{"k": "a", "v": 3, "x": 1.5}, {"k": None, "v": 4, "x": NAN}, {"k": "c", "v": 5, "x": 2.5}],
+]
+
+
+def ours_aggs_x() -> list[Any]:
+    """Count, sum of ``v``; max, sum and avg of the double ``x`` (NaN in, NaN out)."""
+    return [SF.count("*").alias("n"), SF.sum("v").alias("total"), SF.max("x").alias("hi"),
+            SF.sum("x").alias("sum_x"), SF.avg("x").alias("mean_x")]  # fmt: skip
+
+
+def spark_aggs_x() -> list[Any]:
+    return [F.count("*").alias("n"), F.sum("v").alias("total"), F.max("x").alias("hi"),
+            F.sum("x").alias("sum_x"), F.avg("x").alias("mean_x")]  # fmt: skip
+
+
 def forget_batch(chk: Path, batch: int, *, ours: bool = True, sink: Path | None = None) -> None:
     """Make the last batch look unfinished, as if the driver died before its commits."""
     for name in (str(batch), f".{batch}.crc"):
@@ -90,11 +110,13 @@ def test_file_sink_is_exactly_once_across_replays(
 def test_memory_sink_appends_in_update_and_replaces_in_complete(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:
+    """Also: NaN stays NaN and NULL stays NULL (``normalize`` shows NaN as "NaN"), as in the
+    rows of Spark's own query."""
     for mode in ("update", "complete"):
         q = (
-            ss.stream(source(spark, feed, SCHEMA))
+            ss.stream(source(spark, feed, SCHEMA_X))
             .groupBy("k")
-            .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+            .agg(*ours_aggs_x())
             .writeStream.outputMode(mode)
             .format("memory")
             .queryName(f"mem_{mode}")
@@ -102,14 +124,29 @@ def test_memory_sink_appends_in_update_and_replaces_in_complete(
             .start()
         )
         if mode == "update":
-            run_batches(feed, q, BATCHES[:2])
+            run_batches(feed, q, BATCHES_X)
         else:  # the same two files, read by a new query
             q.processAllAvailable()
             q.stop()
     rows = normalize(spark.table("mem_update").collect())
-    assert rows == [("a", 1, 1), ("a", 2, 4), ("b", 1, 2), (None, 1, 4)]
+    assert rows == [
+        ("a", 1, 1, "NaN", "NaN", "NaN"),
+        ("a", 2, 4, "NaN", "NaN", "NaN"),
+        ("b", 1, 2, None, None, None),
+        ("c", 1, 5, 2.5, 2.5, 2.5),
+        (None, 1, 4, "NaN", "NaN", "NaN"),
+    ]
+    expected = oracle_update(spark, SCHEMA_X, BATCHES_X, ["k"], spark_aggs_x)
+    assert rows == normalize(expected[0] + expected[1])
     rows = normalize(spark.table("mem_complete").collect())
-    assert rows == [("a", 2, 4), ("b", 1, 2), (None, 1, 4)]
+    assert rows == [
+        ("a", 2, 4, "NaN", "NaN", "NaN"),
+        ("b", 1, 2, None, None, None),
+        ("c", 1, 5, 2.5, 2.5, 2.5),
+        (None, 1, 4, "NaN", "NaN", "NaN"),
+    ]
+    everything = spark.createDataFrame(BATCHES_X[0] + BATCHES_X[1], SCHEMA_X)
+    assert rows == normalize(everything.groupBy("k").agg(*spark_aggs_x()).collect())
 
 
 def test_foreach_batch_gets_a_materialized_frame(
@@ -148,16 +185,25 @@ def test_foreach_batch_gets_a_materialized_frame(
 def test_console_sink_prints_each_batch(
     spark: SparkSession, feed: FileFeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """As Spark shows the same rows: NaN as NaN, NULL as NULL."""
     q = (
-        ss.stream(source(spark, feed, SCHEMA))
-        .dropDuplicates(["k"])
-        .writeStream.format("console")
+        ss.stream(source(spark, feed, SCHEMA_X))
+        .groupBy("k")
+        .agg(*ours_aggs_x())
+        .writeStream.outputMode("update")
+        .format("console")
         .option("checkpointLocation", str(tmp_path / "chk"))
         .start()
     )
-    run_batches(feed, q, BATCHES[:1])
+    run_batches(feed, q, BATCHES_X[:1])
     printed = capsys.readouterr().out
-    assert "Batch: 0" in printed and "|  a|  1|" in printed and "|  b|  2|" in printed
+    spark.createDataFrame(BATCHES_X[0], SCHEMA_X).groupBy("k").agg(*spark_aggs_x()).show()
+    shown_by_spark = capsys.readouterr().out
+    assert "Batch: 0" in printed
+    rows = sorted(line for line in printed.splitlines() if line.startswith("|"))
+    assert rows == sorted(line for line in shown_by_spark.splitlines() if line.startswith("|"))
+    assert "|  a|  1|    1| NaN|  NaN|   NaN|" in rows
+    assert "|  b|  1|    2|NULL| NULL|  NULL|" in rows
 
 
 def test_progress_listener_json_lines_and_state_location(

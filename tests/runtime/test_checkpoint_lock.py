@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sparkstate.exceptions import CheckpointInUseError
-from sparkstate.runtime.logs import CheckpointLock
+from sparkstate.runtime.logs import LOCK_FILE, CheckpointLock
+from sparkstate.store.file_lock import FileLock
 
 HOLD = """
 import sys, time
@@ -37,9 +38,7 @@ def test_a_query_in_another_process_is_named_and_its_death_frees_the_checkpoint(
     tmp_path: Path,
 ) -> None:
     root = str(tmp_path / "chk")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, root], stdout=subprocess.PIPE, text=True
-    )
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, root], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(CheckpointInUseError, match=f"pid {holder.pid}"):
@@ -57,3 +56,18 @@ def test_a_query_in_another_process_is_named_and_its_death_frees_the_checkpoint(
             assert time.monotonic() < deadline
             time.sleep(0.05)
     lock.release()
+
+
+def test_a_garbled_owner_line_is_shown_not_fatal(tmp_path: Path) -> None:
+    """The owner line is only shown in the message: damage in it never fails the refusal."""
+    root = tmp_path / "chk"
+    root.mkdir()
+    holder = FileLock(str(root / LOCK_FILE))
+    assert holder.try_acquire()
+    try:
+        (root / LOCK_FILE).write_bytes(b"\xff\xfepid\x00 7\x1b[2J\nsecond line\n")
+        with pytest.raises(CheckpointInUseError) as info:
+            CheckpointLock(str(root)).acquire()
+        assert "(\ufffd\ufffdpid\ufffd 7\ufffd[2J)" in str(info.value)
+    finally:
+        holder.release()

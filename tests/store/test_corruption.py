@@ -10,15 +10,17 @@ here runs on a new provider instance with an empty local directory, so it reads 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sparkstate.exceptions import CorruptStateFileError, StateFileError
+from sparkstate.exceptions import CorruptStateFileError, MissingVersionError, StateFileError
 from sparkstate.store.base import Row, StateStoreProvider
 from sparkstate.store.frames import HEADER_SIZE
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all
@@ -58,6 +60,10 @@ def _append_garbage(data: bytes) -> bytes:
     return data + b"\x00garbage"
 
 
+def _not_utf8(data: bytes) -> bytes:
+    return data[:4] + b"\xc3\x28" + data[6:]
+
+
 DAMAGE: dict[str, Callable[[bytes], bytes]] = {
     "truncated-half": _truncate_half,
     "truncated-header": _truncate_header,
@@ -65,6 +71,7 @@ DAMAGE: dict[str, Callable[[bytes], bytes]] = {
     "bit-flip-payload": _flip_payload_bit,
     "bit-flip-header": _flip_header_bit,
     "trailing-garbage": _append_garbage,
+    "not-utf8": _not_utf8,
 }
 
 
@@ -241,12 +248,66 @@ def test_damaged_sst_without_fallback_names_the_file(checkpoint: ProviderFactory
     assert any(obj in str(info.value) for obj in _sst_objects(checkpoint)), str(info.value)
 
 
+RESTORE = "Restore it from a backup of the checkpoint, or start the query from a new checkpoint"
+
+
 @pytest.mark.parametrize("checkpoint", PROVIDERS, indirect=True)
-@pytest.mark.parametrize("how", ["truncated-half", "empty", "trailing-garbage"])
-def test_damaged_schema_file_names_the_file(checkpoint: ProviderFactory, how: str) -> None:
-    _damage(_path(checkpoint, "_schema.json"), how)
-    with pytest.raises(CorruptStateFileError, match="_schema.json"):
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("truncated-half", "is not valid JSON (it ends too early: truncated?)"),
+        ("empty", "is empty"),
+        ("trailing-garbage", "is not valid JSON: Extra data"),
+        ("not-utf8", "is not UTF-8 (byte 0xc3 at offset 4)"),
+    ],
+)
+def test_damaged_schema_file_names_the_file(
+    checkpoint: ProviderFactory, how: str, says: str
+) -> None:
+    path = _path(checkpoint, "_schema.json")
+    _damage(path, how)
+    with pytest.raises(CorruptStateFileError) as info:
         checkpoint.open()
+    assert f"corrupt state file {path}: {says}" in str(info.value)
+    assert RESTORE in str(info.value)
+
+
+@pytest.mark.parametrize("checkpoint", ["memory"], indirect=True)
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: d["column_families"]["default"].pop("key"), "lacks field 'key'"),
+        (lambda d: d.update(column_families=[]), "'column_families' is not a JSON object"),
+        (
+            lambda d: d["column_families"]["default"].update(value=[["v", 1]]),
+            "malformed state schema description",
+        ),
+    ],
+)
+def test_schema_file_of_the_wrong_shape_names_the_file(
+    checkpoint: ProviderFactory, edit: Callable[[dict[str, Any]], object], says: str
+) -> None:
+    path = Path(_path(checkpoint, "_schema.json"))
+    described = json.loads(path.read_text())
+    edit(described)
+    path.write_text(json.dumps(described))
+    with pytest.raises(CorruptStateFileError) as info:
+        checkpoint.open()
+    assert f"corrupt state file {path}: " in str(info.value)
+    assert says in str(info.value) and RESTORE in str(info.value)
+
+
+@pytest.mark.parametrize("checkpoint", PROVIDERS, indirect=True)
+def test_lost_schema_file_is_not_made_anew_over_committed_versions(
+    checkpoint: ProviderFactory,
+) -> None:
+    """Without it, values of an evolved schema cannot be read: refused, naming the file."""
+    path = _path(checkpoint, "_schema.json")
+    os.remove(path)
+    with pytest.raises(MissingVersionError) as info:
+        checkpoint.open()
+    assert f"{path} is missing, but the store holds committed versions" in str(info.value)
+    assert RESTORE in str(info.value) and not os.path.exists(path)
 
 
 @pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed")

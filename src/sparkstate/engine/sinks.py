@@ -4,6 +4,9 @@ That one action is also what runs the stateful tasks, so a sink must consume eve
 the output: the file sink writes it, the console and memory sinks collect it as Arrow, the noop
 sink drains it, and ``foreachBatch`` first materializes it (persist + count) so that the user's
 function may run as many actions as it likes without running the stateful stage again.
+
+The console and memory sinks give the collected Arrow table back to Spark as it is: through
+pandas, a double's NaN and NULL would both become NaN, and then NULL.
 """
 
 from __future__ import annotations
@@ -191,7 +194,7 @@ class ConsoleSink(Sink):
         print("-------------------------------------------")
         print(f"Batch: {batch_id}")
         print("-------------------------------------------")
-        local = self.spark.createDataFrame(table.to_pandas(), schema=df.schema)
+        local = self.spark.createDataFrame(table, schema=df.schema)
         local.show(self.num_rows, self.truncate)
 
 
@@ -218,12 +221,7 @@ class MemorySink(Sink):
 
     def _publish(self) -> None:
         tables = [t for t in self._tables if t.num_rows] or self._tables[:1]
-        combined = pa.concat_tables(tables) if tables else None
-        pdf = combined.to_pandas() if combined is not None else None
-        if pdf is None or len(pdf) == 0:
-            frame = self.spark.createDataFrame([], schema=self._schema)
-        else:
-            frame = self.spark.createDataFrame(pdf, schema=self._schema)
+        frame = self.spark.createDataFrame(pa.concat_tables(tables), schema=self._schema)
         frame.createOrReplaceTempView(self.name)
 
     def rows(self) -> pa.Table | None:

@@ -6,7 +6,9 @@ replay); ``reports/<b>/<run>/`` holds the reports of the tasks of one run of bat
 ``commits/<b>.json`` records its outcome (which attempt of every store partition counts);
 ``progress.jsonl`` holds one progress dict per batch; ``clock.json`` asks for no-data batches
 (:mod:`sparkstate.runtime.triggers`). A lock file keeps a second query off a checkpoint that a
-running query uses. Every file goes through :class:`~sparkstate.store.durable.DurableDir`.
+running query uses. Every file goes through :class:`~sparkstate.store.durable.DurableDir`, and
+every JSON file is read with :mod:`sparkstate.store.json_files`: a damaged one fails with a
+:class:`~sparkstate.exceptions.CorruptStateFileError` naming it, what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -15,19 +17,41 @@ import json
 import os
 import threading
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from sparkstate.exceptions import CheckpointInUseError, MissingVersionError
+from sparkstate.exceptions import CheckpointInUseError, MissingVersionError, QueryError
 from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskReport
 from sparkstate.runtime.triggers import read_clock, write_clock
 from sparkstate.store.durable import DurableDir, local_path
 from sparkstate.store.file_lock import FileLock
+from sparkstate.store.json_files import RESTORE, json_object, parse_json_lines, read_json
 
 __all__ = ["CheckpointLock", "CheckpointLog", "ReportDir", "local_path"]
 
+T = TypeVar("T")
+
 FORMAT_VERSION = 1
 LOCK_FILE = "_query.lock"
+METADATA_FILE = "metadata.json"
 PROGRESS_FILE = "progress.jsonl"
+#: The fields of ``metadata.json`` that a restart reads, and their JSON types.
+METADATA_FIELDS: dict[str, type] = {
+    "query_id": str,
+    "num_partitions": int,
+    "provider": str,
+    "state_location": str,
+    "operators": list,
+}
+
+#: What to do about a damaged file that the checkpoint can do without (else ``RESTORE``).
+RERUN = (
+    "Its batch has not committed: restarting the query runs the batch again, with new reports "
+    "(the damaged file is deleted once the batch commits)."
+)
+PROGRESS_ONLY = (
+    "It only records progress and nothing reads it to run the query: delete it to go on."
+)
 
 
 class ReportDir:
@@ -45,7 +69,7 @@ class ReportDir:
     def read(self) -> list[TaskReport]:
         directory = DurableDir(self.uri)
         return [
-            TaskReport.from_json(directory.read(e.name))
+            read_json(directory, e.name, RERUN, TaskReport.from_json)
             for e in directory.list()
             if e.name.endswith(".json")
         ]
@@ -64,20 +88,30 @@ class CheckpointLog:
     # --- metadata --------------------------------------------------------------------------------
 
     def read_metadata(self) -> dict[str, Any] | None:
-        if not self.dir.exists("metadata.json"):
-            return None
-        data: dict[str, Any] = json.loads(self.dir.read("metadata.json"))
-        return data
+        """The checkpoint's ``metadata.json``; None for a new checkpoint. Missing where batches
+        have run, it is not made anew (the state would not match it): a :class:`QueryError`."""
+        try:
+            return read_json(self.dir, METADATA_FILE, RESTORE, _metadata)
+        except MissingVersionError:
+            pass
+        logs = [d for d in (self.commits, self.batches) if any(map(_is_batch_file, _names(d)))]
+        if logs:
+            msg = (
+                f"{self.dir.where(METADATA_FILE)} is missing, but batches of this checkpoint have "
+                f"run ({logs[0].uri} holds their logs): a new one might not match the state they "
+                f"left (its partition count, provider, operators). {RESTORE}"
+            )
+            raise QueryError(msg)
+        return None
 
     def write_metadata(self, metadata: dict[str, Any]) -> None:
         body = {"format_version": FORMAT_VERSION, **metadata}
-        self.dir.write_atomic("metadata.json", _dumps(body))
+        self.dir.write_atomic(METADATA_FILE, _dumps(body))
 
     # --- intents, reports and commits ------------------------------------------------------------
 
     def read_intent(self, batch_id: int) -> BatchIntent | None:
-        text = _read_optional(self.batches, f"{batch_id}.json")
-        return None if text is None else BatchIntent.from_json(text)
+        return _read_optional(self.batches, f"{batch_id}.json", BatchIntent.from_json)
 
     def write_intent(self, intent: BatchIntent) -> None:
         self.batches.write_atomic(f"{intent.batch_id}.json", intent.to_json().encode("utf-8"))
@@ -87,8 +121,7 @@ class CheckpointLog:
         return ReportDir(self.reports.child(str(batch_id), uuid.uuid4().hex).uri)
 
     def read_commit(self, batch_id: int) -> BatchCommit | None:
-        text = _read_optional(self.commits, f"{batch_id}.json")
-        return None if text is None else BatchCommit.from_json(text)
+        return _read_optional(self.commits, f"{batch_id}.json", BatchCommit.from_json)
 
     def write_commit(self, commit: BatchCommit) -> None:
         """Record the batch's outcome; the reports of its runs are not needed after that."""
@@ -96,7 +129,7 @@ class CheckpointLog:
         self.reports.child(str(commit.batch_id)).delete_all()
 
     def latest_commit(self) -> BatchCommit | None:
-        ids = [_batch_of(e.name) for e in self.commits.list() if _is_batch_file(e.name)]
+        ids = [_batch_of(n) for n in _names(self.commits) if _is_batch_file(n)]
         return self.read_commit(max(ids)) if ids else None
 
     def roll_back(self, batch_id: int) -> list[int]:
@@ -138,11 +171,11 @@ class CheckpointLog:
 
     def read_progress(self) -> list[dict[str, Any]]:
         if local_path(self.root) is not None:
-            text = _read_optional(self.dir, PROGRESS_FILE) or b""
-            return [json.loads(line) for line in text.decode("utf-8").splitlines() if line.strip()]
+            lines = self.dir.read(PROGRESS_FILE) if self.dir.exists(PROGRESS_FILE) else b""
+            return parse_json_lines(lines, self.dir.where(PROGRESS_FILE), PROGRESS_ONLY)
         pdir = self.dir.child("progress")
-        names = sorted((e.name for e in pdir.list() if _is_batch_file(e.name)), key=_batch_of)
-        return [json.loads(pdir.read(n)) for n in names]
+        names = sorted(filter(_is_batch_file, _names(pdir)), key=_batch_of)
+        return [read_json(pdir, n, PROGRESS_ONLY, json_object) for n in names]
 
 
 class CheckpointLock:
@@ -190,11 +223,31 @@ def _dumps(data: dict[str, Any]) -> bytes:
     return json.dumps(data, indent=2, sort_keys=True).encode("utf-8")
 
 
-def _read_optional(directory: DurableDir, name: str) -> bytes | None:
+def _metadata(data: bytes) -> dict[str, Any]:
+    """``metadata.json``, with the fields a restart reads (a ``KeyError`` or ``TypeError`` if
+    one is missing or of another type)."""
+    metadata = json_object(data)
+    for field, kind in METADATA_FIELDS.items():
+        if not isinstance(metadata[field], kind):
+            msg = f"{field!r} is {json.dumps(metadata[field])}, not a JSON {kind.__name__}"
+            raise TypeError(msg)
+    if not all(isinstance(op, dict) for op in metadata["operators"]):
+        msg = "'operators' holds something other than JSON objects"
+        raise TypeError(msg)
+    return metadata
+
+
+def _read_optional(directory: DurableDir, name: str, parse: Callable[[bytes], T]) -> T | None:
+    """``parse`` of file ``name`` (see :func:`~sparkstate.store.json_files.read_json`); None if
+    the file does not exist."""
     try:
-        return directory.read(name)
+        return read_json(directory, name, RESTORE, parse)
     except MissingVersionError:
         return None
+
+
+def _names(directory: DurableDir) -> list[str]:
+    return [e.name for e in directory.list()]
 
 
 def _is_batch_file(name: str) -> bool:

@@ -13,30 +13,65 @@ engine's clock source reads it (:func:`wants_batch`) and makes Spark run the bat
   is wanted if it is later than the source's current tick;
 - ``due_ms``: the earliest processing-time timeout or timer of any partition; a batch is wanted
   once the clock passes it (so, unlike Spark, an idle query with nothing due runs no batch).
+
+A damaged ``clock.json`` is logged as a warning naming it and read as no request: it holds no
+state and no output, only when to run the next batch without data, and the driver writes it
+again after the next batch. Failing the query for it would stop a pipeline that loses at most
+a no-data batch until the next data comes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sparkstate.exceptions import MissingVersionError
+from sparkstate.exceptions import CorruptStateFileError, MissingVersionError
 from sparkstate.runtime.records import TaskReport
 from sparkstate.store.durable import DurableDir
+from sparkstate.store.json_files import json_object, read_json
 
 __all__ = ["CLOCK_FILE", "next_request", "read_clock", "wants_batch", "write_clock"]
 
+log = logging.getLogger("sparkstate.runtime")
+
 CLOCK_FILE = "clock.json"
+#: What ``clock.json`` holds (each an int, or null for no request).
+REQUEST_FIELDS = ("requested_at_ms", "due_ms")
+GOING_ON = (
+    "Going on as if no batch without data were requested: the file holds no state, and the "
+    "query writes it again after its next batch (deleting it is safe)."
+)
 
 
 def read_clock(directory: DurableDir) -> dict[str, Any]:
-    """The driver's last request; ``{}`` before the first one."""
+    """The driver's last request; ``{}`` before the first one, and if ``clock.json`` is damaged
+    (with a warning naming it; see the module)."""
     try:
-        data = json.loads(directory.read(CLOCK_FILE))
-    except (MissingVersionError, ValueError):
+        return read_json(directory, CLOCK_FILE, GOING_ON, _request)
+    except MissingVersionError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except CorruptStateFileError as exc:
+        _warn_once(str(exc))
+        return {}
+
+
+def _request(data: bytes) -> dict[str, Any]:
+    request = json_object(data)
+    for field in REQUEST_FIELDS:
+        value = request.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            msg = f"{field!r} is {json.dumps(value)}, not a number of milliseconds"
+            raise TypeError(msg)
+    return request
+
+
+@functools.lru_cache(maxsize=16)
+def _warn_once(message: str) -> None:
+    """Log ``message`` the first time only: the clock source reads the file at every poll."""
+    log.warning("%s", message)
 
 
 def write_clock(directory: DurableDir, request: Mapping[str, Any]) -> None:

@@ -79,12 +79,19 @@ class FileLock:
             raise StoreLockedError(msg)
 
     def owner(self) -> str:
-        """The owner line the holder wrote, stripped; empty if none (or the file is gone)."""
+        """The owner line the holder wrote, stripped; empty if none (or the file is gone).
+
+        It is only shown in messages, so damage never fails it: of a garbled file it gives the
+        first line, with bytes that are not UTF-8 and unprintable characters shown as U+FFFD.
+        """
         try:
             with open(self.path, "rb") as f:
-                return f.read(_OWNER_MAX).decode("utf-8", "replace").strip()
+                data = f.read(_OWNER_MAX)
         except OSError:
             return ""
+        lines = data.decode("utf-8", "replace").strip().splitlines()
+        line = lines[0].strip() if lines else ""
+        return "".join(c if c.isprintable() else "\ufffd" for c in line)
 
     def release(self) -> None:
         """Clear the owner line and drop the lock. Idempotent; never fails for a lock not held."""

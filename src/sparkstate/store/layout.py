@@ -20,13 +20,13 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import (
-    CorruptStateFileError,
     MissingVersionError,
     ProviderMismatchError,
     SchemaMismatchError,
 )
 from sparkstate.store.durable import DurableDir, FileEntry
 from sparkstate.store.evolution import evolve
+from sparkstate.store.json_files import RESTORE, json_object, read_json
 from sparkstate.store.schema_json import (
     Field,
     fields_from_json,
@@ -160,6 +160,20 @@ def _one_form(described: Any) -> dict[str, Any]:
     return fields_to_json(fields_from_json(described))
 
 
+def _schema_record(data: bytes) -> dict[str, Any]:
+    """``_schema.json``, its column families' schemas checked (``KeyError``, ``TypeError``,
+    ``ValueError`` for a wrong shape)."""
+    found = json_object(data)
+    families = found.get("column_families", {})
+    if not isinstance(families, dict):
+        msg = "'column_families' is not a JSON object"
+        raise TypeError(msg)
+    for family in families.values():
+        for described in (family["key"], family["value"], *family.get("value_history", [])):
+            fields_from_json(described)
+    return found
+
+
 def check_schema_file(
     directory: DurableDir, expected: dict[str, Any], where: str
 ) -> dict[str, tuple[list[pa.Schema], int]]:
@@ -169,18 +183,17 @@ def check_schema_file(
     schema may evolve (see :mod:`.evolution`): returns, for each family whose value schema ever
     changed, its schema history and the id of the schema in use.
     """
+    file = directory.where(SCHEMA_FILE)
     if not directory.exists(SCHEMA_FILE):
+        if VersionIndex.scan(directory).files:
+            msg = (
+                f"{where}: {file} is missing, but the store holds committed versions: without "
+                f"it their values cannot be checked or read. {RESTORE}"
+            )
+            raise MissingVersionError(msg)
         directory.write_atomic(SCHEMA_FILE, json.dumps(expected, indent=2).encode())
         return {}
-    file = directory.where(SCHEMA_FILE)
-    try:
-        found = json.loads(directory.read(SCHEMA_FILE))
-    except ValueError as exc:
-        msg = f"corrupt state file {file}: {exc}"
-        raise CorruptStateFileError(msg) from exc
-    if not isinstance(found, dict):
-        msg = f"corrupt state file {file}: not a JSON object"
-        raise CorruptStateFileError(msg)
+    found = read_json(directory, SCHEMA_FILE, RESTORE, _schema_record)
     if found.get("provider") != expected["provider"]:
         msg = (
             f"{where}: the checkpoint was written by state store provider "
