@@ -235,7 +235,11 @@ class BatchDriver:
             return
         intent = self.log.read_intent(batch_id)
         if intent is None:
-            msg = f"batch {batch_id} is committed but its intent {batch_id}.json is missing"
+            msg = (
+                f"batch {batch_id} is committed but its intent "
+                f"{self.log.batches.where(f'{batch_id}.json')} is missing; restore it from a "
+                "backup of the checkpoint, or start from a new checkpoint location"
+            )
             raise QueryError(msg)
         log.info("batch %d is committed; re-delivering its output", batch_id)
         with _engine_settings(df.sparkSession, self.config.num_partitions):

@@ -36,12 +36,12 @@ LOCK_FILE = "_query.lock"
 METADATA_FILE = "metadata.json"
 PROGRESS_FILE = "progress.jsonl"
 #: The fields of ``metadata.json`` that a restart reads, and their JSON types.
-METADATA_FIELDS: dict[str, type] = {
-    "query_id": str,
-    "num_partitions": int,
-    "provider": str,
-    "state_location": str,
-    "operators": list,
+METADATA_FIELDS: dict[str, tuple[type, ...]] = {
+    "query_id": (str,),
+    "num_partitions": (int,),
+    "provider": (str,),
+    "state_location": (str, type(None)),  # None: in the checkpoint itself
+    "operators": (list,),
 }
 
 #: What to do about a damaged file that the checkpoint can do without (else ``RESTORE``).
@@ -229,7 +229,8 @@ def _metadata(data: bytes) -> dict[str, Any]:
     metadata = json_object(data)
     for field, kind in METADATA_FIELDS.items():
         if not isinstance(metadata[field], kind):
-            msg = f"{field!r} is {json.dumps(metadata[field])}, not a JSON {kind.__name__}"
+            wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kind)
+            msg = f"{field!r} is {json.dumps(metadata[field])}, not a JSON {wanted}"
             raise TypeError(msg)
     if not all(isinstance(op, dict) for op in metadata["operators"]):
         msg = "'operators' holds something other than JSON objects"
