@@ -13,10 +13,13 @@ Every error is one of ours and also the builtin a caller would catch anyway::
     │   ├── StoreLockedError (TimeoutError)       another live writer holds the partition
     │   └── StoreClosedError (RuntimeError)       store used after commit/abort/close
     └── QueryError (RuntimeError)                 a streaming query failed or cannot start
-        └── CheckpointInUseError                  a second query on the same checkpoint
+        ├── CheckpointInUseError                  a second query on the same checkpoint
+        └── UserFunctionError                     a function of the user's raised
 
 Messages name the store, the version and the file involved, so that an operator of a production
-pipeline can act on the message alone.
+pipeline can act on the message alone. A query that fails raises, from ``awaitTermination()``,
+the sparkstate error that failed it (one of these classes, also PySpark's
+``StreamingQueryException``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "StateStoreError",
     "StoreClosedError",
     "StoreLockedError",
+    "UserFunctionError",
 ]
 
 
@@ -83,3 +87,10 @@ class QueryError(SparkstateError, RuntimeError):
 
 class CheckpointInUseError(QueryError):
     """Another running query already uses this checkpoint location."""
+
+
+class UserFunctionError(QueryError):
+    """A function of the user's raised (the ``applyInPandasWithState`` function, a
+    ``StatefulProcessor`` method, a ``foreachBatch`` function). The message is its traceback,
+    the user's frames only; the cause is the original exception where it could be brought
+    back from the Python worker."""

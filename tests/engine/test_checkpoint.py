@@ -11,18 +11,26 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
+from pyspark import cloudpickle
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.state import GroupStateTimeout
 
 import sparkstate as ss
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, CorruptStateFileError, UserFunctionError
 from sparkstate.testing import Collector, FileFeed, normalize
 
 from .conftest import PROVIDERS
+
+# The user functions are shipped to the Python workers by value (they cannot import this module).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SCHEMA = "k string, ts timestamp, v long"
 FIRST = 4  # files of the first run: batches 0..3
@@ -303,3 +311,77 @@ def test_handle_ids_are_sparks(spark: SparkSession, tmp_path: Path) -> None:
         finally:
             handle.stop()
     assert len(ids) == 1
+
+
+def fails_on_b(key: Any, pdfs: Any, state: Any) -> Any:
+    """Counts a key's rows, and raises on key ``u1`` of the second file."""
+    n = state.get[0] if state.exists else 0
+    for pdf in pdfs:
+        if key[0] == "u1" and (pdf["v"] >= 10).any():
+            msg = "no rows of file 1 for u1, please"
+            raise ValueError(msg)
+        n += len(pdf)
+    state.update((n,))
+    yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+
+def test_user_function_error_surfaces_first(spark: SparkSession, tmp_path: Path) -> None:
+    feed = FileFeed(tmp_path / "input")
+    feed.add(rows(0))
+    feed.add(rows(1))
+    grouped = ss.stream(feed.stream(spark, SCHEMA)).groupBy("k")
+    counted = grouped.applyInPandasWithState(
+        fails_on_b, "k string, n long", "n long", "update", GroupStateTimeout.NoTimeout
+    )
+    writer = counted.writeStream.outputMode("update").format("noop")
+    handle = writer.option("checkpointLocation", str(tmp_path / "chk")).start()
+    with pytest.raises(UserFunctionError) as info:
+        handle.awaitTermination(120)
+    error = info.value
+    lines = str(error).splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[2].strip() == "raise ValueError(msg)"
+    assert lines[3] == "ValueError: no rows of file 1 for u1, please"
+    assert "applyInPandasWithState function for key ('u1',)" in lines[4]
+    assert "sparkstate/" not in str(error)  # the user's frames only
+    assert isinstance(error.__cause__, ValueError)  # the user's exception itself
+    assert isinstance(error, StreamingQueryException)  # what a ported query catches
+    assert "FOREACH_BATCH_USER_FUNCTION_ERROR" in str(error.spark_exception)  # type: ignore[attr-defined]
+    assert isinstance(handle.exception(), UserFunctionError)
+    assert str(handle.exception()) == str(error)
+
+    # The same in a foreachBatch function, which runs in this process.
+    def sink(df: DataFrame, batch_id: int) -> None:
+        msg = f"nothing for batch {batch_id}"
+        raise KeyError(msg)
+
+    counted = ss.stream(feed.stream(spark, SCHEMA)).groupBy("k").count()
+    writer = counted.writeStream.outputMode("update").foreachBatch(sink)
+    handle = writer.option("checkpointLocation", str(tmp_path / "chk2")).start()
+    with pytest.raises(UserFunctionError) as info:
+        handle.awaitTermination(120)
+    assert str(info.value).splitlines()[0] == "Traceback (most recent call last):"
+    assert "KeyError: 'nothing for batch 0'" in str(info.value)
+    assert "the foreachBatch function in batch 0" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_corrupt_state_file_surfaces_as_itself(
+    spark: SparkSession, tmp_path: Path, provider: str
+) -> None:
+    """A state file damaged in a copy of the checkpoint (read from its files: no worker holds
+    the copy's state): the query fails with the store's error naming the file."""
+    feed = FileFeed(tmp_path / "input")
+    feed.add(rows(0))
+    run_count(spark, feed, str(tmp_path / "chk"), stateStore=provider)
+    shutil.copytree(tmp_path / "chk", tmp_path / "copy")
+    state = tmp_path / "copy" / "sparkstate" / "state"
+    damaged = max((p for p in state.rglob("1_*") if p.stat().st_size > 0), key=str)
+    damaged.write_bytes(damaged.read_bytes()[:-7])
+    feed.add(rows(1))
+    with pytest.raises(CorruptStateFileError) as info:
+        run_count(spark, feed, str(tmp_path / "copy"), stateStore=provider)
+    first = str(info.value).splitlines()[0]
+    assert str(damaged) in first
+    assert isinstance(info.value, StreamingQueryException)

@@ -33,7 +33,13 @@ from sparkstate.exceptions import ConfigurationError, QueryError
 from sparkstate.runtime.logs import CheckpointLog, ReportDir
 from sparkstate.runtime.progress import build_progress, format_time
 from sparkstate.runtime.providers import StoreSettings
-from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit, TaskReport
+from sparkstate.runtime.records import (
+    USER_FUNCTION_NOTE,
+    BatchCommit,
+    BatchIntent,
+    OperatorCommit,
+    TaskReport,
+)
 from sparkstate.runtime.spark_checkpoint import input_digest
 from sparkstate.runtime.tasks import TaskSpec, commit_untouched
 from sparkstate.runtime.triggers import next_request
@@ -173,7 +179,7 @@ class BatchDriver:
         with _engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage, session)
         sink_started = time.time()
-        self.sink.finish_batch(batch_id)
+        _finish(self.sink, batch_id)
         timings["sinkFinish"] = int((time.time() - sink_started) * 1000)
         commit_started = time.time()
         per_op = self._commit(intent, reports)
@@ -246,7 +252,7 @@ class BatchDriver:
             self._execute(
                 df, batch_id, intent, self._lineage(batch_id), df.sparkSession, replay=True
             )
-        self.sink.finish_batch(batch_id)
+        _finish(self.sink, batch_id)
 
     # --- steps -----------------------------------------------------------------------------------
 
@@ -309,7 +315,16 @@ class BatchDriver:
             output = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
             current = stage.output_of(output)
         sink_started = time.time()
-        self.sink.add_batch(batch_id, current, self.config.output_mode)
+        try:
+            self.sink.add_batch(batch_id, current, self.config.output_mode)
+        except Exception as exc:
+            failure = reports_dir.first_failure()
+            if failure is None:
+                raise
+            error = failure.error()  # sparkstate's error, not Spark's text of it
+            if error.__cause__ is None:
+                error.__cause__ = exc
+            raise error from error.__cause__
         timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
         if replay:
             return [], timings
@@ -386,6 +401,15 @@ def _engine_settings(session: SparkSession, num_partitions: int) -> Iterator[Non
                 session.conf.unset(k)
             else:
                 session.conf.set(k, old)
+
+
+def _finish(sink: Sink, batch_id: int) -> None:
+    """The sink's user code (a ``foreachBatch`` function); its error is noted as the user's."""
+    try:
+        sink.finish_batch(batch_id)
+    except Exception as exc:
+        exc.add_note(f"{USER_FUNCTION_NOTE}the foreachBatch function in batch {batch_id}")
+        raise
 
 
 def _spark_checkpoint(location: str) -> DurableDir | None:

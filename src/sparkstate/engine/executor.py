@@ -1,7 +1,7 @@
 """The Spark side of a stateful task: the ``mapInArrow`` function of one operator and batch.
 
 Everything the task does is :func:`sparkstate.runtime.tasks.run_task`; this module only asks
-Spark's ``TaskContext`` which partition and attempt it runs as.
+Spark's ``TaskContext`` which partition and attempt it runs as, and records why a task failed.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 from pyspark import TaskContext
 
-from sparkstate.runtime.records import TaskReport
+from sparkstate.runtime.logs import ReportDir
+from sparkstate.runtime.records import TaskFailure
 from sparkstate.runtime.tasks import Attempt, TaskSpec, run_task
 
 __all__ = ["task_function"]
@@ -25,12 +26,17 @@ def _task_identity() -> tuple[int, Attempt]:
 
 
 def task_function(
-    spec: TaskSpec, publish: Callable[[TaskReport], None]
+    spec: TaskSpec, reports: ReportDir
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of one operator in one batch."""
+    """The ``mapInArrow`` function of one operator in one batch. Its report goes to
+    ``reports``, and so does its failure, which Spark brings back to the driver only as text."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition, attempt = _task_identity()
-        return run_task(spec, partition, batches, publish, attempt)
+        try:
+            yield from run_task(spec, partition, batches, reports, attempt)
+        except Exception as exc:
+            reports.failed(TaskFailure.of(exc, spec.op_id, partition))
+            raise
 
     return run

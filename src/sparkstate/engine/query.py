@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from pyspark import SparkContext
+from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.driver import BatchDriver
+from sparkstate.engine.failures import surfaced
 from sparkstate.engine.plan import Stage
 from sparkstate.engine.sinks import Sink
 from sparkstate.engine.stopping import RunTasks, StopRequest, cancel_batch, quiet_run
@@ -122,16 +126,29 @@ class StreamingQuery:
         return self._query
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
-        """Wait for the query to end (or ``timeout`` seconds); re-raises its failure."""
+        """Wait for the query to end (or ``timeout`` seconds); raises its failure as the
+        sparkstate error that failed it (:mod:`.failures`)."""
         try:
-            result = self._query.awaitTermination(timeout)  # type: ignore[arg-type]
+            with self._failure_surfaced():
+                result = self._query.awaitTermination(timeout)  # type: ignore[arg-type]
         finally:
             if not self._query.isActive:
                 self._release()
         return bool(result) if result is not None else None
 
     def processAllAvailable(self) -> None:  # noqa: N802 - PySpark's name
-        self._query.processAllAvailable()
+        with self._failure_surfaced():
+            self._query.processAllAvailable()
+
+    @contextlib.contextmanager
+    def _failure_surfaced(self) -> Iterator[None]:
+        try:
+            yield
+        except StreamingQueryException as exc:
+            error = surfaced(self._driver.error, exc)
+            if error is exc:
+                raise
+            raise error  # its cause kept: the user's own exception, where there is one
 
     def stop(self) -> None:
         """Stop the query. A batch in flight is abandoned: nothing of it is committed, and the
@@ -159,7 +176,11 @@ class StreamingQuery:
                 log.warning("query %s stopped, but some of its tasks still run", self._id)
 
     def exception(self) -> Any:
-        return self._query.exception()
+        """The error that ended the query (as :meth:`awaitTermination` raises it), or None."""
+        spark_exception = self._query.exception()
+        if spark_exception is None:
+            return None
+        return surfaced(self._driver.error, spark_exception)
 
     @property
     def status(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ every JSON file is read with :mod:`sparkstate.store.json_files`: a damaged one f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import uuid
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sparkstate.exceptions import CheckpointInUseError, MissingVersionError, QueryError
-from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskReport
+from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskFailure, TaskReport
 from sparkstate.runtime.triggers import read_clock, write_clock
 from sparkstate.store.durable import DurableDir, local_path
 from sparkstate.store.file_lock import FileLock
@@ -31,10 +32,13 @@ __all__ = ["CheckpointLock", "CheckpointLog", "ReportDir", "local_path"]
 
 T = TypeVar("T")
 
+log = logging.getLogger("sparkstate.engine")
+
 FORMAT_VERSION = 1
 LOCK_FILE = "_query.lock"
 METADATA_FILE = "metadata.json"
 PROGRESS_FILE = "progress.jsonl"
+FAILURE_SUFFIX = ".failure"
 #: The fields of ``metadata.json`` that a restart reads, and their JSON types.
 METADATA_FIELDS: dict[str, tuple[type, ...]] = {
     "query_id": (str,),
@@ -73,6 +77,29 @@ class ReportDir:
             for e in directory.list()
             if e.name.endswith(".json")
         ]
+
+    def failed(self, failure: TaskFailure) -> None:
+        """A task attempt failed: why, for the driver to raise (best effort: the task's own
+        error must reach Spark whatever happens here)."""
+        name = f"{failure.op}-{failure.partition}-{uuid.uuid4().hex}{FAILURE_SUFFIX}"
+        try:
+            DurableDir(self.uri).write_atomic(name, failure.to_json().encode("utf-8"))
+        except Exception:  # noqa: BLE001 - the failure being reported is what matters
+            log.warning("could not record a task's failure in %s", self.uri, exc_info=True)
+
+    def first_failure(self) -> TaskFailure | None:
+        """The failure a task of this run recorded first, if any."""
+        directory = DurableDir(self.uri)
+        entries = sorted(
+            (e for e in directory.list() if e.name.endswith(FAILURE_SUFFIX)),
+            key=lambda e: e.mtime_s,
+        )
+        for entry in entries:
+            try:
+                return TaskFailure.from_json(directory.read(entry.name))
+            except Exception:  # noqa: BLE001 - then Spark's own error is what the user sees
+                log.warning("unreadable task failure %s", directory.where(entry.name))
+        return None
 
 
 class CheckpointLog:

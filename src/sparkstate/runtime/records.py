@@ -1,6 +1,7 @@
 """The records that pass between the per-batch driver and its tasks, and into the batch logs.
 
-A task ends with a :class:`TaskReport` (which attempt of a partition committed, and what it did);
+A task ends with a :class:`TaskReport` (which attempt of a partition committed, and what it did),
+or a :class:`TaskFailure` (why it failed, for the driver to raise as sparkstate's error);
 the driver writes a :class:`BatchIntent` before batch ``b`` runs and a :class:`BatchCommit` once
 every partition committed. Each has ``to_json`` / ``from_json`` so that it can travel as a small
 file or a string: nothing here needs an accumulator or the driver's process.
@@ -8,14 +9,27 @@ file or a string: nothing here needs an accumulator or the driver's process.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import os
+import pickle
+import traceback
 from typing import Any
 
+from sparkstate.exceptions import QueryError, SparkstateError, UserFunctionError
 from sparkstate.operators.base import OperatorMetrics
 from sparkstate.store.base import StoreMetrics
 
-__all__ = ["BatchCommit", "BatchIntent", "OperatorCommit", "StoreReport", "TaskReport"]
+__all__ = [
+    "BatchCommit",
+    "BatchIntent",
+    "OperatorCommit",
+    "StoreReport",
+    "TaskFailure",
+    "TaskReport",
+    "user_traceback",
+]
 
 
 def _dumps(data: dict[str, Any]) -> str:
@@ -183,3 +197,94 @@ class BatchCommit:
                 for op, entry in data["operators"].items()
             },
         )
+
+
+#: Frames of sparkstate's own code, left out of a user function's traceback.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: A pickled exception larger than this is not brought back (its message and traceback are).
+_MAX_PICKLE = 1 << 20
+#: The note operators add to an exception raised by a function of the user's.
+USER_FUNCTION_NOTE = "sparkstate: raised by "
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of an error a user's function raised, as Python prints it, without the
+    frames of sparkstate that called the function."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if not f.filename.startswith(_PACKAGE_DIR)]
+    summary = traceback.StackSummary.from_list(mine or frames)
+    text = "Traceback (most recent call last):\n" + "".join(summary.format())
+    return text + "".join(traceback.format_exception_only(exc))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFailure:
+    """Why a task failed, written where the driver finds it: Spark brings only the text of a
+    Python worker's error back, and the driver raises sparkstate's own error instead."""
+
+    op: int
+    partition: int
+    #: ``module.QualName`` of the exception.
+    type_name: str
+    message: str
+    #: The traceback as Python prints it; for a user function's error, the user's frames only.
+    traceback: str
+    #: Whether a function of the user's raised it (an operator noted so).
+    user_function: bool
+    #: The exception pickled (base64), where it pickles.
+    pickled: str | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException, op: int, partition: int) -> TaskFailure:
+        notes = [str(n) for n in getattr(exc, "__notes__", ())]
+        user = not isinstance(exc, SparkstateError) and any(
+            n.startswith(USER_FUNCTION_NOTE) for n in notes
+        )
+        text = user_traceback(exc) if user else "".join(traceback.format_exception(exc))
+        try:
+            data = pickle.dumps(exc)
+            pickled = base64.b64encode(data).decode("ascii") if len(data) <= _MAX_PICKLE else None
+        except Exception:  # noqa: BLE001 - any exception may be unpicklable; the text stays
+            pickled = None
+        kind = type(exc)
+        return cls(
+            op=op,
+            partition=partition,
+            type_name=f"{kind.__module__}.{kind.__qualname__}",
+            message=str(exc),
+            traceback=text,
+            user_function=user,
+            pickled=pickled,
+        )
+
+    def to_json(self) -> str:
+        return _dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> TaskFailure:
+        return cls(**json.loads(text))
+
+    def original(self) -> BaseException | None:
+        """The exception itself, where it pickled and unpickles here."""
+        if self.pickled is None:
+            return None
+        try:
+            exc = pickle.loads(base64.b64decode(self.pickled))  # noqa: S301 - our own task's file
+        except Exception:  # noqa: BLE001 - a class the driver cannot import
+            return None
+        return exc if isinstance(exc, BaseException) else None
+
+    def error(self) -> SparkstateError:
+        """The error the driver raises for this failure."""
+        original = self.original()
+        where = f"in the task of operator {self.op}, partition {self.partition}"
+        if isinstance(original, SparkstateError):
+            original.add_note(f"sparkstate: {where}")
+            return original
+        error: SparkstateError
+        if self.user_function:
+            error = UserFunctionError(self.traceback.rstrip("\n"))
+        else:
+            error = QueryError(f"{self.type_name}: {self.message} ({where})\n{self.traceback}")
+        error.__cause__ = original
+        return error
