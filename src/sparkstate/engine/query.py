@@ -148,7 +148,7 @@ class StreamingQuery:
             error = surfaced(self._driver.error, exc)
             if error is exc:
                 raise
-            raise error  # its cause kept: the user's own exception, where there is one
+            raise error from error.__cause__  # the user's own exception, where there is one
 
     def stop(self) -> None:
         """Stop the query. A batch in flight is abandoned: nothing of it is committed, and the
