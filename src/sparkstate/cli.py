@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +18,12 @@ BENCHES = {
 }
 
 
+REMOTE_HELP = (
+    "run through this Spark Connect server (sc://HOST:PORT) instead of a local Spark; "
+    "its Python workers must have sparkstate, and the files must be where the server sees them"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkstate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -25,17 +32,23 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default=None, help="directory for output and checkpoints")
     demo.add_argument("--batches", type=int, default=None, help="number of input batches")
     demo.add_argument("--store-only", action="store_true", help="run the state store demo only")
+    demo.add_argument("--remote", default=None, help=REMOTE_HELP)
 
     bench = sub.add_parser("bench", help="run a benchmark against Spark's built-ins")
     bench.add_argument("name", choices=sorted(BENCHES))
     bench.add_argument("--quick", action="store_true", help="smaller sizes for a fast run")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
     bench.add_argument("--systems", default=None, help="comma-separated subset of systems")
+    bench.add_argument("--remote", default=None, help=REMOTE_HELP)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "remote", None):
+        from sparkstate.engine.session import REMOTE_ENV
+
+        os.environ[REMOTE_ENV] = args.remote  # the benchmarks' child processes read it too
     if args.command == "demo":
         module = importlib.import_module("sparkstate.demo")
         return int(module.run(args))

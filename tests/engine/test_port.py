@@ -192,11 +192,14 @@ def run_twice(
     build: Callable[[DataFrame], Any],
     case: Case,
     provider: str | None,
-) -> Collector:
+    collector: Any = None,
+) -> Any:
     """``build(input)``'s query over half of the files until it ends, then over all of them
-    again on the same checkpoint; ``provider`` None runs it on Spark alone."""
+    again on the same checkpoint; ``provider`` None runs it on Spark alone. The ``foreachBatch``
+    function is ``collector`` (by default a :class:`Collector`, ordered if the case is)."""
     feed = FileFeed(tmp / "input")
-    collector = OrderedCollector() if case.ordered else Collector()
+    if collector is None:
+        collector = OrderedCollector() if case.ordered else Collector()
     for i in range(FILES // 2):
         feed.add(rows(i))
     for run in range(2):

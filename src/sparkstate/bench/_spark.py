@@ -32,6 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from sparkstate.engine.session import REMOTE_ENV
+from sparkstate.runtime.progress import progress_as_dict
+
 __all__ = [
     "HDFS_PROVIDER",
     "RESULT_PREFIX",
@@ -55,6 +58,7 @@ PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 RESULT_PREFIX = "@@sparkstate-bench-result "
 MASTER = "local[2]"
+REMOTE_POLL_S = 3.0
 SHUFFLE_PARTITIONS = 4
 DRIVER_MEMORY = "2g"
 #: Spark settings recorded in the JSON next to the numbers they produced.
@@ -117,10 +121,24 @@ class NotAvailable(Exception):  # noqa: N818 - a state, not a failure
 
 
 def spark_session(app: str, conf: Mapping[str, str] | None = None) -> Any:
-    """A fresh ``local[2]`` session with 4 shuffle partitions, no UI and a 2g driver."""
+    """A fresh ``local[2]`` session with 4 shuffle partitions, no UI and a 2g driver; or,
+    under ``sparkstate bench --remote``, a Spark Connect session with the same SQL settings
+    (the server's own settings for the rest)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
+
+    remote = os.environ.get(REMOTE_ENV)
+    if remote:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        sql = {
+            "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
+            "spark.sql.session.timeZone": "UTC",
+            **(conf or {}),
+        }
+        for key, value in sql.items():
+            spark.conf.set(key, value)
+        return spark
 
     builder = (
         SparkSession.builder.master(MASTER)
@@ -163,16 +181,6 @@ def recorded_conf(spark: Any) -> dict[str, str | None]:
     return out
 
 
-def _as_dict(progress: Any) -> dict[str, Any]:
-    if isinstance(progress, dict) and "batchId" in progress:
-        return dict(progress)
-    raw = getattr(progress, "json", None)
-    if isinstance(raw, str):
-        data: dict[str, Any] = json.loads(raw)
-        return data
-    return dict(progress)
-
-
 def drive(
     recent_progress: Callable[[], Sequence[Any]],
     stop: Callable[[], None],
@@ -196,7 +204,7 @@ def drive(
     try:
         while True:
             for raw in recent_progress() or []:
-                p = _as_dict(raw)
+                p = progress_as_dict(raw)
                 batch = int(p.get("batchId", -1))
                 if batch < 0 or batch in seen or not p.get("sources"):
                     continue  # no "sources": not yet merged with Spark's own progress
@@ -499,6 +507,9 @@ def measure_query(
         batches=params["batches"],
         timeout_s=params["timeout_s"],
         label=system,
+        # Over Spark Connect a sparkstate handle reads progress back with a Spark job: poll
+        # seldom, so that the reads take little from the query measured (for every system).
+        poll_s=REMOTE_POLL_S if os.environ.get(REMOTE_ENV) else 0.2,
     )
     run_s = time.perf_counter() - run_started
     result = summarize(progress, params["warmup"])

@@ -89,17 +89,26 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(d, ignore_errors=True)
     os.makedirs(inbox)
     print("sparkstate demo: clicks and revenue per (user, category), rocksdb state store")
-    print(f"  input files: {inbox}\n  starting Spark (local[2]) ...", flush=True)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkstate-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    from sparkstate.engine.session import REMOTE_ENV
+
+    remote = os.environ.get(REMOTE_ENV)
+    where = f"the Spark Connect server {remote}" if remote else "Spark (local[2])"
+    print(f"  input files: {inbox}\n  starting {where} ...", flush=True)
+    if remote:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+    else:
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .appName("sparkstate-demo")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
     schema = T.StructType(
         [
             T.StructField("user", T.StringType()),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from sparkstate.engine.plan import (
     plan_stages,
 )
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
+from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
@@ -33,16 +33,17 @@ from sparkstate.operators.aggregate import StreamingAggregate
 from sparkstate.operators.base import OUTPUT_MODES
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
-from sparkstate.runtime.metadata import (
-    check_checkpoint_location,
-    check_restart,
-    refuse_foreign_checkpoint,
-)
+from sparkstate.runtime.metadata import check_checkpoint_location
 from sparkstate.runtime.providers import StoreSettings
-from sparkstate.runtime.spark_checkpoint import spark_query_id
+from sparkstate.runtime.start import (
+    Checkpoint,
+    StartRequest,
+    engine_root_of,
+    prepare_checkpoint,
+)
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY, WatermarkSpec, parse_delay_ms
 from sparkstate.store.base import StoreConf
-from sparkstate.store.durable import DurableDir, canonical_location
+from sparkstate.store.durable import canonical_location
 from sparkstate.store.registry import provider_class, provider_name
 
 __all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]
@@ -427,17 +428,47 @@ class DataStreamWriter:
         if self._format in FILE_FORMATS and self._mode == "complete" and self._foreach is None:
             msg = f"the {self._format} sink does not take complete mode (as in Spark); use update"
             raise ConfigurationError(msg)
-        checkpoint = canonical_location(self._checkpoint_location(spark))
+        opts = dict(self._options)
+        provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
+        provider = provider_name(provider_class(provider_spec))
+        self._store_conf()  # bad options fail before the checkpoint is touched
+        request = StartRequest(
+            location=self._checkpoint_location(spark),
+            state_location=opts.get("stateLocation"),
+            provider=provider,
+            requested_partitions=opts.get("numPartitions"),
+            default_partitions=int(spark.conf.get("spark.sql.shuffle.partitions") or 200),
+            output_mode=self._mode,
+            operators=[{"id": s.op_id, **s.operator.describe()} for s in stages],
+            clock=needs_clock(stages),
+            legacy_clock=needs_clock(stages, legacy=True),
+        )
+        if is_connect(spark):  # the client may not see the checkpoint: the server's side does
+            check_workers(spark, provider_spec)
+            return self._start_spark(df, stages, provider_spec, on_server(spark, request), None)
+        checkpoint = canonical_location(request.location)
         check_checkpoint_location(checkpoint)
-        engine_root = checkpoint + "/sparkstate"
+        engine_root = engine_root_of(checkpoint)
         release_if_finished(engine_root)
         lock = CheckpointLock(engine_root)
         lock.acquire()
         try:
-            return self._start_locked(df, stages, checkpoint, engine_root, lock)
+            check_workers(spark, provider_spec)
+            prepared = prepare_checkpoint(request)
+            return self._start_spark(df, stages, provider_spec, prepared, lock)
         except BaseException:
             lock.release()
             raise
+
+    def _store_conf(self) -> tuple[StoreConf, float]:
+        """The store's options (``stateStore.*``), checked; the maintenance interval."""
+        opts = self._options
+        store_opts = {
+            k[len(_STORE_PREFIX) :]: v
+            for k, v in opts.items()
+            if k.startswith(_STORE_PREFIX) and k != _MAINTENANCE
+        }
+        return StoreConf.from_options(store_opts), float(opts.get(_MAINTENANCE, "30"))
 
     def _checkpoint_location(self, spark: Any) -> str:
         chk = self._options.get("checkpointLocation")
@@ -453,70 +484,23 @@ class DataStreamWriter:
             raise ConfigurationError(msg)
         return chk
 
-    def _start_locked(
+    def _start_spark(
         self,
         df: DataFrame,
         stages: list[Stage],
-        checkpoint: str,
-        engine_root: str,
-        lock: CheckpointLock,
+        provider_spec: str,
+        checkpoint: Checkpoint,
+        lock: CheckpointLock | None,
     ) -> StreamingQuery:
+        """Start Spark's query with the driver as its ``foreachBatch`` function; ``lock`` None:
+        the driver locks the checkpoint from the process it runs in (Spark Connect)."""
         spark = df.sparkSession
         opts = dict(self._options)
-        provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
-        provider = provider_name(provider_class(provider_spec))
-        check_workers(spark, provider_spec)
-        chosen = opts.get("stateLocation")
-        state_option = canonical_location(chosen) if chosen else None
-        if state_option == engine_root:
-            state_option = None  # the default place, spelled out
-        state_root = state_option or engine_root
-        store_opts = {
-            k[len(_STORE_PREFIX) :]: v
-            for k, v in opts.items()
-            if k.startswith(_STORE_PREFIX) and k != _MAINTENANCE
-        }
-        conf = StoreConf.from_options(store_opts)
-        maintenance_s = float(opts.get(_MAINTENANCE, "30"))
-        requested = opts.get("numPartitions")
-        log_ = CheckpointLog(engine_root)
-        metadata = log_.read_metadata()
-        described = [{"id": s.op_id, **s.operator.describe()} for s in stages]
-        if metadata is None:
-            refuse_foreign_checkpoint(checkpoint)
-            num_partitions = int(requested or spark.conf.get("spark.sql.shuffle.partitions") or 200)
-            if num_partitions < 1:
-                msg = f"numPartitions must be >= 1, got {num_partitions}"
-                raise ConfigurationError(msg)
-            metadata = {
-                "query_id": str(uuid.uuid4()),
-                "num_partitions": num_partitions,
-                "provider": provider,
-                "state_location": state_option,  # None: in the checkpoint, wherever it moves
-                "output_mode": self._mode,
-                "operators": described,
-                "clock": needs_clock(stages),
-            }
-            log_.write_metadata(metadata)
-        else:
-            check_restart(metadata, provider, requested, state_option, described, log_.root)
-            recorded = {
-                "operators": described,
-                "clock": metadata.get("clock"),
-                "state_location": state_option,
-            }
-            if recorded["clock"] is None:
-                recorded["clock"] = needs_clock(stages, legacy=True)
-            if any(metadata.get(k) != v for k, v in recorded.items()):
-                metadata = {**metadata, **recorded}  # state schemas evolved, or an older form
-                log_.write_metadata(metadata)
-        query_id = spark_query_id(DurableDir(checkpoint), str(metadata["query_id"]))
-        if query_id != metadata["query_id"]:  # Spark's checkpoint was there first
-            metadata = {**metadata, "query_id": query_id}
-            log_.write_metadata(metadata)
+        metadata = checkpoint.metadata
+        conf, maintenance_s = self._store_conf()
         num_partitions = int(metadata["num_partitions"])
         conf = dataclasses.replace(conf, num_partitions=num_partitions)
-        store = StoreSettings(state_root, provider_spec, conf, maintenance_s)
+        store = StoreSettings(checkpoint.state_root, provider_spec, conf, maintenance_s)
         sink_opts = {
             k: v
             for k, v in opts.items()
@@ -524,7 +508,7 @@ class DataStreamWriter:
         }
         sink = make_sink(self._format, sink_opts, spark, self._name, self._foreach)
         config = DriverConfig(
-            query_id=query_id,
+            query_id=checkpoint.query_id,
             name=self._name,
             output_mode=self._mode,
             num_partitions=num_partitions,
@@ -534,16 +518,18 @@ class DataStreamWriter:
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             ).lower(),
-            checkpoint=checkpoint,
+            checkpoint=checkpoint.location,
         )
-        driver = BatchDriver(config, stages, sink, log_, notify_progress)
+        log_ = CheckpointLog(checkpoint.engine_root)
+        driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)
         if config.clock:
-            df = with_clock(df, engine_root)  # so that Spark runs no-data batches
-        writer = df.writeStream.foreachBatch(driver).option("checkpointLocation", checkpoint)
+            df = with_clock(df, checkpoint.engine_root)  # so that Spark runs no-data batches
+        writer = df.writeStream.foreachBatch(driver)
+        writer = writer.option("checkpointLocation", checkpoint.location)
         if self._name:
             writer = writer.queryName(self._name)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         spark_query = writer.start()
         driver.started(str(spark_query.runId))
-        return StreamingQuery(spark_query, driver, lock, sink, stages)
+        return StreamingQuery(spark_query, driver, lock, sink, stages, log_)

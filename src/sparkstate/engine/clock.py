@@ -26,6 +26,7 @@ the next run).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -98,10 +99,19 @@ class ClockSource(DataSource):
         return ClockReader(str(self.options["path"]))
 
 
+_REGISTER_LOCK = threading.Lock()
+
+
 def with_clock(df: DataFrame, engine_root: str) -> DataFrame:
     """``df`` with the clock source unioned in (same schema, never a row from the clock)."""
     spark = df.sparkSession
-    spark.dataSource.register(ClockSource)
+    with _REGISTER_LOCK:  # Spark's registry checks, then adds: two at once may both add
+        try:
+            spark.dataSource.register(ClockSource)
+        except Exception as exc:
+            # Another client of the same Spark Connect server registered it a moment ago.
+            if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+                raise
     clock = (
         spark.readStream.format(SOURCE_NAME)
         .schema(df.schema)

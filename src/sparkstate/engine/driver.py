@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,10 +28,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.engine.executor import task_function
 from sparkstate.engine.plan import Stage, quote
+from sparkstate.engine.session import is_connect
 from sparkstate.engine.sinks import Sink
 from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.exceptions import ConfigurationError, QueryError
-from sparkstate.runtime.logs import CheckpointLog, ReportDir
+from sparkstate.runtime.logs import CheckpointLock, CheckpointLog, ReportDir
 from sparkstate.runtime.progress import build_progress, format_time
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.runtime.records import (
@@ -38,6 +40,7 @@ from sparkstate.runtime.records import (
     BatchCommit,
     BatchIntent,
     OperatorCommit,
+    TaskFailure,
     TaskReport,
 )
 from sparkstate.runtime.spark_checkpoint import input_digest
@@ -72,6 +75,8 @@ class DriverConfig:
     watermark_policy: str = "min"
     #: Spark's checkpoint location (its ``offsets/`` say what each batch read); "" for none.
     checkpoint: str = ""
+    #: Names this start of the query in files the driver leaves for the client (its failure).
+    start_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
 
     def watermark_inputs(self) -> dict[str, int]:
         """The tracker's inputs: ``input`` for the first watermark (the name checkpoints have
@@ -92,7 +97,11 @@ class BatchDriver:
         sink: Sink,
         log_: CheckpointLog,
         on_progress: Callable[[dict[str, Any]], None],
+        *,
+        remote: bool = False,
     ) -> None:
+        """``remote``: the driver runs in a process of the Spark Connect server's, and reads
+        the checkpoint there, not here."""
         self.config = config
         self.stages = stages
         self.sink = sink
@@ -105,15 +114,50 @@ class BatchDriver:
         self._stop: StopRequest | None = None
         self._in_batch = threading.Event()
         self._started = threading.Event()
-        latest = log_.latest_commit()
+        #: Taken by the first batch where the driver runs in a process of its own (Connect).
+        self._checkpoint_lock: CheckpointLock | None = None
+        #: Whether this is the copy in the Spark Connect server's process (unpickled there).
+        self._in_server = False
         self.last_batch: int | None = None
+        self.triggers = {s.op_id: s.operator.time_trigger() for s in stages if config.clock}
+        self._clock: dict[str, Any] = {}
+        self.spark_checkpoint: DurableDir | None = None
+        if not remote:
+            self._restore()
+
+    def _restore(self) -> None:
+        """Read where the checkpoint's batches stand: the watermark after the last commit, the
+        clock's request; and where Spark's checkpoint is."""
+        latest = self.log.latest_commit()
         if latest is not None:
             self.tracker.restore(latest.watermark)
             self.last_batch = latest.batch_id
         #: Spark's checkpoint, where the driver reads what each batch read (None: unreachable).
-        self.spark_checkpoint = _spark_checkpoint(config.checkpoint)
-        self.triggers = {s.op_id: s.operator.time_trigger() for s in stages if config.clock}
-        self._clock = log_.read_clock() if any(self.triggers.values()) else {}
+        self.spark_checkpoint = _spark_checkpoint(self.config.checkpoint)
+        self._clock = self.log.read_clock() if any(self.triggers.values()) else {}
+
+    # --- pickling (Spark Connect runs the foreachBatch function in a process of the server's) --
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("_lock", "_stop", "_in_batch", "_started", "recent", "error"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled once per run in the server's foreachBatch process: Spark's run id is not
+        known there (the client's handle adds it to the progress it reads back), and the
+        checkpoint is locked by this process, which lives as long as the run."""
+        self.__dict__.update(state)
+        self.recent = []
+        self.error = None
+        self._lock = threading.Lock()
+        self._stop = None
+        self._in_batch = threading.Event()
+        self._started = threading.Event()
+        self._started.set()
+        self._checkpoint_lock = CheckpointLock(self.log.root)
+        self._in_server = True
 
     # --- the foreachBatch function ---------------------------------------------------------------
 
@@ -127,16 +171,28 @@ class BatchDriver:
     def _run_or_abandon(self, df: DataFrame, batch_id: int) -> None:
         try:
             self._check_stop()
-            with batch_jobs(df.sparkSession.sparkContext):
+            if self._checkpoint_lock is not None:
+                lock, self._checkpoint_lock = self._checkpoint_lock, None
+                lock.acquire()  # held until this process ends with the run
+                self._restore()
+            remote = is_connect(df)
+            with contextlib.nullcontext() if remote else batch_jobs(df.sparkSession.sparkContext):
                 self.run_batch(df, batch_id)
             return
         except BaseException as exc:
             stop = self._stop
             if stop is None:
                 self.error = exc
+                self._record_failure(exc)
                 raise
             log.info("batch %d abandoned, the query is stopping: %s", batch_id, type(exc).__name__)
         raise stop.cancelled(batch_id)  # outside the handler: a short traceback for Spark
+
+    def _record_failure(self, exc: BaseException) -> None:
+        """Where a client of another process (Spark Connect) finds the error that failed the
+        query (:meth:`CheckpointLog.read_failure`)."""
+        if self._in_server and isinstance(exc, Exception):
+            self.log.write_failure(self.config.start_id, TaskFailure.of(exc, -1, -1))
 
     def started(self, run_id: str) -> None:
         """Spark started the query under ``run_id`` (progress carries it)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -16,9 +15,11 @@ from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 from sparkstate.engine.driver import BatchDriver
 from sparkstate.engine.failures import surfaced
 from sparkstate.engine.plan import Stage
+from sparkstate.engine.session import run_on_server
 from sparkstate.engine.sinks import Sink
 from sparkstate.engine.stopping import RunTasks, StopRequest, cancel_batch, quiet_run
-from sparkstate.runtime.logs import CheckpointLock
+from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
+from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = [
     "ProgressListener",
@@ -84,19 +85,24 @@ class StreamingQuery:
         self,
         spark_query: SparkStreamingQuery,
         driver: BatchDriver,
-        lock: CheckpointLock,
+        lock: CheckpointLock | None,
         sink: Sink,
         stages: list[Stage],
+        log_: CheckpointLog,
     ) -> None:
+        """``lock`` None: the driver runs in a process of the Spark Connect server's, and what
+        it records (progress, the error that failed it) is read back through the session."""
         self._query = spark_query
         self._driver = driver
         self._lock = lock
         self._sink = sink
         self._stages = stages
+        self._log = log_
         self._id = driver.config.query_id
         self._released = False
+        self._remote = lock is None
         with _active_lock:
-            _active[lock.root] = self
+            _active[log_.root] = self
 
     @property
     def id(self) -> str:
@@ -145,16 +151,30 @@ class StreamingQuery:
         try:
             yield
         except StreamingQueryException as exc:
-            error = surfaced(self._driver.error, exc)
+            error = surfaced(self._driver_error(), exc)
             if error is exc:
                 raise
             raise error from error.__cause__  # the user's own exception, where there is one
 
+    def _driver_error(self) -> BaseException | None:
+        """The error that failed the driver's batch, if it failed one."""
+        if not self._remote:
+            return self._driver.error
+        log_, start_id = self._log, self._driver.config.start_id
+        failure = run_on_server(self._spark(), lambda _: log_.read_failure(start_id), None)
+        return failure.error() if failure is not None else None
+
+    def _spark(self) -> Any:
+        return self._query._session  # type: ignore[attr-defined] # noqa: SLF001 - Connect's handle
+
     def stop(self) -> None:
         """Stop the query. A batch in flight is abandoned: nothing of it is committed, and the
-        next start runs it again. Returns once the query's tasks have ended."""
+        next start runs it again. Returns once the query's tasks have ended (over Spark Connect,
+        once the server has ended the driver's process; its tasks may run on a few seconds)."""
         try:
-            if self._query.isActive:
+            if self._remote:
+                self._query.stop()
+            elif self._query.isActive:
                 self._stop_running()
             else:
                 self._query.stop()
@@ -180,7 +200,7 @@ class StreamingQuery:
         spark_exception = self._query.exception()
         if spark_exception is None:
             return None
-        return surfaced(self._driver.error, spark_exception)
+        return surfaced(self._driver_error(), spark_exception)
 
     @property
     def status(self) -> dict[str, Any]:
@@ -190,22 +210,24 @@ class StreamingQuery:
     def recentProgress(self) -> list[dict[str, Any]]:  # noqa: N802 - PySpark's name
         spark = {}
         for p in self._query.recentProgress or []:
-            d = _as_dict(p)
+            d = progress_as_dict(p)
             spark[d.get("batchId")] = d
-        return [_merge(ours, spark.get(ours["batchId"])) for ours in self._driver.recent_progress()]
+        return [_merge(ours, spark.get(ours["batchId"])) for ours in self._our_progress(spark)]
 
     @property
     def lastProgress(self) -> dict[str, Any] | None:  # noqa: N802 - PySpark's name
-        recent = self._driver.recent_progress()
-        if not recent:
-            return None
-        ours = recent[-1]
-        match = None
-        for p in self._query.recentProgress or []:
-            d = _as_dict(p)
-            if d.get("batchId") == ours["batchId"]:
-                match = d
-        return _merge(ours, match)
+        recent = self.recentProgress
+        return recent[-1] if recent else None
+
+    def _our_progress(self, spark: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+        """The driver's progress of this run: kept in memory here, or, over Spark Connect, read
+        back from the checkpoint for the batches Spark's progress of the run names."""
+        if not self._remote:
+            return self._driver.recent_progress()
+        log_ = self._log
+        recorded = run_on_server(self._spark(), lambda _: log_.read_progress(), None)
+        latest = {p["batchId"]: p for p in recorded if p.get("batchId") in spark}
+        return [latest[b] for b in sorted(latest)]
 
     def explain(self) -> str:
         lines = [f"sparkstate query {self._id} ({self._driver.config.output_mode} mode)"]
@@ -224,19 +246,11 @@ class StreamingQuery:
             return
         self._released = True
         with _active_lock:
-            if _active.get(self._lock.root) is self:
-                del _active[self._lock.root]
-        self._lock.release()
+            if _active.get(self._log.root) is self:
+                del _active[self._log.root]
+        if self._lock is not None:
+            self._lock.release()
         self._sink.stop()
-
-
-def _as_dict(progress: Any) -> dict[str, Any]:
-    """A plain dict (nested objects included) of one of Spark's progress objects."""
-    raw = getattr(progress, "json", None)
-    if isinstance(raw, str):
-        data: dict[str, Any] = json.loads(raw)
-        return data
-    return dict(progress)
 
 
 def _merge(ours: dict[str, Any], spark: dict[str, Any] | None) -> dict[str, Any]:
@@ -251,7 +265,7 @@ def _merge(ours: dict[str, Any], spark: dict[str, Any] | None) -> dict[str, Any]
         "triggerExecution", ours["durationMs"].get("triggerExecution")
     )
     merged["id"] = ours["id"]
-    merged["runId"] = ours["runId"]
+    merged["runId"] = ours["runId"] or spark.get("runId")  # unknown to a driver over Connect
     merged.pop("eventTime", None)
     if "eventTime" in ours:
         merged["eventTime"] = ours["eventTime"]

@@ -209,6 +209,17 @@ class MemorySink(Sink):
         self._schema: Any = None
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles for Spark Connect, where the sink runs in the server's foreachBatch process
+        and publishes the view through the client's session (``spark``), visible to it."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
         table = df.toArrow()
         with self._lock:

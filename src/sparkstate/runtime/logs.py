@@ -111,6 +111,7 @@ class CheckpointLog:
         self.batches = self.dir.child("batches")
         self.commits = self.dir.child("commits")
         self.reports = self.dir.child("reports")
+        self.failures = self.dir.child("failures")
 
     # --- metadata --------------------------------------------------------------------------------
 
@@ -178,6 +179,19 @@ class CheckpointLog:
         for b in sorted((b for b in intents if b > batch_id), reverse=True):
             self.batches.delete(f"{b}.json")
         return sorted(committed)
+
+    # --- failures --------------------------------------------------------------------------------
+
+    def write_failure(self, start_id: str, failure: TaskFailure) -> None:
+        """The error that failed the run ``start_id`` of the query, for a client in another
+        process (best effort: the error itself is what must reach Spark)."""
+        try:
+            self.failures.write_atomic(f"{start_id}.json", failure.to_json().encode("utf-8"))
+        except Exception:  # noqa: BLE001
+            log.warning("could not record the query's failure in %s", self.failures.uri)
+
+    def read_failure(self, start_id: str) -> TaskFailure | None:
+        return _read_optional(self.failures, f"{start_id}.json", TaskFailure.from_json)
 
     # --- clock -----------------------------------------------------------------------------------
 

@@ -7,13 +7,14 @@ over partitions, as Spark sums its SQL metrics) and from the stores' metrics.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from sparkstate.operators.base import OperatorMetrics, StatefulOperator
 from sparkstate.runtime.records import TaskReport
 
-__all__ = ["build_progress", "format_time", "state_operator_progress"]
+__all__ = ["build_progress", "format_time", "progress_as_dict", "state_operator_progress"]
 
 
 def format_time(seconds: float) -> str:
@@ -109,3 +110,20 @@ def build_progress(
             event_time["max"] = format_time(max_ms / 1000)
         progress["eventTime"] = event_time
     return progress
+
+
+#: Fields of Spark's progress that are sums over its sources; a progress that comes over Spark
+#: Connect lacks them at the top (PySpark's ``StreamingQueryProgress`` computes them).
+SOURCE_TOTALS = ("numInputRows", "inputRowsPerSecond", "processedRowsPerSecond")
+
+
+def progress_as_dict(progress: Any) -> dict[str, Any]:
+    """One of Spark's progress objects (or dicts) as a plain dict, nested objects included,
+    with the per-source totals filled in where they are missing."""
+    raw = getattr(progress, "json", None)
+    data: dict[str, Any] = json.loads(raw) if isinstance(raw, str) else dict(progress)
+    sources = data.get("sources") or []
+    for field in SOURCE_TOTALS:
+        if data.get(field) is None and sources:
+            data[field] = _number(sum(float(s.get(field) or 0) for s in sources))
+    return data

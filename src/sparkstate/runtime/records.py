@@ -262,7 +262,8 @@ class TaskFailure:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> TaskFailure:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     def original(self) -> BaseException | None:
         """The exception itself, where it pickled and unpickles here."""
@@ -277,7 +278,11 @@ class TaskFailure:
     def error(self) -> SparkstateError:
         """The error the driver raises for this failure."""
         original = self.original()
-        where = f"in the task of operator {self.op}, partition {self.partition}"
+        where = (
+            f"in the task of operator {self.op}, partition {self.partition}"
+            if self.op >= 0
+            else "in the driver"
+        )
         if isinstance(original, SparkstateError):
             original.add_note(f"sparkstate: {where}")
             return original

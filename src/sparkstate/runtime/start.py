@@ -1,0 +1,110 @@
+"""What ``start()`` settles with the checkpoint, wherever the checkpoint is reachable from: its
+one spelling, its ``metadata.json`` (written, or checked against the query), and the query id.
+
+In a classic session it runs in the client's process; over Spark Connect, in a task on the
+server's side (:func:`sparkstate.engine.api.DataStreamWriter.start`), since the client may not
+see the checkpoint's file system at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.metadata import (
+    check_checkpoint_location,
+    check_restart,
+    refuse_foreign_checkpoint,
+)
+from sparkstate.runtime.spark_checkpoint import spark_query_id
+from sparkstate.store.durable import DurableDir, canonical_location
+
+__all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
+
+ENGINE_DIR = "sparkstate"
+
+
+@dataclasses.dataclass(frozen=True)
+class StartRequest:
+    """What the query brings to its checkpoint."""
+
+    #: ``checkpointLocation`` and ``stateLocation`` as the user gave them.
+    location: str
+    state_location: str | None
+    provider: str
+    requested_partitions: str | None
+    default_partitions: int
+    output_mode: str
+    operators: list[dict[str, Any]]
+    #: Whether the query takes the clock source (new checkpoints; older ones: ``legacy_clock``).
+    clock: bool
+    legacy_clock: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint as the query runs on it."""
+
+    location: str
+    engine_root: str
+    state_root: str
+    metadata: dict[str, Any]
+
+    @property
+    def query_id(self) -> str:
+        return str(self.metadata["query_id"])
+
+
+def engine_root_of(location: str) -> str:
+    return f"{location}/{ENGINE_DIR}"
+
+
+def prepare_checkpoint(request: StartRequest) -> Checkpoint:
+    """Resolve the checkpoint, check it can be written, and write or check its metadata."""
+    location = canonical_location(request.location)
+    check_checkpoint_location(location)
+    engine_root = engine_root_of(location)
+    state_option = canonical_location(request.state_location) if request.state_location else None
+    if state_option == engine_root:
+        state_option = None  # the default place, spelled out
+    log_ = CheckpointLog(engine_root)
+    metadata = log_.read_metadata()
+    requested = request.requested_partitions
+    if metadata is None:
+        refuse_foreign_checkpoint(location)
+        num_partitions = int(requested or request.default_partitions)
+        if num_partitions < 1:
+            msg = f"numPartitions must be >= 1, got {num_partitions}"
+            raise ConfigurationError(msg)
+        metadata = {
+            "query_id": str(uuid.uuid4()),
+            "num_partitions": num_partitions,
+            "provider": request.provider,
+            "state_location": state_option,  # None: in the checkpoint, wherever it moves
+            "output_mode": request.output_mode,
+            "operators": request.operators,
+            "clock": request.clock,
+        }
+        log_.write_metadata(metadata)
+    else:
+        check_restart(
+            metadata, request.provider, requested, state_option, request.operators, log_.root
+        )
+        recorded = {
+            "operators": request.operators,
+            "clock": metadata.get("clock"),
+            "state_location": state_option,
+        }
+        if recorded["clock"] is None:
+            recorded["clock"] = request.legacy_clock
+        if any(metadata.get(k) != v for k, v in recorded.items()):
+            metadata = {**metadata, **recorded}  # state schemas evolved, or an older form
+            log_.write_metadata(metadata)
+    query_id = spark_query_id(DurableDir(location), str(metadata["query_id"]))
+    if query_id != metadata["query_id"]:  # Spark's checkpoint was there first
+        metadata = {**metadata, "query_id": query_id}
+        log_.write_metadata(metadata)
+    return Checkpoint(location, engine_root, state_option or engine_root, metadata)

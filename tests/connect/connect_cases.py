@@ -1,0 +1,136 @@
+"""The Spark Connect side of ``test_connect.py``: run in a process of its own (a process holds a
+classic session or a Spark Connect client's, not both) as
+``python -m tests.connect.connect_cases <url> <workdir> <what>``; prints its results as JSON.
+
+``differential``: every case of ``tests/engine/test_port.py`` through Spark's own operators and
+through sparkstate on both providers, two ``availableNow`` runs on one checkpoint each, over the
+server. ``failure``: a ``foreachBatch`` function that fails in batch 1, then a restart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from tests.engine.test_port import CASES, SCHEMA, Case, rows, run_twice
+
+import sparkstate as ss
+from sparkstate.exceptions import UserFunctionError
+from sparkstate.testing import FileFeed, normalize
+
+PROVIDERS = ("memory", "rocksdb")
+
+
+class FileCollector:
+    """A ``foreachBatch`` function that runs in the server's process: each batch's rows (in
+    the query's order or normalized) and schema go to ``<dir>/<batch>.json``."""
+
+    def __init__(self, directory: Path, *, ordered: bool = False, fail_on: int | None = None):
+        self.directory = str(directory)
+        self.ordered = ordered
+        self.fail_on = fail_on
+        Path(self.directory).mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        if batch_id == self.fail_on:
+            msg = f"the sink refuses batch {batch_id}"
+            raise RuntimeError(msg)
+        collected = [tuple(r) for r in df.collect()]
+        body = {
+            "rows": [list(r) for r in (collected if self.ordered else normalize(collected))],
+            "schema": df.schema.simpleString(),
+        }
+        Path(self.directory, f"{batch_id}.json").write_text(json.dumps(body, default=str))
+
+    def batches(self) -> dict[str, Any]:
+        files = sorted(Path(self.directory).glob("*.json"), key=lambda f: int(f.stem))
+        return {f.stem: json.loads(f.read_text()) for f in files}
+
+
+def differential(spark: SparkSession, workdir: Path) -> dict[str, Any]:
+    """Each case through the three systems at once (three queries on the server: their batches
+    are small, and each spends most of its time waiting on round trips)."""
+    out: dict[str, Any] = {}
+    for case in CASES:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+            runs = {
+                system: pool.submit(run_system, spark, workdir / case.name / system, case, system)
+                for system in ("spark", *PROVIDERS)
+            }
+            out[case.name] = {system: run.result() for system, run in runs.items()}
+    return out
+
+
+def run_system(spark: SparkSession, tmp: Path, case: Case, system: str) -> dict[str, Any]:
+    collector = FileCollector(tmp / "out", ordered=case.ordered)
+    if system == "spark":
+        run_twice(spark, tmp, case.query, case, None, collector)
+    else:
+        wrapped = lambda df: case.query(ss.stream(df))  # noqa: E731
+        run_twice(spark, tmp, wrapped, case, system, collector)
+    return collector.batches()
+
+
+def failure(spark: SparkSession, workdir: Path) -> dict[str, Any]:
+    """A sink that fails in batch 1; what the client sees; a restart with a working sink."""
+    feed = FileFeed(workdir / "input")
+    for i in range(3):
+        feed.add(rows(i))
+    checkpoint = str(workdir / "checkpoint")
+    result: dict[str, Any] = {}
+    for attempt, fail_on in (("failing", 1), ("restarted", None)):
+        collector = FileCollector(workdir / attempt, fail_on=fail_on)
+        counted = ss.stream(feed.stream(spark, SCHEMA)).groupBy("k").count()
+        writer = counted.writeStream.outputMode("update").foreachBatch(collector)
+        writer = writer.option("checkpointLocation", checkpoint).option("stateStore", "rocksdb")
+        handle = writer.trigger(availableNow=True).start()
+        try:
+            handle.awaitTermination(180)
+            result[attempt] = {"error": None}
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            result[attempt] = {
+                "error": type(exc).__name__,
+                "user_function_error": isinstance(exc, UserFunctionError),
+                "streaming_query_exception": isinstance(exc, StreamingQueryException),
+                "message": str(exc),
+            }
+        commits = Path(checkpoint, "sparkstate", "commits")
+        result[attempt]["commits"] = sorted(int(f.stem) for f in commits.glob("*.json"))
+        result[attempt]["batches"] = collector.batches()
+        result[attempt]["id"] = handle.id
+        result[attempt]["progress"] = [
+            {
+                "batchId": p["batchId"],
+                "runId": p["runId"],
+                "id": p["id"],
+                "numRowsTotal": [o["numRowsTotal"] for o in p["stateOperators"]],
+            }
+            for p in handle.recentProgress
+        ]
+        result[attempt]["runId"] = handle.runId
+        result[attempt]["found_by_id"] = spark.streams.get(handle.id) is not None
+    counted = ss.stream(feed.stream(spark, SCHEMA)).groupBy("k").count()
+    writer = counted.writeStream.outputMode("complete").format("memory").queryName("counts")
+    handle = writer.option("checkpointLocation", str(workdir / "memory")).start()
+    handle.processAllAvailable()
+    result["memory_table"] = sorted(tuple(r) for r in spark.table("counts").collect())
+    handle.stop()
+    return result
+
+
+def main() -> None:
+    url, workdir, what = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    spark.conf.set("spark.sql.shuffle.partitions", "4")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    result = {"differential": differential, "failure": failure}[what](spark, workdir)
+    print(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""sparkstate queries from a Spark Connect client, against Spark's own operators over the same
+server: a server started from the PySpark wheel on loopback, and clients in processes of their
+own (``connect_cases.py``; a process holds a classic or a Connect session, not both)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.engine.test_port import CASES
+
+from sparkstate.testing.connect_server import ConnectServer
+
+pytestmark = pytest.mark.connect
+
+REPO = Path(__file__).resolve().parents[2]
+PROVIDERS = ("memory", "rocksdb")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    server = ConnectServer(
+        tmp_path_factory.mktemp("connect"), conf={"spark.sql.shuffle.partitions": "4"}
+    )
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env_path) if p)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        os.environ["PYTHONPATH"] = env_path
+
+
+def client(server: ConnectServer, workdir: Path, what: str) -> Any:
+    """Run ``connect_cases.py``'s ``what`` in a client process; its JSON result."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.connect.connect_cases", server.url, str(workdir), what],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stderr[-4000:]}\nserver log: {server.log_file()}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def differential(server: ConnectServer, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return client(server, tmp_path_factory.mktemp("differential"), "differential")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("case", [c.name for c in CASES])
+def test_query_over_connect_matches_spark(differential: Any, case: str, provider: str) -> None:
+    """Batch by batch, rows and schema, through a restart: the cases of ``test_port.py``
+    (update and complete aggregation, dropDuplicates, applyInPandasWithState with event-time
+    timeouts, transformWithStateInPandas with eventTimeColumnName)."""
+    theirs = differential[case]["spark"]
+    ours = differential[case][provider]
+    assert len(theirs) >= 8  # a batch per file at least, over both runs
+    assert ours == theirs
+
+
+def test_failure_over_connect_commits_nothing_and_surfaces(
+    server: ConnectServer, tmp_path: Path
+) -> None:
+    """A foreachBatch function that fails in batch 1: the client catches sparkstate's
+    ``UserFunctionError`` (also a ``StreamingQueryException``) with the user's traceback first;
+    batch 1 is not committed; a restart with a working sink runs batches 1 and 2 on the state of
+    batch 0. Progress carries sparkstate's state operators and Spark's ids."""
+    result = client(server, tmp_path, "failure")
+    failing, restarted = result["failing"], result["restarted"]
+    assert failing["user_function_error"]
+    assert failing["streaming_query_exception"]
+    lines = failing["message"].splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert "RuntimeError: the sink refuses batch 1" in lines
+    assert failing["commits"] == [0]
+    assert restarted["error"] is None
+    assert restarted["commits"] == [0, 1, 2]
+    assert restarted["batches"]["1"]["rows"] == [["k0", 2], ["k3", 1]]
+    assert restarted["batches"]["2"]["rows"] == [["k2", 1], ["k3", 2]]
+    for run in (failing, restarted):
+        assert run["progress"], "no progress read back"
+        for progress in run["progress"]:
+            assert (progress["id"], progress["runId"]) == (run["id"], run["runId"])
+    assert [p["numRowsTotal"] for p in restarted["progress"]] == [[3], [4]]
+    assert result["memory_table"] == [["k0", 2], ["k1", 1], ["k2", 1], ["k3", 2]]
