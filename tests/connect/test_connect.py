@@ -97,3 +97,20 @@ def test_failure_over_connect_commits_nothing_and_surfaces(
             assert (progress["id"], progress["runId"]) == (run["id"], run["runId"])
     assert [p["numRowsTotal"] for p in restarted["progress"]] == [[3], [4]]
     assert result["memory_table"] == [["k0", 2], ["k1", 1], ["k2", 1], ["k3", 2]]
+
+
+def test_demo_runs_through_connect(server: ConnectServer, tmp_path: Path) -> None:
+    """``sparkstate demo --remote``: the README's way to try it through a server."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkstate.cli", "demo", "--remote", server.url]
+        + ["--batches", "2", "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "40,000 events in 2 batches" in done.stdout
+    assert list((tmp_path / "output" / "_spark_metadata").iterdir())
