@@ -107,7 +107,7 @@ class BatchDriver:
         self.sink = sink
         self.log = log_
         self.on_progress = on_progress
-        self.tracker = WatermarkTracker(config.watermark_inputs(), config.watermark_policy)
+        self.tracker = self._tracker_after(None)
         self.recent: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
@@ -129,12 +129,18 @@ class BatchDriver:
         """Read where the checkpoint's batches stand: the watermark after the last commit, the
         clock's request; and where Spark's checkpoint is."""
         latest = self.log.latest_commit()
-        if latest is not None:
-            self.tracker.restore(latest.watermark)
-            self.last_batch = latest.batch_id
+        self.tracker = self._tracker_after(latest)
+        self.last_batch = latest.batch_id if latest is not None else None
         #: Spark's checkpoint, where the driver reads what each batch read (None: unreachable).
         self.spark_checkpoint = _spark_checkpoint(self.config.checkpoint)
         self._clock = self.log.read_clock() if any(self.triggers.values()) else {}
+
+    def _tracker_after(self, commit: BatchCommit | None) -> WatermarkTracker:
+        """The watermark tracker as batch ``commit`` left it (fresh for None)."""
+        tracker = WatermarkTracker(self.config.watermark_inputs(), self.config.watermark_policy)
+        if commit is not None:
+            tracker.restore(commit.watermark)
+        return tracker
 
     # --- pickling (Spark Connect runs the foreachBatch function in a process of the server's) --
 
@@ -271,11 +277,7 @@ class BatchDriver:
         and writes nothing for them again, as Spark's file sink does."""
         dropped = self.log.roll_back(batch_id)
         previous = self.log.read_commit(batch_id - 1) if batch_id > 0 else None
-        self.tracker = WatermarkTracker(
-            self.config.watermark_inputs(), self.config.watermark_policy
-        )
-        if previous is not None:
-            self.tracker.restore(previous.watermark)
+        self.tracker = self._tracker_after(previous)
         self.last_batch = previous.batch_id if previous is not None else None
         log.warning(
             "batch %d reads other input than when it ran before (Spark's offsets of it "

@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.errors import PySparkException, StreamingQueryException
 
 from sparkstate.exceptions import SparkstateError, UserFunctionError
-from sparkstate.runtime.records import USER_FUNCTION_NOTE, user_traceback
+from sparkstate.runtime.records import raised_by_user_function, user_traceback
 
 __all__ = ["surfaced"]
 
@@ -31,7 +31,7 @@ def surfaced(error: BaseException | None, spark_exception: BaseException) -> Bas
     if error is None:
         return spark_exception
     if not isinstance(error, SparkstateError):
-        if not _user_function_error(error):
+        if not raised_by_user_function(error):
             return spark_exception
         original, error = error, UserFunctionError(user_traceback(error).rstrip("\n"))
         error.__cause__ = original
@@ -44,11 +44,6 @@ def surfaced(error: BaseException | None, spark_exception: BaseException) -> Bas
     out.__suppress_context__ = True  # Spark's text of the same error is not printed again
     out.spark_exception = spark_exception
     return out  # type: ignore[no-any-return]
-
-
-def _user_function_error(error: BaseException) -> bool:
-    notes = [str(n) for n in getattr(error, "__notes__", ())]
-    return any(n.startswith(USER_FUNCTION_NOTE) for n in notes)
 
 
 def _query_class(kind: type[BaseException]) -> type[BaseException]:

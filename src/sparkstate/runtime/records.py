@@ -28,6 +28,7 @@ __all__ = [
     "StoreReport",
     "TaskFailure",
     "TaskReport",
+    "raised_by_user_function",
     "user_traceback",
 ]
 
@@ -207,6 +208,13 @@ _MAX_PICKLE = 1 << 20
 USER_FUNCTION_NOTE = "sparkstate: raised by "
 
 
+def raised_by_user_function(exc: BaseException) -> bool:
+    """Whether a function of the user's raised ``exc`` (an operator or the driver noted so)."""
+    if isinstance(exc, SparkstateError):
+        return False
+    return any(str(n).startswith(USER_FUNCTION_NOTE) for n in getattr(exc, "__notes__", ()))
+
+
 def user_traceback(exc: BaseException) -> str:
     """The traceback of an error a user's function raised, as Python prints it, without the
     frames of sparkstate that called the function."""
@@ -236,10 +244,7 @@ class TaskFailure:
 
     @classmethod
     def of(cls, exc: BaseException, op: int, partition: int) -> TaskFailure:
-        notes = [str(n) for n in getattr(exc, "__notes__", ())]
-        user = not isinstance(exc, SparkstateError) and any(
-            n.startswith(USER_FUNCTION_NOTE) for n in notes
-        )
+        user = raised_by_user_function(exc)
         text = user_traceback(exc) if user else "".join(traceback.format_exception(exc))
         try:
             data = pickle.dumps(exc)
