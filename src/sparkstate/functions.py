@@ -3,6 +3,8 @@
 The names mirror :mod:`pyspark.sql.functions`: ``SF.count("*")``, ``SF.sum("amount")``,
 ``SF.avg(F.col("x") * 2).alias("mean")``. Each returns a small description that the engine turns
 into Spark's per-batch partial aggregate and into the operator that merges it with the state.
+``SF.window`` and ``SF.session_window`` are grouping keys, Spark's ``window`` and
+``session_window`` (passing those from ``pyspark.sql.functions`` works the same).
 This module does not import pyspark: a column may be a name or a ``pyspark.sql.Column``.
 """
 
@@ -11,7 +13,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["AggregateExpression", "avg", "count", "max", "mean", "min", "sum"]
+__all__ = [
+    "AggregateExpression",
+    "SessionWindow",
+    "TimeWindow",
+    "avg",
+    "count",
+    "max",
+    "mean",
+    "min",
+    "session_window",
+    "sum",
+    "window",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,3 +89,71 @@ def avg(col: Any) -> AggregateExpression:
 
 #: PySpark's alias of :func:`avg`.
 mean = avg
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeWindow:
+    """``window(timeColumn, windowDuration, slideDuration, startTime)`` as a grouping key: a struct
+    column ``window`` of ``start`` and ``end`` timestamps, exactly Spark's."""
+
+    time_column: Any
+    window_duration: str
+    slide_duration: str | None = None
+    start_time: str | None = None
+    name: str | None = None
+
+    def alias(self, name: str) -> TimeWindow:
+        return dataclasses.replace(self, name=name)
+
+    name_as = alias
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionWindow:
+    """``session_window(timeColumn, gapDuration)`` as a grouping key: a struct column
+    ``session_window`` of ``start`` and ``end``; the gap is a duration string or a Column
+    expression giving each row's gap (a dynamic gap)."""
+
+    time_column: Any
+    gap_duration: Any
+    name: str | None = None
+
+    def alias(self, name: str) -> SessionWindow:
+        return dataclasses.replace(self, name=name)
+
+    name_as = alias
+
+
+def _duration(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        msg = f"{what} is a duration string such as '10 minutes', got {value!r}"
+        raise TypeError(msg)
+    return value
+
+
+def window(
+    timeColumn: Any,  # noqa: N803 - PySpark's names
+    windowDuration: str,  # noqa: N803
+    slideDuration: str | None = None,  # noqa: N803
+    startTime: str | None = None,  # noqa: N803
+) -> TimeWindow:
+    """Tumbling (no ``slideDuration``) or sliding time windows of ``timeColumn``, as
+    ``pyspark.sql.functions.window``; Spark checks the durations when the query starts."""
+    _column(timeColumn, "window")
+    _duration(windowDuration, "windowDuration")
+    if slideDuration is not None:
+        _duration(slideDuration, "slideDuration")
+    if startTime is not None:
+        _duration(startTime, "startTime")
+    return TimeWindow(timeColumn, windowDuration, slideDuration, startTime)
+
+
+def session_window(timeColumn: Any, gapDuration: Any) -> SessionWindow:  # noqa: N803
+    """Session windows of ``timeColumn`` closed by ``gapDuration`` of inactivity, as
+    ``pyspark.sql.functions.session_window`` (a string, or a Column for a per-row gap)."""
+    _column(timeColumn, "session_window")
+    if isinstance(gapDuration, str):
+        _duration(gapDuration, "gapDuration")
+    else:
+        _column(gapDuration, "session_window")
+    return SessionWindow(timeColumn, gapDuration)

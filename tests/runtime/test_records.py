@@ -35,17 +35,23 @@ def report(partition: int, checkpoint_id: str, next_timer_ms: int | None = None)
 
 def test_intent_and_commit_files_keep_their_format(tmp_path: Path) -> None:
     log = CheckpointLog(str(tmp_path))
-    log.write_intent(BatchIntent(4, watermark_ms=1_000, batch_timestamp_ms=2_000))
+    log.write_intent(
+        BatchIntent(4, watermark_ms=1_000, batch_timestamp_ms=2_000, late_watermark_ms=500)
+    )
     written = json.loads((tmp_path / "batches" / "4.json").read_text())
     assert written == {
         "batch_id": 4,
         "watermark_ms": 1_000,
         "batch_timestamp_ms": 2_000,
         "input_digest": None,
+        "late_watermark_ms": 500,
     }
+    assert log.read_intent(4).watermark_for_late_rows_ms == 500  # type: ignore[union-attr]
     del written["input_digest"]  # as written before the digest was recorded
+    del written["late_watermark_ms"]  # ... and the watermark for late rows
     (tmp_path / "batches" / "4.json").write_text(json.dumps(written))
     assert log.read_intent(4) == BatchIntent(4, 1_000, 2_000)
+    assert log.read_intent(4).watermark_for_late_rows_ms == 1_000  # type: ignore[union-attr]
     assert log.read_intent(5) is None
     commit = BatchCommit(
         batch_id=4,

@@ -232,8 +232,13 @@ class BatchDriver:
             return
         lineage = self._lineage(batch_id)
         if intent is None:
+            previous = self.log.read_commit(batch_id - 1) if batch_id > 0 else None
             intent = BatchIntent(
-                batch_id, self.tracker.watermark_ms, int(started * 1000), input_digest=digest
+                batch_id,
+                self.tracker.watermark_ms,
+                int(started * 1000),
+                input_digest=digest,
+                late_watermark_ms=previous.watermark_ms if previous is not None else 0,
             )
             self.log.write_intent(intent)
         session = df.sparkSession
@@ -343,6 +348,7 @@ class BatchDriver:
             batch_id=intent.batch_id,
             output_mode=self.config.output_mode if last else "append",
             watermark_ms=intent.watermark_ms,
+            late_watermark_ms=intent.watermark_for_late_rows_ms,
             batch_timestamp_ms=intent.batch_timestamp_ms,
             num_partitions=self.config.num_partitions,
             store=self.config.store,

@@ -15,16 +15,23 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import DecimalType, StructField, StructType
+from pyspark.sql.types import (
+    DecimalType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from sparkstate.engine.initial_state import InitialState, plan_initial_state
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.functions import AggregateExpression
+from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow
 from sparkstate.operators.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
     AggregateFunction,
     StreamingAggregate,
+    WindowKey,
     buffer_column,
 )
 from sparkstate.operators.base import StatefulOperator
@@ -34,6 +41,10 @@ from sparkstate.operators.schemas import PickledState
 from sparkstate.operators.transform_with_state import TransformWithState
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
+
+#: Spark's metadata marks on the column of a ``window()`` and a ``session_window()`` key.
+TIME_WINDOW_MARKER = "spark.timeWindow"
+SESSION_WINDOW_MARKER = "spark.sessionWindow"
 
 __all__ = [
     "PROCESSOR_APIS",
@@ -159,6 +170,20 @@ def _as_column(col: Any) -> Column:
     return quote(col) if isinstance(col, str) else col
 
 
+def grouping_column(key: Any) -> Column:
+    """A grouping key as Spark's Column: ``SF.window``/``SF.session_window`` become Spark's."""
+    if isinstance(key, TimeWindow):
+        out = F.window(
+            _as_column(key.time_column), key.window_duration, key.slide_duration, key.start_time
+        )
+    elif isinstance(key, SessionWindow):
+        gap = key.gap_duration
+        out = F.session_window(_as_column(key.time_column), gap)
+    else:
+        return _as_column(key)
+    return out.alias(key.name) if key.name else out
+
+
 def _spark_aggregate(agg: AggregateExpression) -> Column:
     col = agg.column
     if agg.func == "count":
@@ -191,8 +216,9 @@ def _plan_aggregate(
     event_time: str | None,
     watermark_present: bool,
     query_mode: str,
+    watermark_delay_ms: int | None = None,
 ) -> tuple[Stage, DataFrame]:
-    keys = [_as_column(k) for k in step.keys]
+    keys = [grouping_column(k) for k in step.keys]
     for agg in step.aggregates:
         if not isinstance(agg, AggregateExpression):
             msg = (
@@ -209,11 +235,12 @@ def _plan_aggregate(
                     "cast it to double first, e.g. SF.avg(F.col('x').cast('double'))"
                 )
                 raise ConfigurationError(msg)
-    final = df.groupBy(*keys).agg(*[_spark_aggregate(a) for a in step.aggregates])
+    analysed = _with_watermark(df, event_time, watermark_delay_ms)
+    final = analysed.groupBy(*keys).agg(*[_spark_aggregate(a) for a in step.aggregates])
     struct = final.schema
     nkeys = len(keys)
     key_fields = struct.fields[:nkeys]
-    key_names = [f.name for f in key_fields]
+    layout = _key_layout(key_fields, event_time)
     if len(set(struct.names)) != len(struct.names):
         msg = f"the aggregation's output has duplicate column names {struct.names}; use .alias()"
         raise ConfigurationError(msg)
@@ -227,21 +254,91 @@ def _plan_aggregate(
     if has_event_time:
         assert event_time is not None
         partials.append(F.max(quote(event_time).cast("timestamp")).alias(EVENT_TIME_COLUMN))
-    watermark_key = event_time if event_time in key_names else None
     operator = StreamingAggregate(
-        arrow_schema(StructType(key_fields), nullable=True),
+        arrow_schema(StructType(layout.state_fields), nullable=True),
         aggregates,
         output_schema=arrow_schema(struct),
-        watermark_key=watermark_key,
+        output_keys=layout.output_keys,
+        watermark_key=layout.watermark_key,
         has_event_time=has_event_time,
         ansi=str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true",
         no_data_batches=watermark_present and query_mode != "complete",
     )
 
-    def prepare(batch: DataFrame) -> DataFrame:
-        return batch.groupBy(*keys).agg(*partials)
+    partial_names = analysed.groupBy(*keys).agg(*partials).columns[nkeys:]
+    flat = [*layout.columns, *[quote(c) for c in partial_names]]
 
-    return Stage(op_id, operator, struct, key_names, prepare), final
+    def prepare(batch: DataFrame) -> DataFrame:
+        return batch.groupBy(*keys).agg(*partials).select(*flat)
+
+    return Stage(op_id, operator, struct, [f.name for f in layout.state_fields], prepare), final
+
+
+@dataclasses.dataclass
+class _KeyLayout:
+    """How an aggregation's grouping keys are kept in state (see :class:`StreamingAggregate`)."""
+
+    #: State key fields, in state key order: the watermark's column first, when there is one.
+    state_fields: list[StructField]
+    #: The output's keys in output order: state column names, or windows.
+    output_keys: list[str | WindowKey]
+    #: The partial aggregate's key columns, as the state key columns (windows split in two).
+    columns: list[Column]
+    watermark_key: str | None
+
+
+def _key_layout(key_fields: Sequence[StructField], event_time: str | None) -> _KeyLayout:
+    """State layout of the grouping keys: a time window as its ``end`` and ``start`` columns;
+    the key the watermark is on (by Spark's metadata, as Spark finds it) leading the state key."""
+    fields: list[StructField] = []
+    output_keys: list[str | WindowKey] = []
+    columns: list[Column] = []
+    watermark_key = None
+    for f in key_fields:
+        meta = f.metadata or {}
+        watermarked = WATERMARK_DELAY_KEY in meta or f.name == event_time
+        if meta.get(SESSION_WINDOW_MARKER):
+            msg = (
+                f"session_window() keys ({f.name!r}) are not supported yet; group by window() "
+                "or by columns"
+            )
+            raise ConfigurationError(msg)
+        if meta.get(TIME_WINDOW_MARKER) and isinstance(f.dataType, StructType):
+            window = WindowKey.of(f.name)
+            time_type = f.dataType.fields[0].dataType
+            fields += [StructField(window.end, time_type), StructField(window.start, time_type)]
+            columns += [
+                quote(f.name).getField("end").alias(window.end),
+                quote(f.name).getField("start").alias(window.start),
+            ]
+            output_keys.append(window)
+            if watermarked and watermark_key is None:
+                watermark_key = window.end
+            continue
+        fields.append(StructField(f.name, f.dataType))
+        columns.append(quote(f.name))
+        output_keys.append(f.name)
+        if watermarked and watermark_key is None and _is_time(f.dataType):
+            watermark_key = f.name
+    if watermark_key is not None:  # eviction is a range scan from the start of the key space
+        first = next(i for i, f in enumerate(fields) if f.name == watermark_key)
+        fields.insert(0, fields.pop(first))
+    return _KeyLayout(fields, output_keys, columns, watermark_key)
+
+
+def _is_time(data_type: Any) -> bool:
+    return isinstance(data_type, TimestampType | TimestampNTZType)
+
+
+def _with_watermark(df: DataFrame, event_time: str | None, delay_ms: int | None) -> DataFrame:
+    """``df`` with the query's watermark as Spark records it (on the event-time column's metadata,
+    which the analyzer carries to a ``window()`` of it), for planning only."""
+    if event_time is None or delay_ms is None or event_time not in df.columns:
+        return df
+    meta = df.schema[event_time].metadata or {}
+    if WATERMARK_DELAY_KEY in meta:
+        return df
+    return df.withWatermark(event_time, f"{delay_ms} milliseconds")
 
 
 def _plan_dedup(
@@ -426,16 +523,25 @@ def plan_stages(
             )
         elif isinstance(step, AggregateStep):
             stage, current = _plan_aggregate(
-                op_id, current, step, watermark, event_time is not None, output_mode
+                op_id,
+                current,
+                step,
+                watermark,
+                event_time is not None,
+                output_mode,
+                watermark_delay_ms,
             )
         else:
             stage, current = _plan_dedup(op_id, current, step, watermark, event_time is not None)
         stages.append(stage)
-    has_agg = any(isinstance(s.operator, StreamingAggregate) for s in stages)
-    if output_mode == "append" and has_agg:
+    aggs = [s.operator for s in stages if isinstance(s.operator, StreamingAggregate)]
+    has_agg = bool(aggs)
+    if output_mode == "append" and any(a.watermark_key is None for a in aggs):
         msg = (
-            "append output mode needs an aggregation over an event-time window with a watermark "
-            "(not supported yet); use outputMode('update') or outputMode('complete')"
+            "Append output mode not supported when there are streaming aggregations on streaming "
+            "DataFrames/DataSets without watermark (as in Spark): group by a window() of the "
+            "watermarked column, or by that column, or use outputMode('update') or "
+            "outputMode('complete')"
         )
         raise ConfigurationError(msg)
     arbitrary = [s.api for s in steps if isinstance(s, ArbitraryStep)]
@@ -505,7 +611,7 @@ def _check_storable(stage: Stage) -> None:
         except ConfigurationError as exc:
             msg = (
                 f"operator {stage.op_id} ({op.kind}) keeps state by {stage.partition_columns}: "
-                f"{exc}. Group or deduplicate by plain columns (window() keys are not "
-                "supported yet)"
+                f"{exc}. Group or deduplicate by plain columns or window() keys (struct, array "
+                "and map keys are not supported)"
             )
             raise ConfigurationError(msg) from exc

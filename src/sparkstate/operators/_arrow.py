@@ -54,12 +54,17 @@ def lookup(
 
 
 def scan(
-    store: StateStore, fam: ColumnFamily, chunk: int = SCAN_CHUNK
+    store: StateStore,
+    fam: ColumnFamily,
+    chunk: int = SCAN_CHUNK,
+    start: bytes | None = None,
+    end: bytes | None = None,
 ) -> Iterator[tuple[list[bytes], pa.Table, pa.Table]]:
-    """The whole family in key order, in chunks of (encoded keys, keys table, values table)."""
+    """The family in key order (all of it, or the encoded keys ``start <= key < end``), in
+    chunks of (encoded keys, keys table, values table)."""
     kencs: list[bytes] = []
     raws: list[bytes | None] = []
-    for k, v in store.range_scan_encoded(cf=fam.name):
+    for k, v in store.range_scan_encoded(start, end, fam.name):
         kencs.append(k)
         raws.append(v)
         if len(kencs) >= chunk:

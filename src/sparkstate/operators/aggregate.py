@@ -3,9 +3,15 @@
 Spark computes, per micro-batch, one row per distinct key holding partial aggregation buffers (a
 count, a sum, a min...). This operator merges those rows with the buffers kept in the store, writes
 the merged buffers back, and emits final values: the updated keys (update mode) or every key
-(complete mode). Types and null rules follow Spark: ``count`` is a long and never null, ``sum`` of
-nothing but nulls is null, ``avg`` is ``sum / count`` as a double, ``min``/``max`` ignore nulls and
-treat NaN as the largest double.
+(complete mode), or the keys the watermark closes (append mode). Types and null rules follow
+Spark: ``count`` is a long and never null, ``sum`` of nothing but nulls is null, ``avg`` is
+``sum / count`` as a double, ``min``/``max`` ignore nulls and treat NaN as the largest double.
+
+A grouping key may be a time window (``window(...)``): Spark assigns each row its windows before
+the shuffle, and the state keeps the window as two timestamp key columns, its end first. When the
+watermark is on a grouping key (a window or an event-time column), that column leads the state key,
+so the rows the watermark closes (``end <= watermark``, Spark's rule) are one range scan from the
+start of the key space: eviction reads what it evicts, never the whole state.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ __all__ = [
     "AggregateFunction",
     "AggregateOverflowError",
     "StreamingAggregate",
+    "WindowKey",
 ]
 
 #: Buffers of each function, in order: (suffix, merge kind).
@@ -83,6 +90,23 @@ class AggregateFunction:
 
     def describe(self) -> dict[str, Any]:
         return {"func": self.func, "name": self.output_name, "type": str(self.output_type)}
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowKey:
+    """A grouping key that is a time window: an output struct ``name`` of ``start`` and ``end``
+    timestamps, kept in state (and in the operator's input) as key columns ``start`` and ``end``."""
+
+    name: str
+    start: str
+    end: str
+
+    @classmethod
+    def of(cls, name: str) -> WindowKey:
+        return cls(name, f"__ss_{name}_start", f"__ss_{name}_end")
+
+    def describe(self) -> dict[str, str]:
+        return {"window": self.name, "start": self.start, "end": self.end}
 
 
 def buffer_column(index: int, func: str, part: int) -> str:
@@ -148,16 +172,21 @@ _MERGES_NON_ANSI = {**_MERGES, "sum": _merge_sum_wrapping}
 class StreamingAggregate(StatefulOperator):
     """``groupBy(keys).agg(...)`` over partial aggregates, one row per key and batch.
 
-    Input batches hold the key columns, the buffer columns named by :func:`buffer_column`, and
-    optionally ``__ss_rows`` (raw rows behind the partial row) and ``__ss_event_time`` (largest
-    event time behind it). ``watermark_key``, when set, names a key column holding event time:
-    partial rows at or below the watermark are dropped (counted as dropped by watermark) and, in
-    update mode, state rows at or below it are evicted, as Spark does.
+    Input batches hold the state key columns (``key_schema``), the buffer columns named by
+    :func:`buffer_column`, and optionally ``__ss_rows`` (raw rows behind the partial row) and
+    ``__ss_event_time`` (largest event time behind it). ``output_keys`` says how the output's key
+    columns come from the state's, in output order: a state key column by name, or a
+    :class:`WindowKey` rebuilt as a struct (default: the state key columns as they are).
+
+    ``watermark_key``, when set, is the first state key column and holds event time (a window's
+    end, or an event-time grouping column): partial rows at or below the watermark are dropped
+    (counted as dropped by watermark) and, in update and append mode, state rows at or below it are
+    evicted, as Spark does; append mode emits each evicted row, once.
     """
 
     kind: ClassVar[str] = "aggregate"
     progress_name: ClassVar[str] = "stateStoreSave"
-    supported_output_modes: ClassVar[tuple[str, ...]] = ("update", "complete")
+    supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
 
     def __init__(
         self,
@@ -165,6 +194,7 @@ class StreamingAggregate(StatefulOperator):
         aggregates: list[AggregateFunction],
         *,
         output_schema: pa.Schema | None = None,
+        output_keys: list[str | WindowKey] | None = None,
         watermark_key: str | None = None,
         has_event_time: bool = False,
         ansi: bool = True,
@@ -173,11 +203,18 @@ class StreamingAggregate(StatefulOperator):
         if not aggregates:
             msg = "an aggregation needs at least one aggregate function"
             raise ConfigurationError(msg)
-        if watermark_key is not None and watermark_key not in key_schema.names:
-            msg = f"watermark key {watermark_key!r} is not a grouping column of {key_schema.names}"
+        if watermark_key is not None and watermark_key not in key_schema.names[:1]:
+            msg = (
+                f"watermark key {watermark_key!r} must be the first state key column of "
+                f"{key_schema.names} (eviction scans the keys in its order)"
+            )
             raise ConfigurationError(msg)
         self.aggregates = list(aggregates)
         self.key_schema = key_schema
+        self.output_keys: list[str | WindowKey] = (
+            list(key_schema.names) if output_keys is None else list(output_keys)
+        )
+        _check_output_keys(self.output_keys, key_schema)
         self.watermark_key = watermark_key
         self.has_event_time = has_event_time
         #: Whether a watermark move asks for a batch, as Spark's ``StateStoreSaveExec`` does in
@@ -200,7 +237,8 @@ class StreamingAggregate(StatefulOperator):
             fields.append(pa.field(EVENT_TIME_COLUMN, pa.timestamp("us", tz="UTC")))
         self.input_schema = pa.schema(fields)
         default_output = pa.schema(
-            list(key_schema) + [pa.field(a.output_name, a.output_type) for a in self.aggregates]
+            [_output_key_field(k, key_schema) for k in self.output_keys]
+            + [pa.field(a.output_name, a.output_type) for a in self.aggregates]
         )
         self.output_schema = output_schema if output_schema is not None else default_output
         if len(self.output_schema) != len(default_output):
@@ -217,6 +255,9 @@ class StreamingAggregate(StatefulOperator):
         out = super().describe()
         out["aggregates"] = [a.describe() for a in self.aggregates]
         out["watermark_key"] = self.watermark_key
+        if any(isinstance(k, WindowKey) for k in self.output_keys):
+            keys = self.output_keys
+            out["output_keys"] = [k if isinstance(k, str) else k.describe() for k in keys]
         out["output_schema"] = schema_to_json(self.output_schema)
         return out
 
@@ -226,10 +267,9 @@ class StreamingAggregate(StatefulOperator):
         self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
     ) -> Iterator[pa.RecordBatch]:
         fam = store.column_family()
-        emit_updates = ctx.output_mode == "update"
+        mode = ctx.output_mode
         m = ctx.metrics
-        drop_late = self.watermark_key is not None and ctx.watermark_ms > 0
-        drop_late = drop_late and ctx.output_mode != "complete"
+        evicts = self.watermark_key is not None and ctx.watermark_ms > 0 and mode != "complete"
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -237,9 +277,9 @@ class StreamingAggregate(StatefulOperator):
                 m.num_input_rows += int(pc.sum(batch.column(ROWS_COLUMN)).as_py() or 0)
             if EVENT_TIME_COLUMN in batch.schema.names:
                 m.observe_event_time(max_event_time_ms(batch.column(EVENT_TIME_COLUMN)))
-            if drop_late:
+            if evicts and ctx.watermark_for_late_rows_ms > 0:
                 assert self.watermark_key is not None
-                late = is_late(batch.column(self.watermark_key), ctx.watermark_ms)
+                late = is_late(batch.column(self.watermark_key), ctx.watermark_for_late_rows_ms)
                 n_late = int(pc.sum(late.cast(pa.int64())).as_py() or 0)
                 if n_late:
                     m.num_rows_dropped_by_watermark += n_late
@@ -254,13 +294,13 @@ class StreamingAggregate(StatefulOperator):
             store.put_encoded_many(kencs, fam.value_codec.encode_many(values))
             m.num_rows_updated += len(kencs)
             m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
-            if emit_updates:
+            if mode == "update":
                 out = self._finish(keys, values)
                 m.num_output_rows += out.num_rows
                 yield out
-        if ctx.output_mode == "update" and self.watermark_key is not None and ctx.watermark_ms > 0:
-            self._evict(store, ctx)
-        if ctx.output_mode == "complete":
+        if evicts:
+            yield from self._evict(store, ctx, emit=mode == "append")
+        if mode == "complete":
             for _kencs, keys_table, values_table in scan(store, fam):
                 out = self._finish(keys_table, values_table)
                 m.num_output_rows += out.num_rows
@@ -284,15 +324,24 @@ class StreamingAggregate(StatefulOperator):
                 raise AggregateOverflowError(msg) from exc
         return out
 
-    def _evict(self, store: StateStore, ctx: BatchContext) -> None:
-        """Remove state rows whose event-time key is at or below the watermark."""
-        assert self.watermark_key is not None
+    def _evict(
+        self, store: StateStore, ctx: BatchContext, *, emit: bool
+    ) -> Iterator[pa.RecordBatch]:
+        """Remove the state rows whose event-time key is at or below the watermark (emitting their
+        final values when ``emit``): one range scan over the keys that lead with such a time."""
         started = time.perf_counter()
         fam = store.column_family()
+        # Present (marker 0x01) times up to the watermark; null event times are never late.
+        end = fam.key_codec.encode_prefix((ctx.watermark_ms * 1000 + 1,))
         doomed: list[bytes] = []
-        for kencs, keys_table, _values in scan(store, fam):
-            late = is_late(keys_table.column(self.watermark_key), ctx.watermark_ms)
-            doomed.extend(k for k, d in zip(kencs, late.to_pylist(), strict=True) if d)
+        for kencs, keys_table, values_table in scan(store, fam, start=b"\x01", end=end):
+            doomed.extend(kencs)
+            if emit:
+                out = self._finish(keys_table, values_table)
+                ctx.metrics.num_output_rows += out.num_rows
+                ctx.metrics.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+                yield out
+                started = time.perf_counter()
         if doomed:
             store.remove_encoded_many(doomed)
             ctx.metrics.num_rows_removed += len(doomed)
@@ -302,9 +351,7 @@ class StreamingAggregate(StatefulOperator):
         self, keys: pa.Table | pa.RecordBatch, values: pa.Table | pa.RecordBatch
     ) -> pa.RecordBatch:
         """Final output rows: the keys, then each aggregate's result from its buffers."""
-        columns: list[pa.Array | pa.ChunkedArray] = [
-            keys.column(i) for i in range(keys.num_columns)
-        ]
+        columns = _output_key_columns(self.output_keys, keys)
         for i, agg in enumerate(self.aggregates):
             first = values.column(buffer_column(i, agg.func, 0))
             if agg.func == "count":
@@ -324,3 +371,36 @@ class StreamingAggregate(StatefulOperator):
 def _as_type(batch: pa.RecordBatch, name: str, typ: pa.DataType) -> pa.Array:
     col = batch.column(name)
     return col if col.type == typ else col.cast(typ)
+
+
+def _output_key_field(key: str | WindowKey, key_schema: pa.Schema) -> pa.Field:
+    if isinstance(key, str):
+        return key_schema.field(key)
+    return pa.field(key.name, _window_type(key_schema.field(key.start).type))
+
+
+def _window_type(time_type: pa.DataType) -> pa.DataType:
+    return pa.struct([pa.field("start", time_type), pa.field("end", time_type)])
+
+
+def _check_output_keys(output_keys: list[str | WindowKey], key_schema: pa.Schema) -> None:
+    used = [c for k in output_keys for c in ([k] if isinstance(k, str) else [k.start, k.end])]
+    if sorted(used) != sorted(key_schema.names):
+        msg = f"output keys {output_keys} do not use each state key column of {key_schema.names}"
+        raise ConfigurationError(msg)
+
+
+def _output_key_columns(
+    output_keys: list[str | WindowKey], keys: pa.Table | pa.RecordBatch
+) -> list[pa.Array | pa.ChunkedArray]:
+    """The output's key columns from the state's: windows rebuilt as ``start``/``end`` structs."""
+    columns: list[pa.Array | pa.ChunkedArray] = []
+    for key in output_keys:
+        if isinstance(key, str):
+            columns.append(keys.column(key))
+            continue
+        start, end = keys.column(key.start), keys.column(key.end)
+        if isinstance(start, pa.ChunkedArray):
+            start, end = start.combine_chunks(), end.combine_chunks()
+        columns.append(pa.StructArray.from_arrays([start, end], names=["start", "end"]))
+    return columns

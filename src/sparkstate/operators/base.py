@@ -122,7 +122,9 @@ class BatchContext:
     """Everything an operator may know about the batch it runs in.
 
     ``watermark_ms`` is the event-time watermark in force for this batch (chosen before the batch
-    started, Spark's rule), 0 when there is none yet. ``metrics`` is filled in by the operator.
+    started, Spark's rule), 0 when there is none yet: state is evicted by it. Input rows are late
+    by ``late_watermark_ms``, the previous batch's watermark (Spark's watermark for late events;
+    None means ``watermark_ms``). ``metrics`` is filled in by the operator.
     """
 
     batch_id: int
@@ -132,6 +134,11 @@ class BatchContext:
     watermark_ms: int = 0
     batch_timestamp_ms: int = 0
     metrics: OperatorMetrics = dataclasses.field(default_factory=OperatorMetrics)
+    late_watermark_ms: int | None = None
+
+    @property
+    def watermark_for_late_rows_ms(self) -> int:
+        return self.watermark_ms if self.late_watermark_ms is None else self.late_watermark_ms
 
     def __post_init__(self) -> None:
         if self.output_mode not in OUTPUT_MODES:

@@ -114,9 +114,16 @@ class BatchIntent:
     #: The digest of the source offsets Spark's batch read (``runtime/spark_checkpoint.py``);
     #: None where it could not be read, and in intents written before it was recorded.
     input_digest: str | None = None
+    #: The watermark late rows are judged by: the previous batch's (Spark's
+    #: ``eventTimeWatermarkForLateEvents``); None in intents written before it was recorded.
+    late_watermark_ms: int | None = None
 
     def to_json(self) -> str:
         return _dumps(dataclasses.asdict(self))
+
+    @property
+    def watermark_for_late_rows_ms(self) -> int:
+        return self.watermark_ms if self.late_watermark_ms is None else self.late_watermark_ms
 
     def same_input(self, digest: str | None) -> bool:
         """Whether a batch that read ``digest`` is this batch run again (as far as can be told:
@@ -131,7 +138,12 @@ class BatchIntent:
             watermark_ms=int(data["watermark_ms"]),
             batch_timestamp_ms=int(data["batch_timestamp_ms"]),
             input_digest=data.get("input_digest"),
+            late_watermark_ms=_optional_int(data.get("late_watermark_ms")),
         )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,8 @@ class TaskSpec:
     lineage: dict[int, str | None]
     #: Re-deliver the output of a committed batch: run on version ``batch_id``, then abort.
     replay: bool = False
+    #: The watermark late input rows are judged by (the previous batch's); None: ``watermark_ms``.
+    late_watermark_ms: int | None = None
 
     def key(self, partition: int) -> PartitionKey:
         return (self.store.state_root, self.op_id, partition)
@@ -54,6 +56,7 @@ class TaskSpec:
             num_partitions=self.num_partitions,
             watermark_ms=self.watermark_ms,
             batch_timestamp_ms=self.batch_timestamp_ms,
+            late_watermark_ms=self.late_watermark_ms,
         )
 
     def provider(self, partition: int) -> StateStoreProvider:
