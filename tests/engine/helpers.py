@@ -92,3 +92,36 @@ def oracle_update(
         result = df.groupBy(*keys).agg(*aggregates()).collect()
         out[b] = normalize([r for r in result if tuple(r[k] for k in keys) in touched])
     return out
+
+
+def run_in_two_runs(
+    spark: SparkSession,
+    tmp: Path,
+    schema: str,
+    files: list[list[dict[str, Any]]],
+    build: Callable[[DataFrame], Any],
+    mode: str,
+    provider: str | None,
+) -> tuple[Collector, list[dict[str, Any]]]:
+    """``build(input)``'s query with ``availableNow`` over the first half of ``files`` until it
+    ends, then over all of them on the same checkpoint (a restart in the middle of the query);
+    ``provider`` None runs it as Spark's own query. The batches it delivered, and its progress."""
+    feed = FileFeed(tmp / "input")
+    collector = Collector()
+    progress: list[dict[str, Any]] = []
+    half = len(files) // 2
+    for rows in files[:half]:
+        feed.add(rows)
+    for run in range(2):
+        if run == 1:
+            for rows in files[half:]:
+                feed.add(rows)
+        writer = build(feed.stream(spark, schema)).writeStream.outputMode(mode)
+        writer = writer.foreachBatch(collector)
+        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
+        if provider is not None:
+            writer = writer.option("stateStore", provider)
+        handle = writer.trigger(availableNow=True).start()
+        assert handle.awaitTermination(180), f"run {run} did not end"
+        progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
+    return collector, progress

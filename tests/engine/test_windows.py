@@ -24,6 +24,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PROVIDERS
+from .helpers import run_in_two_runs
 
 SCHEMA = "k string, ts timestamp, v long"
 FILES = 6
@@ -90,27 +91,11 @@ def our_query(df: DataFrame, case: Case) -> Any:
 def run_twice(
     spark: SparkSession, tmp: Path, case: Case, provider: str | None
 ) -> tuple[Collector, list[dict[str, Any]]]:
-    """Half of the files until the query ends, then all of them on the same checkpoint;
-    ``provider`` None runs Spark's own query."""
-    feed = FileFeed(tmp / "input")
-    collector = Collector()
-    progress: list[dict[str, Any]] = []
-    for i in range(FILES // 2):
-        feed.add(rows(i))
-    for run in range(2):
-        if run == 1:
-            for i in range(FILES // 2, FILES):
-                feed.add(rows(i))
-        df = feed.stream(spark, SCHEMA)
-        query = spark_query(df, case) if provider is None else our_query(df, case)
-        writer = query.writeStream.outputMode(case.mode).foreachBatch(collector)
-        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
-        if provider is not None:
-            writer = writer.option("stateStore", provider)
-        handle = writer.trigger(availableNow=True).start()
-        assert handle.awaitTermination(180), f"{case.name}: run {run} did not end"
-        progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
-    return collector, progress
+    def build(df: DataFrame) -> Any:
+        return spark_query(df, case) if provider is None else our_query(df, case)
+
+    files = [rows(i) for i in range(FILES)]
+    return run_in_two_runs(spark, tmp, SCHEMA, files, build, case.mode, provider)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
 from sparkstate.operators.schemas import PickledState
+from sparkstate.operators.session_window import SessionWindowAggregate
 from sparkstate.operators.transform_with_state import TransformWithState
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
@@ -45,6 +46,8 @@ from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 #: Spark's metadata marks on the column of a ``window()`` and a ``session_window()`` key.
 TIME_WINDOW_MARKER = "spark.timeWindow"
 SESSION_WINDOW_MARKER = "spark.sessionWindow"
+#: The operators of ``groupBy().agg()``.
+AGGREGATIONS = (StreamingAggregate, SessionWindowAggregate)
 
 __all__ = [
     "PROCESSOR_APIS",
@@ -254,16 +257,31 @@ def _plan_aggregate(
     if has_event_time:
         assert event_time is not None
         partials.append(F.max(quote(event_time).cast("timestamp")).alias(EVENT_TIME_COLUMN))
-    operator = StreamingAggregate(
-        arrow_schema(StructType(layout.state_fields), nullable=True),
-        aggregates,
-        output_schema=arrow_schema(struct),
-        output_keys=layout.output_keys,
-        watermark_key=layout.watermark_key,
-        has_event_time=has_event_time,
-        ansi=str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true",
-        no_data_batches=watermark_present and query_mode != "complete",
-    )
+    ansi = str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
+    operator: StatefulOperator
+    if layout.session is not None:
+        operator = SessionWindowAggregate(
+            arrow_schema(StructType(layout.state_fields), nullable=True),
+            layout.session,
+            aggregates,
+            output_schema=arrow_schema(struct),
+            output_keys=layout.output_keys,
+            watermarked=layout.session_watermarked,
+            has_event_time=has_event_time,
+            ansi=ansi,
+            no_data_batches=watermark_present and query_mode != "complete",
+        )
+    else:
+        operator = StreamingAggregate(
+            arrow_schema(StructType(layout.state_fields), nullable=True),
+            aggregates,
+            output_schema=arrow_schema(struct),
+            output_keys=layout.output_keys,
+            watermark_key=layout.watermark_key,
+            has_event_time=has_event_time,
+            ansi=ansi,
+            no_data_batches=watermark_present and query_mode != "complete",
+        )
 
     partial_names = analysed.groupBy(*keys).agg(*partials).columns[nkeys:]
     flat = [*layout.columns, *[quote(c) for c in partial_names]]
@@ -285,6 +303,9 @@ class _KeyLayout:
     #: The partial aggregate's key columns, as the state key columns (windows split in two).
     columns: list[Column]
     watermark_key: str | None
+    #: The session window key, if there is one (kept per key, not in the state key's columns).
+    session: WindowKey | None = None
+    session_watermarked: bool = False
 
 
 def _key_layout(key_fields: Sequence[StructField], event_time: str | None) -> _KeyLayout:
@@ -294,15 +315,32 @@ def _key_layout(key_fields: Sequence[StructField], event_time: str | None) -> _K
     output_keys: list[str | WindowKey] = []
     columns: list[Column] = []
     watermark_key = None
+    windows = [
+        f.name
+        for f in key_fields
+        if (f.metadata or {}).get(SESSION_WINDOW_MARKER)
+        or (f.metadata or {}).get(TIME_WINDOW_MARKER)
+    ]
+    if len(windows) > 1:
+        msg = (
+            f"group by one window() or session_window() at most, got {windows} (as in Spark: "
+            "several would multiply every row)"
+        )
+        raise ConfigurationError(msg)
+    session = None
+    session_watermarked = False
     for f in key_fields:
         meta = f.metadata or {}
         watermarked = WATERMARK_DELAY_KEY in meta or f.name == event_time
-        if meta.get(SESSION_WINDOW_MARKER):
-            msg = (
-                f"session_window() keys ({f.name!r}) are not supported yet; group by window() "
-                "or by columns"
-            )
-            raise ConfigurationError(msg)
+        if meta.get(SESSION_WINDOW_MARKER) and isinstance(f.dataType, StructType):
+            session = WindowKey.of(f.name)
+            columns += [
+                quote(f.name).getField("start").alias(session.start),
+                quote(f.name).getField("end").alias(session.end),
+            ]
+            output_keys.append(session)
+            session_watermarked = watermarked
+            continue
         if meta.get(TIME_WINDOW_MARKER) and isinstance(f.dataType, StructType):
             window = WindowKey.of(f.name)
             time_type = f.dataType.fields[0].dataType
@@ -320,6 +358,8 @@ def _key_layout(key_fields: Sequence[StructField], event_time: str | None) -> _K
         output_keys.append(f.name)
         if watermarked and watermark_key is None and _is_time(f.dataType):
             watermark_key = f.name
+    if session is not None:  # sessions evict by their own index; keys keep their order
+        return _KeyLayout(fields, output_keys, columns, None, session, session_watermarked)
     if watermark_key is not None:  # eviction is a range scan from the start of the key space
         first = next(i for i, f in enumerate(fields) if f.name == watermark_key)
         fields.insert(0, fields.pop(first))
@@ -497,7 +537,7 @@ def plan_stages(
             current = _plan_stateless(stages[-1], current, step, output_mode)
             continue
         op_id = len(stages)
-        if stages and isinstance(stages[-1].operator, StreamingAggregate):
+        if stages and isinstance(stages[-1].operator, AGGREGATIONS):
             msg = (
                 "a stateful step after an aggregation is not supported yet; "
                 "deduplicate before aggregating"
@@ -534,9 +574,9 @@ def plan_stages(
         else:
             stage, current = _plan_dedup(op_id, current, step, watermark, event_time is not None)
         stages.append(stage)
-    aggs = [s.operator for s in stages if isinstance(s.operator, StreamingAggregate)]
+    aggs = [s.operator for s in stages if isinstance(s.operator, AGGREGATIONS)]
     has_agg = bool(aggs)
-    if output_mode == "append" and any(a.watermark_key is None for a in aggs):
+    if output_mode == "append" and not all(map(_closes_by_watermark, aggs)):
         msg = (
             "Append output mode not supported when there are streaming aggregations on streaming "
             "DataFrames/DataSets without watermark (as in Spark): group by a window() of the "
@@ -555,7 +595,7 @@ def plan_stages(
         )
         raise ConfigurationError(msg)
     for stage in stages:
-        if not has_agg or isinstance(stage.operator, StreamingAggregate):
+        if not has_agg or isinstance(stage.operator, AGGREGATIONS):
             stage.operator.check_output_mode(output_mode)
         _check_storable(stage)
     return stages
@@ -582,7 +622,7 @@ def _plan_stateless(stage: Stage, output: DataFrame, step: StatelessStep, mode: 
     """Attach ``step`` to ``stage``'s output; Spark analyses it here, so a bad column fails at
     ``start()``."""
     if step.method in _SORTS and not (
-        mode == "complete" and isinstance(stage.operator, StreamingAggregate)
+        mode == "complete" and isinstance(stage.operator, AGGREGATIONS)
     ):
         msg = (
             f"{step.method}() after a stateful step needs an aggregation in complete output "
@@ -599,6 +639,13 @@ def _plan_stateless(stage: Stage, output: DataFrame, step: StatelessStep, mode: 
         raise ConfigurationError(msg) from exc
     stage.after.append(step)
     return result
+
+
+def _closes_by_watermark(op: StatefulOperator) -> bool:
+    """Whether an aggregation's rows close when the watermark passes them (append mode)."""
+    if isinstance(op, SessionWindowAggregate):
+        return op.watermarked
+    return isinstance(op, StreamingAggregate) and op.watermark_key is not None
 
 
 def _check_storable(stage: Stage) -> None:

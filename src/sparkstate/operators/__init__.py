@@ -3,12 +3,14 @@
 from sparkstate.operators.aggregate import AggregateFunction, StreamingAggregate
 from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
 from sparkstate.operators.dedup import Deduplicate
+from sparkstate.operators.session_window import SessionWindowAggregate
 
 __all__ = [
     "AggregateFunction",
     "BatchContext",
     "Deduplicate",
     "OperatorMetrics",
+    "SessionWindowAggregate",
     "StatefulOperator",
     "StreamingAggregate",
 ]

@@ -1,0 +1,396 @@
+"""Session-window aggregation: ``groupBy(session_window(ts, gap), keys).agg(...)``.
+
+Spark gives each row the session ``[ts, ts + gap)`` and merges a batch's sessions of a key that
+overlap (a session joins the one before it when it starts at or before that one's end, Spark's
+``MergingSessionsIterator`` rule), one row of partial buffers per merged session. This operator
+merges those with the key's sessions already in state, by the same rule, folding the buffers of
+each merged session in start order; in append mode it emits and evicts the sessions whose end the
+watermark passed, in complete mode it emits every session.
+
+State, in three column families:
+
+* the default one: ``(keys..., start) -> (end, buffers...)``, one row per session;
+* ``session_starts``: ``keys -> starts``, the key's session starts (int64 microseconds packed in
+  order), so a batch finds every session of its keys with two multi-gets, never a scan;
+* ``session_ends``: an ``(end, session key)`` index, so eviction is one range scan up to the
+  watermark and reads only what it evicts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators._arrow import conform, decode_keys, decode_values, max_event_time_ms
+from sparkstate.operators._arrow import scan as scan_family
+from sparkstate.operators.aggregate import (
+    EVENT_TIME_COLUMN,
+    ROWS_COLUMN,
+    AggregateFunction,
+    StreamingAggregate,
+    WindowKey,
+)
+from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.grouping import concat_batches
+from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
+from sparkstate.store.base import StateStore
+from sparkstate.store.codec import KeyCodec
+from sparkstate.store.schema_json import schema_to_json
+
+__all__ = ["SessionWindowAggregate"]
+
+STARTS_CF = "session_starts"
+ENDS_CF = "session_ends"
+_STARTS_SCHEMA = pa.schema([pa.field("starts", pa.binary(), nullable=False)])
+_TS = pa.timestamp("us", tz="UTC")
+
+
+class SessionWindowAggregate(StatefulOperator):
+    """Session windows of ``window`` (a :class:`WindowKey` naming the input's ``start``/``end``
+    columns) per ``key_columns``, with ``aggregates`` merged as :class:`StreamingAggregate` does.
+
+    The input holds the key columns, the session's start and end, the buffer columns, and the
+    hidden ``__ss_rows`` / ``__ss_event_time`` columns. ``watermarked`` says whether the session
+    window carries the query's watermark (append mode needs it).
+    """
+
+    kind: ClassVar[str] = "session_window_aggregate"
+    progress_name: ClassVar[str] = "sessionWindowStateStoreSaveExec"
+    supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "complete")
+
+    def __init__(
+        self,
+        user_key_schema: pa.Schema,
+        window: WindowKey,
+        aggregates: list[AggregateFunction],
+        *,
+        output_schema: pa.Schema,
+        output_keys: list[str | WindowKey],
+        time_type: pa.DataType = _TS,
+        watermarked: bool = False,
+        has_event_time: bool = False,
+        ansi: bool = True,
+        no_data_batches: bool = False,
+    ) -> None:
+        if not user_key_schema.names:
+            msg = "session_window() needs at least one other grouping column (as in Spark)"
+            raise ConfigurationError(msg)
+        self.window = window
+        self.user_key_schema = user_key_schema
+        self.watermarked = watermarked
+        self.no_data_batches = no_data_batches
+        start, end = pa.field(window.start, time_type), pa.field(window.end, time_type)
+        # The merge and the final values are StreamingAggregate's, over (keys, start, end).
+        self._agg = StreamingAggregate(
+            pa.schema([*user_key_schema, start, end]),
+            aggregates,
+            output_schema=output_schema,
+            output_keys=output_keys,
+            has_event_time=has_event_time,
+            ansi=ansi,
+        )
+        self.aggregates = self._agg.aggregates
+        self.key_schema = pa.schema([*user_key_schema, start])
+        self.value_schema = pa.schema([end, *self._agg.value_schema])
+        self.input_schema = self._agg.input_schema
+        self.output_schema = self._agg.output_schema
+        self._user_codec = KeyCodec(user_key_schema)
+        self._session_codec = KeyCodec(self.key_schema)
+        self._start_width = len(KeyCodec(pa.schema([start])).encode((0,)))
+
+    def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
+        return {
+            STARTS_CF: (self.user_key_schema, _STARTS_SCHEMA),
+            ENDS_CF: (index_key_schema(self.key_schema, "end_us"), MARKER_SCHEMA),
+        }
+
+    def check_output_mode(self, mode: str) -> None:
+        if mode not in self.supported_output_modes:
+            msg = (
+                f"Invalid streaming output mode: {mode}. This output mode is not supported for "
+                "session window streaming aggregations on streaming DataFrames/DataSets (as in "
+                "Spark); use outputMode('append') or outputMode('complete')"
+            )
+            raise ConfigurationError(msg)
+
+    def time_trigger(self) -> str | None:
+        return "event" if self.no_data_batches else None
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["aggregates"] = [a.describe() for a in self.aggregates]
+        out["window"] = self.window.describe()
+        out["output_schema"] = schema_to_json(self.output_schema)
+        return out
+
+    # --- processing ------------------------------------------------------------------------------
+
+    def process(
+        self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
+    ) -> Iterator[pa.RecordBatch]:
+        m = ctx.metrics
+        table = concat_batches(batches, self.input_schema)
+        if table.num_rows:
+            m.num_input_rows += int(pc.sum(table.column(ROWS_COLUMN)).as_py() or 0)
+            if EVENT_TIME_COLUMN in table.schema.names:
+                m.observe_event_time(max_event_time_ms(table.column(EVENT_TIME_COLUMN)))
+        late_ms = ctx.watermark_for_late_rows_ms
+        # Spark drops late sessions in every output mode (its restore step does, before the save)
+        if self.watermarked and late_ms > 0 and table.num_rows:
+            late = pc.less_equal(_micros(table.column(self.window.end)), late_ms * 1000)
+            n_late = int(pc.sum(late.cast(pa.int64())).as_py() or 0)
+            if n_late:
+                m.num_rows_dropped_by_watermark += n_late
+                table = table.filter(pc.invert(late))
+        ends = TimestampIndex(ENDS_CF)
+        if table.num_rows:
+            started = time.perf_counter()
+            self._merge_sessions(store, table, ends, ctx)
+            m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
+        ends.flush(store)
+        if ctx.output_mode == "complete":
+            fam = store.column_family()
+            for _k, keys, values in scan_family(store, fam):
+                out = self._finish(keys, values)
+                m.num_output_rows += out.num_rows
+                yield out
+        elif self.watermarked and ctx.watermark_ms > 0:
+            yield from self._evict(store, ends, ctx)
+
+    def _merge_sessions(
+        self, store: StateStore, batch: pa.Table, ends: TimestampIndex, ctx: BatchContext
+    ) -> None:
+        """Merge the batch's sessions with the state's sessions of the same keys; write back the
+        sessions that changed and the keys' start lists."""
+        w = self.window
+        fam = store.column_family()
+        starts_fam = store.column_family(STARTS_CF)
+        user_keys = conform(batch, self.user_key_schema)
+        ukeys = self._user_codec.encode_many(user_keys)
+        slot: dict[bytes, int] = {}
+        key_of_row = np.fromiter(
+            (slot.setdefault(k, len(slot)) for k in ukeys), np.int64, len(ukeys)
+        )
+        uniq = list(slot)
+        first_row = np.unique(key_of_row, return_index=True)[1]  # ids number first appearances
+        # The state's sessions of these keys: their starts, then the sessions themselves.
+        packed = store.get_encoded_many(
+            starts_fam.key_codec.encode_many(user_keys.take(pa.array(first_row))), STARTS_CF
+        )
+        starts_table, _found = decode_values(starts_fam, packed)
+        blobs = starts_table.column("starts").to_pylist()
+        state_key_idx: list[int] = []
+        state_starts: list[int] = []
+        for i, blob in enumerate(blobs):
+            if blob:
+                got = np.frombuffer(blob, "<i8")
+                state_key_idx.extend([i] * len(got))
+                state_starts.extend(got.tolist())
+        n_batch, n_state = batch.num_rows, len(state_starts)
+        columns = [n for n in self.value_schema.names if n != w.end]
+        if n_state:
+            idx = pa.array(first_row[np.asarray(state_key_idx, np.int64)])
+            state_keys = user_keys.take(idx)
+            start_col = pa.array(state_starts, pa.int64()).cast(_TS)
+            state_rows = pa.Table.from_arrays(
+                [*state_keys.columns, start_col], schema=self.key_schema
+            )
+            state_pks = self._session_codec.encode_many(state_rows)
+            values, _ = decode_values(fam, store.get_encoded_many(state_pks, fam.name))
+            state_end = _micros(values.column(w.end))
+        else:
+            state_pks = []
+            values = self.value_schema.empty_table()
+            state_end = pa.array([], pa.int64())
+        # All candidate sessions: the batch's then the state's, sorted by (key, start).
+        key_idx = np.concatenate([key_of_row, np.asarray(state_key_idx, np.int64)])
+        start = np.concatenate(
+            [_np(_micros(batch.column(w.start))), np.asarray(state_starts, np.int64)]
+        )
+        end = np.concatenate([_np(_micros(batch.column(w.end))), _np(state_end)])
+        from_state = np.concatenate([np.zeros(n_batch, bool), np.ones(n_state, bool)])
+        order = np.lexsort((~from_state, start, key_idx))  # a state session first on a tie
+        key_idx, start, end, from_state = (
+            key_idx[order],
+            start[order],
+            end[order],
+            from_state[order],
+        )
+        buffers = pa.concat_tables(
+            [
+                batch.select(columns).cast(
+                    pa.schema([self.value_schema.field(c) for c in columns])
+                ),
+                values.select(columns),
+            ]
+        ).take(pa.array(order))
+        groups = _session_groups(key_idx, start, end)
+        firsts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]]) if len(groups) else groups
+        sizes = np.diff(np.r_[firsts, len(groups)])
+        merged = self._fold(buffers, groups, firsts, sizes)
+        group_end = np.maximum.reduceat(end, firsts) if len(firsts) else end
+        group_start = start[firsts]
+        group_key = key_idx[firsts]
+        # A session left as the state had it (one member, from state) is not written again.
+        untouched = (sizes == 1) & from_state[firsts]
+        changed = np.flatnonzero(~untouched)
+        # Remove the state sessions merged into a changed session, then write the changed ones.
+        state_pk_sorted = np.asarray(order) - n_batch  # position in state_pks, or < 0
+        members_changed = np.repeat(~untouched, sizes)
+        gone = np.flatnonzero(from_state & members_changed)
+        gone_pks = [state_pks[state_pk_sorted[i]] for i in gone.tolist()]
+        for i, pk in zip(gone.tolist(), gone_pks, strict=True):
+            ends.remove(pk, int(end[i]))
+        if gone_pks:
+            store.remove_encoded_many(gone_pks)
+        if len(changed):
+            rows = pa.array(first_row[group_key[changed]])
+            new_keys = user_keys.take(rows)
+            new_start = pa.array(group_start[changed], pa.int64()).cast(_TS)
+            new_end = pa.array(group_end[changed], pa.int64()).cast(_TS)
+            pk_table = pa.Table.from_arrays([*new_keys.columns, new_start], schema=self.key_schema)
+            new_pks = self._session_codec.encode_many(pk_table)
+            new_values = pa.Table.from_arrays(
+                [new_end, *merged.take(pa.array(changed)).columns], schema=self.value_schema
+            )
+            store.put_encoded_many(new_pks, fam.value_codec.encode_many(new_values))
+            for pk, e in zip(new_pks, group_end[changed].tolist(), strict=True):
+                ends.add(pk, e)
+            ctx.metrics.num_rows_updated += len(new_pks)
+        ctx.metrics.num_rows_removed += len(gone_pks)
+        # Each touched key's starts: those of all its sessions, in order.
+        touched = np.unique(group_key[changed]) if len(changed) else group_key[:0]
+        if len(touched):
+            bounds = (
+                np.searchsorted(group_key, touched, "left"),
+                np.searchsorted(group_key, touched, "right"),
+            )
+            blobs_out = [
+                group_start[lo:hi].astype("<i8").tobytes()
+                for lo, hi in zip(bounds[0].tolist(), bounds[1].tolist(), strict=True)
+            ]
+            keys_out = [uniq[k] for k in touched.tolist()]
+            store.put_encoded_many(
+                keys_out,
+                starts_fam.value_codec.encode_many(
+                    pa.table({"starts": pa.array(blobs_out, pa.binary())}, schema=_STARTS_SCHEMA)
+                ),
+                STARTS_CF,
+            )
+
+    def _fold(
+        self, buffers: pa.Table, groups: np.ndarray, firsts: np.ndarray, sizes: np.ndarray
+    ) -> pa.Table:
+        """Each group's buffers merged in order: member ``r`` of every group longer than ``r``
+        merged into the group's accumulator, one vectorized merge per round."""
+        acc = buffers.take(pa.array(firsts))
+        if not len(sizes) or int(sizes.max()) == 1:
+            return acc
+        for r in range(1, int(sizes.max())):
+            which = np.flatnonzero(sizes > r)
+            members = buffers.take(pa.array(firsts[which] + r))
+            sub = acc.take(pa.array(which))
+            later = pa.RecordBatch.from_arrays(
+                [c.combine_chunks() for c in members.columns], schema=members.schema
+            )
+            merged = self._agg._merge(sub, later)
+            mask = np.zeros(acc.num_rows, bool)
+            mask[which] = True
+            acc = pa.Table.from_arrays(
+                [
+                    pc.replace_with_mask(
+                        acc.column(i).combine_chunks(), pa.array(mask), _array(new)
+                    )
+                    for i, new in enumerate(merged)
+                ],
+                schema=acc.schema,
+            )
+        return acc
+
+    def _evict(
+        self, store: StateStore, ends: TimestampIndex, ctx: BatchContext
+    ) -> Iterator[pa.RecordBatch]:
+        """Emit and remove the sessions whose end is at or below the watermark."""
+        started = time.perf_counter()
+        due = ends.due(store, ctx.watermark_ms * 1000)
+        if not due:
+            return
+        fam = store.column_family()
+        pks = [pk for _, pk in due]
+        values, _ = decode_values(fam, store.get_encoded_many(pks, fam.name))
+        keys = decode_keys(fam, pks)
+        out = self._finish(keys, values)
+        store.remove_encoded_many(pks)
+        ends.extend_removals(due)
+        ends.flush(store)
+        # The keys' start lists lose the evicted starts.
+        width = self._start_width
+        evicted: dict[bytes, set[int]] = {}
+        for (_, pk), s in zip(
+            due, _np(_micros(keys.column(self.window.start))).tolist(), strict=True
+        ):
+            evicted.setdefault(pk[:-width], set()).add(s)
+        ukeys = list(evicted)
+        starts_fam = store.column_family(STARTS_CF)
+        blobs = decode_values(starts_fam, store.get_encoded_many(ukeys, STARTS_CF))[0]
+        keep_keys, keep_blobs, drop_keys = [], [], []
+        for ukey, blob in zip(ukeys, blobs.column("starts").to_pylist(), strict=True):
+            left = [s for s in np.frombuffer(blob or b"", "<i8").tolist() if s not in evicted[ukey]]
+            if left:
+                keep_keys.append(ukey)
+                keep_blobs.append(np.asarray(left, "<i8").tobytes())
+            else:
+                drop_keys.append(ukey)
+        if drop_keys:
+            store.remove_encoded_many(drop_keys, STARTS_CF)
+        if keep_keys:
+            table = pa.table({"starts": pa.array(keep_blobs, pa.binary())}, schema=_STARTS_SCHEMA)
+            store.put_encoded_many(keep_keys, starts_fam.value_codec.encode_many(table), STARTS_CF)
+        ctx.metrics.num_rows_removed += len(pks)
+        ctx.metrics.num_output_rows += out.num_rows
+        ctx.metrics.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+        yield out
+
+    def _finish(self, keys: pa.Table, values: pa.Table) -> pa.RecordBatch:
+        both = pa.Table.from_arrays(
+            [*keys.columns, values.column(self.window.end)],
+            names=[*keys.schema.names, self.window.end],
+        )
+        return self._agg._finish(both, values)
+
+
+def _session_groups(key_idx: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Group number of each session, sorted by (key, start): a session starts a new group when
+    its key changes or it starts after the running end of the sessions of its key before it."""
+    import pandas as pd
+
+    n = len(key_idx)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    new_key = np.r_[True, key_idx[1:] != key_idx[:-1]]
+    running = pd.Series(end).groupby(np.cumsum(new_key)).cummax().to_numpy()
+    new_group = new_key.copy()
+    new_group[1:] |= start[1:] > running[:-1]
+    return np.cumsum(new_group) - 1
+
+
+def _array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _micros(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    if pa.types.is_timestamp(col.type) and col.type.unit != "us":
+        col = col.cast(pa.timestamp("us", tz=col.type.tz))
+    return col.cast(pa.int64())
+
+
+def _np(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return np.asarray(col.fill_null(0))

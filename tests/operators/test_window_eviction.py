@@ -1,0 +1,159 @@
+"""Eviction by the watermark reads what it evicts, not the state: time windows and sessions.
+
+A state of many open windows (or sessions) and a batch whose watermark closes a handful: the rows
+the operators' range scans return are counted, and must be the closed ones alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkstate.operators.aggregate import (
+    EVENT_TIME_COLUMN,
+    ROWS_COLUMN,
+    AggregateFunction,
+    StreamingAggregate,
+    WindowKey,
+    buffer_column,
+)
+from sparkstate.operators.session_window import SessionWindowAggregate
+from sparkstate.store.base import StateStore
+
+from .conftest import OperatorRunner
+
+Runner = Callable[[Any], OperatorRunner]
+TS = pa.timestamp("us", tz="UTC")
+BASE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+OPEN = 20_000  # windows the watermark leaves open: a full scan would read all of them
+CLOSED = 7
+
+
+def at(seconds: float) -> dt.datetime:
+    return BASE + dt.timedelta(seconds=seconds)
+
+
+def ms(seconds: float) -> int:
+    return int(at(seconds).timestamp() * 1000)
+
+
+@pytest.fixture
+def scanned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows returned by every range scan of a store, counted as they are read."""
+    seen = [0]
+    original = StateStore.range_scan_encoded
+
+    def counting(self: StateStore, *args: Any, **kwargs: Any) -> Iterator[tuple[bytes, bytes]]:
+        for pair in original(self, *args, **kwargs):
+            seen[0] += 1
+            yield pair
+
+    monkeypatch.setattr(StateStore, "range_scan_encoded", counting)
+    return seen
+
+
+def window_rows(ends: list[float], keys: range) -> list[dict[str, Any]]:
+    """One partial row per (10 s window ending at ``end``, key)."""
+    return [
+        {
+            "__ss_window_end": at(end),
+            "__ss_window_start": at(end - 10),
+            "k": k,
+            buffer_column(0, "count", 0): 1,
+            ROWS_COLUMN: 1,
+            EVENT_TIME_COLUMN: at(end - 1),
+        }
+        for end in ends
+        for k in keys
+    ]
+
+
+def test_window_eviction_scans_only_the_closed_windows(
+    make_runner: Runner, scanned: list[int]
+) -> None:
+    window = WindowKey.of("window")
+    op = StreamingAggregate(
+        pa.schema([(window.end, TS), (window.start, TS), ("k", pa.int64())]),
+        [AggregateFunction("count", "n", pa.int64())],
+        output_keys=[window, "k"],
+        watermark_key=window.end,
+        has_event_time=True,
+    )
+    runner = make_runner(op)
+    runner.run(window_rows([100], range(OPEN)) + window_rows([20], range(CLOSED)), "append")
+    scanned[0] = 0
+    out, metrics = runner.run(window_rows([110], range(3)), "append", watermark_ms=ms(50))
+    assert out.num_rows == CLOSED  # the windows ending at 20 s, emitted once
+    assert {r["window"]["end"] for r in out.to_pylist()} == {at(20)}
+    assert metrics.num_rows_removed == CLOSED
+    assert scanned[0] == CLOSED
+
+
+def session_rows(starts: list[float], keys: range, gap: float = 10) -> list[dict[str, Any]]:
+    return [
+        {
+            "k": k,
+            "__ss_session_start": at(s),
+            "__ss_session_end": at(s + gap),
+            buffer_column(0, "count", 0): 1,
+            ROWS_COLUMN: 1,
+            EVENT_TIME_COLUMN: at(s),
+        }
+        for s in starts
+        for k in keys
+    ]
+
+
+def session_op() -> SessionWindowAggregate:
+    session = WindowKey.of("session")
+    return SessionWindowAggregate(
+        pa.schema([("k", pa.int64())]),
+        session,
+        [AggregateFunction("count", "n", pa.int64())],
+        output_schema=pa.schema(
+            [
+                ("session", pa.struct([("start", TS), ("end", TS)])),
+                ("k", pa.int64()),
+                ("n", pa.int64()),
+            ]
+        ),
+        output_keys=[session, "k"],
+        watermarked=True,
+        has_event_time=True,
+    )
+
+
+def test_session_eviction_scans_only_the_closed_sessions(
+    make_runner: Runner, scanned: list[int]
+) -> None:
+    runner = make_runner(session_op())
+    runner.run(
+        session_rows([100], range(OPEN)) + session_rows([5], range(OPEN, OPEN + CLOSED)), "append"
+    )
+    scanned[0] = 0
+    out, metrics = runner.run(session_rows([104], range(3)), "append", watermark_ms=ms(50))
+    assert sorted(r["k"] for r in out.to_pylist()) == list(range(OPEN, OPEN + CLOSED))
+    assert metrics.num_rows_removed == CLOSED + 3  # and the 3 sessions the batch extended
+    assert scanned[0] == CLOSED
+
+
+def test_sessions_merge_with_state_and_close_once(make_runner: Runner) -> None:
+    """Two sessions of a key in state, bridged by a later row; a separate one stays apart."""
+    runner = make_runner(session_op())
+    out, _ = runner.run(session_rows([0], range(1)) + session_rows([14], range(1)), "append")
+    assert out.num_rows == 0
+    # [9, 19) touches [0, 10) (9 <= 10) and [14, 24): one session [0, 24) of three rows
+    out, m = runner.run(session_rows([9], range(1)) + session_rows([60], range(1)), "append")
+    assert out.num_rows == 0 and m.num_rows_removed == 2 and m.num_rows_updated == 2
+    out, _ = runner.run([], "append", watermark_ms=ms(30))
+    assert [(r["session"]["start"], r["session"]["end"], r["n"]) for r in out.to_pylist()] == [
+        (at(0), at(24), 3)
+    ]
+    out, _ = runner.run([], "append", watermark_ms=ms(30))
+    assert out.num_rows == 0  # emitted once
+    out, _ = runner.run([], "complete")
+    assert [(r["session"]["start"], r["n"]) for r in out.to_pylist()] == [(at(60), 1)]
