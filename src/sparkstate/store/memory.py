@@ -25,6 +25,60 @@ _SNAPSHOT_KIND = b"SNAP"
 _ENTRY_OVERHEAD = 150
 
 
+class KeyOrder:
+    """A map's keys in byte order for range scans, kept across versions.
+
+    Built by one sort at the first scan. After that, keys added are sorted alone and merged in (a
+    linear merge of two sorted runs), and removed keys stay in the list, skipped by the scans,
+    until there are as many of them as live keys. So a scan after a batch's writes costs about
+    what the batch changed, not a sort of the whole map. A version never scanned tracks nothing.
+    Every key is in the list once: a removed key that comes back is already there.
+    """
+
+    __slots__ = ("_new", "_removed", "_sorted")
+
+    def __init__(self) -> None:
+        self._sorted: list[bytes] | None = None
+        self._new: list[bytes] = []
+        self._removed: set[bytes] = set()
+
+    @property
+    def tracking(self) -> bool:
+        return self._sorted is not None
+
+    def copy(self) -> KeyOrder:
+        out = KeyOrder()
+        out._sorted = self._sorted  # replaced, never changed in place
+        out._new = list(self._new)
+        out._removed = set(self._removed)
+        return out
+
+    def added(self, keys: list[bytes]) -> None:
+        """Keys just put that were not in the map."""
+        removed = self._removed
+        if removed:
+            back = {k for k in keys if k in removed}
+            if back:
+                removed.difference_update(back)
+                keys = [k for k in keys if k not in back]
+        self._new.extend(keys)
+
+    def removed(self, key: bytes) -> None:
+        if self._sorted is not None:
+            self._removed.add(key)
+
+    def keys(self, data: dict[bytes, bytes]) -> list[bytes]:
+        current = self._sorted
+        if current is None or len(self._removed) > len(data) + 1024:
+            current = sorted(data)
+            self._removed = set()
+        elif self._new:
+            current = current + sorted(self._new)
+            current.sort()  # two sorted runs: one merge
+        self._sorted, self._new = current, []
+        return current
+
+
 class MemoryStateStore(StateStore):
     """One version as a Python dict; writes are recorded for the delta file."""
 
@@ -37,13 +91,15 @@ class MemoryStateStore(StateStore):
         *,
         read_only: bool,
         load_time_ms: int,
+        key_order: KeyOrder | None = None,
     ) -> None:
         super().__init__(provider.id, version, provider.families, read_only=read_only)
         self._provider = provider
         self._base = base
         self._data = data
         self._changes: dict[bytes, bytes | None] = {}
-        self._sorted: list[bytes] | None = None
+        #: The keys in order, kept from the base version when its store was scanned.
+        self._order = key_order.copy() if key_order is not None else KeyOrder()
         self.load_time_ms = load_time_ms
         self._delta_bytes = 0
 
@@ -54,20 +110,23 @@ class MemoryStateStore(StateStore):
         return list(map(self._data.get, keys))
 
     def raw_put(self, key: bytes, value: bytes) -> None:
+        if self._order.tracking and key not in self._data:
+            self._order.added([key])
         self._data[key] = value
         self._changes[key] = value
-        self._sorted = None
 
     def raw_put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         pairs = dict(zip(keys, values, strict=True))
+        if self._order.tracking:
+            data = self._data
+            self._order.added([k for k in pairs if k not in data])
         self._data.update(pairs)
         self._changes.update(pairs)
-        self._sorted = None
 
     def raw_delete(self, key: bytes) -> None:
-        if self._data.pop(key, None) is not None:
+        if self._data.pop(key, None) is not None:  # scans skip it until the order drops it
             self._changes[key] = None
-            self._sorted = None
+            self._order.removed(key)
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         keys, data = self._sorted_keys(), self._data
@@ -88,10 +147,8 @@ class MemoryStateStore(StateStore):
                 yield k[skip:], v
 
     def _sorted_keys(self) -> list[bytes]:
-        """All keys in order, sorted once per change of the key set."""
-        if self._sorted is None:
-            self._sorted = sorted(self._data)
-        return self._sorted
+        """All keys in order (and some removed ones, which scans skip)."""
+        return self._order.keys(self._data)
 
     def raw_num_keys(self) -> int:
         return len(self._data)
@@ -112,7 +169,7 @@ class MemoryStateStore(StateStore):
         keys = list(self._changes)
         values = list(self._changes.values())
         self._delta_bytes = self._provider.write_changelog(ref, self._base, keys, values)
-        self._provider.remember(ref, self._data)
+        self._provider.remember(ref, self._data, self._order)
         self.checkpoint_id = ref.checkpoint_id
 
     def _abort(self) -> None:
@@ -128,12 +185,19 @@ class MemoryStateStoreProvider(VersionedProvider):
 
     def __init__(self) -> None:
         self._cache: OrderedDict[VersionRef | None, dict[bytes, bytes]] = OrderedDict()
+        self._orders: dict[VersionRef, KeyOrder] = {}
 
-    def remember(self, ref: VersionRef, data: dict[bytes, bytes]) -> None:
+    def remember(
+        self, ref: VersionRef, data: dict[bytes, bytes], order: KeyOrder | None = None
+    ) -> None:
         self._cache[ref] = data
         self._cache.move_to_end(ref)
+        if order is not None and order.tracking:
+            self._orders[ref] = order
         while len(self._cache) > self.conf.max_versions_in_memory:
-            self._cache.popitem(last=False)
+            old, _ = self._cache.popitem(last=False)
+            if old is not None:
+                self._orders.pop(old, None)
 
     def _open(self, version: int, checkpoint_id: str | None, read_only: bool) -> MemoryStateStore:
         start = time.perf_counter()
@@ -159,8 +223,15 @@ class MemoryStateStoreProvider(VersionedProvider):
             self.remember(target, data)
             data = data if read_only else dict(data)
         load_ms = int((time.perf_counter() - start) * 1000)
+        order = self._orders.get(target) if target is not None else None
         return MemoryStateStore(
-            self, target, version, data, read_only=read_only, load_time_ms=load_ms
+            self,
+            target,
+            version,
+            data,
+            read_only=read_only,
+            load_time_ms=load_ms,
+            key_order=order,
         )
 
     def get_store(self, version: int, checkpoint_id: str | None = None) -> MemoryStateStore:
@@ -197,3 +268,4 @@ class MemoryStateStoreProvider(VersionedProvider):
 
     def close(self) -> None:
         self._cache.clear()
+        self._orders.clear()

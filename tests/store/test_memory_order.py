@@ -1,0 +1,67 @@
+"""The memory provider's key order across versions: scans after puts, removals and re-puts, in
+one store and in the stores of later versions (which start from the order an earlier one kept),
+against a dict model, aborted versions included."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pyarrow as pa
+
+from sparkstate.store.memory import KeyOrder
+from sparkstate.testing import ProviderFactory
+
+KEY = pa.schema([("k", pa.int64())])
+VALUE = pa.schema([("v", pa.int64())])
+
+
+def test_scans_follow_a_model_across_versions(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    factory = ProviderFactory(
+        "memory",
+        str(tmp_path / "checkpoint"),
+        str(tmp_path / "local"),
+        key_schema=KEY,
+        value_schema=VALUE,
+    )
+    provider = factory.open()
+    model: dict[int, int] = {}
+    version = 0
+    for step in range(14):
+        store = provider.get_store(version)
+        assert [k for (k,), _ in store.range_scan()] == sorted(model)  # the order kept so far
+        pending = dict(model)
+        for _ in range(rng.randrange(1, 40)):
+            k = rng.randrange(60)
+            if rng.random() < 0.4 and k in pending:
+                store.remove((k,))
+                del pending[k]
+            else:
+                store.put((k,), (version,))
+                pending[k] = version
+            if rng.random() < 0.2:  # scans in the middle of the writes
+                lo, hi = sorted((rng.randrange(60), rng.randrange(60)))
+                got = [k for (k,), _ in store.range_scan((lo,), (hi,))]
+                assert got == sorted(k for k in pending if lo <= k < hi)
+        assert [(k, v) for (k,), (v,) in store.range_scan()] == sorted(pending.items())
+        if step % 5 == 4:
+            store.abort()  # the next store starts again from the last committed version
+            continue
+        assert store.commit() == version + 1
+        version += 1
+        model = pending
+    factory.close_all()
+
+
+def test_order_lists_each_key_once() -> None:
+    data = {b"b": b"", b"a": b""}
+    order = KeyOrder()
+    assert order.keys(data) == [b"a", b"b"]
+    del data[b"a"]
+    order.removed(b"a")
+    data[b"a"] = b""
+    order.added([b"a"])  # back again: already in the list
+    data[b"c"] = b""
+    order.added([b"c"])
+    assert order.keys(data) == [b"a", b"b", b"c"]
