@@ -231,7 +231,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         """The input as one table; with event-time timeouts, rows behind the watermark dropped."""
         table = concat_batches(batches, self.input_schema)
         drop_late = self.timeout == GroupStateTimeout.EventTimeTimeout and self.watermark_present
-        watermark = ctx.watermark_ms if drop_late else None
+        watermark = ctx.watermark_for_late_rows_ms if drop_late else None
         return on_time_rows(table, ctx.metrics, self.event_time_column, watermark)
 
     def _call_groups(

@@ -77,6 +77,7 @@ class TransformWithState(StatefulOperator):
     kind: ClassVar[str] = "transformWithState"
     progress_name: ClassVar[str] = "transformWithStateExec"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
+
     def __init__(
         self,
         processor: Any,
@@ -281,7 +282,8 @@ class TransformWithState(StatefulOperator):
             )
             whole = whole.filter(pc.invert(flag))
         table = _select(whole, self.input_schema)
-        watermark = ctx.watermark_ms if self.time_mode == TimeMode.EVENT_TIME else None
+        event_time = self.time_mode == TimeMode.EVENT_TIME
+        watermark = ctx.watermark_for_late_rows_ms if event_time else None
         return on_time_rows(table, ctx.metrics, self.event_time_column, watermark), initial
 
     def _data_of(self, groups: KeyGroups) -> Callable[[int, int], Any]:
