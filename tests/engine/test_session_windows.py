@@ -40,7 +40,7 @@ def rows(i: int) -> list[dict[str, Any]]:
     - ``k2``: two sessions in an even file, then in the next file a row between them that
       merges both with itself (sessions kept in state merging through a new one);
     - ``k3``: from the third file on, a row so late its session closed (dropped), and
-      ``k4`` two rows of one file that merge in the batch.
+      ``k4`` two rows of one file that merge in the batch (and a row without a time).
     """
     base = 60 + 25 * i
     out = [{"k": "k0", "ts": at(base + d), "v": i} for d in (0, 8, 16)]
@@ -52,6 +52,8 @@ def rows(i: int) -> list[dict[str, Any]]:
     if i >= 2:
         out.append({"k": "k3", "ts": at(base - 70), "v": 30 + i})
     out += [{"k": "k4", "ts": at(base + d), "v": 40 + i} for d in (1, 6)]
+    if i == 1:
+        out.append({"k": "k4", "ts": None, "v": 99})  # no event time: in no session
     return out
 
 

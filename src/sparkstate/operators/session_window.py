@@ -140,6 +140,8 @@ class SessionWindowAggregate(StatefulOperator):
             m.num_input_rows += int(pc.sum(table.column(ROWS_COLUMN)).as_py() or 0)
             if EVENT_TIME_COLUMN in table.schema.names:
                 m.observe_event_time(max_event_time_ms(table.column(EVENT_TIME_COLUMN)))
+        if table.num_rows and table.column(self.window.start).null_count:
+            table = table.filter(pc.is_valid(table.column(self.window.start)))  # no event time
         late_ms = ctx.watermark_for_late_rows_ms
         # Spark drops late sessions in every output mode (its restore step does, before the save)
         if self.watermarked and late_ms > 0 and table.num_rows:
