@@ -54,8 +54,9 @@ BATCHES: list[list[dict[str, Any]]] = [
         row("a", None, None, None, None),
         row("b", -7, 1e9, "q", "0.03"),
         row("d", 10, 3.0, "w", "1.00"),
+        row("d", 11, 3.0, "w", None),
+        row(None, None, 4.0, "k", "2.00"),
     ],
-    [row("d", 11, 3.0, "w", None), row(None, None, 4.0, "k", "2.00")],
 ]
 RESTART_AFTER = 3
 
