@@ -1,11 +1,13 @@
 """Mergeable aggregate functions for ``ss.stream(df).groupBy(...).agg(...)``.
 
-The names mirror :mod:`pyspark.sql.functions`: ``SF.count("*")``, ``SF.sum("amount")``,
-``SF.avg(F.col("x") * 2).alias("mean")``. Each returns a small description that the engine turns
-into Spark's per-batch partial aggregate and into the operator that merges it with the state.
+The names and arguments mirror :mod:`pyspark.sql.functions`: ``SF.count("*")``,
+``SF.sum("amount")``, ``SF.avg(F.col("x") * 2).alias("mean")``, ``SF.first("v", True)``. Each
+returns a small description that the engine turns into Spark's per-batch partial aggregate and into
+the operator that merges it with the state; results, their names and types are Spark's. This module
+does not import pyspark: a column may be a name or a ``pyspark.sql.Column``. PySpark's own
+aggregates of a plain column (``F.sum("v")``) are taken too, as their twin here.
 ``SF.window`` and ``SF.session_window`` are grouping keys, Spark's ``window`` and
 ``session_window`` (passing those from ``pyspark.sql.functions`` works the same).
-This module does not import pyspark: a column may be a name or a ``pyspark.sql.Column``.
 """
 
 from __future__ import annotations
@@ -17,13 +19,25 @@ __all__ = [
     "AggregateExpression",
     "SessionWindow",
     "TimeWindow",
+    "approx_count_distinct",
     "avg",
+    "collect_list",
+    "collect_set",
     "count",
+    "first",
+    "last",
     "max",
     "mean",
     "min",
     "session_window",
+    "std",
+    "stddev",
+    "stddev_pop",
+    "stddev_samp",
     "sum",
+    "var_pop",
+    "var_samp",
+    "variance",
     "window",
 ]
 
@@ -36,6 +50,14 @@ class AggregateExpression:
     #: A column name, ``"*"`` (count only) or a ``pyspark.sql.Column``.
     column: Any
     name: str | None = None
+    #: ``first``/``last``: ``ignorenulls``; ``approx_count_distinct``: ``rsd``.
+    options: tuple[tuple[str, Any], ...] = ()
+    #: The ``pyspark.sql.functions`` column this aggregate was taken from, if any: Spark names
+    #: the result after it.
+    source: Any = None
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
 
     def alias(self, name: str) -> AggregateExpression:
         """The same aggregate with output column ``name`` (as ``Column.alias``)."""
@@ -45,9 +67,10 @@ class AggregateExpression:
     name_as = alias
 
     def __repr__(self) -> str:
-        col = self.column if isinstance(self.column, str) else "<Column>"
+        col = repr(self.column) if isinstance(self.column, str) else "<Column>"
+        options = "".join(f", {k}={v!r}" for k, v in self.options)
         alias = f".alias({self.name!r})" if self.name else ""
-        return f"{self.func}({col!r}){alias}"
+        return f"{self.func}({col}{options}){alias}"
 
 
 def _column(col: Any, func: str) -> Any:
@@ -68,7 +91,9 @@ def count(col: Any) -> AggregateExpression:
 
 
 def sum(col: Any) -> AggregateExpression:  # noqa: A001 - mirrors pyspark.sql.functions.sum
-    """Sum of the non-null values; null when there are none. Integers sum as a long."""
+    """Sum of the non-null values; null when there are none. Integers sum as a long (wrapping
+    around outside ANSI mode), decimal(p, s) as decimal(min(38, p + 10), s) (null past it, or an
+    error in ANSI mode)."""
     return AggregateExpression("sum", _column(col, "sum"))
 
 
@@ -83,12 +108,83 @@ def max(col: Any) -> AggregateExpression:  # noqa: A001 - mirrors pyspark.sql.fu
 
 
 def avg(col: Any) -> AggregateExpression:
-    """Mean of the non-null values as a double; null when there are none."""
+    """Mean of the non-null values as a double, or for decimal(p, s) as decimal(min(38, p + 4),
+    min(38, s + 4)), rounded half up; null when there are none."""
     return AggregateExpression("avg", _column(col, "avg"))
 
 
 #: PySpark's alias of :func:`avg`.
 mean = avg
+
+
+def first(col: Any, ignorenulls: bool = False) -> AggregateExpression:
+    """The first value the group saw (in arrival order: batch after batch, and within a batch
+    Spark's order); with ``ignorenulls``, the first non-null one."""
+    options = (("ignorenulls", bool(ignorenulls)),)
+    return AggregateExpression("first", _column(col, "first"), options=options)
+
+
+def last(col: Any, ignorenulls: bool = False) -> AggregateExpression:
+    """The last value the group saw; with ``ignorenulls``, the last non-null one."""
+    options = (("ignorenulls", bool(ignorenulls)),)
+    return AggregateExpression("last", _column(col, "last"), options=options)
+
+
+def collect_list(col: Any) -> AggregateExpression:
+    """The non-null values in arrival order, as a list (empty, never null). The list is kept in
+    state and grows with every value: mind the memory of large groups, as in Spark."""
+    return AggregateExpression("collect_list", _column(col, "collect_list"))
+
+
+def collect_set(col: Any) -> AggregateExpression:
+    """The distinct non-null values, as a list in no particular order (empty, never null)."""
+    return AggregateExpression("collect_set", _column(col, "collect_set"))
+
+
+def stddev(col: Any) -> AggregateExpression:
+    """Sample standard deviation (as :func:`stddev_samp`)."""
+    return AggregateExpression("stddev", _column(col, "stddev"))
+
+
+def std(col: Any) -> AggregateExpression:
+    """Sample standard deviation (as :func:`stddev_samp`)."""
+    return AggregateExpression("std", _column(col, "std"))
+
+
+def stddev_samp(col: Any) -> AggregateExpression:
+    """Sample standard deviation of the non-null values as a double; null without values and,
+    as in Spark 4, for a single value."""
+    return AggregateExpression("stddev_samp", _column(col, "stddev_samp"))
+
+
+def stddev_pop(col: Any) -> AggregateExpression:
+    """Population standard deviation of the non-null values; null without values."""
+    return AggregateExpression("stddev_pop", _column(col, "stddev_pop"))
+
+
+def variance(col: Any) -> AggregateExpression:
+    """Sample variance (as :func:`var_samp`)."""
+    return AggregateExpression("variance", _column(col, "variance"))
+
+
+def var_samp(col: Any) -> AggregateExpression:
+    """Sample variance of the non-null values as a double; null without values and for a
+    single value."""
+    return AggregateExpression("var_samp", _column(col, "var_samp"))
+
+
+def var_pop(col: Any) -> AggregateExpression:
+    """Population variance of the non-null values; null without values."""
+    return AggregateExpression("var_pop", _column(col, "var_pop"))
+
+
+def approx_count_distinct(col: Any, rsd: float | None = None) -> AggregateExpression:
+    """Estimated number of distinct non-null values (HyperLogLog++, as Spark's), a long; ``rsd``
+    is the largest relative standard deviation allowed (default 0.05)."""
+    options = () if rsd is None else (("rsd", float(rsd)),)
+    return AggregateExpression(
+        "approx_count_distinct", _column(col, "approx_count_distinct"), options=options
+    )
 
 
 @dataclasses.dataclass(frozen=True)

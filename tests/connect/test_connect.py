@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.engine.test_port import CASES
+from tests.connect.connect_cases import CONNECT_CASES, PROVIDERS
 
 from sparkstate.testing.connect_server import ConnectServer
 
 pytestmark = pytest.mark.connect
 
 REPO = Path(__file__).resolve().parents[2]
-PROVIDERS = ("memory", "rocksdb")
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +60,11 @@ def differential(server: ConnectServer, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("case", [c.name for c in CASES])
+@pytest.mark.parametrize("case", CONNECT_CASES)
 def test_query_over_connect_matches_spark(differential: Any, case: str, provider: str) -> None:
-    """Batch by batch, rows and schema, through a restart: the cases of ``test_port.py``
-    (update and complete aggregation, dropDuplicates, applyInPandasWithState with event-time
-    timeouts, transformWithStateInPandas with eventTimeColumnName)."""
+    """Batch by batch, rows and schema, through a restart: cases of ``test_port.py`` (complete
+    aggregation with a sort after it, applyInPandasWithState with event-time timeouts,
+    transformWithStateInPandas with eventTimeColumnName)."""
     theirs = differential[case]["spark"]
     ours = differential[case][provider]
     assert len(theirs) >= 8  # a batch per file at least, over both runs

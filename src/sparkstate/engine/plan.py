@@ -16,23 +16,27 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import (
-    DecimalType,
     StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
 )
 
+from sparkstate.engine.aggregate_plan import (
+    aggregate_function,
+    input_types,
+    partial_columns,
+    recognise,
+    spark_twin,
+)
 from sparkstate.engine.initial_state import InitialState, plan_initial_state
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow
 from sparkstate.operators.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
-    AggregateFunction,
     StreamingAggregate,
     WindowKey,
-    buffer_column,
 )
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.dedup import Deduplicate
@@ -187,31 +191,6 @@ def grouping_column(key: Any) -> Column:
     return out.alias(key.name) if key.name else out
 
 
-def _spark_aggregate(agg: AggregateExpression) -> Column:
-    col = agg.column
-    if agg.func == "count":
-        out = F.count("*") if col == "*" else F.count(_as_column(col))
-    else:
-        out = getattr(F, agg.func)(_as_column(col))
-    return out.alias(agg.name) if agg.name else out
-
-
-def _partials(aggs: Sequence[AggregateExpression]) -> list[Column]:
-    out: list[Column] = []
-    for i, agg in enumerate(aggs):
-        if agg.func == "count":
-            col = F.lit(1) if agg.column == "*" else _as_column(agg.column)
-            out.append(F.count(col).alias(buffer_column(i, "count", 0)))
-        elif agg.func == "avg":
-            col = _as_column(agg.column)
-            out.append(F.sum(col.cast("double")).alias(buffer_column(i, "avg", 0)))
-            out.append(F.count(col).alias(buffer_column(i, "avg", 1)))
-        else:
-            fn = getattr(F, agg.func)
-            out.append(fn(_as_column(agg.column)).alias(buffer_column(i, agg.func, 0)))
-    return out
-
-
 def _plan_aggregate(
     op_id: int,
     df: DataFrame,
@@ -222,24 +201,10 @@ def _plan_aggregate(
     watermark_delay_ms: int | None = None,
 ) -> tuple[Stage, DataFrame]:
     keys = [grouping_column(k) for k in step.keys]
-    for agg in step.aggregates:
-        if not isinstance(agg, AggregateExpression):
-            msg = (
-                f"ss ... .agg() takes sparkstate.functions aggregates (SF.count, SF.sum, SF.min, "
-                f"SF.max, SF.avg), got {agg!r}; a pyspark.sql.functions aggregate cannot be "
-                "merged across batches"
-            )
-            raise ConfigurationError(msg)
-        if agg.func == "avg":
-            in_type = df.select(_as_column(agg.column)).schema.fields[0].dataType
-            if isinstance(in_type, DecimalType):
-                msg = (
-                    f"avg over a decimal column ({agg!r}) is not supported yet; "
-                    "cast it to double first, e.g. SF.avg(F.col('x').cast('double'))"
-                )
-                raise ConfigurationError(msg)
+    aggs = [recognise(agg) for agg in step.aggregates]
+    in_types = input_types(df, aggs)
     analysed = _with_watermark(df, event_time, watermark_delay_ms)
-    final = analysed.groupBy(*keys).agg(*[_spark_aggregate(a) for a in step.aggregates])
+    final = analysed.groupBy(*keys).agg(*[spark_twin(a) for a in aggs])
     struct = final.schema
     nkeys = len(keys)
     key_fields = struct.fields[:nkeys]
@@ -247,11 +212,14 @@ def _plan_aggregate(
     if len(set(struct.names)) != len(struct.names):
         msg = f"the aggregation's output has duplicate column names {struct.names}; use .alias()"
         raise ConfigurationError(msg)
+    legacy = df.sparkSession.conf.get("spark.sql.legacy.statisticalAggregate", "false")
     aggregates = [
-        AggregateFunction(agg.func, field.name, to_arrow_type(field.dataType, timezone="UTC"))
-        for agg, field in zip(step.aggregates, struct.fields[nkeys:], strict=True)
+        aggregate_function(
+            agg, field.name, field.dataType, typ, legacy_statistics=str(legacy).lower() == "true"
+        )
+        for agg, field, typ in zip(aggs, struct.fields[nkeys:], in_types, strict=True)
     ]
-    partials = _partials(step.aggregates)
+    partials = partial_columns(aggs, in_types)
     partials.append(F.count(F.lit(1)).alias(ROWS_COLUMN))
     has_event_time = event_time is not None and event_time in df.columns
     if has_event_time:

@@ -4,8 +4,7 @@ Spark computes, per micro-batch, one row per distinct key holding partial aggreg
 count, a sum, a min...). This operator merges those rows with the buffers kept in the store, writes
 the merged buffers back, and emits final values: the updated keys (update mode) or every key
 (complete mode), or the keys the watermark closes (append mode). Types and null rules follow
-Spark: ``count`` is a long and never null, ``sum`` of nothing but nulls is null, ``avg`` is
-``sum / count`` as a double, ``min``/``max`` ignore nulls and treat NaN as the largest double.
+Spark, per function, in :mod:`sparkstate.operators.aggregate_functions`.
 
 A grouping key may be a time window (``window(...)``): Spark assigns each row its windows before
 the shuffle, and the state keeps the window as two timestamp key columns, its end first. When the
@@ -18,14 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError, SparkstateError
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import conform, is_late, lookup, max_event_time_ms, scan
+from sparkstate.operators.aggregate_functions import (
+    AGGREGATE_FUNCTIONS,
+    AggregateFunction,
+    AggregateOverflowError,
+    buffer_column,
+)
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.store.base import StateStore
 from sparkstate.store.schema_json import schema_to_json
@@ -36,60 +41,13 @@ __all__ = [
     "AggregateOverflowError",
     "StreamingAggregate",
     "WindowKey",
+    "buffer_column",
 ]
-
-#: Buffers of each function, in order: (suffix, merge kind).
-_BUFFERS: dict[str, tuple[tuple[str, str], ...]] = {
-    "count": (("count", "count"),),
-    "sum": (("sum", "sum"),),
-    "min": (("min", "min"),),
-    "max": (("max", "max"),),
-    "avg": (("sum", "sum"), ("count", "count")),
-}
-AGGREGATE_FUNCTIONS = tuple(_BUFFERS)
 
 #: Hidden input column: rows of the raw input behind each partial row (for ``numInputRows``).
 ROWS_COLUMN = "__ss_rows"
 #: Hidden input column: largest event time behind each partial row (for the watermark).
 EVENT_TIME_COLUMN = "__ss_event_time"
-
-
-@dataclasses.dataclass(frozen=True)
-class AggregateFunction:
-    """One aggregate of the query: its function, output column and types.
-
-    ``input_type`` is the type of the aggregated column (None for ``count(*)``); ``output_type`` is
-    the result type Spark gives it; buffer types follow from both.
-    """
-
-    func: str
-    output_name: str
-    output_type: pa.DataType
-    input_type: pa.DataType | None = None
-
-    def __post_init__(self) -> None:
-        if self.func not in _BUFFERS:
-            msg = (
-                f"aggregate {self.func!r} cannot be merged across batches; "
-                f"use one of {list(AGGREGATE_FUNCTIONS)}"
-            )
-            raise ConfigurationError(msg)
-
-    def buffer_types(self) -> list[pa.DataType]:
-        if self.func == "count":
-            return [pa.int64()]
-        if self.func == "avg":
-            return [pa.float64(), pa.int64()]
-        if self.func == "sum":
-            return [self.output_type]
-        assert self.input_type is not None or self.func in ("min", "max")
-        return [self.output_type]
-
-    def buffer_kinds(self) -> list[str]:
-        return [kind for _, kind in _BUFFERS[self.func]]
-
-    def describe(self) -> dict[str, Any]:
-        return {"func": self.func, "name": self.output_name, "type": str(self.output_type)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,66 +65,6 @@ class WindowKey:
 
     def describe(self) -> dict[str, str]:
         return {"window": self.name, "start": self.start, "end": self.end}
-
-
-def buffer_column(index: int, func: str, part: int) -> str:
-    """Name of the ``part``-th buffer of the ``index``-th aggregate, in input batches and state."""
-    return f"__ss_agg{index}_{_BUFFERS[func][part][0]}"
-
-
-Merge = Callable[[pa.Array, pa.Array], pa.Array]
-
-
-def _merge_count(state: pa.Array, batch: pa.Array) -> pa.Array:
-    return pc.add_checked(pc.fill_null(state, 0), pc.fill_null(batch, 0))
-
-
-class AggregateOverflowError(SparkstateError, OverflowError):
-    """A merged aggregate left the range of its type (Spark's ARITHMETIC_OVERFLOW in ANSI mode)."""
-
-
-def _merge_sum(state: pa.Array, batch: pa.Array) -> pa.Array:
-    total = pc.add_checked(state, batch)
-    if total.type != state.type:  # decimal addition widens the precision by one
-        total = total.cast(state.type)
-    return pc.coalesce(total, state, batch)
-
-
-def _merge_sum_wrapping(state: pa.Array, batch: pa.Array) -> pa.Array:
-    """Non-ANSI Spark: integer sums wrap around on overflow."""
-    if pa.types.is_integer(state.type):
-        return pc.coalesce(pc.add(state, batch), state, batch)
-    return _merge_sum(state, batch)
-
-
-def _pick(better: Callable[[pa.Array, pa.Array], pa.Array]) -> Merge:
-    def merge(state: pa.Array, batch: pa.Array) -> pa.Array:
-        take_batch = pc.or_kleene(
-            pc.is_null(state), pc.and_kleene(pc.is_valid(batch), better(batch, state))
-        )
-        return pc.if_else(pc.fill_null(take_batch, False), batch, state)
-
-    return merge
-
-
-def _less(a: pa.Array, b: pa.Array) -> pa.Array:
-    if pa.types.is_floating(a.type):  # NaN is the largest value in Spark
-        nan_a, nan_b = pc.is_nan(a), pc.is_nan(b)
-        return pc.or_kleene(pc.less(a, b), pc.and_kleene(nan_b, pc.invert(nan_a)))
-    return pc.less(a, b)
-
-
-def _greater(a: pa.Array, b: pa.Array) -> pa.Array:
-    return _less(b, a)
-
-
-_MERGES: dict[str, Merge] = {
-    "count": _merge_count,
-    "sum": _merge_sum,
-    "min": _pick(_less),
-    "max": _pick(_greater),
-}
-_MERGES_NON_ANSI = {**_MERGES, "sum": _merge_sum_wrapping}
 
 
 class StreamingAggregate(StatefulOperator):
@@ -223,15 +121,22 @@ class StreamingAggregate(StatefulOperator):
         self.no_data_batches = no_data_batches
         #: Spark's ``spark.sql.ansi.enabled``: an overflowing sum fails (True) or wraps (False).
         self.ansi = ansi
-        # (column, merge kind, type, index of the aggregate)
-        self._buffers: list[tuple[str, str, pa.DataType, int]] = []
+        # Per aggregate: its buffers in state, and in each batch's partial rows (name, type).
+        self._state_buffers: list[list[pa.Field]] = []
+        self._input_buffers: list[list[pa.Field]] = []
         for i, agg in enumerate(self.aggregates):
-            for part, (kind, typ) in enumerate(
-                zip(agg.buffer_kinds(), agg.buffer_types(), strict=True)
+            for kept, described in (
+                (self._state_buffers, agg.buffers()),
+                (self._input_buffers, agg.inputs()),
             ):
-                self._buffers.append((buffer_column(i, agg.func, part), kind, typ, i))
-        self.value_schema = pa.schema([pa.field(n, t) for n, _, t, _ in self._buffers])
-        fields = list(key_schema) + [pa.field(n, t) for n, _, t, _ in self._buffers]
+                kept.append(
+                    [
+                        pa.field(buffer_column(i, agg.func, part), t)
+                        for part, (_, t) in enumerate(described)
+                    ]
+                )
+        self.value_schema = pa.schema([f for fs in self._state_buffers for f in fs])
+        fields = list(key_schema) + [f for fs in self._input_buffers for f in fs]
         fields.append(pa.field(ROWS_COLUMN, pa.int64()))
         if has_event_time:
             fields.append(pa.field(EVENT_TIME_COLUMN, pa.timestamp("us", tz="UTC")))
@@ -307,21 +212,13 @@ class StreamingAggregate(StatefulOperator):
                 yield out
 
     def _merge(self, state: pa.Table, batch: pa.RecordBatch) -> list[pa.Array]:
-        merges = _MERGES if self.ansi else _MERGES_NON_ANSI
-        out = []
-        for name, kind, typ, index in self._buffers:
-            try:
-                out.append(
-                    merges[kind](state.column(name).combine_chunks(), _as_type(batch, name, typ))
-                )
-            except pa.ArrowInvalid as exc:
-                agg = self.aggregates[index]
-                msg = (
-                    f"{agg.func}() into column {agg.output_name!r} overflowed {typ} ({exc}); "
-                    "Spark fails the same way in ANSI mode. Aggregate a wider type instead, "
-                    f"e.g. SF.{agg.func}(F.col(...).cast('decimal(38,0)'))"
-                )
-                raise AggregateOverflowError(msg) from exc
+        out: list[pa.Array] = []
+        for agg, kept, sent in zip(
+            self.aggregates, self._state_buffers, self._input_buffers, strict=True
+        ):
+            current = [state.column(f.name).combine_chunks() for f in kept]
+            partial = [_as_type(batch, f.name, f.type) for f in sent]
+            out += agg.merge(current, partial, ansi=self.ansi)
         return out
 
     def _evict(
@@ -352,18 +249,9 @@ class StreamingAggregate(StatefulOperator):
     ) -> pa.RecordBatch:
         """Final output rows: the keys, then each aggregate's result from its buffers."""
         columns = _output_key_columns(self.output_keys, keys)
-        for i, agg in enumerate(self.aggregates):
-            first = values.column(buffer_column(i, agg.func, 0))
-            if agg.func == "count":
-                result = pc.fill_null(first, 0)
-            elif agg.func == "avg":
-                count = values.column(buffer_column(i, agg.func, 1))
-                nonzero = pc.greater(pc.fill_null(count, 0), 0)
-                quotient = pc.divide(first, pc.if_else(nonzero, count, 1).cast(pa.float64()))
-                result = pc.if_else(nonzero, quotient, pa.scalar(None, pa.float64()))
-            else:
-                result = first
-            columns.append(result)
+        for agg, kept in zip(self.aggregates, self._state_buffers, strict=True):
+            buffers = [values.column(f.name) for f in kept]
+            columns.append(agg.result(buffers, ansi=self.ansi))
         table = pa.Table.from_arrays(columns, names=self.output_schema.names)
         return conform(table, self.output_schema)
 

@@ -35,6 +35,7 @@ Field: TypeAlias = tuple[str, str, bool | None]
 
 _TIMESTAMP_RE = re.compile(r"timestamp\[(s|ms|us|ns)(?:, tz=(.+))?\]")
 _DECIMAL_RE = re.compile(r"decimal128\((\d+), (-?\d+)\)")
+_LIST_RE = re.compile(r"list<([^:<>]+): (.+?)( not null)?>")
 
 
 def schema_to_json(schema: pa.Schema) -> dict[str, Any]:
@@ -89,6 +90,9 @@ def fields_from_json(description: Any) -> list[Field]:
 
 
 def _parse_type(text: str) -> pa.DataType:
+    if m := _LIST_RE.fullmatch(text):  # list<item: int64>, list<element: string not null>
+        element, not_null = m.group(2), m.group(3) is not None
+        return pa.list_(pa.field(m.group(1), _parse_type(element), nullable=not not_null))
     if m := _TIMESTAMP_RE.fullmatch(text):
         return pa.timestamp(m.group(1), tz=m.group(2))
     if m := _DECIMAL_RE.fullmatch(text):

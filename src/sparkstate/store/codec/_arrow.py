@@ -30,6 +30,7 @@ __all__ = [
     "arrow_from_le",
     "assemble",
     "columns_from_rows",
+    "fsb_to_large_binary",
     "le_bytes",
     "rows_of",
     "table_from_rows",
@@ -62,6 +63,8 @@ def _kind(t: pa.DataType) -> str:
         ("date", pa.types.is_date),
         ("dec", pa.types.is_decimal),
         ("null", pa.types.is_null),
+        ("list", pa.types.is_list),
+        ("list", pa.types.is_large_list),
     ]
     return next((kind for kind, check in checks if check(t)), str(t))
 
@@ -132,7 +135,7 @@ def le_bytes(arr: pa.Array, col: Column) -> Bytes2D:
     return raw[off * width : (off + n) * width].reshape(n, width)
 
 
-def _fsb_to_large_binary(m: Bytes2D) -> pa.Array:
+def fsb_to_large_binary(m: Bytes2D) -> pa.Array:
     m = np.ascontiguousarray(m)
     fsb = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(m.shape[1]), m.shape[0], [None, pa.py_buffer(m)]
@@ -145,7 +148,7 @@ def assemble(pieces: list[Bytes2D | pa.Array]) -> list[bytes]:
     if len(pieces) == 1 and isinstance(pieces[0], np.ndarray):
         m = np.ascontiguousarray(pieces[0])
         return cast(list[bytes], m.view(np.dtype((np.void, m.shape[1]))).ravel().tolist())
-    arrays = [_fsb_to_large_binary(p) if isinstance(p, np.ndarray) else p for p in pieces]
+    arrays = [fsb_to_large_binary(p) if isinstance(p, np.ndarray) else p for p in pieces]
     joined = arrays[0] if len(arrays) == 1 else pc.binary_join_element_wise(*arrays, LB_EMPTY)
     out: list[bytes] = joined.to_pylist()
     return out
@@ -172,4 +175,3 @@ def table_from_rows(cols: list[Column], rows: list[Row | None], schema: pa.Schem
 
 def rows_of(table: pa.Table) -> list[Row]:
     return list(zip(*[c.to_pylist() for c in table.columns], strict=True))
-

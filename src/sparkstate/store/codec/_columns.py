@@ -42,7 +42,8 @@ class Column:
 
     ``phys`` is the physical kind: ``int``/``uint`` (a Python int of ``width`` bytes), ``float``,
     ``bool`` or ``var`` (bytes). ``to_phys`` validates a Python value; ``from_phys`` (None for the
-    identity) gives the value as pyarrow's ``to_pylist()`` does.
+    identity) gives the value as pyarrow's ``to_pylist()`` does. A list column (values only) is a
+    ``var`` column whose bytes are laid out by :class:`ListLayout`.
     """
 
     phys: str
@@ -50,6 +51,8 @@ class Column:
     struct_code: str
     to_phys: Callable[[Any], Any]
     py_types: frozenset[type]
+    #: The element column of a list column (values only).
+    element: Column
 
     def __init__(self, index: int, field: pa.Field, role: str) -> None:
         self.index = index
@@ -89,11 +92,17 @@ class Column:
         elif pa.types.is_decimal128(t) and t.scale >= 0:
             self._set("int", 16, "16s", self._to_decimal, {decimal.Decimal, int})
             self.from_phys = self._decimal_from_unscaled
+        elif pa.types.is_list(t) and role == "value" and not pa.types.is_nested(t.value_type):
+            self.element = Column(0, t.value_field, "list element")
+            layout = ListLayout(self)
+            self._set("var", 0, "", layout.encode, {list, tuple})
+            self.from_phys = layout.decode
         else:
+            lists = ", and in values lists of those" if role == "value" else ""
             msg = (
                 f"{role} column {self.name!r} has Arrow type {t}, which the {role} codec does not "
                 "support (supported: integers, float32/64, bool, string, binary, timestamp, "
-                "date32/64, decimal128 with a scale >= 0)"
+                f"date32/64, decimal128 with a scale >= 0{lists})"
             )
             raise ConfigurationError(msg)
         if self.nullable:
@@ -254,6 +263,81 @@ class Column:
         return decode
 
 
+class ListLayout:
+    """The bytes of one list value: ``[uint32 count][uint32 k][k x uint32: positions of the null
+    elements][elements]``, all little-endian; fixed-width elements take their width each (zeros
+    when null), variable ones a ``uint32`` length and their bytes (length 0 when null).
+    :func:`sparkstate.store.codec._lists.list_payloads` lays out whole Arrow columns the same way.
+    """
+
+    def __init__(self, col: Column) -> None:
+        self.col = col
+        self.element = el = col.element
+        self.fixed = el.phys != "var"
+        self.wide = el.struct_code == "16s"
+        self.convert = el.from_phys if not self.wide else el._decimal_from_unscaled
+
+    def encode(self, v: Any) -> bytes:
+        if not isinstance(v, list | tuple):
+            raise self.col.mismatch(v, "a list")
+        el = self.element
+        nulls = [i for i, x in enumerate(v) if x is None]
+        if nulls and not el.nullable:
+            msg = f"column {self.col.name!r} ({self.col.type}) does not take null elements"
+            raise SchemaMismatchError(msg)
+        head = struct.pack(f"<II{len(nulls)}I", len(v), len(nulls), *nulls)
+        phys = [None if x is None else el.to_phys(x) for x in v]
+        if self.wide:
+            body = b"".join(
+                bytes(16) if p is None else p.to_bytes(16, "little", signed=True) for p in phys
+            )
+        elif self.fixed:
+            zero = False if el.phys == "bool" else 0
+            body = struct.pack(
+                f"<{len(v)}{el.struct_code}", *(zero if p is None else p for p in phys)
+            )
+        else:
+            parts: list[bytes] = []
+            for p in phys:
+                if p is None:
+                    parts.append(bytes(4))
+                elif len(p) >= 1 << 32:
+                    raise el.mismatch(p, "a value shorter than 4 GiB")
+                else:
+                    parts += (len(p).to_bytes(4, "little"), p)
+            body = b"".join(parts)
+        return head + body
+
+    def decode(self, data: bytes) -> list[Any]:
+        count, k = struct.unpack_from("<II", data, 0)
+        nulls = struct.unpack_from(f"<{k}I", data, 8)
+        pos, el = 8 + 4 * k, self.element
+        if self.wide:
+            end = pos + 16 * count
+            out: list[Any] = [
+                int.from_bytes(data[i : i + 16], "little", signed=True) for i in range(pos, end, 16)
+            ]
+        elif self.fixed:
+            end = pos + el.width * count
+            out = list(struct.unpack_from(f"<{count}{el.struct_code}", data, pos))
+        else:
+            out = []
+            for _ in range(count):
+                size = int.from_bytes(data[pos : pos + 4], "little")
+                out.append(data[pos + 4 : pos + 4 + size])
+                pos += 4 + size
+            end = pos
+        if end != len(data):
+            msg = f"list of {count} elements does not fill its {len(data)} bytes"
+            raise ValueError(msg)
+        if self.convert is not None:
+            convert = self.convert
+            out = [convert(x) for x in out]
+        for i in nulls:
+            out[i] = None
+        return out
+
+
 _F32 = struct.Struct("<f")
 
 
@@ -285,4 +369,3 @@ def check_arity(row: Any, cols: list[Column], role: str, exact: bool = True) -> 
     want = f"{len(cols)}" if exact else f"1 to {len(cols)}"
     msg = f"{role} row must be a tuple of {want} values for columns {names}, got {row!r}"
     raise SchemaMismatchError(msg)
-

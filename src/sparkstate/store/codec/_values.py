@@ -1,7 +1,8 @@
 """The value codec: compact, versioned value rows, not ordered.
 
 A value is ``[version][null bitmap, bit i = column i][fixed-width columns, little-endian, zeros
-when null][per variable column: uint32 LE length, bytes]``; values of a column family whose
+when null][per variable column: uint32 LE length, bytes]``; a list is a variable column whose
+bytes hold its elements (:class:`._columns.ListLayout`); values of a column family whose
 schema evolved start with a header naming their schema instead of the version byte
 (:mod:`sparkstate.store.evolution`).
 """
@@ -34,6 +35,7 @@ from sparkstate.store.codec._arrow import (
     validity,
 )
 from sparkstate.store.codec._columns import Column, Row, check_arity, columns_of
+from sparkstate.store.codec._lists import list_payloads
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = ["VALUE_FORMAT_VERSION", "ValueCodec"]
@@ -219,6 +221,8 @@ class ValueCodec:
 
     @staticmethod
     def _var_pieces(col: Column, arr: pa.Array) -> list[Bytes2D | pa.Array]:
+        if pa.types.is_list(col.type):
+            arr = list_payloads(col, arr)
         lengths = np.asarray(pc.binary_length(arr).fill_null(0), dtype=np.int64)
         if len(lengths) and lengths.max() >= 1 << 32:
             msg = f"column {col.name!r} has a value of 4 GiB or more"
@@ -267,4 +271,3 @@ class ValueCodec:
             for col, start in zip(self._fixed_cols, self._offsets, strict=True)
         ]
         return pa.Table.from_arrays(arrays, schema=self.schema), found
-

@@ -1,0 +1,370 @@
+"""The aggregate functions of a streaming ``agg()`` against Spark's built-in streaming aggregation:
+the same file feed, batch by batch, in update and complete mode, on both providers, with a
+restart on the same checkpoint in the middle; and PySpark's own aggregates taken as their twins or
+refused naming the ``SF`` function to use."""
+
+from __future__ import annotations
+
+import decimal
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate import functions as SF
+from sparkstate.engine.aggregate_plan import recognise
+from sparkstate.engine.plan import AggregateStep, plan_stages
+from sparkstate.exceptions import ConfigurationError
+
+from .conftest import PROVIDERS, FileFeed
+from .helpers import run_batches, same_schema, source, start_ours, start_spark
+
+SCHEMA = "k string, v int, d double, s string, m decimal(10,2)"
+D = decimal.Decimal
+NAN = float("nan")
+
+
+def row(k: str | None, v: int | None, d: float | None, s: str | None, m: str | None) -> dict:  # type: ignore[type-arg]
+    return {"k": k, "v": v, "d": d, "s": s, "m": None if m is None else float(m)}
+
+
+BATCHES: list[list[dict[str, Any]]] = [
+    [
+        row("a", None, -0.0, "x", "1.25"),  # a null first value; -0.0 and 0.0 are one set value
+        row("a", 1, 0.0, "y", None),
+        row("a", 2, 2.5, "x", "0.01"),
+        row("b", 7, 1e9 + 0.5, None, "99999999.99"),  # one value: sample statistics are null
+        row("n", None, None, None, None),  # a group of nothing but nulls
+        row(None, 3, -1.0, "k", "-2.00"),
+    ],
+    [],  # an empty batch
+    [
+        row("a", 5, 2.5, None, "-0.26"),
+        row("b", None, 1e9 + 0.25, "q", None),
+        row("c", 4, NAN, "z", "3.00"),  # NaN: stddev and variance are NaN
+        row("n", None, None, None, None),
+    ],
+    # a restart on the checkpoint here
+    [
+        row("c", 4, 1.0, "z", "3.00"),
+        row("a", None, None, None, None),
+        row("b", -7, 1e9, "q", "0.03"),
+        row("d", 10, 3.0, "w", "1.00"),
+        row("d", 11, 3.0, "w", None),
+        row(None, None, 4.0, "k", "2.00"),
+    ],
+]
+RESTART_AFTER = 3
+
+
+def ours() -> list[Any]:
+    return [
+        SF.count("*").alias("n"),
+        F.count("v"),  # PySpark's own, taken as SF.count
+        SF.sum("v"),
+        SF.sum("m"),
+        SF.avg("m"),
+        F.avg("d"),
+        SF.min("s"),
+        SF.max("d"),
+        SF.first("v"),
+        SF.first("v", ignorenulls=True).alias("first_nn"),
+        F.last("s", True),
+        SF.last("v"),
+        SF.collect_list("s"),
+        SF.collect_set("d"),
+        F.collect_set("v").alias("vs"),
+        SF.stddev("d"),
+        SF.stddev_pop("v"),
+        SF.variance("d"),
+        SF.var_pop("d"),
+        SF.var_samp("v"),
+        SF.stddev_samp("d"),
+        SF.std("v"),
+        SF.approx_count_distinct("s"),
+        SF.approx_count_distinct("d", 0.1),
+    ]
+
+
+def theirs() -> list[Any]:
+    return [
+        F.count("*").alias("n"),
+        F.count("v"),
+        F.sum("v"),
+        F.sum("m"),
+        F.avg("m"),
+        F.avg("d"),
+        F.min("s"),
+        F.max("d"),
+        F.first("v"),
+        F.first("v", ignorenulls=True).alias("first_nn"),
+        F.last("s", True),
+        F.last("v"),
+        F.collect_list("s"),
+        F.collect_set("d"),
+        F.collect_set("v").alias("vs"),
+        F.stddev("d"),
+        F.stddev_pop("v"),
+        F.variance("d"),
+        F.var_pop("d"),
+        F.var_samp("v"),
+        F.stddev_samp("d"),
+        F.std("v"),
+        F.approx_count_distinct("s"),
+        F.approx_count_distinct("d", 0.1),
+    ]
+
+
+class RawCollector:
+    """``foreachBatch``: each batch's rows as tuples, sorted by the grouping key, and the schema."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[tuple[Any, ...]]] = {}
+        self.schema: Any = None
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.schema = df.schema
+        rows = [tuple(r) for r in df.collect()]
+        self.batches[batch_id] = sorted(rows, key=lambda r: (r[0] is None, r[0] or ""))
+
+
+def _float_key(x: Any) -> tuple[bool, Any]:
+    return (
+        isinstance(x, float) and math.isnan(x),
+        0.0 if isinstance(x, float) and math.isnan(x) else x,
+    )
+
+
+def close(a: Any, b: Any, *, as_set: bool = False) -> bool:
+    """Equal; doubles within a relative 1e-9 (NaN equal to NaN); sets in any order."""
+    if isinstance(a, list) and isinstance(b, list):
+        if as_set:
+            a, b = sorted(a, key=_float_key), sorted(b, key=_float_key)
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return bool(a == b) and type(a) is type(b)
+
+
+def assert_same(mine: RawCollector, spark_side: RawCollector, sets: tuple[str, ...] = ()) -> None:
+    assert same_schema(mine.schema, spark_side.schema), (mine.schema, spark_side.schema)
+    names = spark_side.schema.names
+    assert sorted(mine.batches) == sorted(spark_side.batches)
+    for b, expected in spark_side.batches.items():
+        got = mine.batches[b]
+        assert [r[0] for r in got] == [r[0] for r in expected], b
+        for r_got, r_exp in zip(got, expected, strict=True):
+            for name, x, y in zip(names, r_got, r_exp, strict=True):
+                assert close(x, y, as_set=name in sets), (b, r_exp[0], name, x, y)
+
+
+_SPARK: dict[str, RawCollector] = {}
+
+
+def spark_run(spark: SparkSession, tmp: Path, mode: str) -> RawCollector:
+    """Spark's own query over the batches (once per mode: it does not depend on our provider)."""
+    if mode not in _SPARK:
+        feed = FileFeed(tmp / "input")
+        collector = RawCollector()
+        q = start_spark(
+            source(spark, feed, SCHEMA).groupBy("k").agg(*theirs()), mode, tmp / "chk", collector
+        )
+        run_batches(feed, q, BATCHES)
+        _SPARK[mode] = collector
+    return _SPARK[mode]
+
+
+#: Update mode on every provider, complete mode on the last one (the merges do not depend on
+#: the mode; the output does).
+RUNS = [("update", p) for p in PROVIDERS] + [("complete", PROVIDERS[-1])]
+
+
+@pytest.mark.parametrize(("mode", "provider"), RUNS)
+def test_aggregates_match_spark_across_a_restart(
+    spark: SparkSession,
+    feed: FileFeed,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    provider: str,
+    mode: str,
+) -> None:
+    expected = spark_run(spark, tmp_path_factory.mktemp(f"spark-{mode}"), mode)
+    mine = RawCollector()
+    chk = tmp_path / "chk"
+
+    def start() -> Any:
+        stream = ss.stream(source(spark, feed, SCHEMA)).groupBy("k").agg(*ours())
+        return start_ours(stream, mode, chk, provider, mine)
+
+    run_batches(feed, start(), BATCHES[:RESTART_AFTER])
+    run_batches(feed, start(), BATCHES[RESTART_AFTER:])
+    assert_same(mine, expected, sets=("collect_set(d)", "vs"))
+    some = expected.batches[0][0]
+    assert some[expected.schema.names.index("sum(m)")] == D("1.26")  # a decimal(20,2)
+
+
+def test_thousands_of_distinct_values_and_decimal_overflow_outside_ansi(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """approx_count_distinct of a few thousand values: exactly Spark's estimate (the counts are
+    where Spark uses linear counting or the raw estimate, so the same registers give the same
+    number; in between Spark subtracts a bias from tables we do not carry), and within three
+    relative standard deviations of the exact count. Decimal sum and avg past their precision
+    outside ANSI mode: null, as Spark's (within a batch and across batches; an overflowed sum
+    stays null)."""
+    schema = "k string, v int, d double, s string, m decimal(38,0)"
+    big = 9 * 10**37
+
+    def rows(k: str, column: str, values: Any) -> list[dict[str, Any]]:
+        return [{"k": k, column: x} for x in values]
+
+    batches = [
+        rows("ints", "v", (i % 4000 for i in range(4500)))
+        + rows("doubles", "d", [*(i / 7 - 100 for i in range(700)), NAN, -0.0, 0.0])
+        + rows("strings", "s", (f"s{i % 2500}" for i in range(2600)))
+        + rows("big", "m", [big, 1])
+        + rows("twice", "m", [big, big]),
+        rows("big", "m", [big, -1]) + rows("small", "m", [5, 6]),
+    ]
+    exact = {"ints": 4000, "doubles": 700 + 2, "strings": 2500}
+
+    def aggs(fn: Any) -> list[Any]:
+        return [
+            fn.approx_count_distinct("v").alias("v5"),
+            fn.approx_count_distinct("v", 0.01).alias("v1"),
+            fn.approx_count_distinct("d").alias("d5"),
+            fn.approx_count_distinct("s", 0.02).alias("s2"),
+            fn.sum("m"),
+            fn.avg("m"),
+        ]
+
+    mine, spark_side = RawCollector(), RawCollector()
+    their_feed = FileFeed(tmp_path / "input-b")
+    ansi = spark.conf.get("spark.sql.ansi.enabled")
+    spark.conf.set("spark.sql.ansi.enabled", "false")  # each query keeps the conf it started with
+    try:
+        stream = ss.stream(source(spark, feed, schema)).groupBy("k").agg(*aggs(SF))
+        queries = [
+            start_ours(stream, "complete", tmp_path / "a", "memory", mine),
+            start_spark(
+                source(spark, their_feed, schema).groupBy("k").agg(*aggs(F)),
+                "complete",
+                tmp_path / "b",
+                spark_side,
+            ),
+        ]
+    finally:
+        spark.conf.set("spark.sql.ansi.enabled", str(ansi))
+    try:
+        for batch in batches:
+            feed.add(batch)
+            their_feed.add(batch)
+            for q in queries:
+                q.processAllAvailable()
+    finally:
+        for q in queries:
+            q.stop()
+    assert_same(mine, spark_side, sets=())
+    by_key = {r[0]: r for r in spark_side.batches[1]}
+    assert by_key["big"][5:] == (None, None) and by_key["small"][5:] == (D(11), D("5.5000"))
+    names = spark_side.schema.names
+    rsd = {"v5": 0.05, "v1": 0.01, "d5": 0.05, "s2": 0.02}
+    for got in mine.batches[1]:
+        for name, x in zip(names[1:5], got[1:5], strict=True):
+            column = {"v": "ints", "d": "doubles", "s": "strings"}[name[0]]
+            n = exact[column] if got[0] == column else 0
+            assert abs(x - n) <= 3 * rsd[name] * n, (got[0], name, x, n)
+
+
+# --- PySpark's own aggregates ---------------------------------------------------------------------
+
+
+def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: FileFeed) -> None:
+    df = source(spark, feed, SCHEMA)
+    step = AggregateStep(
+        ("k",),
+        (
+            F.count("*").alias("n"),
+            F.count(F.lit(1)),
+            F.sum("v"),
+            F.first("v", True),
+            F.mean("d").alias("mean"),
+            F.approx_count_distinct(F.col("s"), 0.1),
+            F.std("v"),
+            F.collect_list("s"),
+        ),
+    )
+    (stage,) = plan_stages(df, [step], "update", None)
+    described = [a.describe() for a in stage.operator.aggregates]  # type: ignore[attr-defined]
+    assert described == [
+        {"func": "count", "name": "n", "type": "int64"},
+        {"func": "count", "name": "count(1)", "type": "int64"},
+        {"func": "sum", "name": "sum(v)", "type": "int64"},
+        {"func": "first", "name": "first(v)", "type": "int32", "ignorenulls": True},
+        {"func": "avg", "name": "mean", "type": "double"},
+        {
+            "func": "approx_count_distinct",
+            "name": "approx_count_distinct(s)",
+            "type": "int64",
+            "rsd": 0.1,
+        },
+        {"func": "std", "name": "std(v)", "type": "double"},
+        {
+            "func": "collect_list",
+            "name": "collect_list(s)",
+            "type": "list<element: string>",
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        (
+            lambda: F.countDistinct("v"),
+            r"count\(DISTINCT \.\.\.\).*SF\.approx_count_distinct\('v'\)",
+        ),
+        (lambda: F.sum_distinct("v"), r"sum\(DISTINCT \.\.\.\).*SF\.collect_set\('v'\)"),
+        (lambda: F.sum(F.col("v") + 1), r"plain column only.*SF\.sum\(<the expression>\)"),
+        (lambda: F.first(F.upper("s")), r"plain column only.*SF\.first\("),
+        (lambda: F.percentile_approx("v", 0.5), r"percentile_approx\(\).*SF\.collect_list\('v'\)"),
+        (lambda: F.kurtosis("v"), r"kurtosis\(\) cannot be merged.*SF\.count, SF\.sum"),
+        (lambda: F.col("v"), r"not an aggregate function.*SF\.count"),
+        (lambda: F.count(F.lit(None)), r"count\(NULL\) is always 0"),
+        (lambda: "v", r"takes aggregates such as SF\.count"),
+    ],
+)
+def test_pyspark_aggregates_that_cannot_merge_are_refused_at_start(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, column: Any, message: str
+) -> None:
+    stream = ss.stream(source(spark, feed, SCHEMA)).groupBy("k").agg(column())
+    writer = stream.writeStream.outputMode("update").format("noop")
+    with pytest.raises(ConfigurationError, match=message):
+        writer.option("checkpointLocation", str(tmp_path / "chk")).start()
+
+
+def test_spark_connect_columns_are_read_without_a_session() -> None:
+    """A Spark Connect client's columns are Python expression trees: read without a server."""
+    connect = pytest.importorskip("pyspark.sql.connect.functions")
+    first = recognise(connect.first("v", True).alias("f"))
+    assert (first.func, first.column, first.name, first.options) == (
+        "first",
+        "v",
+        "f",
+        (("ignorenulls", True),),
+    )
+    assert recognise(connect.count("*")).column == "*"
+    assert recognise(connect.count(connect.lit(1))).column == "*"
+    assert recognise(connect.approx_count_distinct("v", 0.02)).options == (("rsd", 0.02),)
+    nested = recognise(connect.max(connect.col("`a.b`")))
+    assert nested.func == "max" and not isinstance(nested.column, str)
+    with pytest.raises(ConfigurationError, match=r"SF\.approx_count_distinct\('v'\)"):
+        recognise(connect.countDistinct("v"))
+    with pytest.raises(ConfigurationError, match=r"plain column only.*SF\.sum"):
+        recognise(connect.sum(connect.col("v") * 2))
