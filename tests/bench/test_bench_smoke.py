@@ -44,6 +44,7 @@ def test_summarize_skips_warmup_and_sums_batch_time() -> None:
         "batch": 200.0,
         "spark job": 190.0,
         "state updates": 0.0,
+        "removals": 0.0,
         "function": 100.0,
         "commit": 3.0,
     }
