@@ -13,6 +13,13 @@ one ends) over the ``rate-micro-batch`` source, which hands every trigger exactl
 until enough batches have completed, then stops the query. A batch's time is its
 ``durationMs.triggerExecution``; the first ``warmup`` batches are not measured.
 ``rows_per_s`` = measured input rows / summed measured batch time.
+
+Profiling: with ``SPARKSTATE_BENCH_PROFILE=<dir>`` in the environment, Spark's own Python UDF
+profiler (``spark.sql.pyspark.udf.profiler=perf``, cProfile around every call into a
+``mapInArrow`` function, so around sparkstate's stateful tasks, input reads included) runs in each
+system's session, and each system's stats are dumped under ``<dir>/<bench>-<system>/`` as
+``.pstats`` files (one per batch's stateful stage). Profiled runs are slower: their numbers are
+for finding where time goes, not for ratios.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = [
     "HDFS_PROVIDER",
+    "PROFILE_ENV",
     "RESULT_PREFIX",
     "ROCKSDB_PROVIDER",
     "BenchSpec",
@@ -64,6 +72,9 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 RESULT_PREFIX = "@@sparkstate-bench-result "
+#: A directory: profile the Python side of every system's tasks and dump the stats there.
+PROFILE_ENV = "SPARKSTATE_BENCH_PROFILE"
+UDF_PROFILER_CONF = "spark.sql.pyspark.udf.profiler"
 MASTER = "local[2]"
 REMOTE_POLL_S = 3.0
 SHUFFLE_PARTITIONS = 4
@@ -139,6 +150,8 @@ def spark_session(app: str, conf: Mapping[str, str] | None = None) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    if os.environ.get(PROFILE_ENV):
+        conf = {**(conf or {}), UDF_PROFILER_CONF: "perf"}
     remote = os.environ.get(REMOTE_ENV)
     if remote:
         spark = SparkSession.builder.remote(remote).getOrCreate()
@@ -584,6 +597,11 @@ def measure_query(
     )
     run_s = time.perf_counter() - run_started
     result = summarize(progress, params["warmup"])
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if profile_dir:
+        name = f"{params.get('workload') or 'bench'}-{system}"
+        result["profile_dir"] = os.path.join(os.path.abspath(profile_dir), name)
+        spark.profile.dump(result["profile_dir"], type="perf")
     result["per_batch"] = batch_records(progress)
     result["keys_per_s"] = result["rows_per_s"] * params["keys"] / params["rows_per_batch"]
     result["session_start_s"] = session_s
