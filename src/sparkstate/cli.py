@@ -15,6 +15,7 @@ BENCHES = {
     "store": "sparkstate.bench.store",
     "aggregate": "sparkstate.bench.aggregate",
     "arbitrary": "sparkstate.bench.arbitrary",
+    "windows": "sparkstate.bench.windows",
 }
 
 
@@ -39,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller sizes for a fast run")
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
     bench.add_argument("--systems", default=None, help="comma-separated subset of systems")
+    bench.add_argument(
+        "--workloads", default=None, help="comma-separated subset of workloads (windows)"
+    )
     bench.add_argument("--remote", default=None, help=REMOTE_HELP)
     return parser
 

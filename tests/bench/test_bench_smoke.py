@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from sparkstate.bench import _spark, aggregate, arbitrary
+from sparkstate.bench import _spark, aggregate, arbitrary, windows
 
 
 def _progress(batch: int, rows: int, ms: int, commit: int) -> dict[str, Any]:
@@ -44,6 +45,7 @@ def test_summarize_skips_warmup_and_sums_batch_time() -> None:
         "batch": 200.0,
         "spark job": 190.0,
         "state updates": 0.0,
+        "removals": 0.0,
         "function": 100.0,
         "commit": 3.0,
     }
@@ -111,6 +113,103 @@ def test_arbitrary_bench_tiny(tmp_path: Path) -> None:
 def test_unknown_system_is_refused(tmp_path: Path) -> None:
     args = argparse.Namespace(quick=True, systems="nope", json_out=None)
     assert aggregate.run(args) == 2
+    assert windows.run(args) == 2
+    assert windows.run(argparse.Namespace(quick=True, workloads="hopping")) == 2
+
+
+def test_windows_model_of_the_tumbling_workload() -> None:
+    exp = windows.expected("tumbling", rows=100, keys=100, batches=5)
+    # batch b fills window b; the watermark after it (window b's end - 1 min) closes window
+    # b - 1, evicted in batch b + 1
+    assert exp.closed == [0, 0, 100, 100, 100]
+    assert exp.closed_rows == exp.closed
+    assert exp.open == [100, 200, 200, 200, 200]
+    # rows 6 s apart: the last of window 0 at 9:54, the watermark a minute behind
+    assert exp.watermark_ms[:2] == [0, windows.BASE_US // 1000 + 534_000]
+    assert windows.iso_ms(exp.watermark_ms[1]) == "2024-01-01T00:08:54.000Z"
+
+
+def test_windows_model_of_the_session_workload() -> None:
+    exp = windows.expected("session", rows=100, keys=100, batches=8)
+    # two rows per session, half of the keys close one every batch from batch 4 on
+    assert exp.closed[:4] == [0, 0, 0, 0]
+    assert exp.closed[4:] == [50, 50, 50, 50]
+    assert exp.closed_rows[5:] == [100, 100, 100]
+    assert exp.open[3:] == [250] * 5
+    values = np.arange(300, dtype=np.int64)
+    ts = windows.event_time_us("session", values, 100, 100)
+    key_7 = ts[values % 100 == 7] - windows.BASE_US
+    assert np.diff(key_7).tolist() == [40_000_000, 10_000_000]
+
+
+def test_windows_check_names_the_batches_that_disagree() -> None:
+    params = {"rows_per_batch": 100, "batches": 3, "warmup": 2}
+    exp = windows.expected("tumbling", rows=100, keys=100, batches=3)
+    batches = [
+        {
+            "batchId": b,
+            "numInputRows": 100,
+            "numOutputRows": exp.closed[b],
+            "watermark": windows.iso_ms(exp.watermark_ms[b]),
+            "numRowsDroppedByWatermark": 0,
+            "numRowsTotal": exp.open[b],
+        }
+        for b in range(3)
+    ]
+    assert windows.check_system("tumbling", params, exp, {"per_batch": batches}) == []
+    batches[2] = {**batches[2], "numOutputRows": 99}
+    assert windows.check_system("tumbling", params, exp, {"per_batch": batches}) == [
+        "batch 2: numOutputRows 99, expected 100"
+    ]
+
+
+def test_windows_params() -> None:
+    args = argparse.Namespace(quick=True, rows=10, keys=5, batches=1, workloads="session")
+    assert windows.params_for(args) == {
+        "session": {
+            "workload": "session",
+            "rows_per_batch": 10,
+            "keys": 5,
+            "batches": 5,
+            "warmup": 4,
+        }
+    }
+    full = windows.params_for(argparse.Namespace())
+    assert list(full) == ["tumbling", "session"]
+    assert full["tumbling"]["rows_per_batch"] == full["tumbling"]["keys"] == 1_000_000
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_windows_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "windows.json"
+    systems = ["spark-rocksdb", "sparkstate-rocksdb"]
+    args = argparse.Namespace(
+        quick=True, systems=",".join(systems), json_out=str(out), rows=500, keys=500, batches=1
+    )
+    assert windows.run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "windows"
+    assert report["workloads"] == ["tumbling", "session"]
+    assert set(report["systems"]) == {f"{w}:{s}" for w in report["workloads"] for s in systems}
+    for workload in report["workloads"]:
+        check = report["checks"][workload]
+        assert check["expected_closed_measured"] > 0, workload
+        for name in systems:
+            r = report["systems"][f"{workload}:{name}"]
+            assert "error" not in r, (workload, name, r)
+            if not r["available"]:
+                assert r["reason"] and name.startswith("sparkstate-")
+                continue
+            assert check["systems"][name]["ok"], (workload, name, check["systems"][name])
+            assert check["systems"][name]["closed_measured"] == check["expected_closed_measured"]
+            assert [b["batchId"] for b in r["per_batch"]] == list(
+                range(r["batches_measured"] + r["warmup_batches"])
+            )
+            assert r["where_time_goes_ms"]["removals"] >= 0, (workload, name)
+        ours = report["systems"][f"{workload}:sparkstate-rocksdb"]
+        if ours["available"]:
+            assert f"{workload}:sparkstate-rocksdb/spark-rocksdb" in report["ratios"]
 
 
 def test_drive_waits_for_sparks_own_progress_of_a_batch() -> None:
@@ -125,8 +224,13 @@ def test_drive_waits_for_sparks_own_progress_of_a_batch() -> None:
         return feeds.pop(0) if len(feeds) > 1 else feeds[0]
 
     got = _spark.drive(
-        recent, lambda: stopped.append(True), lambda: None,
-        batches=2, timeout_s=5, label="fake", poll_s=0.01,
+        recent,
+        lambda: stopped.append(True),
+        lambda: None,
+        batches=2,
+        timeout_s=5,
+        label="fake",
+        poll_s=0.01,
     )
     assert [p["durationMs"]["triggerExecution"] for p in got] == [900, 120]
     assert stopped == [True]

@@ -13,6 +13,13 @@ one ends) over the ``rate-micro-batch`` source, which hands every trigger exactl
 until enough batches have completed, then stops the query. A batch's time is its
 ``durationMs.triggerExecution``; the first ``warmup`` batches are not measured.
 ``rows_per_s`` = measured input rows / summed measured batch time.
+
+Profiling: with ``SPARKSTATE_BENCH_PROFILE=<dir>`` in the environment, Spark's own Python UDF
+profiler (``spark.sql.pyspark.udf.profiler=perf``, cProfile around every call into a
+``mapInArrow`` function, so around sparkstate's stateful tasks, input reads included) runs in each
+system's session, and each system's stats are dumped under ``<dir>/<bench>-<system>/`` as
+``.pstats`` files (one per batch's stateful stage). Profiled runs are slower: their numbers are
+for finding where time goes, not for ratios.
 """
 
 from __future__ import annotations
@@ -37,17 +44,25 @@ from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = [
     "HDFS_PROVIDER",
+    "PROFILE_ENV",
     "RESULT_PREFIX",
     "ROCKSDB_PROVIDER",
     "BenchSpec",
     "NotAvailable",
+    "batch_records",
     "drive",
+    "machine_info",
     "measure_query",
+    "print_summary",
+    "ratios",
     "run_bench",
+    "run_systems",
+    "selected_systems",
     "spark_session",
     "summarize",
     "time_breakdown",
     "worker_main",
+    "write_report",
 ]
 
 #: Spark's state store providers (class names checked in the pyspark 4.3.0 jars and in
@@ -57,6 +72,9 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 RESULT_PREFIX = "@@sparkstate-bench-result "
+#: A directory: profile the Python side of every system's tasks and dump the stats there.
+PROFILE_ENV = "SPARKSTATE_BENCH_PROFILE"
+UDF_PROFILER_CONF = "spark.sql.pyspark.udf.profiler"
 MASTER = "local[2]"
 REMOTE_POLL_S = 3.0
 SHUFFLE_PARTITIONS = 4
@@ -93,11 +111,15 @@ STATE_FIELDS = (
 
 #: Where a batch's time goes: (label, section of a summarized result, field), mean per measured
 #: batch. Task times (phases, state updates, commit) are summed over the shuffle partitions, which
-#: share the machine's cores; ``allUpdatesTimeMs`` holds the phases up to the state write.
+#: share the machine's cores; ``allUpdatesTimeMs`` holds the phases up to the state write,
+#: ``allRemovalsTimeMs`` the eviction of what the watermark closed (emitting it included).
+#: ``statefulStage`` is sparkstate's own: the Spark job that runs its stateful tasks.
 BREAKDOWN = (
     ("batch", "mean_duration_ms", "triggerExecution"),
     ("spark job", "mean_duration_ms", "addBatch"),
+    ("stateful stage", "mean_duration_ms", "statefulStage"),
     ("state updates", "mean_state", "allUpdatesTimeMs"),
+    ("removals", "mean_state", "allRemovalsTimeMs"),
     ("load", "customMetrics", "loadTimeMs"),
     ("input", "customMetrics", "inputReadTimeMs"),
     ("grouping", "customMetrics", "groupingTimeMs"),
@@ -128,6 +150,8 @@ def spark_session(app: str, conf: Mapping[str, str] | None = None) -> Any:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    if os.environ.get(PROFILE_ENV):
+        conf = {**(conf or {}), UDF_PROFILER_CONF: "perf"}
     remote = os.environ.get(REMOTE_ENV)
     if remote:
         spark = SparkSession.builder.remote(remote).getOrCreate()
@@ -302,6 +326,35 @@ def time_breakdown(summary: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+#: Per-batch fields kept from each batch's first state operator (for the benches' own checks).
+BATCH_STATE_FIELDS = (
+    "numRowsTotal",
+    "numRowsUpdated",
+    "numRowsRemoved",
+    "numRowsDroppedByWatermark",
+    "allUpdatesTimeMs",
+    "allRemovalsTimeMs",
+)
+
+
+def batch_records(progress: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One small record per batch (warm-up included): its id, input and output rows, the
+    watermark it ran with, and the first state operator's counts."""
+    out = []
+    for p in progress:
+        ops = p.get("stateOperators") or [{}]
+        record: dict[str, Any] = {
+            "batchId": int(p.get("batchId", -1)),
+            "triggerExecution": (p.get("durationMs") or {}).get("triggerExecution"),
+            "numInputRows": p.get("numInputRows"),
+            "numOutputRows": (p.get("sink") or {}).get("numOutputRows"),
+            "watermark": (p.get("eventTime") or {}).get("watermark"),
+        }
+        record.update({f: ops[0].get(f) for f in BATCH_STATE_FIELDS})
+        out.append(record)
+    return out
+
+
 def worker_main(argv: Sequence[str]) -> int:
     """Child entry: ``<bench module> <system> <params json>``; prints the result line."""
     import importlib
@@ -438,13 +491,19 @@ def _version(package: str) -> str | None:
         return None
 
 
-def run_bench(spec: BenchSpec, args: argparse.Namespace) -> int:
-    """Run every selected system in its own subprocess; print a table; write the JSON."""
+def selected_systems(spec: BenchSpec, args: argparse.Namespace) -> list[str] | None:
+    """The systems ``--systems`` names (all by default); None (and a message) if one is unknown."""
     systems = args.systems.split(",") if getattr(args, "systems", None) else spec.systems
     unknown = [s for s in systems if s not in spec.systems]
     if unknown:
         print(f"[bench {spec.name}] unknown systems {unknown}; known: {spec.systems}")
-        return 2
+        return None
+    return systems
+
+
+def run_systems(spec: BenchSpec, systems: Sequence[str]) -> tuple[dict[str, Any], bool]:
+    """Each system in its own subprocess, one after the other: their results, and whether any
+    failed (a system that is not available has not failed)."""
     print(f"[bench {spec.name}] {json.dumps(spec.params)}", flush=True)
     results: dict[str, Any] = {}
     failed = False
@@ -467,31 +526,56 @@ def run_bench(spec: BenchSpec, args: argparse.Namespace) -> int:
                 f"p50 {r['p50_batch_ms']:,.0f} ms, p99 {r['p99_batch_ms']:,.0f} ms",
                 flush=True,
             )
-    rat = ratios(results, spec.ratio_pairs)
-    print(f"\n[bench {spec.name}] summary\n{_table(results)}")
-    print(f"[bench {spec.name}] {_breakdown(results)}")
+    return results, failed
+
+
+def print_summary(
+    name: str, results: Mapping[str, Mapping[str, Any]], rat: Mapping[str, float]
+) -> None:
+    """The table of systems, where their time goes, and the ratios."""
+    print(f"\n[bench {name}] summary\n{_table(results)}")
+    print(f"[bench {name}] {_breakdown(results)}")
     if rat:
-        print(f"[bench {spec.name}] ratios (throughput):")
+        print(f"[bench {name}] ratios (throughput):")
         for key, value in rat.items():
             print(f"    {key}: {value:.2f}x")
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "pyspark": _version("pyspark"),
+        "platform": platform.platform(),
+        "loadavg_end": list(os.getloadavg()),
+    }
+
+
+def write_report(name: str, args: argparse.Namespace, report: Mapping[str, Any]) -> None:
+    """Write ``report`` where ``--json`` says, if it says."""
+    if getattr(args, "json_out", None):
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"[bench {name}] wrote {args.json_out}")
+
+
+def run_bench(spec: BenchSpec, args: argparse.Namespace) -> int:
+    """Run every selected system in its own subprocess; print a table; write the JSON."""
+    systems = selected_systems(spec, args)
+    if systems is None:
+        return 2
+    results, failed = run_systems(spec, systems)
+    rat = ratios(results, spec.ratio_pairs)
+    print_summary(spec.name, results, rat)
     report = {
         "benchmark": spec.name,
         "quick": bool(getattr(args, "quick", False)),
         "params": spec.params,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "pyspark": _version("pyspark"),
-            "platform": platform.platform(),
-            "loadavg_end": list(os.getloadavg()),
-        },
+        "machine": machine_info(),
         "systems": results,
         "ratios": rat,
     }
-    if getattr(args, "json_out", None):
-        with open(args.json_out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"[bench {spec.name}] wrote {args.json_out}")
+    write_report(spec.name, args, report)
     return 1 if failed else 0
 
 
@@ -513,6 +597,12 @@ def measure_query(
     )
     run_s = time.perf_counter() - run_started
     result = summarize(progress, params["warmup"])
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if profile_dir:
+        name = f"{params.get('workload') or 'bench'}-{system}"
+        result["profile_dir"] = os.path.join(os.path.abspath(profile_dir), name)
+        spark.profile.dump(result["profile_dir"], type="perf")
+    result["per_batch"] = batch_records(progress)
     result["keys_per_s"] = result["rows_per_s"] * params["keys"] / params["rows_per_batch"]
     result["session_start_s"] = session_s
     result["run_s"] = run_s
