@@ -163,6 +163,14 @@ def test_windows_check_names_the_batches_that_disagree() -> None:
     ]
 
 
+def test_windows_session_is_not_available_without_the_operator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(windows, "SESSION_OPERATOR", "sparkstate.operators.no_such_operator")
+    with pytest.raises(_spark.NotAvailable, match="no session window operator"):
+        windows.measure("sparkstate-rocksdb", {"workload": "session"})  # before any JVM starts
+
+
 def test_windows_params() -> None:
     args = argparse.Namespace(quick=True, rows=10, keys=5, batches=1, workloads="session")
     assert windows.params_for(args) == {
