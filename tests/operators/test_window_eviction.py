@@ -45,14 +45,22 @@ def ms(seconds: float) -> int:
 def scanned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Rows returned by every range scan of a store, counted as they are read."""
     seen = [0]
-    original = StateStore.range_scan_encoded
+    pairs, chunks = StateStore.range_scan_encoded, StateStore.range_scan_encoded_chunks
 
     def counting(self: StateStore, *args: Any, **kwargs: Any) -> Iterator[tuple[bytes, bytes]]:
-        for pair in original(self, *args, **kwargs):
+        for pair in pairs(self, *args, **kwargs):
             seen[0] += 1
             yield pair
 
+    def counting_chunks(
+        self: StateStore, *args: Any, **kwargs: Any
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        for keys, values in chunks(self, *args, **kwargs):
+            seen[0] += len(keys)
+            yield keys, values
+
     monkeypatch.setattr(StateStore, "range_scan_encoded", counting)
+    monkeypatch.setattr(StateStore, "range_scan_encoded_chunks", counting_chunks)
     return seen
 
 

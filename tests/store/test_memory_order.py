@@ -59,7 +59,7 @@ def test_order_lists_each_key_once() -> None:
     order = KeyOrder()
     assert order.keys(data) == [b"a", b"b"]
     del data[b"a"]
-    order.removed(b"a")
+    order.removed([b"a"])
     data[b"a"] = b""
     order.added([b"a"])  # back again: already in the list
     data[b"c"] = b""

@@ -62,15 +62,7 @@ def scan(
 ) -> Iterator[tuple[list[bytes], pa.Table, pa.Table]]:
     """The family in key order (all of it, or the encoded keys ``start <= key < end``), in
     chunks of (encoded keys, keys table, values table)."""
-    kencs: list[bytes] = []
-    raws: list[bytes | None] = []
-    for k, v in store.range_scan_encoded(start, end, fam.name):
-        kencs.append(k)
-        raws.append(v)
-        if len(kencs) >= chunk:
-            yield kencs, decode_keys(fam, kencs), decode_values(fam, raws)[0]
-            kencs, raws = [], []
-    if kencs:
+    for kencs, raws in store.range_scan_encoded_chunks(start, end, fam.name, chunk):
         yield kencs, decode_keys(fam, kencs), decode_values(fam, raws)[0]
 
 

@@ -15,6 +15,7 @@ physical key layout is known to this package alone.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -161,6 +162,15 @@ class StateStore(ABC):
         """``raw_scan`` with the first ``skip`` bytes of every key cut off (a family prefix).
         A provider whose scan is a Python loop cuts them there, saving a generator per key."""
         return ((k[skip:], v) for k, v in self.raw_scan(start, end))
+
+    def raw_scan_chunks(
+        self, start: bytes, end: bytes, skip: int, chunk: int
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """``raw_scan_suffixes`` as lists of at most ``chunk`` keys and their values. A provider
+        that can read a range without a Python step per key overrides this."""
+        pairs = self.raw_scan_suffixes(start, end, skip)
+        while batch := list(itertools.islice(pairs, chunk)):
+            yield [k for k, _ in batch], [v for _, v in batch]
 
     @abstractmethod
     def raw_num_keys(self) -> int:
@@ -335,6 +345,22 @@ class StateStore(ABC):
         lo = prefix if start is None else prefix + start
         hi = fam.end_of_family() if end is None else prefix + end
         return self.raw_scan_suffixes(lo, hi, len(prefix))
+
+    def range_scan_encoded_chunks(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        cf: str = DEFAULT_CF,
+        chunk: int = 65536,
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """``range_scan_encoded`` in lists of at most ``chunk`` encoded keys and their encoded
+        values: the way to read many rows (an eviction, a complete-mode output)."""
+        self._readable()
+        fam = self.column_family(cf)
+        prefix = fam.prefix
+        lo = prefix if start is None else prefix + start
+        hi = fam.end_of_family() if end is None else prefix + end
+        return self.raw_scan_chunks(lo, hi, len(prefix), chunk)
 
     def commit(self) -> int:
         """Make this version's writes durable as version ``version + 1`` and return that number."""

@@ -38,7 +38,6 @@ def local_key(checkpoint_root: str, operator_id: int, partition_id: int, store_n
     return f"{digest}-op{operator_id}-p{partition_id}-{name}"
 
 
-
 @dataclasses.dataclass(frozen=True)
 class LockHolder:
     """Who holds a store directory, as recorded in its lock file by the holder."""

@@ -8,10 +8,11 @@ cached, so a batch that follows the previous one in the same worker starts witho
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from sparkstate.store.base import StateStore
 from sparkstate.store.changelog import decode_changelog, encode_changelog
@@ -23,6 +24,8 @@ __all__ = ["MemoryStateStore", "MemoryStateStoreProvider"]
 _SNAPSHOT_KIND = b"SNAP"
 #: Rough per-entry overhead of a Python dict holding two bytes objects.
 _ENTRY_OVERHEAD = 150
+#: Entries whose mean size estimates the memory a version holds.
+_SIZE_SAMPLE = 1000
 
 
 class KeyOrder:
@@ -63,9 +66,9 @@ class KeyOrder:
                 keys = [k for k in keys if k not in back]
         self._new.extend(keys)
 
-    def removed(self, key: bytes) -> None:
+    def removed(self, keys: list[bytes]) -> None:
         if self._sorted is not None:
-            self._removed.add(key)
+            self._removed.update(keys)
 
     def keys(self, data: dict[bytes, bytes]) -> list[bytes]:
         current = self._sorted
@@ -124,9 +127,13 @@ class MemoryStateStore(StateStore):
         self._changes.update(pairs)
 
     def raw_delete(self, key: bytes) -> None:
-        if self._data.pop(key, None) is not None:  # scans skip it until the order drops it
-            self._changes[key] = None
-            self._order.removed(key)
+        self.raw_delete_many([key])
+
+    def raw_delete_many(self, keys: Sequence[bytes]) -> None:
+        pop = self._data.pop
+        gone = [k for k in keys if pop(k, None) is not None]
+        self._changes.update(dict.fromkeys(gone))
+        self._order.removed(gone)  # scans skip them until the order drops them
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         keys, data = self._sorted_keys(), self._data
@@ -146,6 +153,20 @@ class MemoryStateStore(StateStore):
             if v is not None:
                 yield k[skip:], v
 
+    def raw_scan_chunks(
+        self, start: bytes, end: bytes, skip: int, chunk: int
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        keys, get = self._sorted_keys(), self._data.get
+        hi = bisect.bisect_left(keys, end)
+        for i in range(bisect.bisect_left(keys, start), hi, chunk):
+            ks = keys[i : min(i + chunk, hi)]
+            found = list(map(get, ks))
+            if None in found:  # removed keys the order still holds
+                live = [j for j, v in enumerate(found) if v is not None]
+                ks, found = [ks[j] for j in live], [found[j] for j in live]
+            if ks:
+                yield ([k[skip:] for k in ks] if skip else ks), cast("list[bytes]", found)
+
     def _sorted_keys(self) -> list[bytes]:
         """All keys in order (and some removed ones, which scans skip)."""
         return self._order.keys(self._data)
@@ -154,9 +175,13 @@ class MemoryStateStore(StateStore):
         return len(self._data)
 
     def _memory_used_bytes(self) -> int:
-        return sum(len(k) + len(v) for k, v in self._data.items()) + _ENTRY_OVERHEAD * len(
-            self._data
-        )
+        """An estimate, as Spark's: the map's size times the mean entry of a sample of it."""
+        n = len(self._data)
+        sample = list(itertools.islice(self._data.items(), _SIZE_SAMPLE))
+        if not sample:
+            return 0
+        per_entry = sum(len(k) + len(v) for k, v in sample) / len(sample) + _ENTRY_OVERHEAD
+        return int(n * per_entry)
 
     def _custom_metrics(self) -> dict[str, float]:
         return {

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import logging
+import operator
 import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
@@ -38,6 +41,7 @@ __all__ = ["RocksDBStateStore", "RocksDBStateStoreProvider"]
 
 log = logging.getLogger("sparkstate.store")
 _MISSING = object()
+_NONES = itertools.repeat(None)
 #: LocalDB.memory_stats() keys -> custom metric names.
 _STAT_NAMES = {
     "memtable_bytes": "memtableBytes",
@@ -76,21 +80,40 @@ class RocksDBStateStore(StateStore):
         self._counted: int | None = None
         self._final: dict[str, float] = {}
         self._memory_used: int | None = None
+        #: The largest key in the database (None: empty), read at the first lookup.
+        self._top: bytes | None = None
+        self._top_read = False
 
     def raw_get(self, key: bytes) -> bytes | None:
         value = self._pending.get(key, _MISSING)
         if value is not _MISSING:
             return value  # type: ignore[return-value]
-        got = self._db.get(key)
+        got = self._fetch([key])[0]
         self._existed[key] = got is not None
         return got
+
+    def _fetch(self, keys: list[bytes]) -> list[bytes | None]:
+        """A multi-get from the database, of the keys that can be there: a key above the largest
+        stored one cannot, and keys that grow with event time (a window's end first) are mostly
+        such keys, where a lookup of an absent key is most of a batch's read time."""
+        if not self._top_read:
+            self._top = self._db.last_key()  # the database does not change until the commit
+            self._top_read = True
+        top = self._top
+        if top is None:
+            return [None] * len(keys)
+        probe = [k for k in keys if k <= top]
+        if len(probe) == len(keys):
+            return self._db.multi_get(keys)
+        found = dict(zip(probe, self._db.multi_get(probe), strict=True))
+        return list(map(found.get, keys))
 
     def raw_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         pending = self._pending
         misses = [k for k in keys if k not in pending] if pending else list(keys)
-        fetched = self._db.multi_get(misses)
+        fetched = self._fetch(misses)
         if not self._read_only:
-            self._existed.update(zip(misses, (v is not None for v in fetched), strict=True))
+            self._existed.update(zip(misses, map(operator.is_not, fetched, _NONES), strict=True))
         if not pending:
             return fetched
         found = dict(zip(misses, fetched, strict=True))
@@ -124,6 +147,19 @@ class RocksDBStateStore(StateStore):
             if v is not None:
                 yield k[skip:], v
 
+    def raw_scan_chunks(
+        self, start: bytes, end: bytes, skip: int, chunk: int
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        if any(start <= k < end for k in self._pending):
+            yield from super().raw_scan_chunks(start, end, skip, chunk)
+            return
+        # No write of this version in the range: the database's rows, a chunk per step.
+        existed = None if self._read_only else self._existed
+        for ks, vs in self._db.scan_chunks(start, end, chunk):
+            if existed is not None:  # known to exist: no read to count them at the commit
+                existed.update(dict.fromkeys(ks, True))
+            yield ([k[skip:] for k in ks] if skip else ks), vs
+
     def _merged(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes | None]]:
         """Stored pairs and pending writes (None: a delete) with ``start <= key < end``, in
         key order, a pending write in place of the stored pair of its key."""
@@ -137,18 +173,18 @@ class RocksDBStateStore(StateStore):
         counted once per state of the overlay (the task's metrics and the commit both ask)."""
         if self._counted is not None:
             return self._counted
-        unknown = [k for k in self._pending if k not in self._existed]
-        if unknown:
-            found = self._db.multi_get(unknown)
-            self._existed.update(zip(unknown, (v is not None for v in found), strict=True))
-        existed = self._existed
-        delta = 0
-        for k, v in self._pending.items():
-            if v is None:
-                delta -= existed[k]
-            else:
-                delta += not existed[k]
-        self._counted = self._base_keys + delta
+        pending, existed = self._pending, self._existed
+        was = list(map(existed.get, pending))  # None: not read yet
+        if None in was:
+            keys = list(pending)
+            unknown = [i for i, w in enumerate(was) if w is None]
+            found = self._fetch([keys[i] for i in unknown])
+            for i, value in zip(unknown, found, strict=True):
+                was[i] = existed[keys[i]] = value is not None
+        existing = np.array(was, np.bool_)
+        deleted = np.fromiter(map(operator.is_, pending.values(), _NONES), np.bool_, len(was))
+        added = int(np.count_nonzero(~existing & ~deleted))
+        self._counted = self._base_keys + added - int(np.count_nonzero(existing & deleted))
         return self._counted
 
     def raw_num_keys(self) -> int:

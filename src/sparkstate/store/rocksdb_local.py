@@ -11,6 +11,7 @@ one place.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -108,6 +109,21 @@ def _drain(items: Iterator[Any]) -> Generator[tuple[bytes, bytes], None, None]:
     yield from items
 
 
+def _upper_bound(end: bytes) -> rocksdict.ReadOptions:
+    # Only the upper bound goes in ReadOptions: in rocksdict 0.3.29
+    # set_iterate_lower_bound acts as an upper bound. The start is a seek (from_key).
+    ro = rocksdict.ReadOptions()
+    ro.set_iterate_upper_bound(end)
+    return ro
+
+
+def _chunks(
+    keys: Iterator[bytes], values: Iterator[bytes], chunk: int
+) -> Generator[tuple[list[bytes], list[bytes]], None, None]:
+    while ks := list(itertools.islice(keys, chunk)):
+        yield ks, list(itertools.islice(values, len(ks)))
+
+
 class LocalDB:
     """A RocksDB at ``path`` in raw (bytes) mode, written in atomic batches with the WAL off.
 
@@ -125,7 +141,7 @@ class LocalDB:
         self.resources = shared_resources(self.conf.block_cache_mb, self.conf.write_buffer_mb)
         self._opts = db_options(self.conf, self.resources, create=create_if_missing)
         self._write_opts = write_options()
-        self._iterators: weakref.WeakSet[Generator[tuple[bytes, bytes], None, None]]
+        self._iterators: weakref.WeakSet[Generator[Any, None, None]]
         self._iterators = weakref.WeakSet()
         #: Bytes of every batch applied by this object (RocksDB's WriteBatch size).
         self.bytes_written = 0
@@ -207,17 +223,46 @@ class LocalDB:
         end = min(end, RESERVED_PREFIX)
         if start >= end:
             return iter(())
-        # Only the upper bound goes in ReadOptions: in rocksdict 0.3.29
-        # set_iterate_lower_bound acts as an upper bound. The start is a seek (from_key).
-        ro = rocksdict.ReadOptions()
-        ro.set_iterate_upper_bound(end)
         try:
-            items = db.items(from_key=start or None, read_opt=ro)
+            items = db.items(from_key=start or None, read_opt=_upper_bound(end))
         except Exception as exc:
             _raise_translated(exc, "iterate", self.path)
         gen = _drain(items)
         self._iterators.add(gen)
         return gen
+
+    def scan_chunks(
+        self, start: bytes, end: bytes, chunk: int
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """``iterate`` in lists of at most ``chunk`` keys and their values, read without a Python
+        step per key (keys and values come from two iterators over the same, unwritten, range)."""
+        db = self._live()
+        end = min(end, RESERVED_PREFIX)
+        if start >= end:
+            return iter(())
+        try:
+            keys = db.keys(from_key=start or None, read_opt=_upper_bound(end))
+            values = db.values(from_key=start or None, read_opt=_upper_bound(end))
+        except Exception as exc:
+            _raise_translated(exc, "iterate", self.path)
+        gen = _chunks(cast("Iterator[bytes]", keys), cast("Iterator[bytes]", values), chunk)
+        self._iterators.add(gen)
+        return gen
+
+    def last_key(self) -> bytes | None:
+        """The largest key stored (reserved keys aside), by one seek; None when empty."""
+        db = self._live()
+        try:
+            it = db.iter()
+            try:
+                it.seek_for_prev(RESERVED_PREFIX)
+                if it.valid() and it.key() >= RESERVED_PREFIX:
+                    it.prev()
+                return cast("bytes", it.key()) if it.valid() else None
+            finally:
+                del it  # a live iterator pins the DB
+        except Exception as exc:
+            _raise_translated(exc, "seek", self.path)
 
     def read_marker(self) -> dict[str, Any] | None:
         """The marker of the last batch applied, or None if absent or not a JSON object."""

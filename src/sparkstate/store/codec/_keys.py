@@ -312,4 +312,3 @@ class KeyCodec:
             arrays.append(arrow_from_le(col, seg[:, ::-1], markers == 1))
             start += 1 + col.width
         return pa.Table.from_arrays(arrays, schema=self.schema)
-

@@ -9,9 +9,12 @@ schema evolved start with a header naming their schema instead of the version by
 
 from __future__ import annotations
 
+import itertools
+import operator
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from itertools import compress
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -250,9 +253,13 @@ class ValueCodec:
         """Values as an Arrow table of the value schema, and the mask of inputs that were not None
         (their rows are all null in the table). Vectorized for fixed-width schemas."""
         n = len(data)
-        found = np.fromiter((d is not None for d in data), np.bool_, n)
+        found = np.fromiter(map(operator.is_not, data, itertools.repeat(None)), np.bool_, n)
+        n_found = int(np.count_nonzero(found))
+        if n_found == 0:  # keys seen for the first time: no value to decode
+            absent = [pa.nulls(n, f.type) for f in self.schema]
+            return pa.Table.from_arrays(absent, schema=self.schema), found
+        present = cast("list[bytes]", list(data) if n_found == n else list(compress(data, found)))
         width = self.fixed_width
-        present = [d for d in data if d is not None]
         buf = b"".join(present)
         if width is None or not self._cols or len(buf) != len(present) * width:
             return table_from_rows(self._cols, self._decode_each(data), self.schema), found

@@ -4,6 +4,8 @@ pending writes; a provider's own ``raw_scan_suffixes`` cuts keys as the base cla
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 
 from sparkstate.store.base import Row, StateStore
@@ -24,6 +26,10 @@ _OTHER = {"other": (KEY, pa.schema([("x", pa.float64())]))}
 def _encoded(store: StateStore) -> tuple[list[bytes], list[bytes]]:
     fam = store.column_family()
     return fam.key_codec.encode_many(list(_ROWS)), fam.value_codec.encode_many(list(_ROWS.values()))
+
+
+def _pairs(chunks: Iterable[tuple[list[bytes], list[bytes]]]) -> list[tuple[bytes, bytes]]:
+    return [pair for keys, values in chunks for pair in zip(keys, values, strict=True)]
 
 
 class EncodedKeyContract(ContractBase):
@@ -63,3 +69,36 @@ class EncodedKeyContract(ContractBase):
             assert own == list(StateStore.raw_scan_suffixes(store, start, end, skip))
             assert own == [(k[skip:], v) for k, v in store.raw_scan(start, end)]
         store.abort()
+
+    def test_chunked_scans_read_what_scans_read(self, factory: ProviderFactory) -> None:
+        provider = factory.open()
+        store = provider.get_store(0)
+        keys, values = _encoded(store)
+        store.put_encoded_many(keys[:3], values[:3])
+        store.commit()
+        store = provider.get_store(1)
+        committed = sorted(zip(keys[:3], values[:3], strict=True))
+        # Ranges without a write of this version read the committed rows as they are.
+        for chunk in (1, 2, 100):
+            got = list(store.range_scan_encoded_chunks(chunk=chunk))
+            assert all(0 < len(ks) == len(vs) <= chunk for ks, vs in got)
+            assert _pairs(got) == committed
+        store.remove_encoded_many([committed[0][0]])
+        store.put_encoded_many(keys[3:], values[3:])
+        expected = list(store.range_scan_encoded())
+        assert committed[0] not in expected
+        assert (keys[3], values[3]) in expected
+        for chunk in (1, 3):
+            assert _pairs(store.range_scan_encoded_chunks(chunk=chunk)) == expected
+        # Bounds, and a range the pending writes miss.
+        lo, hi = expected[0][0], expected[-1][0]
+        assert _pairs(store.range_scan_encoded_chunks(lo, hi)) == expected[:-1]
+        assert list(store.range_scan_encoded_chunks(hi + b"\x00", None)) == []
+        store.commit()
+        # Keys counted after a chunked scan and deletes of what it read.
+        store = provider.get_store(2)
+        doomed = [k for ks, _ in store.range_scan_encoded_chunks(chunk=2) for k in ks]
+        store.remove_encoded_many(doomed)
+        assert store.metrics().num_keys == 0
+        assert store.commit() == 3
+        assert list(provider.get_read_store(3).range_scan_encoded()) == []
