@@ -109,7 +109,10 @@ class CountProcessor(_processor_base()):  # type: ignore[misc]
         self._count = handle.getValueState("count", STATE_SCHEMA)
 
     def handleInputRows(  # noqa: N802 - PySpark's name
-        self, key: tuple[Any, ...], rows: Iterable[pd.DataFrame], timerValues: Any  # noqa: N803
+        self,
+        key: tuple[Any, ...],
+        rows: Iterable[pd.DataFrame],
+        timerValues: Any,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
         current = self._count.get()
         n = int(current[0]) if current is not None else 0
@@ -129,7 +132,10 @@ class CountRowsProcessor(_processor_base()):  # type: ignore[misc]
         self._count = handle.getValueState("count", STATE_SCHEMA)
 
     def handleInputRows(  # noqa: N802 - PySpark's name
-        self, key: tuple[Any, ...], rows: Iterable[Any], timerValues: Any  # noqa: N803
+        self,
+        key: tuple[Any, ...],
+        rows: Iterable[Any],
+        timerValues: Any,  # noqa: N803
     ) -> Iterator[tuple[Any, ...]]:
         current = self._count.get()
         n = int(current[0]) if current is not None else 0

@@ -33,10 +33,7 @@ def run_store_demo(out: str | None, versions: int) -> int:
         store = provider.get_store(version)
         users = [(f"user-{(batch * 7919 + i) % 250_000}",) for i in range(rows_per_version)]
         current = store.get_many(users)
-        values = [
-            ((old[0] if old else 0) + 1, batch * 1000 + i)
-            for i, old in enumerate(current)
-        ]
+        values = [((old[0] if old else 0) + 1, batch * 1000 + i) for i, old in enumerate(current)]
         store.put_many(users, values)
         version = store.commit()
         metrics = store.metrics()

@@ -113,9 +113,6 @@ def with_clock(df: DataFrame, engine_root: str) -> DataFrame:
             if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
                 raise
     clock = (
-        spark.readStream.format(SOURCE_NAME)
-        .schema(df.schema)
-        .option("path", engine_root)
-        .load()
+        spark.readStream.format(SOURCE_NAME).schema(df.schema).option("path", engine_root).load()
     )
     return df.union(clock)

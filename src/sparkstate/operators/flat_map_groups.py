@@ -108,6 +108,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     #: Whether the old timeout of Spark's write rule is the stored one (Scala) or -1 (PySpark).
     compare_with_stored_timeout: ClassVar[bool] = True
+
     def __init__(
         self,
         func: Callable[..., Any],

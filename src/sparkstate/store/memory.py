@@ -33,7 +33,7 @@ class KeyOrder:
 
     Built by one sort at the first scan. After that, keys added are sorted alone and merged in (a
     linear merge of two sorted runs), and removed keys stay in the list, skipped by the scans,
-    until there are as many of them as live keys. So a scan after a batch's writes costs about
+    until they are a sixteenth of it. So a scan after a batch's writes costs about
     what the batch changed, not a sort of the whole map. A version never scanned tracks nothing.
     Every key is in the list once: a removed key that comes back is already there.
     """
@@ -71,13 +71,15 @@ class KeyOrder:
             self._removed.update(keys)
 
     def keys(self, data: dict[bytes, bytes]) -> list[bytes]:
-        current = self._sorted
-        if current is None or len(self._removed) > len(data) + 1024:
-            current = sorted(data)
-            self._removed = set()
+        current, removed = self._sorted, self._removed
+        if current is None:
+            current, self._new, self._removed = sorted(data), [], set()
         elif self._new:
             current = current + sorted(self._new)
             current.sort()  # two sorted runs: one merge
+        if len(removed) > len(current) // 16:  # dropped in one pass, before scans trip on them
+            current = [k for k in current if k not in removed]
+            self._removed = set()
         self._sorted, self._new = current, []
         return current
 

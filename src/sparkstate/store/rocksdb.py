@@ -114,7 +114,7 @@ class RocksDBStateStore(StateStore):
         fetched = self._fetch(misses)
         if not self._read_only:
             self._existed.update(zip(misses, map(operator.is_not, fetched, _NONES), strict=True))
-        if not pending:
+        if len(misses) == len(keys):  # no key written in this version
             return fetched
         found = dict(zip(misses, fetched, strict=True))
         return [pending[k] if k in pending else found[k] for k in keys]
