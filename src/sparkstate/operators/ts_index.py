@@ -85,8 +85,8 @@ class TimestampIndex:
         """Entries with ``ts <= up_to`` as ``(ts, encoded key)``, in order (flush first)."""
         end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
         decode, split = _TS_CODEC.decode, _TS_WIDTH
-        entries = store.range_scan_encoded(None, end, self.cf_name)
-        return [(decode(k[:split])[0], k[split:]) for k, _ in entries]
+        chunks = store.range_scan_encoded_chunks(None, end, self.cf_name)
+        return [(decode(k[:split])[0], k[split:]) for keys, _ in chunks for k in keys]
 
     def earliest(self, store: StateStore) -> int | None:
         """The smallest indexed timestamp, or None if the index is empty (flush first)."""

@@ -80,9 +80,8 @@ class RocksDBStateStore(StateStore):
         self._counted: int | None = None
         self._final: dict[str, float] = {}
         self._memory_used: int | None = None
-        #: The largest key in the database (None: empty), read at the first lookup.
-        self._top: bytes | None = None
-        self._top_read = False
+        #: Per column family prefix, its largest key in the database (see ``_family_tops``).
+        self._tops: dict[bytes, bytes] | None = None
 
     def raw_get(self, key: bytes) -> bytes | None:
         value = self._pending.get(key, _MISSING)
@@ -94,19 +93,29 @@ class RocksDBStateStore(StateStore):
 
     def _fetch(self, keys: list[bytes]) -> list[bytes | None]:
         """A multi-get from the database, of the keys that can be there: a key above the largest
-        stored one cannot, and keys that grow with event time (a window's end first) are mostly
-        such keys, where a lookup of an absent key is most of a batch's read time."""
-        if not self._top_read:
-            self._top = self._db.last_key()  # the database does not change until the commit
-            self._top_read = True
-        top = self._top
-        if top is None:
-            return [None] * len(keys)
-        probe = [k for k in keys if k <= top]
+        stored key of its column family cannot, and keys that grow with event time (a window's
+        end first, an index by time) are mostly such keys, where lookups of absent keys would be
+        most of a batch's read time."""
+        tops = self._family_tops()
+        if len(tops) == 1:
+            ((prefix, top),) = tops.items()
+            probe = [k for k in keys if k <= top or not k.startswith(prefix)]
+        else:  # a key's family prefix is its first byte (the name's length) and the name
+            probe = [k for k in keys if k <= tops.get(k[: 1 + k[0]] if k else k, k)]
         if len(probe) == len(keys):
             return self._db.multi_get(keys)
         found = dict(zip(probe, self._db.multi_get(probe), strict=True))
         return list(map(found.get, keys))
+
+    def _family_tops(self) -> dict[bytes, bytes]:
+        """Each family's largest stored key (``b""`` for an empty family), read at the first
+        lookup: the database does not change until the commit."""
+        if self._tops is None:
+            self._tops = {
+                f.prefix: self._db.last_key(f.prefix, f.end_of_family()) or b""
+                for f in self._families.values()
+            }
+        return self._tops
 
     def raw_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         pending = self._pending

@@ -249,16 +249,18 @@ class LocalDB:
         self._iterators.add(gen)
         return gen
 
-    def last_key(self) -> bytes | None:
-        """The largest key stored (reserved keys aside), by one seek; None when empty."""
+    def last_key(self, start: bytes, end: bytes) -> bytes | None:
+        """The largest key with ``start <= key < end`` (reserved keys aside), by one seek; None
+        when there is none."""
         db = self._live()
+        end = min(end, RESERVED_PREFIX)
         try:
             it = db.iter()
             try:
-                it.seek_for_prev(RESERVED_PREFIX)
-                if it.valid() and it.key() >= RESERVED_PREFIX:
+                it.seek_for_prev(end)
+                if it.valid() and it.key() >= end:
                     it.prev()
-                return cast("bytes", it.key()) if it.valid() else None
+                return cast("bytes", it.key()) if it.valid() and it.key() >= start else None
             finally:
                 del it  # a live iterator pins the DB
         except Exception as exc:

@@ -259,22 +259,55 @@ class ValueCodec:
             absent = [pa.nulls(n, f.type) for f in self.schema]
             return pa.Table.from_arrays(absent, schema=self.schema), found
         present = cast("list[bytes]", list(data) if n_found == n else list(compress(data, found)))
-        width = self.fixed_width
-        buf = b"".join(present)
-        if width is None or not self._cols or len(buf) != len(present) * width:
+        table = self._decode_present(present) if self._cols else None
+        if table is None:
             return table_from_rows(self._cols, self._decode_each(data), self.schema), found
-        m = np.frombuffer(buf, np.uint8).reshape(-1, width)
+        if n_found < n:  # absent rows: all null
+            at = np.cumsum(found) - 1
+            table = table.take(pa.array(at, mask=~found))
+        return table, found
+
+    def _decode_present(self, present: list[bytes]) -> pa.Table | None:
+        """Values (none missing) as a table, vectorized: fixed-width schemas, and schemas with one
+        variable column that is not a list. None: decode row by row (which also names what is
+        wrong with a value that does not decode)."""
+        width, head_size = self.fixed_width, self._head.size
+        tail: pa.Array | None = None
+        if width is not None:
+            buf = b"".join(present)
+            if len(buf) != len(present) * width:
+                return None
+            m = np.frombuffer(buf, np.uint8).reshape(-1, width)
+        elif len(self._var_cols) == 1 and not pa.types.is_list(self._var_cols[0].type):
+            raw = pa.array(present, pa.binary())
+            sizes = np.asarray(pc.binary_length(raw), np.int64)
+            if int(sizes.min()) < head_size + 4:
+                return None
+            heads = pc.binary_slice(raw, 0, head_size + 4).cast(pa.binary(head_size + 4))
+            m = np.frombuffer(heads.buffers()[1], np.uint8).reshape(-1, head_size + 4)
+            declared = m[:, head_size:].copy().view("<u4").ravel()
+            if (declared != sizes - head_size - 4).any():
+                return None
+            # (an explicit stop: binary_slice without one fails on some arrays in pyarrow 26)
+            tail = pc.binary_slice(raw, head_size + 4, int(sizes.max()))
+        else:
+            return None
         h = len(self.header)
-        if (m[:, :h] != np.frombuffer(self.header, np.uint8)).any():  # the per-row decoder says
-            self._decode_each(data)
-        if len(present) < n:  # absent rows: all null
-            m, rows = np.zeros((n, width), np.uint8), m
-            m[found] = rows
-            m[~found, h : h + self._bitmap_len] = 0xFF
+        if (m[:, :h] != np.frombuffer(self.header, np.uint8)).any():
+            return None
         bitmap = m[:, h : h + self._bitmap_len]
         nulls = np.unpackbits(bitmap, axis=1, count=len(self._cols), bitorder="little")
-        arrays = [
-            arrow_from_le(col, m[:, start : start + col.width], nulls[:, col.index] == 0)
-            for col, start in zip(self._fixed_cols, self._offsets, strict=True)
-        ]
-        return pa.Table.from_arrays(arrays, schema=self.schema), found
+        fixed = iter(zip(self._fixed_cols, self._offsets, strict=True))
+        arrays = []
+        for col in self._cols:
+            valid = nulls[:, col.index] == 0
+            if col.phys != "var":
+                _, start = next(fixed)
+                arrays.append(arrow_from_le(col, m[:, start : start + col.width], valid))
+                continue
+            assert tail is not None
+            values = tail.cast(col.type)  # a string column: checked to be UTF-8 here
+            if not valid.all():
+                values = pc.if_else(pa.array(valid), values, pa.scalar(None, col.type))
+            arrays.append(values)
+        return pa.Table.from_arrays(arrays, schema=self.schema)
