@@ -247,8 +247,7 @@ class SessionWindowAggregate(StatefulOperator):
         members_changed = np.repeat(~untouched, sizes)
         gone = np.flatnonzero(from_state & members_changed)
         gone_pks = [state_pks[state_pk_sorted[i]] for i in gone.tolist()]
-        for i, pk in zip(gone.tolist(), gone_pks, strict=True):
-            ends.remove(pk, int(end[i]))
+        ends.remove_many(gone_pks, end[gone].tolist())
         if gone_pks:
             store.remove_encoded_many(gone_pks)
         if len(changed):
@@ -262,8 +261,7 @@ class SessionWindowAggregate(StatefulOperator):
                 [new_end, *merged.take(pa.array(changed)).columns], schema=self.value_schema
             )
             store.put_encoded_many(new_pks, fam.value_codec.encode_many(new_values))
-            for pk, e in zip(new_pks, group_end[changed].tolist(), strict=True):
-                ends.add(pk, e)
+            ends.add_many(new_pks, group_end[changed].tolist())
             ctx.metrics.num_rows_updated += len(new_pks)
         ctx.metrics.num_rows_removed += len(gone_pks)
         # Each touched key's starts: those of all its sessions, in order.

@@ -9,6 +9,7 @@ bulk calls per phase, never a call per key.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 import pyarrow as pa
@@ -64,6 +65,18 @@ class TimestampIndex:
         self._puts.discard((ts, kenc))
         self._deletes.add((ts, kenc))
 
+    def add_many(self, kencs: Iterable[bytes], ts: Iterable[int]) -> None:
+        """``add`` of each ``(kenc, ts)`` pair."""
+        entries = set(zip(ts, kencs, strict=True))
+        self._deletes.difference_update(entries)
+        self._puts.update(entries)
+
+    def remove_many(self, kencs: Iterable[bytes], ts: Iterable[int]) -> None:
+        """``remove`` of each ``(kenc, ts)`` pair."""
+        entries = set(zip(ts, kencs, strict=True))
+        self._puts.difference_update(entries)
+        self._deletes.update(entries)
+
     @property
     def pending(self) -> int:
         return len(self._puts) + len(self._deletes)
@@ -74,9 +87,9 @@ class TimestampIndex:
             return
         cf = self.cf_name
         if self._deletes:
-            store.remove_encoded_many([encode_ts(ts) + k for ts, k in self._deletes], cf)
+            store.remove_encoded_many(_entry_keys(self._deletes), cf)
         if self._puts:
-            keys = [encode_ts(ts) + k for ts, k in self._puts]
+            keys = _entry_keys(self._puts)
             store.put_encoded_many(keys, [MARKER] * len(keys), cf)
         self._puts.clear()
         self._deletes.clear()
@@ -84,9 +97,12 @@ class TimestampIndex:
     def due(self, store: StateStore, up_to: int) -> list[tuple[int, bytes]]:
         """Entries with ``ts <= up_to`` as ``(ts, encoded key)``, in order (flush first)."""
         end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
-        decode, split = _TS_CODEC.decode, _TS_WIDTH
-        chunks = store.range_scan_encoded_chunks(None, end, self.cf_name)
-        return [(decode(k[:split])[0], k[split:]) for keys, _ in chunks for k in keys]
+        out: list[tuple[int, bytes]] = []
+        for keys, _ in store.range_scan_encoded_chunks(None, end, self.cf_name):
+            times = _TS_CODEC.decode_many_arrow([k[:_TS_WIDTH] for k in keys])
+            ts = times.column(0).to_pylist()
+            out += zip(ts, [k[_TS_WIDTH:] for k in keys], strict=True)
+        return out
 
     def earliest(self, store: StateStore) -> int | None:
         """The smallest indexed timestamp, or None if the index is empty (flush first)."""
@@ -96,5 +112,13 @@ class TimestampIndex:
         return None
 
     def extend_removals(self, entries: Iterable[tuple[int, bytes]]) -> None:
-        for ts, kenc in entries:
-            self.remove(kenc, ts)
+        entries = set(entries)
+        self._puts.difference_update(entries)
+        self._deletes.update(entries)
+
+
+def _entry_keys(entries: set[tuple[int, bytes]]) -> list[bytes]:
+    """Encoded index keys of ``(ts, encoded key)`` entries, the timestamps encoded at once."""
+    ts, kencs = zip(*entries, strict=True)
+    encoded = _TS_CODEC.encode_many(pa.table({"ts_ms": pa.array(ts, pa.int64())}, TS_SCHEMA))
+    return list(map(operator.add, encoded, kencs))
