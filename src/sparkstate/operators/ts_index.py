@@ -119,6 +119,7 @@ class TimestampIndex:
 
 def _entry_keys(entries: set[tuple[int, bytes]]) -> list[bytes]:
     """Encoded index keys of ``(ts, encoded key)`` entries, the timestamps encoded at once."""
-    ts, kencs = zip(*entries, strict=True)
-    encoded = _TS_CODEC.encode_many(pa.table({"ts_ms": pa.array(ts, pa.int64())}, TS_SCHEMA))
-    return list(map(operator.add, encoded, kencs))
+    listed = list(entries)
+    ts = pa.array(map(operator.itemgetter(0), listed), pa.int64(), size=len(listed))
+    encoded = _TS_CODEC.encode_many(pa.table({"ts_ms": ts}, TS_SCHEMA))
+    return list(map(operator.add, encoded, map(operator.itemgetter(1), listed)))
