@@ -185,19 +185,11 @@ class SessionWindowAggregate(StatefulOperator):
         packed = store.get_encoded_many(
             starts_fam.key_codec.encode_many(user_keys.take(pa.array(first_row))), STARTS_CF
         )
-        starts_table, _found = decode_values(starts_fam, packed)
-        blobs = starts_table.column("starts").to_pylist()
-        state_key_idx: list[int] = []
-        state_starts: list[int] = []
-        for i, blob in enumerate(blobs):
-            if blob:
-                got = np.frombuffer(blob, "<i8")
-                state_key_idx.extend([i] * len(got))
-                state_starts.extend(got.tolist())
+        state_key_idx, state_starts = _unpack_starts(decode_values(starts_fam, packed)[0])
         n_batch, n_state = batch.num_rows, len(state_starts)
         columns = [n for n in self.value_schema.names if n != w.end]
         if n_state:
-            idx = pa.array(first_row[np.asarray(state_key_idx, np.int64)])
+            idx = pa.array(first_row[state_key_idx])
             state_keys = user_keys.take(idx)
             start_col = pa.array(state_starts, pa.int64()).cast(_TS)
             state_rows = pa.Table.from_arrays(
@@ -211,10 +203,8 @@ class SessionWindowAggregate(StatefulOperator):
             values = self.value_schema.empty_table()
             state_end = pa.array([], pa.int64())
         # All candidate sessions: the batch's then the state's, sorted by (key, start).
-        key_idx = np.concatenate([key_of_row, np.asarray(state_key_idx, np.int64)])
-        start = np.concatenate(
-            [_np(_micros(batch.column(w.start))), np.asarray(state_starts, np.int64)]
-        )
+        key_idx = np.concatenate([key_of_row, state_key_idx])
+        start = np.concatenate([_np(_micros(batch.column(w.start))), state_starts])
         end = np.concatenate([_np(_micros(batch.column(w.end))), _np(state_end)])
         from_state = np.concatenate([np.zeros(n_batch, bool), np.ones(n_state, bool)])
         order = np.lexsort((~from_state, start, key_idx))  # a state session first on a tie
@@ -267,22 +257,12 @@ class SessionWindowAggregate(StatefulOperator):
         # Each touched key's starts: those of all its sessions, in order.
         touched = np.unique(group_key[changed]) if len(changed) else group_key[:0]
         if len(touched):
-            bounds = (
+            lo, hi = (
                 np.searchsorted(group_key, touched, "left"),
                 np.searchsorted(group_key, touched, "right"),
             )
-            blobs_out = [
-                group_start[lo:hi].astype("<i8").tobytes()
-                for lo, hi in zip(bounds[0].tolist(), bounds[1].tolist(), strict=True)
-            ]
             keys_out = [uniq[k] for k in touched.tolist()]
-            store.put_encoded_many(
-                keys_out,
-                starts_fam.value_codec.encode_many(
-                    pa.table({"starts": pa.array(blobs_out, pa.binary())}, schema=_STARTS_SCHEMA)
-                ),
-                STARTS_CF,
-            )
+            _write_starts(store, keys_out, _pack_starts(group_start, lo, hi))
 
     def _fold(
         self, buffers: pa.Table, groups: np.ndarray, firsts: np.ndarray, sizes: np.ndarray
@@ -331,27 +311,25 @@ class SessionWindowAggregate(StatefulOperator):
         ends.flush(store)
         # The keys' start lists lose the evicted starts.
         width = self._start_width
-        evicted: dict[bytes, set[int]] = {}
-        for (_, pk), s in zip(
-            due, _np(_micros(keys.column(self.window.start))).tolist(), strict=True
-        ):
-            evicted.setdefault(pk[:-width], set()).add(s)
-        ukeys = list(evicted)
+        slot: dict[bytes, int] = {}
+        owner_of_due = np.fromiter(
+            (slot.setdefault(pk[:-width], len(slot)) for _, pk in due), np.int64, len(due)
+        )
+        ukeys = list(slot)
         starts_fam = store.column_family(STARTS_CF)
         blobs = decode_values(starts_fam, store.get_encoded_many(ukeys, STARTS_CF))[0]
-        keep_keys, keep_blobs, drop_keys = [], [], []
-        for ukey, blob in zip(ukeys, blobs.column("starts").to_pylist(), strict=True):
-            left = [s for s in np.frombuffer(blob or b"", "<i8").tolist() if s not in evicted[ukey]]
-            if left:
-                keep_keys.append(ukey)
-                keep_blobs.append(np.asarray(left, "<i8").tobytes())
-            else:
-                drop_keys.append(ukey)
+        owner, starts = _unpack_starts(blobs)
+        gone = _pairs_in(owner, starts, owner_of_due, _np(_micros(keys.column(self.window.start))))
+        owner, starts = owner[~gone], starts[~gone]
+        left = np.bincount(owner, minlength=len(ukeys))
+        drop_keys = [ukeys[i] for i in np.flatnonzero(left == 0).tolist()]
         if drop_keys:
             store.remove_encoded_many(drop_keys, STARTS_CF)
-        if keep_keys:
-            table = pa.table({"starts": pa.array(keep_blobs, pa.binary())}, schema=_STARTS_SCHEMA)
-            store.put_encoded_many(keep_keys, starts_fam.value_codec.encode_many(table), STARTS_CF)
+        kept = np.flatnonzero(left > 0)
+        if len(kept):
+            lo = np.searchsorted(owner, kept, "left")
+            packed = _pack_starts(starts, lo, lo + left[kept])
+            _write_starts(store, [ukeys[i] for i in kept.tolist()], packed)
         ctx.metrics.num_rows_removed += len(pks)
         ctx.metrics.num_output_rows += out.num_rows
         ctx.metrics.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
@@ -363,6 +341,34 @@ class SessionWindowAggregate(StatefulOperator):
             names=[*keys.schema.names, self.window.end],
         )
         return self._agg._finish(both, values)
+
+
+def _unpack_starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The start lists of a ``session_starts`` lookup as (row of the list, start) arrays, in
+    list order (an absent list is empty)."""
+    col = table.column("starts").combine_chunks()
+    counts = np.asarray(pc.binary_length(col).fill_null(0), np.int64) // 8
+    data = b"".join(b for b in col.to_pylist() if b)
+    return np.repeat(np.arange(len(col)), counts), np.frombuffer(data, "<i8").astype(np.int64)
+
+
+def _pack_starts(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[bytes]:
+    """Start lists as stored: ``starts[lo[i]:hi[i]]`` as packed little-endian int64."""
+    data = starts.astype("<i8").tobytes()
+    return [data[a * 8 : b * 8] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+
+
+def _write_starts(store: StateStore, ukeys: list[bytes], packed: list[bytes]) -> None:
+    table = pa.table({"starts": pa.array(packed, pa.binary())}, schema=_STARTS_SCHEMA)
+    codec = store.column_family(STARTS_CF).value_codec
+    store.put_encoded_many(ukeys, codec.encode_many(table), STARTS_CF)
+
+
+def _pairs_in(a: np.ndarray, b: np.ndarray, a2: np.ndarray, b2: np.ndarray) -> np.ndarray:
+    """Mask of the pairs ``(a[i], b[i])`` found among the pairs ``(a2[j], b2[j])``."""
+    import pandas as pd
+
+    return np.asarray(pd.MultiIndex.from_arrays([a, b]).isin(pd.MultiIndex.from_arrays([a2, b2])))
 
 
 def _session_groups(key_idx: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
