@@ -153,6 +153,11 @@ class StreamingAggregate(StatefulOperator):
             )
             raise ConfigurationError(msg)
 
+    @property
+    def state_buffers(self) -> list[list[pa.Field]]:
+        """Per aggregate, its buffer columns in state (name, type)."""
+        return self._state_buffers
+
     def time_trigger(self) -> str | None:
         return "event" if self.no_data_batches else None
 

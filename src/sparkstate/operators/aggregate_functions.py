@@ -182,6 +182,20 @@ class AggregateFunction:
             )
             raise AggregateOverflowError(msg) from exc
 
+    def merge_states(self, state: Arrays, other: Arrays, *, ansi: bool = True) -> list[pa.Array]:
+        """Two states' buffers merged row by row, ``other`` coming after ``state`` (the merge of
+        session windows that join). Buffers that a batch sends as the state keeps them merge as
+        ``merge`` does; ``first``/``last`` and ``approx_count_distinct`` merge state with state."""
+        s = [b.combine_chunks() if isinstance(b, pa.ChunkedArray) else b for b in state]
+        o = [b.combine_chunks() if isinstance(b, pa.ChunkedArray) else b for b in other]
+        if self.func == "approx_count_distinct":
+            return [hll.union(s[0], o[0], hll.precision(self.rsd))]
+        if self.func in ("first", "last"):
+            s_set, o_set = pc.fill_null(s[1], False), pc.fill_null(o[1], False)
+            keep = s_set if self.func == "first" else pc.invert(o_set)
+            return [pc.if_else(keep, s[0], o[0]), pc.or_(s_set, o_set)]
+        return self.merge(s, o, ansi=ansi)
+
     def result(self, buffers: Arrays, *, ansi: bool = True) -> pa.Array:
         """The function's value from its merged buffers."""
         bufs = [b.combine_chunks() if isinstance(b, pa.ChunkedArray) else b for b in buffers]

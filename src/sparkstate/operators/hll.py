@@ -74,6 +74,15 @@ def fold(state: pa.Array, pairs: pa.Array, p: int) -> pa.Array:
             msg = f"approx_count_distinct: a register index out of range for p={p}"
             raise ValueError(msg)
         np.maximum.at(regs, (rows, index), rank.astype(np.uint8))
+    return _as_binary(regs, p)
+
+
+def union(a: pa.Array, b: pa.Array, p: int) -> pa.Array:
+    """Each row's registers of ``a`` and ``b`` merged (register by register, the larger)."""
+    return _as_binary(np.maximum(registers(a, p), registers(b, p)), p)
+
+
+def _as_binary(regs: Registers, p: int) -> pa.Array:
     flat = pa.py_buffer(np.ascontiguousarray(regs))
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(1 << p), len(regs), [None, flat]).cast(
         pa.binary()

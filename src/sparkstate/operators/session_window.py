@@ -214,14 +214,8 @@ class SessionWindowAggregate(StatefulOperator):
             end[order],
             from_state[order],
         )
-        buffers = pa.concat_tables(
-            [
-                batch.select(columns).cast(
-                    pa.schema([self.value_schema.field(c) for c in columns])
-                ),
-                values.select(columns),
-            ]
-        ).take(pa.array(order))
+        buffers = pa.concat_tables([self._as_states(batch), values.select(columns)])
+        buffers = buffers.take(pa.array(order))
         groups = _session_groups(key_idx, start, end)
         firsts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]]) if len(groups) else groups
         sizes = np.diff(np.r_[firsts, len(groups)])
@@ -275,23 +269,38 @@ class SessionWindowAggregate(StatefulOperator):
         for r in range(1, int(sizes.max())):
             which = np.flatnonzero(sizes > r)
             members = buffers.take(pa.array(firsts[which] + r))
-            sub = acc.take(pa.array(which))
-            later = pa.RecordBatch.from_arrays(
-                [c.combine_chunks() for c in members.columns], schema=members.schema
-            )
-            merged = self._agg._merge(sub, later)
-            mask = np.zeros(acc.num_rows, bool)
-            mask[which] = True
+            merged = self._merge_states(acc.take(pa.array(which)), members)
+            # rows of ``acc`` stay, those of ``which`` become the merged ones
+            pick = np.arange(acc.num_rows)
+            pick[which] = acc.num_rows + np.arange(len(which))
             acc = pa.Table.from_arrays(
                 [
-                    pc.replace_with_mask(
-                        acc.column(i).combine_chunks(), pa.array(mask), _array(new)
+                    pa.concat_arrays([_array(acc.column(i)), _array(new).cast(f.type)]).take(
+                        pa.array(pick)
                     )
-                    for i, new in enumerate(merged)
+                    for i, (f, new) in enumerate(zip(acc.schema, merged, strict=True))
                 ],
                 schema=acc.schema,
             )
         return acc
+
+    def _as_states(self, batch: pa.Table) -> pa.Table:
+        """A batch's partial rows as state buffers: each merged into an empty state."""
+        schema = self._agg.value_schema
+        empty = pa.Table.from_arrays(
+            [pa.nulls(batch.num_rows, f.type) for f in schema], schema=schema
+        )
+        partial = batch.combine_chunks().to_batches()[0]
+        return pa.Table.from_arrays(self._agg._merge(empty, partial), schema=schema)
+
+    def _merge_states(self, states: pa.Table, later: pa.Table) -> list[pa.Array]:
+        """Row by row, each state's buffers with those of the session after it merged in."""
+        out: list[pa.Array] = []
+        for agg, kept in zip(self.aggregates, self._agg.state_buffers, strict=True):
+            names = [f.name for f in kept]
+            mine, theirs = [states.column(n) for n in names], [later.column(n) for n in names]
+            out += agg.merge_states(mine, theirs, ansi=self._agg.ansi)
+        return out
 
     def _evict(
         self, store: StateStore, ends: TimestampIndex, ctx: BatchContext
