@@ -200,3 +200,28 @@ def test_read_modify_write_writes_the_keys_given(factory: ProviderFactory) -> No
     assert store.get_encoded_many(keys) == [None] * 4
     assert dict(store.iterator()) == {("b", 2): ROWS[("b", 2)]}
     assert list(store.range_scan_encoded(cf=OTHER)) == [(keys[0], other)]
+
+
+def test_lookups_around_each_familys_largest_key(factory: ProviderFactory) -> None:
+    """Keys above a family's largest stored key are absent without a read (rocksdb): lookups
+    below, at and above it, in either family, with an empty family, read what was written."""
+    provider = factory.open()
+    store = provider.get_store(0)
+    store.put_many([("m", 5), ("m", 9)], [(5, "five"), (9, "nine")])
+    store.commit()
+    store = provider.get_store(1)  # "other" is empty in the database
+    probes = [("m", 9), ("z", 0), ("m", 4), ("m", 5), ("a", 0), ("m", 10)]
+    assert store.get_many(probes) == [(9, "nine"), None, None, (5, "five"), None, None]
+    assert store.get_many(probes, OTHER) == [None] * len(probes)
+    store.put(("z", 1), (1.5,), OTHER)
+    store.put(("zz", 0), (0, "pending"))  # a pending write above the stored keys is seen
+    assert store.get(("zz", 0)) == (0, "pending")
+    assert store.get(("z", 1), OTHER) == (1.5,)
+    assert store.metrics().num_keys == 4
+    store.commit()
+    store = provider.get_store(2)
+    assert store.get_many([("z", 1), ("z", 2), ("a", 0)], OTHER) == [(1.5,), None, None]
+    assert store.get_many([("zz", 0), ("zz", 1)]) == [(0, "pending"), None]
+    store.remove(("zz", 0))
+    assert store.metrics().num_keys == 3
+    store.abort()
