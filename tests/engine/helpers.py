@@ -15,6 +15,55 @@ from sparkstate.testing.differential import Collector as Collector
 from sparkstate.testing.differential import FileFeed as FileFeed
 from sparkstate.testing.differential import normalize as normalize
 
+#: The input of the window and session cases, whose queries compute every kind of aggregate.
+WIDE_SCHEMA = "k string, ts timestamp, v long, d double, s string, m decimal(10,2)"
+#: The aggregates of those queries by kind, over :data:`WIDE_SCHEMA`, each spelled with ``fn``:
+#: ``pyspark.sql.functions`` (Spark's query) or ``sparkstate.functions`` (ours).
+AGGREGATES: dict[str, Callable[[Any], list[Any]]] = {
+    "basic": lambda fn: [
+        fn.count("*").alias("n"),
+        fn.sum("v").alias("total"),
+        fn.max("v"),
+        fn.min("s"),
+        fn.avg("d"),
+    ],
+    "first/last": lambda fn: [
+        fn.first("v"),
+        fn.first("s", ignorenulls=True).alias("first_s"),
+        fn.last("d", ignorenulls=True).alias("last_d"),
+        fn.last("s"),
+    ],
+    "collect": lambda fn: [fn.collect_list("s"), fn.collect_set("d").alias("ds")],
+    "moments": lambda fn: [fn.stddev("d"), fn.var_pop("v")],
+    "approx_count_distinct": lambda fn: [fn.approx_count_distinct("s")],
+    "decimal": lambda fn: [fn.sum("m"), fn.avg("m")],
+}
+#: The columns whose lists are in no particular order (collect_set's), compared sorted.
+SETS = ("ds",)
+
+
+def aggregates(fn: Any, kinds: tuple[str, ...] = tuple(AGGREGATES)) -> list[Any]:
+    """The aggregates of ``kinds`` (every kind by default), in that order."""
+    return [a for kind in kinds for a in AGGREGATES[kind](fn)]
+
+
+class SortedSetsCollector(Collector):
+    """A :class:`Collector` that sorts the lists of the columns named in ``sets`` first: no one's
+    collect_set has an order to match."""
+
+    def __init__(self, sets: tuple[str, ...] = SETS) -> None:
+        super().__init__()
+        self.sets = sets
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.schema = df.schema
+        sort = [n in self.sets for n in df.schema.names]
+        rows = [
+            tuple(sorted(x) if s and x is not None else x for s, x in zip(sort, r, strict=True))
+            for r in df.collect()
+        ]
+        self.batches[batch_id] = normalize(rows)
+
 
 def source(spark: SparkSession, feed: FileFeed, schema: str) -> DataFrame:
     """A streaming DataFrame over the feed: one file per micro-batch."""
@@ -102,12 +151,14 @@ def run_in_two_runs(
     build: Callable[[DataFrame], Any],
     mode: str,
     provider: str | None,
+    collector: Collector | None = None,
 ) -> tuple[Collector, list[dict[str, Any]]]:
     """``build(input)``'s query with ``availableNow`` over the first half of ``files`` until it
     ends, then over all of them on the same checkpoint (a restart in the middle of the query);
-    ``provider`` None runs it as Spark's own query. The batches it delivered, and its progress."""
+    ``provider`` None runs it as Spark's own query. The batches it delivered (to ``collector``, a
+    new :class:`Collector` by default), and its progress."""
     feed = FileFeed(tmp / "input")
-    collector = Collector()
+    collector = Collector() if collector is None else collector
     progress: list[dict[str, Any]] = []
     half = len(files) // 2
     for rows in files[:half]:

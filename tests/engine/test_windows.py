@@ -1,4 +1,6 @@
-"""Windowed aggregation against Spark's: tumbling and sliding windows, every output mode.
+"""Windowed aggregation against Spark's: tumbling and sliding windows, every output mode, every
+kind of aggregate (nulls among the values, a key whose values are all null, windows whose buffers
+merge across batches and across the restart).
 
 Each case is the query as a PySpark user writes it (the watermark on the input DataFrame,
 ``availableNow`` over a file source with ``maxFilesPerTrigger``); sparkstate runs it with only the
@@ -24,9 +26,9 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PROVIDERS
-from .helpers import run_in_two_runs
+from .helpers import WIDE_SCHEMA as SCHEMA
+from .helpers import SortedSetsCollector, aggregates, run_in_two_runs
 
-SCHEMA = "k string, ts timestamp, v long"
 FILES = 6
 
 
@@ -34,15 +36,28 @@ def at(seconds: int) -> str:
     return f"2024-01-01 00:{seconds // 60:02d}:{seconds % 60:02d}"
 
 
+def row(
+    k: str, t: int, v: int | None, d: float | None, s: str | None, m: float | None
+) -> dict[str, Any]:
+    return {"k": k, "ts": at(t), "v": v, "d": d, "s": s, "m": m}
+
+
 def rows(i: int) -> list[dict[str, Any]]:
-    """File ``i``: 20 s of event time for three keys, and from the third file on a row behind
-    the watermark whose window is closed (dropped) and one whose window is still open."""
+    """File ``i``: 20 s of event time for three keys (``k1``'s first value of a window has no
+    ``d`` nor ``s``, its last no ``v``), ``kn`` whose values are all null, and from the third
+    file on a row behind the watermark whose window is closed (dropped) and one whose window is
+    still open."""
     base = 20 * i + 60
-    out = [{"k": f"k{j}", "ts": at(base + 4 * j), "v": i * 10 + j} for j in range(3)]
-    out.append({"k": "k1", "ts": at(base + 9), "v": None})
+    out = [
+        row("k0", base, 10 * i, i + 0.5, f"a{i % 2}", i + 0.25),
+        row("k1", base + 4, 10 * i + 1, None, None, -1.1),
+        row("k2", base + 8, 10 * i + 2, 2.25, "c", None),
+        row("k1", base + 9, None, -1.5 * i, f"b{i}", None),
+        row("kn", base + 2, None, None, None, None),
+    ]
     if i >= 2:
-        out.append({"k": "k0", "ts": at(base - 25), "v": 100 + i})  # its window has closed
-        out.append({"k": "k2", "ts": at(base - 18), "v": 200 + i})  # late, window still open
+        out.append(row("k0", base - 25, 100 + i, 7.0, "late", 9.99))  # its window has closed
+        out.append(row("k2", base - 18, 200 + i, 0.25, None, 0.01))  # late, window still open
     return out
 
 
@@ -79,13 +94,13 @@ CASES = [
 
 def spark_query(df: DataFrame, case: Case) -> DataFrame:
     grouped = df.withWatermark("ts", "5 seconds").groupBy(*case.keys(F))
-    return grouped.agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+    return grouped.agg(*aggregates(F))
 
 
 def our_query(df: DataFrame, case: Case) -> Any:
     stream = ss.stream(df.withWatermark("ts", "5 seconds"))
     grouped = stream.groupBy(*case.keys(SF if case.sf_keys else F))
-    return grouped.agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+    return grouped.agg(*aggregates(SF))
 
 
 def run_twice(
@@ -95,7 +110,8 @@ def run_twice(
         return spark_query(df, case) if provider is None else our_query(df, case)
 
     files = [rows(i) for i in range(FILES)]
-    return run_in_two_runs(spark, tmp, SCHEMA, files, build, case.mode, provider)
+    collector = SortedSetsCollector()
+    return run_in_two_runs(spark, tmp, SCHEMA, files, build, case.mode, provider, collector)
 
 
 @pytest.fixture(scope="module")
