@@ -65,6 +65,20 @@ class SortedSetsCollector(Collector):
         self.batches[batch_id] = normalize(rows)
 
 
+def assert_same_as_spark(ours: Collector, theirs: Collector) -> None:
+    """``ours`` delivered what ``theirs`` did, batch by batch, in the columns ours has (Spark's
+    query may compute more aggregates than ours), with Spark's names and types."""
+    assert ours.schema is not None and theirs.schema is not None
+    names = theirs.schema.names
+    keep = [names.index(n) for n in ours.schema.names]
+    assert ours.schema.fields == [theirs.schema.fields[i] for i in keep]
+    expected = {
+        b: normalize([tuple(r[i] for i in keep) for r in rows])
+        for b, rows in theirs.batches.items()
+    }
+    assert ours.batches == expected
+
+
 def source(spark: SparkSession, feed: FileFeed, schema: str) -> DataFrame:
     """A streaming DataFrame over the feed: one file per micro-batch."""
     return feed.stream(spark, schema)

@@ -1,5 +1,7 @@
 """Session windows against Spark's: fixed and dynamic gaps, sessions merging within a batch and
-with sessions kept from earlier batches, late rows, append and complete mode.
+with sessions kept from earlier batches, late rows, append and complete mode, the aggregates whose
+buffers sessions merge (nulls among the values, a key whose values are all null); those they do not
+merge yet are expected to fail, each kind on its own.
 
 As in ``test_windows``: the query as a PySpark user writes it, only its input wrapped, through two
 ``availableNow`` runs on one checkpoint (a restart in the middle), compared batch by batch.
@@ -18,13 +20,13 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, QueryError
 from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PROVIDERS
-from .helpers import run_in_two_runs
+from .helpers import WIDE_SCHEMA as SCHEMA
+from .helpers import SortedSetsCollector, aggregates, assert_same_as_spark, run_in_two_runs
 
-SCHEMA = "k string, ts timestamp, v long"
 FILES = 6
 
 
@@ -32,36 +34,58 @@ def at(seconds: int) -> str:
     return f"2024-01-01 00:{seconds // 60:02d}:{seconds % 60:02d}"
 
 
+def row(
+    k: str, t: int | None, v: int | None, d: float | None, s: str | None, m: float | None
+) -> dict[str, Any]:
+    return {"k": k, "ts": None if t is None else at(t), "v": v, "d": d, "s": s, "m": m}
+
+
 def rows(i: int) -> list[dict[str, Any]]:
     """File ``i``, 25 s of event time after the previous one (gap 10 s, watermark 20 s):
 
-    - ``k0`` every 8 s: one session that grows across every batch;
+    - ``k0`` every 8 s: one session that grows across every batch (its first value of a file
+      has no ``d`` nor ``s``);
     - ``k1`` once per file: a session of its own each time;
-    - ``k2``: two sessions in an even file, then in the next file a row between them that
-      merges both with itself (sessions kept in state merging through a new one);
+    - ``k2``: two sessions in an even file (the first without ``s``), then in the next file a
+      row between them that merges both with itself (sessions kept in state merging through a
+      new one); ``kn`` likewise, but every value it aggregates is null;
     - ``k3``: from the third file on, a row so late its session closed (dropped), and
       ``k4`` two rows of one file that merge in the batch (and a row without a time).
     """
     base = 60 + 25 * i
-    out = [{"k": "k0", "ts": at(base + d), "v": i} for d in (0, 8, 16)]
-    out.append({"k": "k1", "ts": at(base + 3), "v": 10 + i})
+    out = [
+        row("k0", base, i, None, None, i + 0.5),
+        row("k0", base + 8, i, 0.5 * i, f"a{i % 3}", None),
+        row("k0", base + 16, i, -1.0, "a", 1.01),
+        row("k1", base + 3, 10 + i, 2.5, f"b{i}", -3.0),
+    ]
     if i % 2 == 0:
-        out += [{"k": "k2", "ts": at(base + d), "v": 20 + i} for d in (0, 14)]
+        out.append(row("k2", base, 20 + i, 0.0, None, 0.02))
+        out.append(row("k2", base + 14, 20 + i, 3.5, "c14", 0.02))
+        out += [row("kn", base + d, None, None, None, None) for d in (0, 14)]
     else:
-        out.append({"k": "k2", "ts": at(base - 25 + 9), "v": None})
+        out.append(row("k2", base - 25 + 9, None, 9.0, "c9", None))
+        out.append(row("kn", base - 25 + 9, None, None, None, None))
     if i >= 2:
-        out.append({"k": "k3", "ts": at(base - 70), "v": 30 + i})
-    out += [{"k": "k4", "ts": at(base + d), "v": 40 + i} for d in (1, 6)]
+        out.append(row("k3", base - 70, 30 + i, 1.0, "late", 0.03))
+    out += [row("k4", base + d, 40 + i, None, f"e{d}", 4.0) for d in (1, 6)]
     if i == 1:
-        out.append({"k": "k4", "ts": None, "v": 99})  # no event time: in no session
+        out.append(row("k4", None, 99, 1.0, "none", 9.0))  # no event time: in no session
     return out
+
+
+#: The kinds of aggregates (``helpers.AGGREGATES``) whose buffers sessions merge.
+MERGED = ("basic", "moments", "decimal")
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
+    #: The case's Spark query, which computes every kind of aggregate.
     name: str
     mode: str
     gap: Callable[[], Any]
+    #: The kinds of aggregates sparkstate's query computes.
+    kinds: tuple[str, ...] = MERGED
 
 
 CASES = [
@@ -75,15 +99,39 @@ CASES = [
 ]
 
 
+def not_merged(kind: str, error: str) -> Any:
+    """Sparkstate's fixed-gap-complete query with the ``kind`` of aggregates sessions do not merge
+    yet, expected to fail with ``error`` (on one provider: the operator fails, not the store).
+    When it passes, add the kind to :data:`MERGED`."""
+    case = dataclasses.replace(CASES[2], kinds=("basic", kind))
+    reason = f"session windows do not merge {kind} yet: {error}"
+    mark = pytest.mark.xfail(raises=QueryError, strict=True, reason=reason)
+    return pytest.param(case, PROVIDERS[-1], marks=mark, id=f"{case.name}-{kind}")
+
+
+RUNS = [pytest.param(c, p, id=f"{c.name}-{p}") for c in CASES for p in PROVIDERS] + [
+    not_merged("first/last", 'KeyError: Field "__ss_agg5_set" does not exist in schema'),
+    not_merged(
+        "collect",
+        "ArrowNotImplementedError: Function 'replace_with_mask' has no kernel matching input "
+        "types (list<item: string>, bool, list<item: string>)",
+    ),
+    not_merged(
+        "approx_count_distinct",
+        "ArrowNotImplementedError: Unsupported cast from list<element: int64 not null> to binary",
+    ),
+]
+
+
 def spark_query(df: DataFrame, case: Case) -> DataFrame:
     grouped = df.withWatermark("ts", "20 seconds").groupBy(F.session_window("ts", case.gap()), "k")
-    return grouped.agg(F.count("*").alias("n"), F.sum("v").alias("total"), F.max("v"))
+    return grouped.agg(*aggregates(F))
 
 
 def our_query(df: DataFrame, case: Case) -> Any:
     stream = ss.stream(df.withWatermark("ts", "20 seconds"))
     grouped = stream.groupBy(SF.session_window("ts", case.gap()), "k")
-    return grouped.agg(SF.count("*").alias("n"), SF.sum("v").alias("total"), SF.max("v"))
+    return grouped.agg(*aggregates(SF, case.kinds))
 
 
 def run_twice(
@@ -93,7 +141,8 @@ def run_twice(
         return spark_query(df, case) if provider is None else our_query(df, case)
 
     files = [rows(i) for i in range(FILES)]
-    return run_in_two_runs(spark, tmp, SCHEMA, files, build, case.mode, provider)
+    collector = SortedSetsCollector()
+    return run_in_two_runs(spark, tmp, SCHEMA, files, build, case.mode, provider, collector)
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +155,7 @@ def spark_results(
     }
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize(("case", "provider"), RUNS)
 def test_session_windows_match_spark(
     spark: SparkSession,
     spark_results: dict[str, Collector],
@@ -116,9 +164,7 @@ def test_session_windows_match_spark(
     provider: str,
 ) -> None:
     ours, progress = run_twice(spark, tmp_path, case, provider)
-    theirs = spark_results[case.name]
-    assert ours.schema == theirs.schema
-    assert ours.batches == theirs.batches
+    assert_same_as_spark(ours, spark_results[case.name])
     ops = [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
     if case.mode == "append":
         assert sum(len(rows) for rows in ours.batches.values()) > 0
