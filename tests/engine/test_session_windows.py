@@ -9,7 +9,6 @@ As in ``test_windows``: the query as a PySpark user writes it, only its input wr
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,19 +24,10 @@ from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PROVIDERS
 from .helpers import WIDE_SCHEMA as SCHEMA
-from .helpers import SortedSetsCollector, aggregates, assert_same_as_spark, run_in_two_runs
+from .helpers import Differential, SparkRuns, aggregates
+from .helpers import wide_row as row
 
 FILES = 6
-
-
-def at(seconds: int) -> str:
-    return f"2024-01-01 00:{seconds // 60:02d}:{seconds % 60:02d}"
-
-
-def row(
-    k: str, t: int | None, v: int | None, d: float | None, s: str | None, m: float | None
-) -> dict[str, Any]:
-    return {"k": k, "ts": None if t is None else at(t), "v": v, "d": d, "s": s, "m": m}
 
 
 def rows(i: int) -> list[dict[str, Any]]:
@@ -78,24 +68,37 @@ def rows(i: int) -> list[dict[str, Any]]:
 MERGED = ("basic", "moments", "decimal")
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    #: The case's Spark query, which computes every kind of aggregate.
-    name: str
-    mode: str
-    gap: Callable[[], Any]
-    #: The kinds of aggregates sparkstate's query computes.
-    kinds: tuple[str, ...] = MERGED
+def query(df: DataFrame, gap: Callable[[], Any], kinds: tuple[str, ...], ours: bool) -> Any:
+    """Sessions of ``gap`` per key; Spark's query computes every kind of aggregate, ours
+    ``kinds``."""
+    df = df.withWatermark("ts", "20 seconds")
+    if ours:
+        grouped = ss.stream(df).groupBy(SF.session_window("ts", gap()), "k")
+        return grouped.agg(*aggregates(SF, kinds))
+    return df.groupBy(F.session_window("ts", gap()), "k").agg(*aggregates(F))
+
+
+def case(
+    name: str, mode: str, gap: Callable[[], Any], kinds: tuple[str, ...] = MERGED
+) -> Differential:
+    def build(df: DataFrame, ours: bool) -> Any:
+        return query(df, gap, kinds, ours)
+
+    return Differential(name, SCHEMA, [rows(i) for i in range(FILES)], mode, build)
+
+
+def fixed_gap() -> str:
+    return "10 seconds"
+
+
+def dynamic_gap() -> Any:
+    return F.when(F.col("k") == "k1", "5 seconds").otherwise("10 seconds")
 
 
 CASES = [
-    Case("fixed-gap-append", "append", lambda: "10 seconds"),
-    Case(
-        "dynamic-gap-append",
-        "append",
-        lambda: F.when(F.col("k") == "k1", "5 seconds").otherwise("10 seconds"),
-    ),
-    Case("fixed-gap-complete", "complete", lambda: "10 seconds"),
+    case("fixed-gap-append", "append", fixed_gap),
+    case("dynamic-gap-append", "append", dynamic_gap),
+    case("fixed-gap-complete", "complete", fixed_gap),
 ]
 
 
@@ -103,10 +106,10 @@ def not_merged(kind: str, error: str) -> Any:
     """Sparkstate's fixed-gap-complete query with the ``kind`` of aggregates sessions do not merge
     yet, expected to fail with ``error`` (on one provider: the operator fails, not the store).
     When it passes, add the kind to :data:`MERGED`."""
-    case = dataclasses.replace(CASES[2], kinds=("basic", kind))
     reason = f"session windows do not merge {kind} yet: {error}"
     mark = pytest.mark.xfail(raises=QueryError, strict=True, reason=reason)
-    return pytest.param(case, PROVIDERS[-1], marks=mark, id=f"{case.name}-{kind}")
+    wider = case("fixed-gap-complete", "complete", fixed_gap, ("basic", kind))
+    return pytest.param(wider, PROVIDERS[-1], marks=mark, id=f"{wider.name}-{kind}")
 
 
 RUNS = [pytest.param(c, p, id=f"{c.name}-{p}") for c in CASES for p in PROVIDERS] + [
@@ -123,49 +126,16 @@ RUNS = [pytest.param(c, p, id=f"{c.name}-{p}") for c in CASES for p in PROVIDERS
 ]
 
 
-def spark_query(df: DataFrame, case: Case) -> DataFrame:
-    grouped = df.withWatermark("ts", "20 seconds").groupBy(F.session_window("ts", case.gap()), "k")
-    return grouped.agg(*aggregates(F))
-
-
-def our_query(df: DataFrame, case: Case) -> Any:
-    stream = ss.stream(df.withWatermark("ts", "20 seconds"))
-    grouped = stream.groupBy(SF.session_window("ts", case.gap()), "k")
-    return grouped.agg(*aggregates(SF, case.kinds))
-
-
-def run_twice(
-    spark: SparkSession, tmp: Path, case: Case, provider: str | None
-) -> tuple[Collector, list[dict[str, Any]]]:
-    def build(df: DataFrame) -> Any:
-        return spark_query(df, case) if provider is None else our_query(df, case)
-
-    files = [rows(i) for i in range(FILES)]
-    collector = SortedSetsCollector()
-    return run_in_two_runs(spark, tmp, SCHEMA, files, build, case.mode, provider, collector)
-
-
 @pytest.fixture(scope="module")
-def spark_results(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Collector]:
-    return {
-        case.name: run_twice(spark, tmp_path_factory.mktemp(case.name), case, None)[0]
-        for case in CASES
-    }
+def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> SparkRuns:
+    return SparkRuns(spark, tmp_path_factory)
 
 
 @pytest.mark.parametrize(("case", "provider"), RUNS)
 def test_session_windows_match_spark(
-    spark: SparkSession,
-    spark_results: dict[str, Collector],
-    tmp_path: Path,
-    case: Case,
-    provider: str,
+    spark_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str
 ) -> None:
-    ours, progress = run_twice(spark, tmp_path, case, provider)
-    assert_same_as_spark(ours, spark_results[case.name])
-    ops = [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+    ours, ops = spark_runs.check(case, tmp_path, provider)
     if case.mode == "append":
         assert sum(len(rows) for rows in ours.batches.values()) > 0
         assert sum(op["numRowsDroppedByWatermark"] for op in ops) > 0

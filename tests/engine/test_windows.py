@@ -11,7 +11,6 @@ no-data batches Spark runs after a watermark move included).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,19 +26,10 @@ from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PROVIDERS
 from .helpers import WIDE_SCHEMA as SCHEMA
-from .helpers import SortedSetsCollector, aggregates, run_in_two_runs
+from .helpers import Differential, SparkRuns, aggregates
+from .helpers import wide_row as row
 
 FILES = 6
-
-
-def at(seconds: int) -> str:
-    return f"2024-01-01 00:{seconds // 60:02d}:{seconds % 60:02d}"
-
-
-def row(
-    k: str, t: int, v: int | None, d: float | None, s: str | None, m: float | None
-) -> dict[str, Any]:
-    return {"k": k, "ts": at(t), "v": v, "d": d, "s": s, "m": m}
 
 
 def rows(i: int) -> list[dict[str, Any]]:
@@ -61,85 +51,58 @@ def rows(i: int) -> list[dict[str, Any]]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    name: str
-    mode: str
-    #: The grouping keys, from ``pyspark.sql.functions`` (Spark's query) or ``SF`` (ours).
-    keys: Callable[[Any], list[Any]]
-    #: Whether sparkstate's query spells the window with ``SF`` (else Spark's own function).
-    sf_keys: bool = False
+def query(df: DataFrame, keys: Callable[[Any], list[Any]], sf_keys: bool, ours: bool) -> Any:
+    """Grouped by ``keys``, spelled with ``pyspark.sql.functions`` (Spark's query) or, for ours
+    when ``sf_keys``, with ``SF``; every kind of aggregate."""
+    df = df.withWatermark("ts", "5 seconds")
+    if ours:
+        return ss.stream(df).groupBy(*keys(SF if sf_keys else F)).agg(*aggregates(SF))
+    return df.groupBy(*keys(F)).agg(*aggregates(F))
+
+
+def case(
+    name: str, mode: str, keys: Callable[[Any], list[Any]], sf_keys: bool = False
+) -> Differential:
+    def build(df: DataFrame, ours: bool) -> Any:
+        return query(df, keys, sf_keys, ours)
+
+    return Differential(name, SCHEMA, [rows(i) for i in range(FILES)], mode, build)
 
 
 CASES = [
-    Case("tumbling-append", "append", lambda f: [f.window("ts", "10 seconds"), "k"]),
-    Case(
+    case("tumbling-append", "append", lambda f: [f.window("ts", "10 seconds"), "k"]),
+    case(
         "sliding-append",
         "append",
         lambda f: ["k", f.window("ts", "10 seconds", "5 seconds")],
         sf_keys=True,
     ),
-    Case(
+    case(
         "start-update", "update", lambda f: [f.window("ts", "10 seconds", None, "3 seconds"), "k"]
     ),
-    Case(
+    case(
         "sliding-start-complete",
         "complete",
         lambda f: [f.window("ts", "20 seconds", "10 seconds", "5 seconds").alias("w")],
         sf_keys=True,
     ),
-    Case("event-time-key-append", "append", lambda f: [F.col("ts"), "k"]),
+    case("event-time-key-append", "append", lambda f: [F.col("ts"), "k"]),
 ]
 
 
-def spark_query(df: DataFrame, case: Case) -> DataFrame:
-    grouped = df.withWatermark("ts", "5 seconds").groupBy(*case.keys(F))
-    return grouped.agg(*aggregates(F))
-
-
-def our_query(df: DataFrame, case: Case) -> Any:
-    stream = ss.stream(df.withWatermark("ts", "5 seconds"))
-    grouped = stream.groupBy(*case.keys(SF if case.sf_keys else F))
-    return grouped.agg(*aggregates(SF))
-
-
-def run_twice(
-    spark: SparkSession, tmp: Path, case: Case, provider: str | None
-) -> tuple[Collector, list[dict[str, Any]]]:
-    def build(df: DataFrame) -> Any:
-        return spark_query(df, case) if provider is None else our_query(df, case)
-
-    files = [rows(i) for i in range(FILES)]
-    collector = SortedSetsCollector()
-    return run_in_two_runs(spark, tmp, SCHEMA, files, build, case.mode, provider, collector)
-
-
 @pytest.fixture(scope="module")
-def spark_results(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Collector]:
-    return {
-        case.name: run_twice(spark, tmp_path_factory.mktemp(case.name), case, None)[0]
-        for case in CASES
-    }
+def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> SparkRuns:
+    return SparkRuns(spark, tmp_path_factory)
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_windowed_aggregation_matches_spark(
-    spark: SparkSession,
-    spark_results: dict[str, Collector],
-    tmp_path: Path,
-    case: Case,
-    provider: str,
+    spark_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str
 ) -> None:
-    ours, progress = run_twice(spark, tmp_path, case, provider)
-    theirs = spark_results[case.name]
-    assert ours.schema == theirs.schema
-    assert ours.batches == theirs.batches
+    ours, ops = spark_runs.check(case, tmp_path, provider)
     emitted = sum(len(rows) for rows in ours.batches.values())
     assert emitted > 0
-    ops = [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
     if case.mode == "append":
         # every window is emitted once, when the watermark closes it, and leaves the state
         assert sum(op["numRowsRemoved"] for op in ops) == emitted
