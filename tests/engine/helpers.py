@@ -17,6 +17,8 @@ from sparkstate.testing.differential import Collector as Collector
 from sparkstate.testing.differential import FileFeed as FileFeed
 from sparkstate.testing.differential import normalize as normalize
 
+from .conftest import PROVIDERS
+
 #: The input of the window and session cases, whose queries compute every kind of aggregate.
 WIDE_SCHEMA = "k string, ts timestamp, v long, d double, s string, m decimal(10,2)"
 #: The aggregates of those queries by kind, over :data:`WIDE_SCHEMA`, each spelled with ``fn``:
@@ -210,6 +212,26 @@ class Differential:
             assert handle.awaitTermination(180), f"{self.name} did not end"
             progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
         return collector, [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+
+
+def runs(
+    cases: list[Differential], on_memory: tuple[str, ...] = (), on_both: tuple[str, ...] = ()
+) -> list[Any]:
+    """``(case, provider)`` parameters: each case on one provider, the last one (rocksdb where
+    there is one) but for the cases named in ``on_memory``, and on every provider for those in
+    ``on_both``. What a case checks beyond its output mode does not depend on the provider; a
+    module puts each mode on every provider once."""
+
+    def providers(name: str) -> list[str]:
+        if name in on_both:
+            return PROVIDERS
+        return PROVIDERS[:1] if name in on_memory else PROVIDERS[-1:]
+
+    return [
+        pytest.param(case, provider, id=f"{case.name}-{provider}")
+        for case in cases
+        for provider in providers(case.name)
+    ]
 
 
 class SparkRuns:

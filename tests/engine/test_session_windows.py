@@ -24,7 +24,7 @@ from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PROVIDERS
 from .helpers import WIDE_SCHEMA as SCHEMA
-from .helpers import Differential, SparkRuns, aggregates
+from .helpers import Differential, SparkRuns, aggregates, runs
 from .helpers import wide_row as row
 
 FILES = 6
@@ -112,7 +112,8 @@ def not_merged(kind: str, error: str) -> Any:
     return pytest.param(wider, PROVIDERS[-1], marks=mark, id=f"{wider.name}-{kind}")
 
 
-RUNS = [pytest.param(c, p, id=f"{c.name}-{p}") for c in CASES for p in PROVIDERS] + [
+#: Each output mode on every provider.
+RUNS = runs(CASES, on_memory=("dynamic-gap-append",), on_both=("fixed-gap-complete",)) + [
     not_merged("first/last", 'KeyError: Field "__ss_agg5_set" does not exist in schema'),
     not_merged(
         "collect",

@@ -24,9 +24,8 @@ from sparkstate import functions as SF
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
-from .conftest import PROVIDERS
 from .helpers import WIDE_SCHEMA as SCHEMA
-from .helpers import Differential, SparkRuns, aggregates
+from .helpers import Differential, SparkRuns, aggregates, runs
 from .helpers import wide_row as row
 
 FILES = 6
@@ -95,8 +94,12 @@ def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
     return SparkRuns(spark, tmp_path_factory)
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+#: Append mode on every provider here, update and complete mode on rocksdb here and on memory in
+#: test_aggregate_functions.
+RUNS = runs(CASES, on_memory=("sliding-append",))
+
+
+@pytest.mark.parametrize(("case", "provider"), RUNS)
 def test_windowed_aggregation_matches_spark(
     spark_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str
 ) -> None:
