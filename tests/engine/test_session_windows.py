@@ -27,7 +27,8 @@ from .helpers import WIDE_SCHEMA as SCHEMA
 from .helpers import Differential, SparkRuns, aggregates, runs
 from .helpers import wide_row as row
 
-FILES = 6
+#: Three files, a restart after the first: sessions kept across it merge in the second.
+FILES = 3
 
 
 def rows(i: int) -> list[dict[str, Any]]:
@@ -84,7 +85,8 @@ def case(
     def build(df: DataFrame, ours: bool) -> Any:
         return query(df, gap, kinds, ours)
 
-    return Differential(name, SCHEMA, [rows(i) for i in range(FILES)], mode, build)
+    files = [rows(i) for i in range(FILES)]
+    return Differential(name, SCHEMA, files, mode, build, restart_after=1)
 
 
 def fixed_gap() -> str:
