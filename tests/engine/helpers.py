@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -14,6 +16,71 @@ from sparkstate.testing.differential import Batches as Batches
 from sparkstate.testing.differential import Collector as Collector
 from sparkstate.testing.differential import FileFeed as FileFeed
 from sparkstate.testing.differential import normalize as normalize
+
+from .conftest import PROVIDERS
+
+#: The input of the window and session cases, whose queries compute every kind of aggregate.
+WIDE_SCHEMA = "k string, ts timestamp, v long, d double, s string, m decimal(10,2)"
+#: The aggregates of those queries by kind, over :data:`WIDE_SCHEMA`, each spelled with ``fn``:
+#: ``pyspark.sql.functions`` (Spark's query) or ``sparkstate.functions`` (ours).
+AGGREGATES: dict[str, Callable[[Any], list[Any]]] = {
+    "basic": lambda fn: [
+        fn.count("*").alias("n"),
+        fn.sum("v").alias("total"),
+        fn.max("v"),
+        fn.min("s"),
+        fn.avg("d"),
+    ],
+    "first/last": lambda fn: [
+        fn.first("v"),
+        fn.first("s", ignorenulls=True).alias("first_s"),
+        fn.last("d", ignorenulls=True).alias("last_d"),
+        fn.last("s"),
+    ],
+    "collect": lambda fn: [fn.collect_list("s"), fn.collect_set("d").alias("ds")],
+    "moments": lambda fn: [fn.stddev("d"), fn.var_pop("v")],
+    "approx_count_distinct": lambda fn: [fn.approx_count_distinct("s")],
+    "decimal": lambda fn: [fn.sum("m"), fn.avg("m")],
+}
+#: The columns whose lists are in no particular order (collect_set's), compared sorted.
+SETS = ("ds",)
+
+
+def aggregates(fn: Any, kinds: tuple[str, ...] = tuple(AGGREGATES)) -> list[Any]:
+    """The aggregates of ``kinds`` (every kind by default), in that order."""
+    return [a for kind in kinds for a in AGGREGATES[kind](fn)]
+
+
+class SortedSetsCollector(Collector):
+    """A :class:`Collector` that sorts the lists of the columns named in ``sets`` first: no one's
+    collect_set has an order to match."""
+
+    def __init__(self, sets: tuple[str, ...] = SETS) -> None:
+        super().__init__()
+        self.sets = sets
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.schema = df.schema
+        sort = [n in self.sets for n in df.schema.names]
+        rows = [
+            tuple(sorted(x) if s and x is not None else x for s, x in zip(sort, r, strict=True))
+            for r in df.collect()
+        ]
+        self.batches[batch_id] = normalize(rows)
+
+
+def assert_same_as_spark(ours: Collector, theirs: Collector) -> None:
+    """``ours`` delivered what ``theirs`` did, batch by batch, in the columns ours has (Spark's
+    query may compute more aggregates than ours), with Spark's names and types."""
+    assert ours.schema is not None and theirs.schema is not None
+    names = theirs.schema.names
+    keep = [names.index(n) for n in ours.schema.names]
+    assert ours.schema.fields == [theirs.schema.fields[i] for i in keep]
+    expected = {
+        b: normalize([tuple(r[i] for i in keep) for r in rows])
+        for b, rows in theirs.batches.items()
+    }
+    assert ours.batches == expected
 
 
 def source(spark: SparkSession, feed: FileFeed, schema: str) -> DataFrame:
@@ -94,34 +161,99 @@ def oracle_update(
     return out
 
 
-def run_in_two_runs(
-    spark: SparkSession,
-    tmp: Path,
-    schema: str,
-    files: list[list[dict[str, Any]]],
-    build: Callable[[DataFrame], Any],
-    mode: str,
-    provider: str | None,
-) -> tuple[Collector, list[dict[str, Any]]]:
-    """``build(input)``'s query with ``availableNow`` over the first half of ``files`` until it
-    ends, then over all of them on the same checkpoint (a restart in the middle of the query);
-    ``provider`` None runs it as Spark's own query. The batches it delivered, and its progress."""
-    feed = FileFeed(tmp / "input")
-    collector = Collector()
-    progress: list[dict[str, Any]] = []
-    half = len(files) // 2
-    for rows in files[:half]:
-        feed.add(rows)
-    for run in range(2):
-        if run == 1:
-            for rows in files[half:]:
+def at(seconds: int) -> str:
+    """The event time ``seconds`` (under an hour) after 2024-01-01 00:00, as a file spells it."""
+    return f"2024-01-01 00:{seconds // 60:02d}:{seconds % 60:02d}"
+
+
+def wide_row(
+    k: str, t: int | None, v: int | None, d: float | None, s: str | None, m: float | None
+) -> dict[str, Any]:
+    """A row of :data:`WIDE_SCHEMA` at event time ``t`` (see :func:`at`; None: no time)."""
+    return {"k": k, "ts": None if t is None else at(t), "v": v, "d": d, "s": s, "m": m}
+
+
+@dataclasses.dataclass(frozen=True)
+class Differential:
+    """A query that Spark runs as a PySpark user writes it and sparkstate with only its input
+    wrapped, over the same files: each with ``availableNow`` over the first files until it ends,
+    then over all of them on the same checkpoint (a restart in the middle of the query)."""
+
+    #: Names Spark's query: differentials of one name share Spark's result (:class:`SparkRuns`).
+    name: str
+    schema: str
+    files: list[list[dict[str, Any]]]
+    mode: str
+    #: ``build(input, ours)``: Spark's query over ``input``, or (``ours``) sparkstate's.
+    build: Callable[[DataFrame, bool], Any]
+    #: How many files the first run reads; half of them by default.
+    restart_after: int | None = None
+    #: A new collector for each query: what keeps the batches it delivered.
+    collector: Callable[[], Collector] = SortedSetsCollector
+
+    def run(
+        self, spark: SparkSession, tmp: Path, provider: str | None
+    ) -> tuple[Collector, list[dict[str, Any]]]:
+        """sparkstate's query on ``provider``, or (None) Spark's own: the batches it delivered,
+        and the progress of its first stateful operator in each batch that has one."""
+        feed = FileFeed(tmp / "input")
+        collector = self.collector()
+        progress: list[dict[str, Any]] = []
+        first = len(self.files) // 2 if self.restart_after is None else self.restart_after
+        for files in (self.files[:first], self.files[first:]):
+            for rows in files:
                 feed.add(rows)
-        writer = build(feed.stream(spark, schema)).writeStream.outputMode(mode)
-        writer = writer.foreachBatch(collector)
-        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
-        if provider is not None:
-            writer = writer.option("stateStore", provider)
-        handle = writer.trigger(availableNow=True).start()
-        assert handle.awaitTermination(180), f"run {run} did not end"
-        progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
-    return collector, progress
+            query = self.build(feed.stream(spark, self.schema), provider is not None)
+            writer = query.writeStream.outputMode(self.mode).foreachBatch(collector)
+            writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
+            if provider is not None:
+                writer = writer.option("stateStore", provider)
+            handle = writer.trigger(availableNow=True).start()
+            assert handle.awaitTermination(180), f"{self.name} did not end"
+            progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
+        return collector, [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+
+
+def runs(
+    cases: list[Differential], on_memory: tuple[str, ...] = (), on_both: tuple[str, ...] = ()
+) -> list[Any]:
+    """``(case, provider)`` parameters: each case on one provider, the last one (rocksdb where
+    there is one) but for the cases named in ``on_memory``, and on every provider for those in
+    ``on_both``. What a case checks beyond its output mode does not depend on the provider; a
+    module puts each mode on every provider once."""
+
+    def providers(name: str) -> list[str]:
+        if name in on_both:
+            return PROVIDERS
+        return PROVIDERS[:1] if name in on_memory else PROVIDERS[-1:]
+
+    return [
+        pytest.param(case, provider, id=f"{case.name}-{provider}")
+        for case in cases
+        for provider in providers(case.name)
+    ]
+
+
+class SparkRuns:
+    """Spark's own result of each :class:`Differential`, run at its first use and kept (it
+    depends on no provider): one a module, from a module-scoped fixture."""
+
+    def __init__(self, spark: SparkSession, tmp: pytest.TempPathFactory) -> None:
+        self.spark = spark
+        self.tmp = tmp
+        self.results: dict[str, Collector] = {}
+
+    def of(self, case: Differential) -> Collector:
+        if case.name not in self.results:
+            where = self.tmp.mktemp(f"spark-{case.name}")
+            self.results[case.name] = case.run(self.spark, where, None)[0]
+        return self.results[case.name]
+
+    def check(
+        self, case: Differential, tmp: Path, provider: str
+    ) -> tuple[Collector, list[dict[str, Any]]]:
+        """Run sparkstate's query and assert it delivered Spark's batches: see
+        :meth:`Differential.run` for what it returns."""
+        ours, progress = case.run(self.spark, tmp, provider)
+        assert_same_as_spark(ours, self.of(case))
+        return ours, progress

@@ -1,7 +1,7 @@
 """The aggregate functions of a streaming ``agg()`` against Spark's built-in streaming aggregation:
-the same file feed, batch by batch, in update and complete mode, on both providers, with a
-restart on the same checkpoint in the middle; and PySpark's own aggregates taken as their twins or
-refused naming the ``SF`` function to use."""
+the same file feed, batch by batch, in update and complete mode (on memory; test_windows runs them
+on rocksdb), with a restart on the same checkpoint in the middle; and PySpark's own aggregates
+taken as their twins or refused naming the ``SF`` function to use."""
 
 from __future__ import annotations
 
@@ -20,8 +20,16 @@ from sparkstate.engine.aggregate_plan import recognise
 from sparkstate.engine.plan import AggregateStep, plan_stages
 from sparkstate.exceptions import ConfigurationError
 
-from .conftest import PROVIDERS, FileFeed
-from .helpers import run_batches, same_schema, source, start_ours, start_spark
+from .conftest import FileFeed
+from .helpers import (
+    Collector,
+    Differential,
+    SparkRuns,
+    same_schema,
+    source,
+    start_ours,
+    start_spark,
+)
 
 SCHEMA = "k string, v int, d double, s string, m decimal(10,2)"
 D = decimal.Decimal
@@ -61,70 +69,40 @@ BATCHES: list[list[dict[str, Any]]] = [
 RESTART_AFTER = 3
 
 
-def ours() -> list[Any]:
+def aggregates(fn: Any) -> list[Any]:
+    """Every aggregate function, spelled with ``fn``: ``pyspark.sql.functions`` (Spark's query) or
+    ``SF`` (ours, where some are PySpark's own on purpose: taken as their SF twin)."""
     return [
-        SF.count("*").alias("n"),
-        F.count("v"),  # PySpark's own, taken as SF.count
-        SF.sum("v"),
-        SF.sum("m"),
-        SF.avg("m"),
-        F.avg("d"),
-        SF.min("s"),
-        SF.max("d"),
-        SF.first("v"),
-        SF.first("v", ignorenulls=True).alias("first_nn"),
-        F.last("s", True),
-        SF.last("v"),
-        SF.collect_list("s"),
-        SF.collect_set("d"),
-        F.collect_set("v").alias("vs"),
-        SF.stddev("d"),
-        SF.stddev_pop("v"),
-        SF.variance("d"),
-        SF.var_pop("d"),
-        SF.var_samp("v"),
-        SF.stddev_samp("d"),
-        SF.std("v"),
-        SF.approx_count_distinct("s"),
-        SF.approx_count_distinct("d", 0.1),
-    ]
-
-
-def theirs() -> list[Any]:
-    return [
-        F.count("*").alias("n"),
+        fn.count("*").alias("n"),
         F.count("v"),
-        F.sum("v"),
-        F.sum("m"),
-        F.avg("m"),
+        fn.sum("v"),
+        fn.sum("m"),
+        fn.avg("m"),
         F.avg("d"),
-        F.min("s"),
-        F.max("d"),
-        F.first("v"),
-        F.first("v", ignorenulls=True).alias("first_nn"),
+        fn.min("s"),
+        fn.max("d"),
+        fn.first("v"),
+        fn.first("v", ignorenulls=True).alias("first_nn"),
         F.last("s", True),
-        F.last("v"),
-        F.collect_list("s"),
-        F.collect_set("d"),
+        fn.last("v"),
+        fn.collect_list("s"),
+        fn.collect_set("d"),
         F.collect_set("v").alias("vs"),
-        F.stddev("d"),
-        F.stddev_pop("v"),
-        F.variance("d"),
-        F.var_pop("d"),
-        F.var_samp("v"),
-        F.stddev_samp("d"),
-        F.std("v"),
-        F.approx_count_distinct("s"),
-        F.approx_count_distinct("d", 0.1),
+        fn.stddev("d"),
+        fn.stddev_pop("v"),
+        fn.variance("d"),
+        fn.var_pop("d"),
+        fn.var_samp("v"),
+        fn.stddev_samp("d"),
+        fn.std("v"),
+        fn.approx_count_distinct("s"),
+        fn.approx_count_distinct("d", 0.1),
     ]
 
 
-class RawCollector:
-    """``foreachBatch``: each batch's rows as tuples, sorted by the grouping key, and the schema."""
-
-    def __init__(self) -> None:
-        self.batches: dict[int, list[tuple[Any, ...]]] = {}
-        self.schema: Any = None
+class RawCollector(Collector):
+    """A :class:`Collector` of each batch's rows as they are (doubles not rounded), sorted by the
+    grouping key."""
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self.schema = df.schema
@@ -152,7 +130,7 @@ def close(a: Any, b: Any, *, as_set: bool = False) -> bool:
     return bool(a == b) and type(a) is type(b)
 
 
-def assert_same(mine: RawCollector, spark_side: RawCollector, sets: tuple[str, ...] = ()) -> None:
+def assert_same(mine: Collector, spark_side: Collector, sets: tuple[str, ...] = ()) -> None:
     assert same_schema(mine.schema, spark_side.schema), (mine.schema, spark_side.schema)
     names = spark_side.schema.names
     assert sorted(mine.batches) == sorted(spark_side.batches)
@@ -164,46 +142,29 @@ def assert_same(mine: RawCollector, spark_side: RawCollector, sets: tuple[str, .
                 assert close(x, y, as_set=name in sets), (b, r_exp[0], name, x, y)
 
 
-_SPARK: dict[str, RawCollector] = {}
+def grouped_by_k(mode: str) -> Differential:
+    def build(df: DataFrame, ours: bool) -> Any:
+        if ours:
+            return ss.stream(df).groupBy("k").agg(*aggregates(SF))
+        return df.groupBy("k").agg(*aggregates(F))
+
+    return Differential(mode, SCHEMA, BATCHES, mode, build, RESTART_AFTER, RawCollector)
 
 
-def spark_run(spark: SparkSession, tmp: Path, mode: str) -> RawCollector:
-    """Spark's own query over the batches (once per mode: it does not depend on our provider)."""
-    if mode not in _SPARK:
-        feed = FileFeed(tmp / "input")
-        collector = RawCollector()
-        q = start_spark(
-            source(spark, feed, SCHEMA).groupBy("k").agg(*theirs()), mode, tmp / "chk", collector
-        )
-        run_batches(feed, q, BATCHES)
-        _SPARK[mode] = collector
-    return _SPARK[mode]
+@pytest.fixture(scope="module")
+def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> SparkRuns:
+    return SparkRuns(spark, tmp_path_factory)
 
 
-#: Update mode on every provider, complete mode on the last one (the merges do not depend on
-#: the mode; the output does).
-RUNS = [("update", p) for p in PROVIDERS] + [("complete", PROVIDERS[-1])]
-
-
-@pytest.mark.parametrize(("mode", "provider"), RUNS)
+@pytest.mark.parametrize("mode", ["update", "complete"])
 def test_aggregates_match_spark_across_a_restart(
-    spark: SparkSession,
-    feed: FileFeed,
-    tmp_path: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-    provider: str,
-    mode: str,
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path, mode: str
 ) -> None:
-    expected = spark_run(spark, tmp_path_factory.mktemp(f"spark-{mode}"), mode)
-    mine = RawCollector()
-    chk = tmp_path / "chk"
-
-    def start() -> Any:
-        stream = ss.stream(source(spark, feed, SCHEMA)).groupBy("k").agg(*ours())
-        return start_ours(stream, mode, chk, provider, mine)
-
-    run_batches(feed, start(), BATCHES[:RESTART_AFTER])
-    run_batches(feed, start(), BATCHES[RESTART_AFTER:])
+    """On the memory provider: test_windows runs every kind of aggregate in update and complete
+    mode on rocksdb (the merges do not depend on the mode; the output does)."""
+    case = grouped_by_k(mode)
+    expected = spark_runs.of(case)
+    mine, _ = case.run(spark, tmp_path, "memory")
     assert_same(mine, expected, sets=("collect_set(d)", "vs"))
     some = expected.batches[0][0]
     assert some[expected.schema.names.index("sum(m)")] == D("1.26")  # a decimal(20,2)
