@@ -1,7 +1,6 @@
 """Session windows against Spark's: fixed and dynamic gaps, sessions merging within a batch and
-with sessions kept from earlier batches, late rows, append and complete mode, the aggregates whose
-buffers sessions merge (nulls among the values, a key whose values are all null); those they do not
-merge yet are expected to fail, each kind on its own.
+with sessions kept from earlier batches, late rows, append and complete mode, every kind of
+aggregate (nulls among the values, a key whose values are all null), merged as sessions join.
 
 As in ``test_windows``: the query as a PySpark user writes it, only its input wrapped, through two
 ``availableNow`` runs on one checkpoint (a restart in the middle), compared batch by batch.
@@ -19,12 +18,11 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.exceptions import ConfigurationError, QueryError
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
-from .conftest import PROVIDERS
+from .helpers import AGGREGATES, Differential, SparkRuns, aggregates, runs
 from .helpers import WIDE_SCHEMA as SCHEMA
-from .helpers import Differential, SparkRuns, aggregates, runs
 from .helpers import wide_row as row
 
 #: Three files, a restart after the first: sessions kept across it merge in the second.
@@ -65,8 +63,8 @@ def rows(i: int) -> list[dict[str, Any]]:
     return out
 
 
-#: The kinds of aggregates (``helpers.AGGREGATES``) whose buffers sessions merge.
-MERGED = ("basic", "moments", "decimal")
+#: Every kind of aggregate (``helpers.AGGREGATES``): sessions merge all their buffers.
+MERGED = tuple(AGGREGATES)
 
 
 def query(df: DataFrame, gap: Callable[[], Any], kinds: tuple[str, ...], ours: bool) -> Any:
@@ -104,29 +102,8 @@ CASES = [
 ]
 
 
-def not_merged(kind: str, error: str) -> Any:
-    """Sparkstate's fixed-gap-complete query with the ``kind`` of aggregates sessions do not merge
-    yet, expected to fail with ``error`` (on one provider: the operator fails, not the store).
-    When it passes, add the kind to :data:`MERGED`."""
-    reason = f"session windows do not merge {kind} yet: {error}"
-    mark = pytest.mark.xfail(raises=QueryError, strict=True, reason=reason)
-    wider = case("fixed-gap-complete", "complete", fixed_gap, ("basic", kind))
-    return pytest.param(wider, PROVIDERS[-1], marks=mark, id=f"{wider.name}-{kind}")
-
-
 #: Each output mode on every provider.
-RUNS = runs(CASES, on_memory=("dynamic-gap-append",), on_both=("fixed-gap-complete",)) + [
-    not_merged("first/last", 'KeyError: Field "__ss_agg5_set" does not exist in schema'),
-    not_merged(
-        "collect",
-        "ArrowNotImplementedError: Function 'replace_with_mask' has no kernel matching input "
-        "types (list<item: string>, bool, list<item: string>)",
-    ),
-    not_merged(
-        "approx_count_distinct",
-        "ArrowNotImplementedError: Unsupported cast from list<element: int64 not null> to binary",
-    ),
-]
+RUNS = runs(CASES, on_memory=("dynamic-gap-append",), on_both=("fixed-gap-complete",))
 
 
 @pytest.fixture(scope="module")
