@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
-from sparkstate.store.base import ColumnFamily, StateStore, StoreConf, StoreId, default_local_dir
+from sparkstate.store.base import StateStore, StoreConf, StoreId, default_local_dir
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
 from sparkstate.store.rocksdb_snapshot import (
@@ -82,7 +82,6 @@ class RocksDBStateStore(StateStore):
         self._memory_used: int | None = None
         #: Per column family prefix, its largest key in the database (see ``_family_tops``).
         self._tops: dict[bytes, bytes] | None = None
-        self._families_by_prefix: dict[bytes, ColumnFamily] = {}
 
     def raw_get(self, key: bytes) -> bytes | None:
         value = self._pending.get(key, _MISSING)
@@ -99,8 +98,8 @@ class RocksDBStateStore(StateStore):
         most of a batch's read time."""
         tops = self._family_tops()
         if len(tops) == 1:
-            ((prefix, top),) = tops.items()
-            end = self._families_by_prefix[prefix].end_of_family()
+            (top,) = tops.values()
+            end = next(iter(self._families.values())).end_of_family()
             probe = [k for k in keys if k <= top or k >= end]  # (or of no family)
         else:  # a key's family prefix is its first byte (the name's length) and the name
             probe = [k for k in keys if k <= tops.get(k[: 1 + k[0]] if k else k, k)]
@@ -113,7 +112,6 @@ class RocksDBStateStore(StateStore):
         """Each family's largest stored key (its prefix, which is no key, for an empty family),
         read at the first lookup: the database does not change until the commit."""
         if self._tops is None:
-            self._families_by_prefix = {f.prefix: f for f in self._families.values()}
             self._tops = {
                 f.prefix: self._db.last_key(f.prefix, f.end_of_family()) or f.prefix
                 for f in self._families.values()
