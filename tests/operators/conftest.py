@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
 from sparkstate.runtime.partition import run_partition
 from sparkstate.store import StateStoreProvider, StoreConf, StoreId, provider_class
+from sparkstate.store.base import StateStore
 
 PROVIDERS = ["memory"]
 try:  # the rocksdb provider lands separately; test it once it is there
@@ -61,3 +63,26 @@ def make_runner(
     yield make
     for p in providers:
         p.close()
+
+
+@pytest.fixture
+def scanned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows returned by every range scan of a store, counted as they are read."""
+    seen = [0]
+    pairs, chunks = StateStore.range_scan_encoded, StateStore.range_scan_encoded_chunks
+
+    def counting(self: StateStore, *args: Any, **kwargs: Any) -> Iterator[tuple[bytes, bytes]]:
+        for pair in pairs(self, *args, **kwargs):
+            seen[0] += 1
+            yield pair
+
+    def counting_chunks(
+        self: StateStore, *args: Any, **kwargs: Any
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        for keys, values in chunks(self, *args, **kwargs):
+            seen[0] += len(keys)
+            yield keys, values
+
+    monkeypatch.setattr(StateStore, "range_scan_encoded", counting)
+    monkeypatch.setattr(StateStore, "range_scan_encoded_chunks", counting_chunks)
+    return seen

@@ -1,19 +1,38 @@
-"""The deduplication operator: first row per key, across batches, null keys included."""
+"""The deduplication operators: first row per key, across batches, null keys included; with a
+watermark, late rows dropped and keys expired by range scans that read only what expires."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.dedup import Deduplicate
+from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 
 from .conftest import OperatorRunner
 
 SCHEMA = pa.schema([("k", pa.string()), ("j", pa.int64()), ("v", pa.float64())])
 Runner = Callable[[Deduplicate], OperatorRunner]
+TIMED = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC")), ("v", pa.string())])
+BASE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+KEPT = 5_000  # keys the watermark leaves alone: a full scan would read all of them
+EXPIRED = 7
+
+
+def at(seconds: float) -> dt.datetime:
+    return BASE + dt.timedelta(seconds=seconds)
+
+
+def ms(seconds: float) -> int:
+    return int(at(seconds).timestamp() * 1000)
+
+
+def timed(ids: range, seconds: float | None, v: str = "") -> list[dict[str, Any]]:
+    return [{"id": i, "ts": None if seconds is None else at(seconds), "v": v} for i in ids]
 
 
 def test_first_row_per_key_across_batches(make_runner: Runner) -> None:
@@ -76,3 +95,60 @@ def test_first_rows_of_interleaved_keys_in_input_order(make_runner: Runner) -> N
     out, m = runner.run([{"k": "y", "j": j, "v": -1.0} for j in (5, 6, 6, 1, 7)], "append")
     assert [(r["j"], r["v"]) for r in out.to_pylist()] == [(6, -1.0), (7, -1.0)]
     assert m.num_rows_updated == 2
+
+
+def test_keys_with_their_event_time_expire_by_watermark(
+    make_runner: Runner, scanned: list[int]
+) -> None:
+    runner = make_runner(Deduplicate(TIMED, ["id", "ts"], event_time="ts"))
+    assert runner.op.key_schema.names[0] == "ts"  # the event time leads the state key
+    first = timed(range(KEPT), 100, "a") + timed(range(EXPIRED), 20, "a") + timed(range(2), None)
+    out, _ = runner.run(first, "append")
+    assert out.num_rows == KEPT + EXPIRED + 2
+    scanned[0] = 0
+    again = timed(range(3), 20, "dup") + timed(range(3), 100, "dup") + timed(range(2), None, "n")
+    out, m = runner.run(again, "append", watermark_ms=ms(50))
+    # At 20 s the rows are late (dropped before the state is read); the keys at 100 s and the
+    # null times are duplicates; then the keys at 20 s expire, and only they are scanned.
+    assert out.num_rows == 0
+    assert m.num_rows_dropped_by_watermark == 3
+    assert m.num_rows_removed == EXPIRED
+    assert scanned[0] == EXPIRED
+    assert m.max_event_time_ms == ms(100)  # late rows count toward the watermark
+
+
+def test_keys_without_event_time_are_kept_but_late_rows_dropped(make_runner: Runner) -> None:
+    runner = make_runner(Deduplicate(TIMED, ["id"], event_time="ts"))
+    runner.run(timed(range(3), 10, "a"), "append")
+    out, m = runner.run(
+        timed(range(2), 5, "late") + timed(range(2, 4), 60, "b"), "append", watermark_ms=ms(30)
+    )
+    assert [(r["id"], r["v"]) for r in out.to_pylist()] == [(3, "b")]
+    assert m.num_rows_dropped_by_watermark == 2 and m.num_rows_removed == 0
+
+
+def test_within_watermark_drops_a_key_until_its_first_row_expires(
+    make_runner: Runner, scanned: list[int]
+) -> None:
+    op = DeduplicateWithinWatermark(TIMED, ["id"], event_time="ts", delay_ms=10_000)
+    runner = make_runner(op)
+    out, m = runner.run(
+        timed(range(KEPT), 100, "a") + timed(range(KEPT, KEPT + EXPIRED), 20, "a"), "append"
+    )
+    assert out.num_rows == KEPT + EXPIRED and m.num_rows_updated == KEPT + EXPIRED
+    # Watermark 30 s: the keys first seen at 20 s expire at 30 s (20 s + the delay); their
+    # duplicates in this batch are still dropped, as Spark evicts after the input.
+    scanned[0] = 0
+    dups = timed(range(KEPT, KEPT + 2), 29, "dup") + timed(range(2), 120, "dup")
+    out, m = runner.run(dups, "append", watermark_ms=ms(30))
+    assert out.num_rows == 0
+    assert m.num_rows_removed == EXPIRED
+    assert scanned[0] == EXPIRED
+    out, m = runner.run(
+        timed(range(KEPT, KEPT + 2), 31, "again") + timed(range(1), 31, "dup"),
+        "append",
+        watermark_ms=ms(30),
+    )
+    assert [(r["id"], r["v"]) for r in out.to_pylist()] == [(KEPT, "again"), (KEPT + 1, "again")]
+    out, m = runner.run(timed(range(1), 25, "late"), "append", watermark_ms=ms(30))
+    assert out.num_rows == 0 and m.num_rows_dropped_by_watermark == 1

@@ -7,11 +7,10 @@ the operators' range scans return are counted, and must be the closed ones alone
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-import pytest
 
 from sparkstate.operators.aggregate import (
     EVENT_TIME_COLUMN,
@@ -22,7 +21,6 @@ from sparkstate.operators.aggregate import (
     buffer_column,
 )
 from sparkstate.operators.session_window import SessionWindowAggregate
-from sparkstate.store.base import StateStore
 
 from .conftest import OperatorRunner
 
@@ -39,29 +37,6 @@ def at(seconds: float) -> dt.datetime:
 
 def ms(seconds: float) -> int:
     return int(at(seconds).timestamp() * 1000)
-
-
-@pytest.fixture
-def scanned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Rows returned by every range scan of a store, counted as they are read."""
-    seen = [0]
-    pairs, chunks = StateStore.range_scan_encoded, StateStore.range_scan_encoded_chunks
-
-    def counting(self: StateStore, *args: Any, **kwargs: Any) -> Iterator[tuple[bytes, bytes]]:
-        for pair in pairs(self, *args, **kwargs):
-            seen[0] += 1
-            yield pair
-
-    def counting_chunks(
-        self: StateStore, *args: Any, **kwargs: Any
-    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
-        for keys, values in chunks(self, *args, **kwargs):
-            seen[0] += len(keys)
-            yield keys, values
-
-    monkeypatch.setattr(StateStore, "range_scan_encoded", counting)
-    monkeypatch.setattr(StateStore, "range_scan_encoded_chunks", counting_chunks)
-    return seen
 
 
 def window_rows(ends: list[float], keys: range) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ directory and the rule that picks one report per partition."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -114,3 +115,23 @@ def test_progress_sums_the_partitions_reports() -> None:
     assert entry["numRowsTotal"] == 10 and entry["numShufflePartitions"] == 2
     assert entry["customMetrics"]["rocksdbSstFileSize"] == 20
     assert progress["numInputRows"] == 4 and progress["batchId"] == 3
+
+
+def test_a_checkpoint_keeps_the_operator_ids_it_was_written_with(tmp_path: Path) -> None:
+    """Chains were numbered from the first step before they were numbered as Spark numbers
+    them (from the sink): a checkpoint written then restarts with its state where it is."""
+    from sparkstate.runtime.start import StartRequest, prepare_checkpoint
+
+    schema = pa.schema([("k", pa.string()), ("v", pa.int64())])
+    dedup, dedup_k = Deduplicate(schema, ["k", "v"]), Deduplicate(schema, ["k"])
+
+    def request(ids: tuple[int, int]) -> StartRequest:
+        ops = [{"id": i, **op.describe()} for i, op in zip(ids, (dedup, dedup_k), strict=True)]
+        return StartRequest(str(tmp_path), None, "memory", None, 2, "append", ops, False, False)
+
+    prepare_checkpoint(request((0, 1)))  # as written before
+    restarted = prepare_checkpoint(request((1, 0)))  # the same query, numbered from the sink
+    assert [o["id"] for o in restarted.metadata["operators"]] == [0, 1]
+    assert restarted.metadata["operators"][1]["columns"] == ["k"]
+    fresh = prepare_checkpoint(dataclasses.replace(request((1, 0)), location=str(tmp_path / "b")))
+    assert [o["id"] for o in fresh.metadata["operators"]] == [1, 0]

@@ -12,6 +12,7 @@ from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.initial_state import initial_state_of
 from sparkstate.engine.plan import (
+    ARBITRARY_FUNCTION_APIS,
     AggregateStep,
     ArbitraryStep,
     DedupStep,
@@ -49,7 +50,6 @@ from sparkstate.store.registry import provider_class, provider_name
 __all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]
 
 DEFAULT_PROVIDER = "memory"
-ARBITRARY_FUNCTION_APIS = ("applyInPandasWithState", "flatMapGroupsWithState")
 _ENGINE_OPTIONS = {"checkpointLocation", "stateLocation", "stateStore", "numPartitions"}
 _STORE_PREFIX = "stateStore."
 _MAINTENANCE = "stateStore.maintenanceIntervalSeconds"
@@ -129,6 +129,16 @@ class StatefulStream:
         return dataclasses.replace(self, steps=(*self.steps, DedupStep(cols)))
 
     drop_duplicates = dropDuplicates
+
+    def dropDuplicatesWithinWatermark(  # noqa: N802 - PySpark's name
+        self, subset: list[str] | None = None
+    ) -> StatefulStream:
+        """Keep the first row of every distinct ``subset`` (all columns if None), and drop the
+        key's later rows until the watermark passes that row's event time plus the delay."""
+        cols = tuple(subset) if subset else None
+        return dataclasses.replace(self, steps=(*self.steps, DedupStep(cols, True)))
+
+    drop_duplicates_within_watermark = dropDuplicatesWithinWatermark
 
     # --- stateless steps (PySpark's DataFrame methods) --------------------------------------------
     #
@@ -497,6 +507,8 @@ class DataStreamWriter:
         spark = df.sparkSession
         opts = dict(self._options)
         metadata = checkpoint.metadata
+        for stage, recorded in zip(stages, metadata["operators"], strict=True):
+            stage.op_id = int(recorded["id"])  # a checkpoint's own numbering (legacy ones)
         conf, maintenance_s = self._store_conf()
         num_partitions = int(metadata["num_partitions"])
         conf = dataclasses.replace(conf, num_partitions=num_partitions)

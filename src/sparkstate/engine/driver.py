@@ -262,7 +262,7 @@ class BatchDriver:
             batch_id=batch_id,
             started_s=started,
             durations_ms=timings,
-            operators={s.op_id: s.operator for s in self.stages},
+            operators={s.op_id: s.operator for s in sorted(self.stages, key=_op_id)},
             per_op=per_op,
             num_partitions=self.config.num_partitions,
             watermark_ms=intent.watermark_ms if self.tracker.delays_ms else None,
@@ -484,6 +484,10 @@ def _spark_checkpoint(location: str) -> DurableDir | None:
     except ConfigurationError:  # a Hadoop file system pyarrow does not reach
         log.info("cannot read Spark's checkpoint %s: rolled-back batches go unnoticed", location)
         return None
+
+
+def _op_id(stage: Stage) -> int:
+    return stage.op_id
 
 
 def _winning_reports(reports: list[TaskReport]) -> dict[tuple[int, int], TaskReport]:

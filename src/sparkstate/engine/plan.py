@@ -39,7 +39,7 @@ from sparkstate.operators.aggregate import (
     WindowKey,
 )
 from sparkstate.operators.base import StatefulOperator
-from sparkstate.operators.dedup import Deduplicate
+from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
 from sparkstate.operators.schemas import PickledState
 from sparkstate.operators.session_window import SessionWindowAggregate
@@ -76,9 +76,15 @@ class AggregateStep:
 
 @dataclasses.dataclass(frozen=True)
 class DedupStep:
-    """``dropDuplicates(columns)``; None means every column."""
+    """``dropDuplicates(columns)`` or ``dropDuplicatesWithinWatermark(columns)``; None means
+    every column."""
 
     columns: tuple[str, ...] | None
+    within_watermark: bool = False
+
+    @property
+    def api(self) -> str:
+        return "dropDuplicatesWithinWatermark" if self.within_watermark else "dropDuplicates"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +128,8 @@ Step = AggregateStep | DedupStep | ArbitraryStep | StatelessStep
 
 #: The APIs of ``ArbitraryStep`` that run a ``StatefulProcessor``.
 PROCESSOR_APIS = ("transformWithStateInPandas", "transformWithState")
+#: The APIs of ``ArbitraryStep`` that run a function with a ``GroupState``.
+ARBITRARY_FUNCTION_APIS = ("applyInPandasWithState", "flatMapGroupsWithState")
 
 
 @dataclasses.dataclass
@@ -350,28 +358,51 @@ def _with_watermark(df: DataFrame, event_time: str | None, delay_ms: int | None)
 
 
 def _plan_dedup(
-    op_id: int, df: DataFrame, step: DedupStep, event_time: str | None, watermark_present: bool
+    op_id: int,
+    df: DataFrame,
+    step: DedupStep,
+    event_time: str | None,
+    watermark_present: bool,
+    delay_ms: int | None,
 ) -> tuple[Stage, DataFrame]:
     columns = list(step.columns) if step.columns else list(df.columns)
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        msg = f"dropDuplicates: no column(s) {missing}; the stream has {df.columns}"
-        raise ConfigurationError(msg)
-    if event_time is not None and event_time in columns:
-        msg = (
-            f"dropDuplicates over the watermark column {event_time!r} is not supported yet; "
-            "drop the watermark or deduplicate on other columns"
-        )
+        msg = f"{step.api}: no column(s) {missing}; the stream has {df.columns}"
         raise ConfigurationError(msg)
     schema = arrow_schema(df.schema)
     has_event_time = event_time is not None and event_time in df.columns
-    operator = Deduplicate(
-        schema,
-        columns,
-        event_time=event_time if has_event_time else None,
-        no_data_batches=watermark_present,
-    )
-    return Stage(op_id, operator, df.schema, columns, lambda batch: batch), df
+    operator: Deduplicate
+    if step.within_watermark:
+        if not has_event_time or delay_ms is None:
+            msg = (
+                "dropDuplicatesWithinWatermark is not supported on streaming DataFrames/Datasets "
+                "without a watermark (as in Spark): call withWatermark() on the input first"
+            )
+            raise ConfigurationError(msg)
+        assert event_time is not None
+        operator = DeduplicateWithinWatermark(
+            schema, columns, event_time=event_time, delay_ms=delay_ms
+        )
+    else:
+        operator = Deduplicate(
+            schema,
+            columns,
+            event_time=event_time if has_event_time else None,
+            no_data_batches=watermark_present,
+        )
+    # Downstream steps find the event time as Spark's analyzer does, by the column's metadata.
+    planned = _with_watermark(df, event_time, delay_ms)
+    return Stage(op_id, operator, df.schema, columns, lambda batch: batch), planned
+
+
+def _event_time_of(df: DataFrame) -> str | None:
+    """The column of ``df`` the watermark is on (its delay in the column's metadata, where
+    Spark carries it through the operators), if any."""
+    for f in df.schema.fields:
+        if WATERMARK_DELAY_KEY in (f.metadata or {}) and _is_time(f.dataType):
+            return f.name
+    return None
 
 
 def _struct_of(schema: Any, what: str) -> StructType:
@@ -504,21 +535,13 @@ def plan_stages(
         if isinstance(step, StatelessStep):
             current = _plan_stateless(stages[-1], current, step, output_mode)
             continue
-        op_id = len(stages)
-        if stages and isinstance(stages[-1].operator, AGGREGATIONS):
-            msg = (
-                "a stateful step after an aggregation is not supported yet; "
-                "deduplicate before aggregating"
-            )
-            raise ConfigurationError(msg)
-        previous = stateful[op_id - 1]
-        if stages and isinstance(previous, ArbitraryStep):
-            msg = (
-                f"a stateful step after {previous.api} is not supported yet; "
-                "make the arbitrary-state step the last one"
-            )
-            raise ConfigurationError(msg)
-        watermark = event_time if op_id == 0 else None
+        position = len(stages)
+        op_id = len(stateful) - 1 - position  # Spark numbers them from the sink: the last is 0
+        if position:
+            _check_chain(stateful[:position], step, output_mode)
+        watermark = event_time if position == 0 else None
+        if position > 0 and isinstance(step, DedupStep) and event_time is not None:
+            watermark = _event_time_of(current)  # late rows and expiry as the first step's
         if isinstance(step, ArbitraryStep):
             stage, current = _plan_arbitrary(
                 op_id,
@@ -540,7 +563,9 @@ def plan_stages(
                 watermark_delay_ms,
             )
         else:
-            stage, current = _plan_dedup(op_id, current, step, watermark, event_time is not None)
+            stage, current = _plan_dedup(
+                op_id, current, step, watermark, event_time is not None, watermark_delay_ms
+            )
         stages.append(stage)
     aggs = [s.operator for s in stages if isinstance(s.operator, AGGREGATIONS)]
     has_agg = bool(aggs)
@@ -567,6 +592,42 @@ def plan_stages(
             stage.operator.check_output_mode(output_mode)
         _check_storable(stage)
     return stages
+
+
+#: Spark's error for a stateful step after one that may emit rows behind the watermark.
+CORRECTNESS_ERROR = (
+    "Detected pattern of possible 'correctness' issue due to global watermark. The query "
+    "contains stateful operation which can emit rows older than the current watermark plus "
+    'allowed late record delay, which are "late rows" in downstream stateful operations and '
+    "these rows can be discarded. (as in Spark: an aggregation emits such rows in {mode} output "
+    "mode; chain stateful steps after an aggregation in append mode)"
+)
+
+
+def _check_chain(before: Sequence[Step], step: Step, mode: str) -> None:
+    """Spark 4's rules for a stateful ``step`` after the stateful steps ``before``: in append
+    mode, anything after a deduplication or an aggregation but ``applyInPandasWithState`` /
+    ``flatMapGroupsWithState`` after an aggregation; in update mode, nothing after an
+    aggregation (its updates are "late rows" downstream). After an arbitrary-state step the
+    output has no watermark Spark could carry: not supported here yet."""
+    previous = before[-1]
+    if isinstance(previous, ArbitraryStep):
+        msg = (
+            f"a stateful step after {previous.api} is not supported yet; "
+            "make the arbitrary-state step the last one"
+        )
+        raise ConfigurationError(msg)
+    if not any(isinstance(s, AggregateStep) for s in before):
+        return
+    if isinstance(step, ArbitraryStep) and step.api in ARBITRARY_FUNCTION_APIS:
+        how = "after" if mode == "append" else "with"
+        msg = (
+            f"{step.api} in {mode} mode is not supported {how} aggregation on a streaming "
+            "DataFrame/Dataset (as in Spark)"
+        )
+        raise ConfigurationError(msg)
+    if mode != "append":
+        raise ConfigurationError(CORRECTNESS_ERROR.format(mode=mode))
 
 
 #: What a stateless step may be, by the DataFrame method's name.

@@ -2,13 +2,14 @@
 
 from sparkstate.operators.aggregate import AggregateFunction, StreamingAggregate
 from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
-from sparkstate.operators.dedup import Deduplicate
+from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 from sparkstate.operators.session_window import SessionWindowAggregate
 
 __all__ = [
     "AggregateFunction",
     "BatchContext",
     "Deduplicate",
+    "DeduplicateWithinWatermark",
     "OperatorMetrics",
     "SessionWindowAggregate",
     "StatefulOperator",

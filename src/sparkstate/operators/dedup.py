@@ -1,7 +1,15 @@
-"""Streaming deduplication: emit the first row of each key ever seen, drop the rest.
+"""Streaming deduplication: emit the first row of each key, drop the rest.
 
-The state holds one entry per key seen so far (an empty value). Within a batch the first row of a
-key in the partition's input order wins, as in Spark's ``StreamingDeduplicateExec``.
+Within a batch the first row of a key in the partition's input order wins, as in Spark's
+``StreamingDeduplicateExec``. With a watermark, rows at or below the previous batch's watermark
+are late and dropped first (Spark's rule), and state is evicted after the batch's input:
+
+* ``dropDuplicates(cols)``: a key is remembered until the watermark passes its event time, when
+  the event-time column is among ``cols`` (it leads the state key, so the expired keys are one
+  range scan from the start of the key space); forever otherwise.
+* ``dropDuplicatesWithinWatermark(cols)``: a key is remembered until the watermark reaches its
+  first row's event time plus the watermark's delay (Spark's ``expiresAtMicros``), found by a
+  range scan of an ``(expiry, key)`` index.
 """
 
 from __future__ import annotations
@@ -12,20 +20,26 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import conform, max_event_time_ms
+from sparkstate.operators._arrow import conform, is_late, max_event_time_ms, to_epoch_micros
 from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import StateStore
 
-__all__ = ["Deduplicate"]
+__all__ = ["Deduplicate", "DeduplicateWithinWatermark"]
 
 #: State value of a deduplication key: no columns are needed, but some codecs want one.
 DEDUP_VALUE_SCHEMA = pa.schema([pa.field("seen", pa.bool_())])
+#: State value of ``dropDuplicatesWithinWatermark``: when the key may be seen again (Spark's).
+EXPIRY_VALUE_SCHEMA = pa.schema([pa.field("expiresAtMicros", pa.int64(), nullable=False)])
+#: The ``(expiresAtMicros, key)`` index of ``dropDuplicatesWithinWatermark``.
+EXPIRY_CF = "$expires"
 
 
 class Deduplicate(StatefulOperator):
-    """``dropDuplicates(columns)`` without a watermark: every key is remembered forever."""
+    """``dropDuplicates(columns)``; with ``event_time`` among them, keys expire by watermark."""
 
     kind: ClassVar[str] = "dedup"
     progress_name: ClassVar[str] = "dedupe"
@@ -46,11 +60,14 @@ class Deduplicate(StatefulOperator):
         if not columns:
             columns = list(input_schema.names)
         self.columns = list(columns)
+        #: Whether keys expire: the event-time column is one of them, and leads the state key.
+        self.expires = event_time is not None and event_time in self.columns
+        key_order = self.columns
+        if event_time is not None and self.expires:
+            key_order = [event_time, *[c for c in self.columns if c != event_time]]
         self.input_schema = input_schema
         self.output_schema = input_schema
-        self.key_schema = pa.schema(
-            [input_schema.field(c).with_nullable(True) for c in self.columns]
-        )
+        self.key_schema = pa.schema([input_schema.field(c).with_nullable(True) for c in key_order])
         self.value_schema = DEDUP_VALUE_SCHEMA
         self.event_time = event_time
         #: Whether a watermark move asks for a batch (Spark's ``StreamingDeduplicateExec`` does
@@ -69,30 +86,123 @@ class Deduplicate(StatefulOperator):
         self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
     ) -> Iterator[pa.RecordBatch]:
         fam = store.column_family()
-        seen_value = fam.value_codec.encode_many(
-            pa.RecordBatch.from_pylist([{"seen": True}], schema=DEDUP_VALUE_SCHEMA)
-        )[0]
         m = ctx.metrics
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             m.num_input_rows += batch.num_rows
-            if self.event_time is not None:
-                m.observe_event_time(max_event_time_ms(batch.column(self.event_time)))
             started = time.perf_counter()
+            batch = self._drop_late(batch, ctx)
+            if batch.num_rows == 0:
+                continue
             keys, first_rows = _first_rows(
                 fam.key_codec.encode_many(conform(batch, self.key_schema))
             )
             stored = store.get_encoded_many(keys)
-            fresh = [i for i, raw in enumerate(stored) if raw is None]
-            if fresh:
-                store.put_encoded_many([keys[i] for i in fresh], [seen_value] * len(fresh))
-            m.num_rows_updated += len(fresh)
+            fresh = np.flatnonzero(np.fromiter((raw is None for raw in stored), bool, len(keys)))
+            if len(fresh):
+                rows = batch.take(pa.array(first_rows[fresh]))
+                self._remember(store, [keys[i] for i in fresh], rows)
+                m.num_rows_updated += len(fresh)
             m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
-            if fresh:
-                out = batch.take(pa.array(first_rows[fresh]))
-                m.num_output_rows += out.num_rows
-                yield conform(out, self.output_schema)
+            if len(fresh):
+                m.num_output_rows += rows.num_rows
+                yield conform(rows, self.output_schema)
+        started = time.perf_counter()
+        self._evict(store, ctx)
+        m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+
+    def _drop_late(self, batch: pa.RecordBatch, ctx: BatchContext) -> pa.RecordBatch:
+        """The batch without its late rows (counted); the event time observed first, as Spark's
+        watermark sees every input row."""
+        if self.event_time is None:
+            return batch
+        times = batch.column(self.event_time)
+        ctx.metrics.observe_event_time(max_event_time_ms(times))
+        late = is_late(times, ctx.watermark_for_late_rows_ms)
+        dropped = pc.sum(late).as_py() or 0
+        if not dropped:
+            return batch
+        ctx.metrics.num_rows_dropped_by_watermark += dropped
+        return batch.filter(pc.invert(late))
+
+    def _remember(self, store: StateStore, keys: list[bytes], rows: pa.RecordBatch) -> None:
+        seen = store.column_family().value_codec.encode((True,))
+        store.put_encoded_many(keys, [seen] * len(keys))
+
+    def _evict(self, store: StateStore, ctx: BatchContext) -> None:
+        """Remove the keys whose event time is at or below the watermark: the keys from the start
+        of the key space up to it (null event times, marker 0x00, never expire)."""
+        if not self.expires:
+            return
+        end = store.column_family().key_codec.encode_prefix((ctx.watermark_ms * 1000 + 1,))
+        doomed: list[bytes] = []
+        for kencs, _ in store.range_scan_encoded_chunks(b"\x01", end):
+            doomed += kencs
+        if doomed:
+            store.remove_encoded_many(doomed)
+            ctx.metrics.num_rows_removed += len(doomed)
+
+
+class DeduplicateWithinWatermark(Deduplicate):
+    """``dropDuplicatesWithinWatermark(columns)``: a key's first row is emitted and the key
+    remembered until the watermark reaches that row's event time plus ``delay_ms``."""
+
+    kind: ClassVar[str] = "dedup_within_watermark"
+    progress_name: ClassVar[str] = "dedupeWithinWatermark"
+
+    def __init__(
+        self,
+        input_schema: pa.Schema,
+        columns: list[str],
+        *,
+        event_time: str,
+        delay_ms: int,
+        no_data_batches: bool = True,
+    ) -> None:
+        super().__init__(
+            input_schema, columns, event_time=event_time, no_data_batches=no_data_batches
+        )
+        self.expires = False  # by the expiry index, not by the key
+        self.key_schema = pa.schema(
+            [input_schema.field(c).with_nullable(True) for c in self.columns]
+        )
+        self.value_schema = EXPIRY_VALUE_SCHEMA
+        self.delay_ms = delay_ms
+
+    def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
+        return {EXPIRY_CF: (index_key_schema(self.key_schema, "expires_us"), MARKER_SCHEMA)}
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["delay_ms"] = self.delay_ms
+        return out
+
+    def _remember(self, store: StateStore, keys: list[bytes], rows: pa.RecordBatch) -> None:
+        """Each key's expiry: its row's event time plus the delay (a null time counts as 0, as
+        Spark reads it)."""
+        assert self.event_time is not None
+        micros = pc.fill_null(to_epoch_micros(rows.column(self.event_time)), 0)
+        expires = pc.add(micros.cast(pa.int64()), self.delay_ms * 1000)
+        values = store.column_family().value_codec.encode_many(
+            pa.RecordBatch.from_arrays([expires], schema=EXPIRY_VALUE_SCHEMA)
+        )
+        store.put_encoded_many(keys, values)
+        index = TimestampIndex(EXPIRY_CF)
+        index.add_many(keys, expires.to_pylist())
+        index.flush(store)
+
+    def _evict(self, store: StateStore, ctx: BatchContext) -> None:
+        """Remove the keys whose expiry is at or below the watermark (Spark's
+        ``watermark >= expiresAtMicros``)."""
+        index = TimestampIndex(EXPIRY_CF)
+        due = index.due(store, ctx.watermark_ms * 1000)
+        if not due:
+            return
+        store.remove_encoded_many([k for _, k in due])
+        index.extend_removals(due)
+        index.flush(store)
+        ctx.metrics.num_rows_removed += len(due)
 
 
 def _first_rows(keys: list[bytes]) -> tuple[list[bytes], np.ndarray]:

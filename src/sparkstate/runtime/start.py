@@ -62,6 +62,18 @@ def engine_root_of(location: str) -> str:
     return f"{location}/{ENGINE_DIR}"
 
 
+def _recorded_ids(
+    recorded: list[dict[str, Any]], described: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The query's operators under the ids its checkpoint has them: checkpoints written before
+    the operators were numbered as Spark numbers them (from the sink) number them from the
+    first step, and their state stays where it is."""
+    ids = [int(o.get("id", -1)) for o in recorded]
+    if len(ids) != len(described) or sorted(ids) != sorted(o["id"] for o in described):
+        return described  # another query: check_restart says what changed
+    return [{**o, "id": i} for o, i in zip(described, ids, strict=True)]
+
+
 def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     """Resolve the checkpoint, check it can be written, and write or check its metadata."""
     location = canonical_location(request.location)
@@ -90,11 +102,10 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         }
         log_.write_metadata(metadata)
     else:
-        check_restart(
-            metadata, request.provider, requested, state_option, request.operators, log_.root
-        )
+        operators = _recorded_ids(metadata.get("operators", []), request.operators)
+        check_restart(metadata, request.provider, requested, state_option, operators, log_.root)
         recorded = {
-            "operators": request.operators,
+            "operators": operators,
             "clock": metadata.get("clock"),
             "state_location": state_option,
         }
