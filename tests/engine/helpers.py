@@ -193,9 +193,10 @@ class Differential:
 
     def run(
         self, spark: SparkSession, tmp: Path, provider: str | None
-    ) -> tuple[Collector, list[dict[str, Any]]]:
+    ) -> tuple[Collector, list[list[dict[str, Any]]]]:
         """sparkstate's query on ``provider``, or (None) Spark's own: the batches it delivered,
-        and the progress of its first stateful operator in each batch that has one."""
+        and the ``stateOperators`` of each batch's progress that has them (operator 0, the
+        last stateful step, first)."""
         feed = FileFeed(tmp / "input")
         collector = self.collector()
         progress: list[dict[str, Any]] = []
@@ -211,7 +212,7 @@ class Differential:
             handle = writer.trigger(availableNow=True).start()
             assert handle.awaitTermination(180), f"{self.name} did not end"
             progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
-        return collector, [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+        return collector, [p["stateOperators"] for p in progress if p.get("stateOperators")]
 
 
 def runs(
@@ -241,19 +242,30 @@ class SparkRuns:
     def __init__(self, spark: SparkSession, tmp: pytest.TempPathFactory) -> None:
         self.spark = spark
         self.tmp = tmp
-        self.results: dict[str, Collector] = {}
+        self.results: dict[str, tuple[Collector, list[list[dict[str, Any]]]]] = {}
 
     def of(self, case: Differential) -> Collector:
+        return self.run(case)[0]
+
+    def run(self, case: Differential) -> tuple[Collector, list[list[dict[str, Any]]]]:
+        """Spark's result of ``case``, as :meth:`Differential.run` returns it."""
         if case.name not in self.results:
             where = self.tmp.mktemp(f"spark-{case.name}")
-            self.results[case.name] = case.run(self.spark, where, None)[0]
+            self.results[case.name] = case.run(self.spark, where, None)
         return self.results[case.name]
 
     def check(
         self, case: Differential, tmp: Path, provider: str
     ) -> tuple[Collector, list[dict[str, Any]]]:
-        """Run sparkstate's query and assert it delivered Spark's batches: see
-        :meth:`Differential.run` for what it returns."""
-        ours, progress = case.run(self.spark, tmp, provider)
+        """Run sparkstate's query and assert it delivered Spark's batches: what it delivered,
+        and the progress of operator 0 (its last stateful step) in each batch."""
+        ours, operators = self.check_all(case, tmp, provider)
+        return ours, [ops[0] for ops in operators]
+
+    def check_all(
+        self, case: Differential, tmp: Path, provider: str
+    ) -> tuple[Collector, list[list[dict[str, Any]]]]:
+        """:meth:`check`, with the progress of every stateful operator."""
+        ours, operators = case.run(self.spark, tmp, provider)
         assert_same_as_spark(ours, self.of(case))
-        return ours, progress
+        return ours, operators

@@ -111,7 +111,7 @@ def test_progress_sums_the_partitions_reports() -> None:
         sink_description="NoopSink",
     )
     (entry,) = progress["stateOperators"]
-    assert entry["operatorName"] == op.progress_name
+    assert entry["operatorName"] == op.operator_name == "dedupe"
     assert entry["numRowsTotal"] == 10 and entry["numShufflePartitions"] == 2
     assert entry["customMetrics"]["rocksdbSstFileSize"] == 20
     assert progress["numInputRows"] == 4 and progress["batchId"] == 3

@@ -167,6 +167,11 @@ class StatefulOperator(ABC):
     output_schema: pa.Schema
 
     @property
+    def operator_name(self) -> str:
+        """``operatorName`` of this operator's line in the progress (``progress_name``)."""
+        return self.progress_name
+
+    @property
     def key_columns(self) -> list[str]:
         return list(self.key_schema.names)
 

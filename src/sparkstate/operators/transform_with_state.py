@@ -75,8 +75,14 @@ class TransformWithState(StatefulOperator):
     """Runs a ``StatefulProcessor`` on one partition's keys, batch after batch."""
 
     kind: ClassVar[str] = "transformWithState"
-    progress_name: ClassVar[str] = "transformWithStateExec"
+    progress_name: ClassVar[str] = "transformWithStateInPySparkExec"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
+
+    @property
+    def operator_name(self) -> str:
+        """Spark's: PySpark's ``transformWithStateInPandas`` and ``transformWithState`` run
+        as two operators of their own names."""
+        return "transformWithStateInPandasExec" if self.mode == "pandas" else self.progress_name
 
     def __init__(
         self,

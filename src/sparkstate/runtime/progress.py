@@ -43,7 +43,7 @@ def state_operator_progress(
     for name, ms in total.phase_ms.items():  # where the tasks' time went, summed over partitions
         custom[name] = round(ms)
     entry = {
-        "operatorName": operator.progress_name,
+        "operatorName": operator.operator_name,
         "numRowsTotal": rows_total,
         "numRowsUpdated": total.num_rows_updated,
         "allUpdatesTimeMs": total.all_updates_time_ms,
