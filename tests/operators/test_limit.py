@@ -76,3 +76,15 @@ def test_bad_limits_are_refused() -> None:
         StreamingLimit(pa.schema([("v", pa.int64())]), 1)
     with pytest.raises(ConfigurationError, match="update"):
         StreamingLimit(SCHEMA, 1).check_output_mode("update")
+
+
+def test_event_time_of_every_input_row_is_observed(make_runner: Runner) -> None:
+    """The watermark follows the input, as Spark's does, not only the rows the limit emits."""
+    schema = pa.schema([("t", pa.timestamp("us", tz="UTC")), (LIMIT_KEY, pa.int32())])
+    runner = make_runner(StreamingLimit(schema, 1, event_time="t"))
+    out, m = runner.run(
+        [{"t": 5_000_000, LIMIT_KEY: None}, {"t": 9_000_000, LIMIT_KEY: None}], "append"
+    )
+    assert out.num_rows == 1 and m.max_event_time_ms == 9_000
+    out, m = runner.run([{"t": 7_000_000, LIMIT_KEY: None}], "append")
+    assert out.num_rows == 0 and m.max_event_time_ms == 7_000
