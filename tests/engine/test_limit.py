@@ -1,6 +1,7 @@
 """The streaming limit against Spark's: ``limit(n)`` in append mode (the count kept in state
-across a restart), after ``dropDuplicates``, and after an aggregation in complete mode (a limit
-of each batch's result); and the queries Spark refuses, refused at ``start()``.
+across a restart), after ``dropDuplicates`` and after a windowed aggregation, before them, and
+after an aggregation in complete mode (a limit of each batch's result); and the queries Spark
+refuses, refused at ``start()``.
 
 Each case is the query as a PySpark user writes it, over one file per batch (so both systems see
 the rows of a batch in the same order); sparkstate runs it with only the input wrapped. Both run
@@ -25,13 +26,18 @@ import sparkstate as ss
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
-from .helpers import Differential, SparkRuns, runs
+from .helpers import Differential, SparkRuns, at, runs
 
 SCHEMA = "k string, v long"
+TIMED = "k string, ts timestamp"
 
 
 def rows(k: str, *values: int) -> list[dict[str, Any]]:
     return [{"k": k, "v": v} for v in values]
+
+
+def timed(k: str, *seconds: int) -> list[dict[str, Any]]:
+    return [{"k": k, "ts": at(t)} for t in seconds]
 
 
 def wrap(df: DataFrame, ours: bool) -> Any:
@@ -71,6 +77,39 @@ CASES = [
         "complete",
         lambda df, ours: wrap(df, ours).groupBy("k").count().orderBy(F.desc("count"), "k").limit(2),
     ),
+    # a limit of the windows the watermark closes: none until the batch after the second file,
+    # which closes two (the limit), then one more, not emitted
+    Differential(
+        "window-limit-append",
+        TIMED,
+        [timed("a", 1, 4, 12), timed("b", 25), timed("c", 41)],
+        "append",
+        lambda df, ours: (
+            wrap(df.withWatermark("ts", "5 seconds"), ours)
+            .groupBy(F.window("ts", "10 seconds"))
+            .count()
+            .limit(2)
+        ),
+        restart_after=2,
+    ),
+    # the first 4 rows of the stream, deduplicated: a and b, the restart, c (a 4th row), nothing
+    Differential(
+        "limit-dedup-append",
+        SCHEMA,
+        [rows("a", 1, 2) + rows("b", 3), rows("c", 4) + rows("d", 5), rows("e", 6)],
+        "append",
+        lambda df, ours: wrap(df, ours).limit(4).dropDuplicates(["k"]),
+        restart_after=1,
+    ),
+    # counts of the first 5 rows of the stream, the whole result every batch
+    Differential(
+        "limit-count-complete",
+        SCHEMA,
+        [rows("a", 1, 2) + rows("b", 3), rows("b", 4) + rows("c", 5, 6), rows("d", 7)],
+        "complete",
+        lambda df, ours: wrap(df, ours).limit(5).groupBy("k").count(),
+        restart_after=1,
+    ),
 ]
 
 
@@ -96,6 +135,13 @@ def test_limit_matches_spark(
         assert {op["numRowsTotal"] for op in ops} == {1}
     if case.name == "dedup-limit-append":
         assert delivered == [2, 1, 1, 0]
+    if case.name == "window-limit-append":
+        assert [len(rows) for rows in ours.batches.values() if rows] == [2]
+        assert {op["operatorName"] for op in ops} == {"globalLimit"}  # op 0, as Spark numbers
+    if case.name == "limit-dedup-append":
+        assert delivered == [2, 1, 0]
+    if case.name == "limit-count-complete":
+        assert ours.batches[max(ours.batches)] == [("a", 2), ("b", 2), ("c", 1)]
     if case.name == "top-2-complete":
         assert delivered == [2, 2, 2]
         metadata = json.loads((tmp_path / "checkpoint/sparkstate/metadata.json").read_text())
