@@ -16,6 +16,7 @@ from sparkstate.engine.plan import (
     AggregateStep,
     ArbitraryStep,
     DedupStep,
+    LimitStep,
     Stage,
     StatelessStep,
     Step,
@@ -139,6 +140,12 @@ class StatefulStream:
         return dataclasses.replace(self, steps=(*self.steps, DedupStep(cols, True)))
 
     drop_duplicates_within_watermark = dropDuplicatesWithinWatermark
+
+    def limit(self, num: int) -> StatefulStream:
+        """At most ``num`` rows, as Spark's streaming limit: in append mode over the whole life
+        of the query (the count kept in state, so a restart goes on from it); right after an
+        aggregation in complete mode, the first ``num`` rows of each batch's result."""
+        return dataclasses.replace(self, steps=(*self.steps, LimitStep(num)))
 
     # --- stateless steps (PySpark's DataFrame methods) --------------------------------------------
     #

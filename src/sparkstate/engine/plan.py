@@ -41,6 +41,7 @@ from sparkstate.operators.aggregate import (
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
+from sparkstate.operators.limit import LIMIT_KEY, StreamingLimit
 from sparkstate.operators.schemas import PickledState
 from sparkstate.operators.session_window import SessionWindowAggregate
 from sparkstate.operators.transform_with_state import TransformWithState
@@ -58,6 +59,7 @@ __all__ = [
     "AggregateStep",
     "ArbitraryStep",
     "DedupStep",
+    "LimitStep",
     "Stage",
     "StatelessStep",
     "Step",
@@ -85,6 +87,14 @@ class DedupStep:
     @property
     def api(self) -> str:
         return "dropDuplicatesWithinWatermark" if self.within_watermark else "dropDuplicates"
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitStep:
+    """``limit(num)``: stateful in append mode, a per-batch limit of the result in complete
+    mode (as Spark plans it), refused in update mode."""
+
+    num: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +134,7 @@ class StatelessStep:
         return result
 
 
-Step = AggregateStep | DedupStep | ArbitraryStep | StatelessStep
+Step = AggregateStep | DedupStep | ArbitraryStep | LimitStep | StatelessStep
 
 #: The APIs of ``ArbitraryStep`` that run a ``StatefulProcessor``.
 PROCESSOR_APIS = ("transformWithStateInPandas", "transformWithState")
@@ -405,6 +415,72 @@ def _event_time_of(df: DataFrame) -> str | None:
     return None
 
 
+#: Spark's limit takes a Java int.
+MAX_LIMIT = 2**31 - 1
+
+
+def _check_limit(step: LimitStep) -> int:
+    """The number of rows of ``limit(num)``, refused where Spark refuses it."""
+    num = step.num
+    if isinstance(num, bool) or not isinstance(num, int) or num > MAX_LIMIT:
+        msg = (
+            f"limit({num!r}): the number of rows must be an int of at most {MAX_LIMIT} (as in "
+            "Spark, whose limit takes a Java int)"
+        )
+        raise ConfigurationError(msg)
+    if num < 0:
+        msg = (
+            f"limit({num}): the limit expression must be equal to or greater than 0, but got "
+            f"{num} (as in Spark)"
+        )
+        raise ConfigurationError(msg)
+    return num
+
+
+def _with_limits_checked(steps: Sequence[Step], mode: str) -> list[Step]:
+    """``steps`` with every ``limit()`` checked as Spark checks it; one right after an
+    aggregation in complete mode becomes a limit of each batch's result, as Spark plans it (no
+    state). The others are stateful steps of their own."""
+    out: list[Step] = []
+    for step in steps:
+        if isinstance(step, LimitStep):
+            num = _check_limit(step)
+            if mode == "update":
+                msg = (
+                    "Limits are not supported on streaming DataFrames/Datasets in Update output "
+                    "mode (as in Spark); use outputMode('append'), or outputMode('complete') for "
+                    "a limit after an aggregation"
+                )
+                raise ConfigurationError(msg)
+            before = [s for s in out if not isinstance(s, StatelessStep)]
+            if mode == "complete" and before and isinstance(before[-1], AggregateStep):
+                step = StatelessStep("limit", (num,))
+        out.append(step)
+    return out
+
+
+def _plan_limit(
+    op_id: int, df: DataFrame, step: LimitStep, event_time: str | None
+) -> tuple[Stage, DataFrame]:
+    """The streaming limit: every row to the one partition whose store keeps the count (the
+    input shuffled by a constant column, the key of that count)."""
+    num = _check_limit(step)
+    if LIMIT_KEY in df.columns:
+        msg = f"limit(): the column name {LIMIT_KEY!r} is taken by sparkstate; rename the column"
+        raise ConfigurationError(msg)
+
+    def prepare(batch: DataFrame) -> DataFrame:
+        return batch.withColumn(LIMIT_KEY, F.lit(None).cast("int"))
+
+    has_event_time = event_time is not None and event_time in df.columns
+    operator = StreamingLimit(
+        arrow_schema(prepare(df).schema),
+        num,
+        event_time=event_time if has_event_time else None,
+    )
+    return Stage(op_id, operator, df.schema, [LIMIT_KEY], prepare), df
+
+
 def _struct_of(schema: Any, what: str) -> StructType:
     """A Spark ``StructType`` from a StructType or a DDL string (``"key long, count long"``)."""
     if isinstance(schema, StructType):
@@ -530,6 +606,7 @@ def plan_stages(
         raise ConfigurationError(msg)
     stages: list[Stage] = []
     current = df
+    steps = _with_limits_checked(steps, output_mode)
     stateful = [s for s in steps if not isinstance(s, StatelessStep)]
     for step in steps:
         if isinstance(step, StatelessStep):
@@ -562,6 +639,8 @@ def plan_stages(
                 output_mode,
                 watermark_delay_ms,
             )
+        elif isinstance(step, LimitStep):
+            stage, current = _plan_limit(op_id, current, step, watermark)
         else:
             stage, current = _plan_dedup(
                 op_id, current, step, watermark, event_time is not None, watermark_delay_ms

@@ -3,6 +3,7 @@
 from sparkstate.operators.aggregate import AggregateFunction, StreamingAggregate
 from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
+from sparkstate.operators.limit import StreamingLimit
 from sparkstate.operators.session_window import SessionWindowAggregate
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "SessionWindowAggregate",
     "StatefulOperator",
     "StreamingAggregate",
+    "StreamingLimit",
 ]
