@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,25 @@ def assert_same_as_spark(ours: Collector, theirs: Collector) -> None:
         for b, rows in theirs.batches.items()
     }
     assert ours.batches == expected
+
+
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+@contextlib.contextmanager
+def spark_rocksdb(spark: SparkSession) -> Iterator[None]:
+    """Spark's queries started inside use its RocksDB provider (its transformWithState needs
+    it); the session's setting is restored after."""
+    previous = spark.conf.get(PROVIDER_CONF, None)
+    spark.conf.set(PROVIDER_CONF, SPARK_ROCKSDB)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(PROVIDER_CONF)
+        else:
+            spark.conf.set(PROVIDER_CONF, previous)
 
 
 def source(spark: SparkSession, feed: FileFeed, schema: str) -> DataFrame:

@@ -29,13 +29,11 @@ from sparkstate import functions as SF
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import FileFeed
 
-from .helpers import Differential, SparkRuns, at, runs
+from .helpers import Differential, SparkRuns, at, runs, spark_rocksdb
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SCHEMA = "k string, ts timestamp, v long"
-PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def row(k: str, t: int, v: int) -> dict[str, Any]:
@@ -109,17 +107,10 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> SparkRuns:
-    previous = spark.conf.get(PROVIDER_CONF, None)
-    spark.conf.set(PROVIDER_CONF, ROCKSDB)  # Spark's transformWithState needs it
     runs = SparkRuns(spark, tmp_path_factory)
-    try:
+    with spark_rocksdb(spark):
         for c in CASES:
             runs.run(c)
-    finally:
-        if previous is None:
-            spark.conf.unset(PROVIDER_CONF)
-        else:
-            spark.conf.set(PROVIDER_CONF, previous)
     return runs
 
 

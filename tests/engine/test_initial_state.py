@@ -23,7 +23,7 @@ import sparkstate as ss
 from sparkstate.exceptions import ConfigurationError
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, same_schema, source
+from .helpers import Collector, same_schema, source, spark_rocksdb
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -40,8 +40,6 @@ BATCHES: list[list[dict[str, Any]]] = [
     [{"k": "a", "v": 5}, {"k": "z", "v": 6}],  # the restarted run starts here
 ]
 RESTART_AFTER = 2
-RocksDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
 def _processor_base() -> type:
@@ -123,16 +121,9 @@ def _writer(df: Any, checkpoint: Path, collector: Collector, **options: str) -> 
 def _spark_run(spark: SparkSession, path: Path, pandas: bool) -> Collector:
     feed = FileFeed(path / "input")
     collector = Collector()
-    previous = spark.conf.get(PROVIDER_CONF, None)
-    spark.conf.set(PROVIDER_CONF, RocksDB)  # Spark's transformWithState needs it
-    try:
+    with spark_rocksdb(spark):
         df = _apply(source(spark, feed, SCHEMA).groupBy("k"), pandas, _initial(spark), True)
         _run(feed, collector, lambda: _writer(df, path / "chk", collector), BATCHES)
-    finally:
-        if previous is None:
-            spark.conf.unset(PROVIDER_CONF)
-        else:
-            spark.conf.set(PROVIDER_CONF, previous)
     return collector
 
 

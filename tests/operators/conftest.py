@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,20 @@ try:  # the rocksdb provider lands separately; test it once it is there
     PROVIDERS.append("rocksdb")
 except Exception:  # noqa: BLE001 - any import problem means "not available yet"
     pass
+
+
+#: The event times of the operator tests count from here.
+BASE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+
+
+def at(seconds: float) -> dt.datetime:
+    """The event time ``seconds`` after :data:`BASE`."""
+    return BASE + dt.timedelta(seconds=seconds)
+
+
+def ms(seconds: float) -> int:
+    """:func:`at` in epoch milliseconds, as watermarks are given."""
+    return int(at(seconds).timestamp() * 1000)
 
 
 class OperatorRunner:

@@ -3,7 +3,6 @@ watermark, late rows dropped and keys expired by range scans that read only what
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
@@ -13,22 +12,13 @@ import pytest
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 
-from .conftest import OperatorRunner
+from .conftest import OperatorRunner, at, ms
 
 SCHEMA = pa.schema([("k", pa.string()), ("j", pa.int64()), ("v", pa.float64())])
 Runner = Callable[[Deduplicate], OperatorRunner]
 TIMED = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC")), ("v", pa.string())])
-BASE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 KEPT = 5_000  # keys the watermark leaves alone: a full scan would read all of them
 EXPIRED = 7
-
-
-def at(seconds: float) -> dt.datetime:
-    return BASE + dt.timedelta(seconds=seconds)
-
-
-def ms(seconds: float) -> int:
-    return int(at(seconds).timestamp() * 1000)
 
 
 def timed(ids: range, seconds: float | None, v: str = "") -> list[dict[str, Any]]:

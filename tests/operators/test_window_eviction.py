@@ -6,7 +6,6 @@ the operators' range scans return are counted, and must be the closed ones alone
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
@@ -22,21 +21,12 @@ from sparkstate.operators.aggregate import (
 )
 from sparkstate.operators.session_window import SessionWindowAggregate
 
-from .conftest import OperatorRunner
+from .conftest import OperatorRunner, at, ms
 
 Runner = Callable[[Any], OperatorRunner]
 TS = pa.timestamp("us", tz="UTC")
-BASE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 OPEN = 20_000  # windows the watermark leaves open: a full scan would read all of them
 CLOSED = 7
-
-
-def at(seconds: float) -> dt.datetime:
-    return BASE + dt.timedelta(seconds=seconds)
-
-
-def ms(seconds: float) -> int:
-    return int(at(seconds).timestamp() * 1000)
 
 
 def window_rows(ends: list[float], keys: range) -> list[dict[str, Any]]:
