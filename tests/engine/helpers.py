@@ -89,11 +89,12 @@ SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStor
 
 
 @contextlib.contextmanager
-def spark_rocksdb(spark: SparkSession) -> Iterator[None]:
-    """Spark's queries started inside use its RocksDB provider (its transformWithState needs
-    it); the session's setting is restored after."""
+def spark_rocksdb(spark: SparkSession, wanted: bool = True) -> Iterator[None]:
+    """Spark's queries started inside use its RocksDB provider when ``wanted`` (its
+    transformWithState needs it); the session's setting is restored after."""
     previous = spark.conf.get(PROVIDER_CONF, None)
-    spark.conf.set(PROVIDER_CONF, SPARK_ROCKSDB)
+    if wanted:
+        spark.conf.set(PROVIDER_CONF, SPARK_ROCKSDB)
     try:
         yield
     finally:

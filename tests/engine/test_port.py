@@ -10,7 +10,6 @@ batches Spark runs included.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator
@@ -30,14 +29,13 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PROVIDERS
+from .helpers import spark_rocksdb
 
 # The user function is shipped to the Python workers by value (they cannot import this module).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SCHEMA = "k string, ts timestamp, v long"
 ALLOW_MULTIPLE = "spark.sql.streaming.statefulOperator.allowMultiple"
-PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 FILES = 8
 
 
@@ -215,21 +213,6 @@ def run_twice(
             handle = writer.trigger(availableNow=True).start()
             assert handle.awaitTermination(180), f"{case.name}: run {run} did not end"
     return collector
-
-
-@contextlib.contextmanager
-def spark_rocksdb(spark: SparkSession, wanted: bool) -> Iterator[None]:
-    """Spark's RocksDB state store for Spark's queries (its transformWithState needs it)."""
-    previous = spark.conf.get(PROVIDER_CONF, None)
-    if wanted:
-        spark.conf.set(PROVIDER_CONF, ROCKSDB)
-    try:
-        yield
-    finally:
-        if previous is None:
-            spark.conf.unset(PROVIDER_CONF)
-        else:
-            spark.conf.set(PROVIDER_CONF, previous)
 
 
 @pytest.fixture(scope="module")
