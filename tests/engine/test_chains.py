@@ -114,7 +114,11 @@ def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
     return runs
 
 
-@pytest.mark.parametrize(("case", "provider"), runs(CASES, on_memory=("window-window",)))
+#: The three-step chain on every provider, the two-step ones on one each.
+RUNS = runs(CASES, on_memory=("window-window",), on_both=("dedup-window-window",))
+
+
+@pytest.mark.parametrize(("case", "provider"), RUNS)
 def test_chain_matches_spark(
     spark_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str
 ) -> None:
