@@ -65,3 +65,32 @@ def test_order_lists_each_key_once() -> None:
     data[b"c"] = b""
     order.added([b"c"])
     assert order.keys(data) == [b"a", b"b", b"c"]
+
+
+def test_removed_runs_and_scattered_keys_follow_a_model() -> None:
+    """Evictions remove a run of the order (cut out at once), other removals scattered keys
+    (skipped until dropped); either way the order lists the map's keys, each once."""
+    rng = random.Random(11)
+    data: dict[bytes, bytes] = {}
+    order = KeyOrder()
+    order.keys(data)  # tracking from the start
+    for _ in range(300):
+        fresh = [rng.randrange(500).to_bytes(2, "big") for _ in range(rng.randrange(30))]
+        new = list(dict.fromkeys(k for k in fresh if k not in data))
+        data.update(dict.fromkeys(new, b""))
+        order.added(new)
+        listed = [k for k in order.keys(data) if k in data]
+        assert listed == sorted(data)
+        if not listed:
+            continue
+        lo = rng.randrange(len(listed))
+        if rng.random() < 0.6:  # a run, as a range scan gives it
+            doomed = listed[lo : lo + rng.randrange(1, 40)]
+        else:
+            doomed = rng.sample(listed, min(len(listed), rng.randrange(1, 10)))
+        for k in doomed:
+            del data[k]
+        order.removed(doomed)
+        current = order.keys(data)
+        assert len(current) == len(set(current))
+        assert [k for k in current if k in data] == sorted(data)
