@@ -94,3 +94,34 @@ def test_removed_runs_and_scattered_keys_follow_a_model() -> None:
         current = order.keys(data)
         assert len(current) == len(set(current))
         assert [k for k in current if k in data] == sorted(data)
+
+
+def test_workers_taking_turns_catch_up_from_their_own_older_version(tmp_path: Path) -> None:
+    """Two workers (two providers) run a partition's batches in a random order, as PySpark's
+    pooled workers do: each catches up from the version it last held by replaying the others'
+    deltas, and its scans and reads match the model."""
+    rng = random.Random(5)
+    factory = ProviderFactory(
+        "memory",
+        str(tmp_path / "checkpoint"),
+        str(tmp_path / "local"),
+        key_schema=KEY,
+        value_schema=VALUE,
+    )
+    workers = [factory.open(), factory.open()]
+    model: dict[int, int] = {}
+    version, checkpoint_id = 0, None
+    for _ in range(20):
+        store = rng.choice(workers).get_store(version, checkpoint_id)
+        assert [(k, v) for (k,), (v,) in store.range_scan()] == sorted(model.items())
+        for k in rng.sample(range(200), 40):
+            store.put((k,), (version,))
+            model[k] = version
+        lo = rng.randrange(200)
+        doomed = [k for (k,), _ in store.range_scan((lo,), (lo + 30,))]
+        for k in doomed:
+            store.remove((k,))
+            del model[k]
+        version = store.commit()
+        checkpoint_id = store.checkpoint_id
+    factory.close_all()

@@ -328,9 +328,16 @@ def _apply(
     """Apply one delta (each key once: its value, or None for removed) to ``data`` and the key
     order, in bulk calls: a catching-up worker replays a batch's changes in a fraction of the
     batch's time."""
-    deleted = list(itertools.compress(keys, map(operator.is_, values, itertools.repeat(None))))
+    is_delete = list(map(operator.is_, values, itertools.repeat(None)))
+    if True not in is_delete:
+        puts, put_values, deleted = keys, cast("list[bytes]", values), []
+    else:
+        kept = [not d for d in is_delete]
+        puts = list(itertools.compress(keys, kept))
+        put_values = cast("list[bytes]", list(itertools.compress(values, kept)))
+        deleted = [k for k in itertools.compress(keys, is_delete) if k in data]
     if order.tracking:
-        order.added([k for k in keys if k not in data])
-    data.update(zip(keys, values, strict=True))
+        order.added([k for k in puts if k not in data])
+    data.update(zip(puts, put_values, strict=True))
     collections.deque(map(data.pop, deleted), maxlen=0)
     order.removed(deleted)
