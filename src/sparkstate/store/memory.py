@@ -74,17 +74,12 @@ class KeyOrder:
         current = self._sorted
         if current is None or not keys:
             return
-        if not self._new and not self._removed:
-            lo = bisect.bisect_left(current, keys[0])
-            hi = lo + len(keys)
-            if (
-                hi <= len(current)
-                and current[hi - 1] == keys[-1]
-                and all(map(operator.lt, keys, itertools.islice(keys, 1, None)))
-            ):  # sorted, distinct, every one in the list: exactly current[lo:hi]
-                self._sorted = current[:lo] + current[hi:]
-                return
-        self._removed.update(keys)
+        lo = bisect.bisect_left(current, keys[0])
+        hi = lo + len(keys)
+        if current[lo:hi] == keys:
+            self._sorted = current[:lo] + current[hi:]
+        else:
+            self._removed.update(keys)
 
     def keys(self, data: dict[bytes, bytes]) -> list[bytes]:
         current, removed = self._sorted, self._removed
