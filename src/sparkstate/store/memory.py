@@ -69,17 +69,19 @@ class KeyOrder:
         self._new.extend(keys)
 
     def removed(self, keys: list[bytes]) -> None:
-        """Keys just removed from the map (each once). A run of the order, as an eviction's
-        range scan removes, is cut out of the list at once; other keys wait in ``_removed``."""
+        """Keys just removed from the map (each once). A large run of the order, as an
+        eviction's range scan removes, is cut out of the list at once; other keys wait in
+        ``_removed``."""
         current = self._sorted
         if current is None or not keys:
             return
-        lo = bisect.bisect_left(current, keys[0])
-        hi = lo + len(keys)
-        if current[lo:hi] == keys:
-            self._sorted = current[:lo] + current[hi:]
-        else:
-            self._removed.update(keys)
+        if len(keys) > len(current) // 16:  # cutting copies the list: only for a large run
+            lo = bisect.bisect_left(current, keys[0])
+            hi = lo + len(keys)
+            if current[lo:hi] == keys:
+                self._sorted = current[:lo] + current[hi:]
+                return
+        self._removed.update(keys)
 
     def keys(self, data: dict[bytes, bytes]) -> list[bytes]:
         current, removed = self._sorted, self._removed
@@ -252,10 +254,11 @@ class MemoryStateStoreProvider(VersionedProvider):
             plan, snap = self.load(target, index, self._read_snapshot, local=local)
             from_local = plan.from_local and local is not None
             data = dict(self._cache[local]) if from_local and local else (snap or {})
-            order = self._orders.get(local) if from_local and local else None
-            order = order.copy() if order is not None else KeyOrder()
+            # The key order starts again (one sort at the first scan): replaying each delta's
+            # changes into it costs more than that sort when the removals are scattered.
+            order = KeyOrder()
             for _, log in plan.changelogs:
-                _apply(data, log.keys, log.values, order)
+                _apply(data, log.keys, log.values)
             if read_only:  # a writable store's version is cached when it commits
                 self.remember(target, data, order)
             load_ms = int((time.perf_counter() - start) * 1000)
@@ -317,12 +320,9 @@ class MemoryStateStoreProvider(VersionedProvider):
         self._orders.clear()
 
 
-def _apply(
-    data: dict[bytes, bytes], keys: list[bytes], values: list[bytes | None], order: KeyOrder
-) -> None:
-    """Apply one delta (each key once: its value, or None for removed) to ``data`` and the key
-    order, in bulk calls: a catching-up worker replays a batch's changes in a fraction of the
-    batch's time."""
+def _apply(data: dict[bytes, bytes], keys: list[bytes], values: list[bytes | None]) -> None:
+    """Apply one delta (each key once: its value, or None for removed) to ``data`` in bulk
+    calls: a catching-up worker replays a batch's changes in a fraction of the batch's time."""
     is_delete = list(map(operator.is_, values, itertools.repeat(None)))
     if True not in is_delete:
         puts, put_values, deleted = keys, cast("list[bytes]", values), []
@@ -331,8 +331,5 @@ def _apply(
         puts = list(itertools.compress(keys, kept))
         put_values = cast("list[bytes]", list(itertools.compress(values, kept)))
         deleted = [k for k in itertools.compress(keys, is_delete) if k in data]
-    if order.tracking:
-        order.added([k for k in puts if k not in data])
     data.update(zip(puts, put_values, strict=True))
     collections.deque(map(data.pop, deleted), maxlen=0)
-    order.removed(deleted)
