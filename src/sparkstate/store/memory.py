@@ -256,21 +256,10 @@ class MemoryStateStoreProvider(VersionedProvider):
             data = dict(self._cache[local]) if from_local and local else (snap or {})
             # The key order starts again (one sort at the first scan): replaying each delta's
             # changes into it costs more than that sort when the removals are scattered.
-            order = KeyOrder()
             for _, log in plan.changelogs:
                 _apply(data, log.keys, log.values)
             if read_only:  # a writable store's version is cached when it commits
-                self.remember(target, data, order)
-            load_ms = int((time.perf_counter() - start) * 1000)
-            return MemoryStateStore(
-                self,
-                target,
-                version,
-                data,
-                read_only=read_only,
-                load_time_ms=load_ms,
-                key_order=order,
-            )
+                self.remember(target, data)
         load_ms = int((time.perf_counter() - start) * 1000)
         order = self._orders.get(target) if target is not None else None
         return MemoryStateStore(
