@@ -73,6 +73,11 @@ class OperatorMetrics:
     max_event_time_ms: int | None = None
     #: Earliest processing-time timeout or timer left after the batch (None: none pending).
     next_timer_ms: int | None = None
+    #: Per named input of an operator with several (a join's sides): its largest event time.
+    max_event_time_by_input: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Rows in state after the batch, where the operator counts them itself (a join keeps many
+    #: rows under one key); None: the store's key count is the row count.
+    num_rows_total: int | None = None
     #: Wall time of the operator's phases in milliseconds, by progress name (``groupingTimeMs``,
     #: ``userFunctionTimeMs``, ...): where a task's time went, shown in ``customMetrics``.
     phase_ms: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -82,6 +87,15 @@ class OperatorMetrics:
             self.max_event_time_ms is None or millis > self.max_event_time_ms
         ):
             self.max_event_time_ms = millis
+
+    def observe_input_event_time(self, name: str, millis: int | None) -> None:
+        """The largest event time of input ``name`` (and of the whole input)."""
+        if millis is None:
+            return
+        self.observe_event_time(millis)
+        old = self.max_event_time_by_input.get(name)
+        if old is None or millis > old:
+            self.max_event_time_by_input[name] = millis
 
     def observe_timer(self, millis: int | None) -> None:
         if millis is not None and (self.next_timer_ms is None or millis < self.next_timer_ms):
@@ -101,6 +115,7 @@ class OperatorMetrics:
         names = {f.name for f in dataclasses.fields(cls)}
         out = cls(**{k: v for k, v in data.items() if k in names})
         out.phase_ms = dict(out.phase_ms)  # never shared with ``data``
+        out.max_event_time_by_input = dict(out.max_event_time_by_input)
         return out
 
     def merge(self, other: OperatorMetrics) -> None:
@@ -110,6 +125,12 @@ class OperatorMetrics:
                 self.observe_event_time(other.max_event_time_ms)
             elif field.name == "next_timer_ms":
                 self.observe_timer(other.next_timer_ms)
+            elif field.name == "max_event_time_by_input":
+                for name, at in other.max_event_time_by_input.items():
+                    self.observe_input_event_time(name, at)
+            elif field.name == "num_rows_total":
+                if other.num_rows_total is not None:
+                    self.num_rows_total = (self.num_rows_total or 0) + other.num_rows_total
             elif field.name == "phase_ms":
                 for name, ms in other.phase_ms.items():
                     self.phase_ms[name] = self.phase_ms.get(name, 0.0) + ms

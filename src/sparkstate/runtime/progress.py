@@ -33,7 +33,7 @@ def state_operator_progress(
     rows_total = memory = 0
     for r in reports:
         total.merge(r.operator)
-        rows_total += r.store.num_keys
+        rows_total += r.rows_in_state
         memory += r.store.memory_used_bytes
         commit_ms += r.store.commit_time_ms
         load_ms += r.store.load_time_ms

@@ -75,6 +75,13 @@ class TaskReport:
     #: Rows a catch-up commit's timeout pass emitted after the sink had consumed the batch.
     num_output_rows_dropped: int = 0
 
+    @property
+    def rows_in_state(self) -> int:
+        """Rows in the partition's state: the operator's count where it keeps one, else the
+        store's keys."""
+        counted = self.operator.num_rows_total
+        return self.store.num_keys if counted is None else counted
+
     def to_json(self) -> str:
         return _dumps(
             {
@@ -158,7 +165,7 @@ class OperatorCommit:
         ordered = sorted(reports, key=lambda r: r.partition)
         return cls(
             checkpoint_ids={r.partition: r.checkpoint_id for r in ordered},
-            num_rows_total=sum(r.store.num_keys for r in reports),
+            num_rows_total=sum(r.rows_in_state for r in reports),
         )
 
 
