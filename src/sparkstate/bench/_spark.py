@@ -25,10 +25,12 @@ for finding where time goes, not for ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -422,12 +424,14 @@ def _child(spec: BenchSpec, system: str, workdir: str) -> dict[str, Any]:
             for line in proc.stdout:
                 if line.startswith(RESULT_PREFIX):
                     result = json.loads(line[len(RESULT_PREFIX) :])
-                else:
-                    print(line, end="", flush=True)
+                    break  # the last line: a JVM left behind may hold the pipe open
+                print(line, end="", flush=True)
             proc.wait(timeout=spec.timeout_s + 120)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        finally:
+            _kill_group(proc.pid)
     if result is None or "error" in result:
         with open(stderr_path) as err:
             tail = err.read()[-4000:]
@@ -435,6 +439,13 @@ def _child(spec: BenchSpec, system: str, workdir: str) -> dict[str, Any]:
         if result is None:
             result = {"available": True, "error": f"the subprocess exited with {proc.returncode}"}
     return result
+
+
+def _kill_group(pgid: int) -> None:
+    """Kill what is left of a system's process group (a JVM that outlived its driver would
+    hold the machine's cores and memory through the next system's run)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -7,15 +7,18 @@ from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.initial_state import initial_state_of
+from sparkstate.engine.join_plan import plan_join
 from sparkstate.engine.plan import (
     ARBITRARY_FUNCTION_APIS,
     AggregateStep,
     ArbitraryStep,
     DedupStep,
+    JoinStep,
     LimitStep,
     Stage,
     StatelessStep,
@@ -140,6 +143,35 @@ class StatefulStream:
         return dataclasses.replace(self, steps=(*self.steps, DedupStep(cols, True)))
 
     drop_duplicates_within_watermark = dropDuplicatesWithinWatermark
+
+    def join(self, other: Any, on: Any = None, how: str | None = None) -> StatefulStream:
+        """A stream-stream join, as PySpark's ``DataFrame.join``: ``other`` a stream or a
+        streaming DataFrame, ``on`` a Column condition, a SQL string or column names, ``how``
+        any of PySpark's spellings of inner, left/right/full outer and left semi. Both sides'
+        rows wait in state until their watermarks (Spark's state watermarks, from the
+        condition's time range) say they can no longer match."""
+        if self.steps:
+            msg = "join() after a stateful step is not supported yet; join the inputs first"
+            raise ConfigurationError(msg)
+        right = other._with_watermarks() if isinstance(other, StatefulStream) else other
+        left = self._with_watermarks()
+        if isinstance(on, str) and not (on in left.columns and on in right.columns):
+            on = F.expr(on)  # a SQL condition rather than the name of a column of both sides
+        plan = plan_join(left, right, on, how)
+        watermarks = tuple(
+            WatermarkSpec(column, f"{delay} milliseconds") for _, column, delay in plan.watermarks
+        )
+        return StatefulStream(plan.union, (JoinStep(plan),), watermarks)
+
+    def _with_watermarks(self) -> DataFrame:
+        """The input with this stream's watermarks on it as Spark records them (those declared
+        on the DataFrame are there already)."""
+        df = self.df
+        declared = set(declared_watermarks(df))
+        for spec in self.watermarks:
+            if spec not in declared:
+                df = df.withWatermark(spec.column, spec.delay)
+        return df
 
     def limit(self, num: int) -> StatefulStream:
         """At most ``num`` rows, as Spark's streaming limit: in append mode over the whole life

@@ -347,8 +347,8 @@ class BatchDriver:
             operator=stage.operator,
             batch_id=intent.batch_id,
             output_mode=self.config.output_mode if last else "append",
-            watermark_ms=intent.watermark_ms,
-            late_watermark_ms=intent.watermark_for_late_rows_ms,
+            watermark_ms=max(0, intent.watermark_ms - stage.watermark_lag_ms),
+            late_watermark_ms=max(0, intent.watermark_for_late_rows_ms - stage.watermark_lag_ms),
             batch_timestamp_ms=intent.batch_timestamp_ms,
             num_partitions=self.config.num_partitions,
             store=self.config.store,
@@ -412,8 +412,12 @@ class BatchDriver:
         per_op: dict[int, list[TaskReport]] = {s.op_id: [] for s in self.stages}
         for r in reports:
             per_op[r.op].append(r)
-        first = self.stages[0].op_id
-        for r in per_op[first]:
+        first = self.stages[0]
+        for r in per_op[first.op_id]:
+            if first.inputs is not None:  # each input's own event time (a join's sides)
+                for side, name in first.inputs.items():
+                    self.tracker.observe(name, r.operator.max_event_time_by_input.get(side))
+                continue
             for name in self.tracker.delays_ms:  # every watermark is on the event-time column
                 self.tracker.observe(name, r.operator.max_event_time_ms)
         self.tracker.advance()

@@ -134,7 +134,19 @@ class StatelessStep:
         return result
 
 
-Step = AggregateStep | DedupStep | ArbitraryStep | LimitStep | StatelessStep
+@dataclasses.dataclass(frozen=True)
+class JoinStep:
+    """``left.join(right, on, how)`` of two streams, planned when it was called (Spark analyses
+    it over both inputs): a ``sparkstate.engine.join_plan.JoinPlan``."""
+
+    plan: Any
+
+    @property
+    def name(self) -> str:
+        return "join"
+
+
+Step = AggregateStep | DedupStep | ArbitraryStep | LimitStep | JoinStep | StatelessStep
 
 #: The APIs of ``ArbitraryStep`` that run a ``StatefulProcessor``.
 PROCESSOR_APIS = ("transformWithStateInPandas", "transformWithState")
@@ -158,6 +170,12 @@ class Stage:
     initial: Callable[[DataFrame], DataFrame] | None = None
     #: Stateless steps the user wrote after this operator, applied to its output.
     after: list[StatelessStep] = dataclasses.field(default_factory=list)
+    #: The watermark inputs of an operator with several inputs: the tracker's name of each
+    #: input the operator reports its event times by (a join's ``left`` and ``right``).
+    inputs: dict[str, str] | None = None
+    #: How far this operator's input watermark is behind the query's (Spark 4 propagates a
+    #: join's state watermark to the steps after it).
+    watermark_lag_ms: int = 0
 
     def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The operator's input in batch ``batch_id``."""
@@ -578,6 +596,27 @@ def _plan_arbitrary(
     return Stage(op_id, operator, out_struct, keys, lambda batch: batch, add_initial), df
 
 
+def _plan_join(op_id: int, step: JoinStep) -> tuple[Stage, DataFrame]:
+    """The join's stage: its input is the stream itself (the tagged union of both sides); its
+    output is renamed to Spark's columns of the join."""
+    plan = step.plan
+    inputs = {
+        side: "input" if i == 0 else f"input.{i}" for i, (side, _, _) in enumerate(plan.watermarks)
+    }
+    rename = StatelessStep("select", tuple(plan.output_columns))
+    stage = Stage(
+        op_id,
+        plan.operator,
+        plan.output_struct,
+        plan.partition_columns,
+        lambda batch: batch,
+        after=[rename],
+        inputs=inputs,
+    )
+    names = [f.name for f in plan.output_struct.fields]
+    return stage, plan.union.select(*names).select(*plan.output_columns)
+
+
 def _with_watermark_on(struct: StructType, column: str, delay_ms: int | None) -> StructType:
     """``struct`` with the watermark on ``column``, as Spark re-assigns it to the output column of
     ``eventTimeColumnName`` (the delay in the column's metadata, where PySpark records it)."""
@@ -606,6 +645,7 @@ def plan_stages(
         raise ConfigurationError(msg)
     stages: list[Stage] = []
     current = df
+    lag = 0  # how far the watermark of the steps after a join is behind the query's
     steps = _with_limits_checked(steps, output_mode)
     stateful = [s for s in steps if not isinstance(s, StatelessStep)]
     for step in steps:
@@ -619,7 +659,19 @@ def plan_stages(
         watermark = event_time if position == 0 else None
         if position > 0 and isinstance(step, DedupStep) and event_time is not None:
             watermark = _event_time_of(current)  # late rows and expiry as the first step's
-        if isinstance(step, ArbitraryStep):
+        if isinstance(step, JoinStep):
+            if position:
+                msg = "a stream-stream join after another stateful step is not supported yet"
+                raise ConfigurationError(msg)
+            if output_mode != "append":
+                msg = (
+                    "Join between two streaming DataFrames/Datasets is not supported in "
+                    f"{output_mode.title()} output mode, only in Append output mode"
+                )
+                raise ConfigurationError(msg)
+            stage, current = _plan_join(op_id, step)
+            lag = step.plan.output_lag_ms
+        elif isinstance(step, ArbitraryStep):
             stage, current = _plan_arbitrary(
                 op_id,
                 current,
@@ -645,6 +697,8 @@ def plan_stages(
             stage, current = _plan_dedup(
                 op_id, current, step, watermark, event_time is not None, watermark_delay_ms
             )
+        if not isinstance(step, JoinStep):
+            stage.watermark_lag_ms = lag
         stages.append(stage)
     aggs = [s.operator for s in stages if isinstance(s.operator, AGGREGATIONS)]
     has_agg = bool(aggs)

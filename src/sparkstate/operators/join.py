@@ -167,9 +167,12 @@ class StreamingJoin(StatefulOperator):
         }
         counts = _read_counts(store)
         out: list[pa.RecordBatch] = []
-        for code, this, other in ((0, self.left, self.right), (1, self.right, self.left)):
+        order = ((0, self.left, self.right), (1, self.right, self.left))
+        if self.join_type == "leftSemi":  # Spark 4.3 runs the right input first (SPARK-55973)
+            order = order[::-1]
+        for code, this, other in order:
             rows = table.filter(pc.equal(side, code)).select([*self.key_schema.names, *this.names])
-            rows = self._drop_late(rows, this, ctx)
+            rows = self._drop_late(self._drop_null_keys(rows, this), this, ctx)
             rows, at_once = self._pre_join(rows, this)
             out.extend(at_once)
             if rows.num_rows == 0:
@@ -187,13 +190,14 @@ class StreamingJoin(StatefulOperator):
             state = states[this.name]
             for batch, removed in self._evict(state, ctx):
                 counts[this.name] -= removed
-                if not self._preserves(this) and self.join_type != "fullOuter":
-                    m.num_rows_removed += removed  # Spark counts only these (its metric's quirk)
+                m.num_rows_removed += removed
                 if batch is not None and batch.num_rows:
                     m.num_output_rows += batch.num_rows
                     yield batch
-        for s in states.values():
-            s.flush()
+        for name, state in states.items():
+            counts[name] -= state.taken
+            m.num_rows_removed += state.taken
+            state.flush()
         _write_counts(store, counts)
         m.num_rows_total = (m.num_rows_total or 0) + counts["left"] + counts["right"]
         m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
@@ -204,15 +208,19 @@ class StreamingJoin(StatefulOperator):
             return self.join_type in ("leftOuter", "fullOuter")
         return self.join_type in ("rightOuter", "fullOuter")
 
+    def _drop_null_keys(self, rows: pa.Table, side: JoinSide) -> pa.Table:
+        """Without the rows whose key has a null where Spark's optimizer filters them out before
+        the join (and before its watermark sees them): every side but an outer join's preserved
+        one."""
+        if self.join_type == "fullOuter" or self._preserves(side):
+            return rows
+        nulls = _any_null(rows.select(self.key_schema.names))
+        return rows.filter(pa.array(~nulls)) if nulls.any() else rows
+
     def _pre_join(self, rows: pa.Table, side: JoinSide) -> tuple[pa.Table, list[pa.RecordBatch]]:
-        """The rows that may join: without null keys where Spark's optimizer filters them out
-        (every side but an outer join's preserved one), and passing the side's own conjuncts
-        (a preserved side's rows that fail them are emitted at once with nulls)."""
+        """The rows that pass the side's own conjuncts; a preserved side's rows that fail them
+        are emitted at once with nulls."""
         out: list[pa.RecordBatch] = []
-        if self.join_type != "fullOuter" and not self._preserves(side):
-            nulls = _any_null(rows.select(self.key_schema.names))
-            if nulls.any():
-                rows = rows.filter(pa.array(~nulls))
         if side.only is not None and rows.num_rows:
             ok = _holds(rows, side.only)
             if not ok.all():
@@ -260,7 +268,8 @@ class StreamingJoin(StatefulOperator):
         candidates = theirs.rows_of(kencs)  # (state rows, key position)
         pairs_this, pairs_other = self._match(rows, kencs, candidates, this, other)
         # Mark the other side's state rows that matched, and this side's input rows.
-        theirs.mark_matched(candidates, pairs_other)
+        if not (self.join_type == "leftSemi" and this is self.right):
+            theirs.mark_matched(candidates, pairs_other)
         matched = np.zeros(rows.num_rows, bool)
         matched[pairs_this] = True
         out: list[pa.RecordBatch] = []
@@ -272,9 +281,9 @@ class StreamingJoin(StatefulOperator):
                     _batch(rows.take(pa.array(first)).select(this.names), self.output_schema)
                 )
         elif semi:
-            # Right input: the stored left rows it matches for the first time are emitted, once.
-            fresh = theirs.first_matches(candidates, pairs_other)
-            if fresh is not None and fresh.num_rows:
+            # Right input: the stored left rows it matches are emitted, and leave the state.
+            fresh = theirs.take(candidates, pairs_other)
+            if fresh.num_rows:
                 out.append(_batch(fresh.select(other.names), self.output_schema))
         elif len(pairs_this):
             left_rows, right_rows = (
@@ -425,6 +434,8 @@ class _SideState:
         self.rows: dict[bytes, pa.Table] = {}
         self.dirty: set[bytes] = set()
         self.index_puts: set[bytes] = set()
+        #: Rows that left the state at a match (a left semi join's).
+        self.taken = 0
         self.list_schema = _list_schema(side)
         self.row_schema = pa.schema(
             [*(f.with_nullable(True) for f in side.fields), pa.field(MATCHED, pa.bool_())]
@@ -479,28 +490,29 @@ class _SideState:
             table.set_column(table.schema.get_field_index(MATCHED), MATCHED, pa.array(flags))
         )
 
-    def first_matches(
-        self, candidates: tuple[pa.Table, np.ndarray], matched_rows: np.ndarray
-    ) -> pa.Table | None:
-        """(Left semi) the stored rows matched now for the first time; they leave the state."""
+    def take(self, candidates: tuple[pa.Table, np.ndarray], matched_rows: np.ndarray) -> pa.Table:
+        """(Left semi) the stored rows matched now, each once; they leave the state."""
         table, _ = candidates
         if not len(matched_rows):
-            return None
-        before = np.asarray(table.column(MATCHED), bool)
-        fresh = np.zeros(table.num_rows, bool)
-        fresh[np.unique(matched_rows)] = True
-        fresh &= ~before
-        return table.filter(pa.array(fresh))
+            return table.slice(0, 0)
+        gone = np.zeros(table.num_rows, bool)
+        gone[matched_rows] = True
+        self.taken += int(gone.sum())
+        self._rewrite(table.filter(pa.array(~gone)), keep=~gone)
+        return table.filter(pa.array(gone))
 
-    def _rewrite(self, table: pa.Table) -> None:
-        """Replace the rows of the keys ``rows_of`` last returned by ``table`` (same order)."""
-        start = 0
+    def _rewrite(self, table: pa.Table, keep: np.ndarray | None = None) -> None:
+        """Replace the rows of the keys ``rows_of`` last returned by ``table``: the same rows
+        in the same order, or (``keep``) those of them it marks."""
+        start = new_start = 0
         for k in self._last:
             n = self.rows[k].num_rows
             if n:
-                self.rows[k] = table.slice(start, n)
+                kept = n if keep is None else int(keep[start : start + n].sum())
+                self.rows[k] = table.slice(new_start, kept)
                 self.dirty.add(k)
                 start += n
+                new_start += kept
 
     def append(self, kencs: list[bytes], rows: pa.Table, matched: np.ndarray) -> None:
         full = rows.append_column(MATCHED, pa.array(matched, pa.bool_()))

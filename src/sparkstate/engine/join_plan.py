@@ -1,0 +1,471 @@
+"""Planning a stream-stream join: Spark's analysis of ``left.join(right, on, how)``, read back.
+
+Spark analyses the join the user wrote (the same ``on`` and ``how``), so column resolution, the
+``USING`` output and implicit casts are Spark's own. From its condition:
+
+- equalities between one side's expression and the other's are the join keys: each side
+  computes its key in Spark, and the tagged union of both sides is shuffled by them;
+- conjuncts over one side only are filtered in Spark before the join (Spark's optimizer pushes
+  them down), except on an outer join's preserved side, whose rows that fail them are emitted
+  at once with nulls (Spark's pre-join filter): the side computes them as a flag;
+- the other conjuncts are evaluated in the worker over candidate pairs: every sub-expression
+  over one side only is computed by that side in Spark, so the worker compares columns and
+  combines the comparisons with ``AND`` / ``OR`` / ``NOT``.
+
+Each side's state watermark is Spark's (``StreamingJoinHelper.getStateValueWatermark``, or the
+join key when it carries a watermark), and so are the rules for which joins are allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from sparkstate.engine.plan import arrow_schema
+from sparkstate.engine.session import is_connect
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators.join import SIDE_COLUMN, JoinSide, StreamingJoin
+from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
+
+__all__ = ["JoinPlan", "plan_join"]
+
+#: Spark's ``JoinType`` names by the spellings PySpark accepts (lower case, no underscores).
+_JOIN_TYPES = {
+    "inner": "inner",
+    "outer": "fullOuter",
+    "full": "fullOuter",
+    "fullouter": "fullOuter",
+    "leftouter": "leftOuter",
+    "left": "leftOuter",
+    "rightouter": "rightOuter",
+    "right": "rightOuter",
+    "leftsemi": "leftSemi",
+    "semi": "leftSemi",
+    "leftanti": "leftAnti",
+    "anti": "leftAnti",
+    "cross": "cross",
+}
+_SPARK_NAMES = {
+    "leftOuter": "LeftOuter",
+    "rightOuter": "RightOuter",
+    "fullOuter": "FullOuter",
+    "leftSemi": "LeftSemi",
+}
+_COMPARISONS = {
+    "EqualTo": pc.equal,
+    "LessThan": pc.less,
+    "LessThanOrEqual": pc.less_equal,
+    "GreaterThan": pc.greater,
+    "GreaterThanOrEqual": pc.greater_equal,
+}
+#: A watermark far from 0, so that Spark's state watermark of it is defined: the difference is
+#: the state's offset (Spark's formula is linear in the watermark).
+_PROBE_WATERMARK_MS = 10**12
+
+
+@dataclasses.dataclass
+class JoinPlan:
+    """What the engine needs of a join: the operator, its input and output."""
+
+    operator: StreamingJoin
+    #: The tagged union of both sides: the operator's input stream.
+    union: DataFrame
+    #: Spark schema of the operator's output (left columns, then right columns).
+    output_struct: StructType
+    partition_columns: list[str]
+    #: The query's output columns from the operator's (Spark's names and order).
+    output_columns: list[Column]
+    #: The watermark inputs: per side with a watermark, its event-time column in the union and
+    #: the delay in milliseconds, left first.
+    watermarks: list[tuple[str, str, int]]
+    #: How far the join's output watermark is behind its input watermark (Spark 4: the
+    #: smallest of the input watermark and the sides' state watermarks).
+    output_lag_ms: int = 0
+
+
+def join_type_of(how: str | None) -> str:
+    """Spark's join type for PySpark's ``how`` (any case, underscores ignored)."""
+    if how is None:
+        return "inner"
+    if not isinstance(how, str):
+        msg = f"join: how must be a string, got {type(how).__name__}"
+        raise ConfigurationError(msg)
+    found = _JOIN_TYPES.get(how.lower().replace("_", ""))
+    if found is None:
+        msg = (
+            f"Unsupported join type '{how}'. Supported join types include: 'inner', 'outer', "
+            "'full', 'fullouter', 'full_outer', 'leftouter', 'left', 'left_outer', "
+            "'rightouter', 'right', 'right_outer', 'leftsemi', 'left_semi', 'semi', "
+            "'leftanti', 'left_anti', 'anti', 'cross'."
+        )
+        raise ConfigurationError(msg)
+    if found == "leftAnti":
+        msg = "LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported"
+        raise ConfigurationError(msg)
+    if found == "cross":
+        msg = "Stream-stream join without equality predicate is not supported (a cross join)"
+        raise ConfigurationError(msg)
+    return found
+
+
+def plan_join(left: DataFrame, right: DataFrame, on: Any, how: str | None) -> JoinPlan:
+    """Plan ``left.join(right, on, how)`` over two streaming DataFrames (watermarks applied)."""
+    join_type = join_type_of(how)
+    if is_connect(left.sparkSession):
+        msg = "stream-stream joins do not run from a Spark Connect client yet"
+        raise ConfigurationError(msg)
+    for name, df in (("left", left), ("right", right)):
+        if not df.isStreaming:
+            msg = f"join: the {name} side must be a streaming DataFrame (a stream-stream join)"
+            raise ConfigurationError(msg)
+        if len(set(df.columns)) != len(df.columns):
+            msg = f"join: the {name} side has duplicate column names {df.columns}; rename them"
+            raise ConfigurationError(msg)
+    try:
+        joined = left.join(right, on, how or "inner")
+        plan = joined._jdf.queryExecution().analyzed()  # noqa: SLF001
+    except Exception as exc:
+        msg = f"join: {exc}"
+        raise ConfigurationError(msg) from exc
+    return _Planner(left, right, joined, plan, join_type).plan()
+
+
+class _Planner:
+    def __init__(
+        self, left: DataFrame, right: DataFrame, joined: DataFrame, plan: Any, join_type: str
+    ) -> None:
+        self.left, self.right, self.joined = left, right, joined
+        self.join_type = join_type
+        self.jvm: Any = left.sparkSession._jvm  # noqa: SLF001
+        node = plan
+        while _name(node) != "Join":
+            if _name(node) not in ("Project", "SubqueryAlias") or node.children().size() != 1:
+                msg = f"join: cannot read Spark's plan of the join ({_name(node)} above it)"
+                raise ConfigurationError(msg)
+            node = node.children().apply(0)
+        self.top = plan
+        self.node = node
+        self.left_attrs = _seq(node.left().output())
+        self.right_attrs = _seq(node.right().output())
+        self.left_set = node.left().outputSet()
+        self.right_set = node.right().outputSet()
+        self.extras: dict[str, list[tuple[str, Column]]] = {"left": [], "right": []}
+
+    # --- the condition ---------------------------------------------------------------------------
+
+    def _side_of(self, expr: Any) -> str | None:
+        refs = expr.references()
+        if refs.subsetOf(self.left_set):
+            return "left"
+        if refs.subsetOf(self.right_set):
+            return "right"
+        return None
+
+    def _computed(self, side: str, expr: Any) -> str:
+        """A column of ``side`` holding ``expr`` (over that side only), computed in Spark."""
+        names = self.extras[side]
+        name = f"__ss_{side[0]}x{len(names)}"
+        names.append((name, F.expr(expr.sql())))
+        return name
+
+    def _pairs_expression(self, expr: Any) -> pc.Expression:
+        """``expr`` over both sides as a pyarrow expression over side columns."""
+        side = self._side_of(expr)
+        if side is not None:
+            return pc.field(self._computed(side, expr))
+        kind = _name(expr)
+        children = _seq(expr.children())
+        if kind == "And":
+            return self._pairs_expression(children[0]) & self._pairs_expression(children[1])
+        if kind == "Or":
+            return self._pairs_expression(children[0]) | self._pairs_expression(children[1])
+        if kind == "Not":
+            return ~self._pairs_expression(children[0])
+        if kind in _COMPARISONS:
+            a, b = (self._pairs_expression(c) for c in children)
+            return _COMPARISONS[kind](a, b)
+        msg = (
+            f"join: the condition {expr.sql()} compares the two sides in a way sparkstate does "
+            "not evaluate yet; write it as comparisons (=, <, <=, >, >=) between an expression "
+            "of one side and one of the other, e.g. r.ts <= l.ts + INTERVAL 1 HOUR"
+        )
+        raise ConfigurationError(msg)
+
+    def plan(self) -> JoinPlan:
+        cond = self.node.condition()
+        conjuncts = _conjuncts(cond.get()) if cond.isDefined() else []
+        keys: list[tuple[Any, Any]] = []
+        only: dict[str, list[Any]] = {"left": [], "right": []}
+        both: list[Any] = []
+        for c in conjuncts:
+            kind = _name(c)
+            if kind == "EqualTo":
+                a, b = _seq(c.children())
+                sides = (self._side_of(a), self._side_of(b))
+                if sides == ("left", "right"):
+                    keys.append((a, b))
+                    continue
+                if sides == ("right", "left"):
+                    keys.append((b, a))
+                    continue
+            side = self._side_of(c)
+            if side is not None and c.deterministic():
+                only[side].append(c)
+            else:
+                both.append(c)
+        if not keys:
+            msg = "Stream-stream join without equality predicate is not supported"
+            raise ConfigurationError(msg)
+        condition = None
+        for c in both:
+            e = self._pairs_expression(c)
+            condition = e if condition is None else condition & e
+        return self._build(keys, only, condition, cond)
+
+    # --- watermarks ------------------------------------------------------------------------------
+
+    def _watermark_attr(self, attrs: list[Any]) -> Any | None:
+        marked = [a for a in attrs if a.metadata().contains(WATERMARK_DELAY_KEY)]
+        return marked[0] if marked else None
+
+    def _state_offset_ms(self, side: str, cond: Any) -> int | None:
+        """Spark's state value watermark of ``side`` as an offset below the join's watermark."""
+        helper = self.jvm.org.apache.spark.sql.catalyst.analysis.StreamingJoinHelper
+        this, other = (
+            (self.left_set, self.right_set) if side == "left" else (self.right_set, self.left_set)
+        )
+        found = helper.getStateValueWatermark(
+            this, other, cond, self.jvm.scala.Some(_PROBE_WATERMARK_MS)
+        )
+        if not found.isDefined():
+            return None
+        return _PROBE_WATERMARK_MS - int(found.get())
+
+    # --- the plan --------------------------------------------------------------------------------
+
+    def _build(
+        self,
+        keys: list[tuple[Any, Any]],
+        only: dict[str, list[Any]],
+        condition: pc.Expression | None,
+        cond: Any,
+    ) -> JoinPlan:
+        jt = self.join_type
+        wm: dict[str, Any] = {
+            "left": self._watermark_attr(self.left_attrs),
+            "right": self._watermark_attr(self.right_attrs),
+        }
+        key_wm = next((i for i, (a, b) in enumerate(keys) if _marked(a) or _marked(b)), None)
+        offsets = {
+            s: (self._state_offset_ms(s, cond) if wm[s] is not None else None)
+            for s in ("left", "right")
+        }
+        state_cols: dict[str, str | None]
+        if key_wm is not None:
+            state_cols = {s: f"__ss_{s[0]}key" for s in ("left", "right")}
+            offsets = {"left": 0, "right": 0}
+        else:
+            state_cols = {
+                s: (f"__ss_{s[0]}wm" if offsets[s] is not None else None) for s in ("left", "right")
+            }
+        self._check_allowed(key_wm is not None, offsets)
+        # Per side: its columns, the extras the condition needs, its event time and state time.
+        preserved = {
+            "left": jt in ("leftOuter", "fullOuter"),
+            "right": jt in ("rightOuter", "fullOuter"),
+        }
+        frames: dict[str, DataFrame] = {}
+        parts: dict[str, tuple[list[StructField], str | None, pc.Expression | None]] = {}
+        for s, df, attrs in (
+            ("left", self.left, self.left_attrs),
+            ("right", self.right, self.right_attrs),
+        ):
+            cols: list[Column] = []
+            for i, a in enumerate(attrs):
+                name = f"__ss_{s[0]}{i}"
+                cols.append(F.col(_quoted(a.name())).alias(name))
+            extra_cols = [c.alias(n) for n, c in self.extras[s]]
+            side_only = None
+            filtered = df
+            if only[s]:
+                pred = F.expr(" AND ".join(f"({c.sql()})" for c in only[s]))
+                if preserved[s]:
+                    extra_cols.append(F.coalesce(pred, F.lit(False)).alias(f"__ss_{s[0]}only"))
+                    side_only = pc.field(f"__ss_{s[0]}only")
+                else:
+                    filtered = df.where(pred)
+            event_time = None
+            if wm[s] is not None:
+                event_time = f"__ss_{s[0]}wm"
+                extra_cols.append(_time_of(F.col(_quoted(wm[s].name())), wm[s]).alias(event_time))
+            if key_wm is not None:
+                k = keys[key_wm][0 if s == "left" else 1]
+                extra_cols.append(_time_of(F.expr(k.sql()), k).alias(f"__ss_{s[0]}key"))
+            key_cols = [
+                F.expr((a if s == "left" else b).sql()).alias(f"__ss_k{i}")
+                for i, (a, b) in enumerate(keys)
+            ]
+            frames[s] = filtered.select(*key_cols, *cols, *extra_cols)
+            fields = [f for f in frames[s].schema.fields if not f.name.startswith("__ss_k")]
+            parts[s] = (fields, event_time, side_only)
+        # Key types: the left side's; the right side's keys are cast to them.
+        key_struct = StructType(
+            [f for f in frames["left"].schema.fields if f.name.startswith("__ss_k")]
+        )
+        built: dict[str, JoinSide] = {}
+        for s in ("left", "right"):
+            fields, event_time, side_only = parts[s]
+            arrow = arrow_schema(StructType(fields), nullable=True)
+            built[s] = JoinSide(
+                s,
+                tuple(arrow),
+                event_time=event_time,
+                state_time=state_cols[s],
+                state_offset_ms=offsets[s] or 0,
+                only=side_only,
+            )
+        operator = StreamingJoin(
+            jt,
+            list(arrow_schema(key_struct, nullable=True)),
+            built["left"],
+            built["right"],
+            condition,
+        )
+        union = self._union(frames, key_struct)
+        output_struct = StructType(
+            [
+                StructField(f.name, _spark_type(f, frames), True, _metadata(f.name, frames))
+                for f in operator.output_schema
+            ]
+        )
+        watermarks = [
+            (s, f"__ss_{s[0]}wm", int(wm[s].metadata().getLong(WATERMARK_DELAY_KEY)))
+            for s in ("left", "right")
+            if wm[s] is not None
+        ]
+        lags = [offsets[s] for s in ("left", "right") if state_cols[s] is not None]
+        return JoinPlan(
+            operator,
+            union,
+            output_struct,
+            [f.name for f in key_struct.fields],
+            self._output_columns(),
+            watermarks,
+            max([0, *[lag for lag in lags if lag is not None]]),
+        )
+
+    def _union(self, frames: dict[str, DataFrame], key_struct: StructType) -> DataFrame:
+        left_fields = frames["left"].schema.fields
+        right_fields = frames["right"].schema.fields
+        lcols = [f for f in left_fields if not f.name.startswith("__ss_k")]
+        rcols = [f for f in right_fields if not f.name.startswith("__ss_k")]
+        keys = [F.col(f.name).cast(f.dataType).alias(f.name) for f in key_struct.fields]
+        left = frames["left"].select(
+            F.lit(0).cast("tinyint").alias(SIDE_COLUMN),
+            *keys,
+            *[F.col(f.name) for f in lcols],
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in rcols],
+        )
+        right = frames["right"].select(
+            F.lit(1).cast("tinyint").alias(SIDE_COLUMN),
+            *keys,
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in lcols],
+            *[F.col(f.name) for f in rcols],
+        )
+        return left.unionByName(right)
+
+    def _output_columns(self) -> list[Column]:
+        """Spark's output of the join, from the operator's columns."""
+        by_id = {}
+        for s, attrs in (("l", self.left_attrs), ("r", self.right_attrs)):
+            for i, a in enumerate(attrs):
+                by_id[a.exprId().id()] = f"__ss_{s}{i}"
+        out = []
+        top = (
+            _seq(self.top.projectList())
+            if _name(self.top) == "Project"
+            else _seq(self.top.output())
+        )
+        for e in top:
+            name = e.name()
+            metadata = json.loads(e.metadata().json())  # the watermarks' delays among them
+            if _name(e) == "Alias":  # a full outer USING join's key: coalesce(left, right)
+                parts = [by_id[c.exprId().id()] for c in _seq(e.child().children())]
+                column = F.coalesce(*[F.col(p) for p in parts])
+            else:
+                column = F.col(by_id[e.exprId().id()])
+            out.append(column.alias(name, metadata=metadata))
+        return out
+
+    def _check_allowed(self, key_watermark: bool, offsets: dict[str, int | None]) -> None:
+        jt = self.join_type
+        if jt == "inner" or key_watermark:
+            return
+        if jt in ("leftOuter", "leftSemi"):
+            ok = offsets["left"] is not None
+        elif jt == "rightOuter":
+            ok = offsets["right"] is not None
+        else:
+            ok = offsets["left"] is not None or offsets["right"] is not None
+        if not ok:
+            msg = (
+                f"Stream-stream {_SPARK_NAMES[jt]} join between two streaming DataFrame/Datasets "
+                "is not supported without a watermark in the join keys, or a watermark on the "
+                "nullable side and an appropriate range condition"
+            )
+            raise ConfigurationError(msg)
+
+
+def _time_of(col: Column, expr: Any) -> Column:
+    """The time of ``col`` (the value of Spark expression ``expr``) as Spark's watermark reads
+    it: the column itself, or a window struct's ``end``."""
+    if str(expr.dataType().typeName()) == "struct":
+        return col.getField("end")
+    return col
+
+
+def _spark_type(field: pa.Field, frames: dict[str, DataFrame]) -> Any:
+    for df in frames.values():
+        if field.name in df.columns:
+            return df.schema[field.name].dataType
+    msg = f"join: no column {field.name}"
+    raise ConfigurationError(msg)
+
+
+def _metadata(name: str, frames: dict[str, DataFrame]) -> dict[str, Any]:
+    for df in frames.values():
+        if name in df.columns:
+            return dict(df.schema[name].metadata or {})
+    return {}
+
+
+def _marked(expr: Any) -> bool:
+    return _name(expr) == "AttributeReference" and bool(
+        expr.metadata().contains(WATERMARK_DELAY_KEY)
+    )
+
+
+def _conjuncts(expr: Any) -> list[Any]:
+    if _name(expr) == "And":
+        a, b = _seq(expr.children())
+        return _conjuncts(a) + _conjuncts(b)
+    return [expr]
+
+
+def _name(node: Any) -> str:
+    return str(node.getClass().getSimpleName())
+
+
+def _seq(seq: Any) -> list[Any]:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

@@ -1,0 +1,133 @@
+"""Stream-stream joins against Spark's: impressions and clicks, batch by batch.
+
+Each query is written as a PySpark user writes it: both inputs with their watermark, joined on
+the ad id with a time range (a click in the 10 s after its impression), and sparkstate runs it
+with only the left input wrapped. Both read one file per side per batch (``availableNow``),
+stop after the first half and start again on the same checkpoint. The files hold keys shared
+by many rows of each side, null keys, rows that match only after several batches, late rows on
+both sides, and rows that never match.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.testing import Collector, FileFeed
+
+from .helpers import PROVIDERS, SortedSetsCollector, assert_same_as_spark, at
+
+IMPRESSIONS = "ad long, imp_id long, imp_ts timestamp"
+CLICKS = "click_ad long, click_id long, click_ts timestamp"
+
+
+def imp(ad: int | None, i: int, t: int) -> dict[str, Any]:
+    return {"ad": ad, "imp_id": i, "imp_ts": at(t)}
+
+
+def clk(ad: int | None, i: int, t: int) -> dict[str, Any]:
+    return {"click_ad": ad, "click_id": i, "click_ts": at(t)}
+
+
+#: Per batch: (impressions, clicks). Watermarks: 5 s on both sides.
+FILES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
+    (
+        [imp(1, 1, 10), imp(1, 2, 11), imp(2, 3, 12), imp(None, 4, 12), imp(3, 5, 13)],
+        [clk(1, 101, 12), clk(1, 102, 15), clk(None, 103, 13), clk(9, 104, 14)],
+    ),
+    (
+        [imp(2, 6, 20), imp(4, 7, 21), imp(1, 8, 22)],
+        [clk(2, 105, 19), clk(3, 106, 30), clk(1, 107, 21)],  # (2, 19 s) matches imp 3 late
+    ),
+    (
+        [imp(5, 9, 33), imp(4, 10, 35), imp(1, 11, 5)],  # imp 11 is late
+        [clk(4, 108, 29), clk(5, 109, 40), clk(2, 110, 8)],  # click 110 is late
+    ),
+    (
+        [imp(6, 12, 45), imp(5, 13, 44), imp(None, 14, 46)],
+        [clk(6, 111, 50), clk(5, 112, 47), clk(None, 113, 46)],
+    ),
+    ([imp(7, 15, 70)], [clk(7, 116, 90)]),
+    ([imp(8, 16, 100)], [clk(8, 117, 101)]),
+]
+
+CONDITION = "click_ad = ad AND click_ts >= imp_ts AND click_ts <= imp_ts + interval 10 seconds"
+
+
+def run(
+    spark: SparkSession, tmp: Path, how: str, provider: str | None, on: Any = None
+) -> tuple[Collector, list[dict[str, Any]]]:
+    """The join of the feeds, Spark's own (``provider`` None) or sparkstate's: what it delivered
+    and the join's progress per batch."""
+    imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
+    collector: Collector = SortedSetsCollector()
+    progress: list[dict[str, Any]] = []
+    half = len(FILES) // 2
+    for part in (FILES[:half], FILES[half:]):
+        for left_rows, right_rows in part:
+            imps.add(left_rows)
+            clicks.add(right_rows)
+        left = imps.stream(spark, IMPRESSIONS).withWatermark("imp_ts", "5 seconds")
+        right = clicks.stream(spark, CLICKS).withWatermark("click_ts", "5 seconds")
+        condition = F.expr(CONDITION) if on is None else on
+        query: Any = (ss.stream(left) if provider else left).join(right, condition, how)
+        writer = query.writeStream.outputMode("append").foreachBatch(collector)
+        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
+        if provider is not None:
+            writer = writer.option("stateStore", provider)
+        handle = writer.trigger(availableNow=True).start()
+        assert handle.awaitTermination(180)
+        progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
+    ops = [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+    return collector, ops
+
+
+JOIN_TYPES = ["inner", "left_outer", "rightouter", "full", "leftsemi"]
+
+
+@pytest.fixture(scope="module")
+def spark_results(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Collector, list[dict[str, Any]]]]:
+    return {
+        how: run(spark, tmp_path_factory.mktemp(f"spark-{how}"), how, None) for how in JOIN_TYPES
+    }
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("how", JOIN_TYPES)
+def test_join_matches_spark(
+    spark: SparkSession,
+    spark_results: dict[str, tuple[Collector, list[dict[str, Any]]]],
+    tmp_path: Path,
+    how: str,
+    provider: str,
+) -> None:
+    theirs, their_ops = spark_results[how]
+    ours, our_ops = run(spark, tmp_path, how, provider)
+    assert sum(len(rows) for rows in theirs.batches.values()) > 3
+    assert_same_as_spark(ours, theirs)
+    fields = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved", "numRowsDroppedByWatermark")
+    assert [[op[f] for f in fields] for op in our_ops] == [
+        [op[f] for f in fields] for op in their_ops
+    ]
+    assert {op["operatorName"] for op in our_ops} == {"symmetricHashJoin"}
+
+
+def test_outer_join_without_a_range_is_refused_as_in_spark(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    left = FileFeed(tmp_path / "l").stream(spark, IMPRESSIONS).withWatermark("imp_ts", "5 seconds")
+    right = FileFeed(tmp_path / "r").stream(spark, CLICKS).withWatermark("click_ts", "5 seconds")
+    with pytest.raises(ConfigurationError, match="Stream-stream LeftOuter join between two"):
+        ss.stream(left).join(right, F.expr("click_ad = ad"), "left")
+    with pytest.raises(ConfigurationError, match="without equality predicate"):
+        ss.stream(left).join(right, F.expr("click_ts >= imp_ts"), "inner")
+    with pytest.raises(ConfigurationError, match="LeftAnti joins"):
+        ss.stream(left).join(right, F.expr("click_ad = ad"), "anti")
