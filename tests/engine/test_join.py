@@ -131,3 +131,38 @@ def test_outer_join_without_a_range_is_refused_as_in_spark(
         ss.stream(left).join(right, F.expr("click_ts >= imp_ts"), "inner")
     with pytest.raises(ConfigurationError, match="LeftAnti joins"):
         ss.stream(left).join(right, F.expr("click_ad = ad"), "anti")
+
+
+def windowed_count(spark: SparkSession, tmp: Path, provider: str | None) -> Collector:
+    """A left outer join, then impressions and their clicks counted per 10-second window of
+    the impression's time (append mode: each window once, when the join's watermark, behind
+    the inputs' by the condition's range, passes it)."""
+    imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
+    collector: Collector = SortedSetsCollector()
+    half = len(FILES) // 2
+    for part in (FILES[:half], FILES[half:]):
+        for left_rows, right_rows in part:
+            imps.add(left_rows)
+            clicks.add(right_rows)
+        left = imps.stream(spark, IMPRESSIONS).withWatermark("imp_ts", "5 seconds")
+        right = clicks.stream(spark, CLICKS).withWatermark("click_ts", "5 seconds")
+        joined: Any = (ss.stream(left) if provider else left).join(
+            right, F.expr(CONDITION), "left_outer"
+        )
+        query = joined.groupBy(F.window("imp_ts", "10 seconds")).agg(
+            F.count("*").alias("rows"), F.count("click_id").alias("clicks")
+        )
+        writer = query.writeStream.outputMode("append").foreachBatch(collector)
+        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
+        if provider is not None:
+            writer = writer.option("stateStore", provider)
+        handle = writer.trigger(availableNow=True).start()
+        assert handle.awaitTermination(180)
+    return collector
+
+
+def test_a_windowed_count_after_the_join_matches_spark(spark: SparkSession, tmp_path: Path) -> None:
+    theirs = windowed_count(spark, tmp_path / "spark", None)
+    ours = windowed_count(spark, tmp_path / "ours", PROVIDERS[-1])
+    assert sum(len(rows) for rows in theirs.batches.values()) > 2
+    assert_same_as_spark(ours, theirs)
