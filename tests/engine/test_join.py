@@ -39,7 +39,7 @@ def clk(ad: int | None, i: int, t: int) -> dict[str, Any]:
 FILES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
     (
         [imp(1, 1, 10), imp(1, 2, 11), imp(2, 3, 12), imp(None, 4, 12), imp(3, 5, 13)],
-        [clk(1, 101, 12), clk(1, 102, 15), clk(None, 103, 13), clk(9, 104, 14)],
+        [clk(1, 101, 12), clk(1, 102, 15), clk(None, 103, 13), clk(9, 104, 14), clk(1, 118, 10)],
     ),
     (
         [imp(2, 6, 20), imp(4, 7, 21), imp(1, 8, 22)],
@@ -51,9 +51,9 @@ FILES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
     ),
     (
         [imp(6, 12, 45), imp(5, 13, 44), imp(None, 14, 46)],
-        [clk(6, 111, 50), clk(5, 112, 47), clk(None, 113, 46)],
+        [clk(6, 111, 50), clk(5, 112, 47), clk(None, 113, 46), clk(1, 114, 31), clk(5, 119, 44)],
     ),
-    ([imp(7, 15, 70)], [clk(7, 116, 90)]),
+    ([imp(7, 15, 70)], [clk(7, 116, 90)]),  # click 114 (batch 3) matches imp 8 (batch 1)
     ([imp(8, 16, 100)], [clk(8, 117, 101)]),
 ]
 
@@ -100,8 +100,15 @@ def spark_results(
     }
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("how", JOIN_TYPES)
+#: Each join type on one provider, the outer joins of both sides on both.
+RUNS = [
+    pytest.param(how, provider, id=f"{how}-{provider}")
+    for how in JOIN_TYPES
+    for provider in (PROVIDERS if how in ("full", "left_outer") else PROVIDERS[-1:])
+]
+
+
+@pytest.mark.parametrize(("how", "provider"), RUNS)
 def test_join_matches_spark(
     spark: SparkSession,
     spark_results: dict[str, tuple[Collector, list[dict[str, Any]]]],
@@ -166,3 +173,60 @@ def test_a_windowed_count_after_the_join_matches_spark(spark: SparkSession, tmp_
     ours = windowed_count(spark, tmp_path / "ours", PROVIDERS[-1])
     assert sum(len(rows) for rows in theirs.batches.values()) > 2
     assert_same_as_spark(ours, theirs)
+
+
+def keyed(
+    spark: SparkSession, tmp: Path, provider: str | None, how: str, on: Any, watermark: bool
+) -> tuple[Collector, list[dict[str, Any]]]:
+    """The two inputs with the same key column ``ad`` (and, with ``watermark``, the same
+    watermarked time column ``ts``), joined on column names (a USING join)."""
+    imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
+    collector: Collector = SortedSetsCollector()
+    progress: list[dict[str, Any]] = []
+    half = len(FILES) // 2
+    for part in (FILES[:half], FILES[half:]):
+        for left_rows, right_rows in part:
+            imps.add(left_rows)
+            clicks.add(right_rows)
+        left = imps.stream(spark, IMPRESSIONS)
+        right = clicks.stream(spark, CLICKS).withColumnRenamed("click_ad", "ad")
+        if watermark:
+            left = left.withColumnRenamed("imp_ts", "ts").withWatermark("ts", "5 seconds")
+            right = right.withColumnRenamed("click_ts", "ts").withWatermark("ts", "5 seconds")
+        query: Any = (ss.stream(left) if provider else left).join(right, on, how)
+        writer = query.writeStream.outputMode("append").foreachBatch(collector)
+        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
+        if provider is not None:
+            writer = writer.option("stateStore", provider)
+        handle = writer.trigger(availableNow=True).start()
+        assert handle.awaitTermination(180)
+        progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
+    return collector, [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+
+
+def test_an_equi_join_without_watermarks_keeps_its_state_and_says_so(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    theirs, their_ops = keyed(spark, tmp_path / "spark", None, "inner", "ad", watermark=False)
+    ours, our_ops = keyed(spark, tmp_path / "ours", "memory", "inner", "ad", watermark=False)
+    assert_same_as_spark(ours, theirs)
+    assert [op["numRowsTotal"] for op in our_ops] == [op["numRowsTotal"] for op in their_ops]
+    assert all(op["numRowsRemoved"] == 0 for op in our_ops)
+    kept = [op["customMetrics"]["numRowsNeverEvicted"] for op in our_ops]
+    assert kept == [op["numRowsTotal"] for op in our_ops] and kept[-1] > 0
+
+
+def test_a_full_outer_join_on_a_watermarked_key_matches_spark(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``on=["ad", "ts"]``: the watermark is in the join keys, so both sides are evicted by it
+    (Spark's key predicate); the USING join's keys are coalesced from both sides."""
+    on = ["ad", "ts"]
+    theirs, their_ops = keyed(spark, tmp_path / "spark", None, "full_outer", on, watermark=True)
+    ours, our_ops = keyed(spark, tmp_path / "ours", "rocksdb", "full_outer", on, watermark=True)
+    assert sum(len(rows) for rows in theirs.batches.values()) > 3
+    assert_same_as_spark(ours, theirs)
+    fields = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved", "numRowsDroppedByWatermark")
+    assert [[op[f] for f in fields] for op in our_ops] == [
+        [op[f] for f in fields] for op in their_ops
+    ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +36,8 @@ from sparkstate.operators.join import SIDE_COLUMN, JoinSide, StreamingJoin
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 
 __all__ = ["JoinPlan", "plan_join"]
+
+log = logging.getLogger(__name__)
 
 #: Spark's ``JoinType`` names by the spellings PySpark accepts (lower case, no underscores).
 _JOIN_TYPES = {
@@ -232,8 +235,18 @@ class _Planner:
     # --- watermarks ------------------------------------------------------------------------------
 
     def _watermark_attr(self, attrs: list[Any]) -> Any | None:
+        """The side's event-time column: its watermarked timestamp. A window of it carries the
+        watermark too; the time itself must be there, since the watermark is its maximum."""
         marked = [a for a in attrs if a.metadata().contains(WATERMARK_DELAY_KEY)]
-        return marked[0] if marked else None
+        times = [a for a in marked if _struct_fields(a) is None]
+        if marked and not times:
+            msg = (
+                f"join: the side with columns {[str(a.name()) for a in attrs]} carries its "
+                f"watermark only in {str(marked[0].name())!r}; keep the watermarked event-time "
+                "column among the side's columns (sparkstate computes the watermark from it)"
+            )
+            raise ConfigurationError(msg)
+        return times[0] if times else None
 
     def _state_offset_ms(self, side: str, cond: Any) -> int | None:
         """Spark's state value watermark of ``side`` as an offset below the join's watermark."""
@@ -276,6 +289,13 @@ class _Planner:
                 s: (f"__ss_{s[0]}wm" if offsets[s] is not None else None) for s in ("left", "right")
             }
         self._check_allowed(key_wm is not None, offsets)
+        if state_cols["left"] is None and state_cols["right"] is None:
+            log.warning(
+                "this %s join has no watermark to evict its state by: both sides' rows stay in "
+                "state for the life of the query (as in Spark); progress shows them as "
+                "customMetrics.numRowsNeverEvicted",
+                jt,
+            )
         # Per side: its columns, the extras the condition needs, its event time and state time.
         preserved = {
             "left": jt in ("leftOuter", "fullOuter"),
@@ -289,8 +309,7 @@ class _Planner:
         ):
             cols: list[Column] = []
             for i, a in enumerate(attrs):
-                name = f"__ss_{s[0]}{i}"
-                cols.append(F.col(_quoted(a.name())).alias(name))
+                cols += _side_columns(f"__ss_{s[0]}{i}", F.col(_quoted(a.name())), a)
             extra_cols = [c.alias(n) for n, c in self.extras[s]]
             side_only = None
             filtered = df
@@ -309,8 +328,9 @@ class _Planner:
                 k = keys[key_wm][0 if s == "left" else 1]
                 extra_cols.append(_time_of(F.expr(k.sql()), k).alias(f"__ss_{s[0]}key"))
             key_cols = [
-                F.expr((a if s == "left" else b).sql()).alias(f"__ss_k{i}")
+                col
                 for i, (a, b) in enumerate(keys)
+                for col in _key_columns(i, a if s == "left" else b)
             ]
             frames[s] = filtered.select(*key_cols, *cols, *extra_cols)
             fields = [f for f in frames[s].schema.fields if not f.name.startswith("__ss_k")]
@@ -383,10 +403,10 @@ class _Planner:
 
     def _output_columns(self) -> list[Column]:
         """Spark's output of the join, from the operator's columns."""
-        by_id = {}
+        by_id: dict[int, Column] = {}
         for s, attrs in (("l", self.left_attrs), ("r", self.right_attrs)):
             for i, a in enumerate(attrs):
-                by_id[a.exprId().id()] = f"__ss_{s}{i}"
+                by_id[a.exprId().id()] = _from_side_columns(f"__ss_{s}{i}", a)
         out = []
         top = (
             _seq(self.top.projectList())
@@ -398,9 +418,9 @@ class _Planner:
             metadata = json.loads(e.metadata().json())  # the watermarks' delays among them
             if _name(e) == "Alias":  # a full outer USING join's key: coalesce(left, right)
                 parts = [by_id[c.exprId().id()] for c in _seq(e.child().children())]
-                column = F.coalesce(*[F.col(p) for p in parts])
+                column = F.coalesce(*parts)
             else:
-                column = F.col(by_id[e.exprId().id()])
+                column = by_id[e.exprId().id()]
             out.append(column.alias(name, metadata=metadata))
         return out
 
@@ -429,6 +449,45 @@ def _time_of(col: Column, expr: Any) -> Column:
     if str(expr.dataType().typeName()) == "struct":
         return col.getField("end")
     return col
+
+
+def _struct_fields(expr: Any) -> list[str] | None:
+    """The field names of a struct-typed Spark expression (a window), None for other types."""
+    dtype = expr.dataType()
+    if str(dtype.typeName()) != "struct":
+        return None
+    return [str(n) for n in dtype.fieldNames()]
+
+
+def _side_columns(name: str, col: Column, attr: Any) -> list[Column]:
+    """A side's column as the union carries it: as it is, or a struct (a window) as its fields
+    and whether it is there at all, since state values are flat."""
+    fields = _struct_fields(attr)
+    if fields is None:
+        return [col.alias(name)]
+    return [
+        col.isNotNull().alias(f"{name}_present"),
+        *[col.getField(f).alias(f"{name}_{j}") for j, f in enumerate(fields)],
+    ]
+
+
+def _from_side_columns(name: str, attr: Any) -> Column:
+    """The column :func:`_side_columns` split, put back together."""
+    fields = _struct_fields(attr)
+    if fields is None:
+        return F.col(name)
+    struct = F.struct(*[F.col(f"{name}_{j}").alias(f) for j, f in enumerate(fields)])
+    return F.when(F.col(f"{name}_present"), struct)
+
+
+def _key_columns(i: int, expr: Any) -> list[Column]:
+    """Key ``i`` of one side as key columns: the expression, or the fields of a struct (a
+    window) one by one, since state keys are flat."""
+    col = F.expr(expr.sql())
+    fields = _struct_fields(expr)
+    if fields is None:
+        return [col.alias(f"__ss_k{i}")]
+    return [col.getField(f).alias(f"__ss_k{i}_{j}") for j, f in enumerate(fields)]
 
 
 def _spark_type(field: pa.Field, frames: dict[str, DataFrame]) -> Any:

@@ -81,6 +81,8 @@ class OperatorMetrics:
     #: Wall time of the operator's phases in milliseconds, by progress name (``groupingTimeMs``,
     #: ``userFunctionTimeMs``, ...): where a task's time went, shown in ``customMetrics``.
     phase_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Counts of the operator's own in ``customMetrics``, summed over partitions.
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def observe_event_time(self, millis: int | None) -> None:
         if millis is not None and (
@@ -116,6 +118,7 @@ class OperatorMetrics:
         out = cls(**{k: v for k, v in data.items() if k in names})
         out.phase_ms = dict(out.phase_ms)  # never shared with ``data``
         out.max_event_time_by_input = dict(out.max_event_time_by_input)
+        out.custom = dict(out.custom)
         return out
 
     def merge(self, other: OperatorMetrics) -> None:
@@ -134,6 +137,9 @@ class OperatorMetrics:
             elif field.name == "phase_ms":
                 for name, ms in other.phase_ms.items():
                     self.phase_ms[name] = self.phase_ms.get(name, 0.0) + ms
+            elif field.name == "custom":
+                for name, value in other.custom.items():
+                    self.custom[name] = self.custom.get(name, 0.0) + value
             else:
                 setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 

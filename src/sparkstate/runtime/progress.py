@@ -42,6 +42,8 @@ def state_operator_progress(
     custom["loadTimeMs"] = round(load_ms)
     for name, ms in total.phase_ms.items():  # where the tasks' time went, summed over partitions
         custom[name] = round(ms)
+    for name, value in total.custom.items():
+        custom[name] = value
     entry = {
         "operatorName": operator.operator_name,
         "numRowsTotal": rows_total,
