@@ -19,6 +19,7 @@ state is evicted, so eviction is one range scan; a row count per side.
 from __future__ import annotations
 
 import dataclasses
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -30,8 +31,11 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import is_late, max_event_time_ms, to_epoch_micros
 from sparkstate.operators.base import BatchContext, StatefulOperator
-from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA, index_key_schema
+from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA, TS_SCHEMA, index_key_schema
+from sparkstate.operators.ts_index import encode_ts as _ts_prefix
 from sparkstate.store.base import StateStore
+from sparkstate.store.codec import KeyCodec, ValueCodec
+from sparkstate.store.schema_json import schema_to_json
 
 __all__ = ["JOIN_TYPES", "JoinSide", "StreamingJoin"]
 
@@ -112,8 +116,8 @@ class StreamingJoin(StatefulOperator):
         self.input_schema = pa.schema(
             [pa.field(SIDE_COLUMN, pa.int8(), nullable=False), *self.key_schema, *nullable]
         )
-        self.value_schema = _list_schema(left)
-        self._right_values = _list_schema(right)
+        self.value_schema = ROWS_SCHEMA
+        self._rows = {"left": _row_schema(left), "right": _row_schema(right)}
         if join_type == "leftSemi":
             self.output_schema = pa.schema(left.fields)
         else:
@@ -128,7 +132,7 @@ class StreamingJoin(StatefulOperator):
 
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         out = {
-            "right": (self.key_schema, self._right_values),
+            "right": (self.key_schema, ROWS_SCHEMA),
             _COUNT_CF: (_COUNT_KEY_SCHEMA, _COUNT_SCHEMA),
         }
         for side in (self.left, self.right):
@@ -143,7 +147,7 @@ class StreamingJoin(StatefulOperator):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["join_type"] = self.join_type
-        out["right_value_schema"] = [str(f) for f in self._right_values]
+        out["row_schemas"] = {name: schema_to_json(s) for name, s in self._rows.items()}
         return out
 
     # --- processing ------------------------------------------------------------------------------
@@ -162,8 +166,8 @@ class StreamingJoin(StatefulOperator):
         m.num_input_rows += table.num_rows
         side = table.column(SIDE_COLUMN)
         states = {
-            "left": _SideState(store, "default", self.left, self.key_schema),
-            "right": _SideState(store, "right", self.right, self.key_schema),
+            "left": _SideState(store, "default", self.left),
+            "right": _SideState(store, "right", self.right),
         }
         counts = _read_counts(store)
         out: list[pa.RecordBatch] = []
@@ -266,18 +270,15 @@ class StreamingJoin(StatefulOperator):
         """Join one side's input with the other side's state, then with this side's state for
         later input; returns the joined rows and how many rows were stored."""
         mine, theirs = states[this.name], states[other.name]
-        keys = rows.select(self.key_schema.names)
-        kencs = mine.key_codec.encode_many(keys)
-        theirs.load(kencs)
-        candidates = theirs.rows_of(kencs)  # (state rows, key position)
-        pairs_this, pairs_other = self._match(rows, kencs, candidates, this, other)
-        # Mark the other side's state rows that matched, and this side's input rows.
-        if not (self.join_type == "leftSemi" and this is self.right):
-            theirs.mark_matched(candidates, pairs_other)
+        kencs = mine.key_codec.encode_many(rows.select(self.key_schema.names))
+        kids = theirs.ids(kencs)  # the other side's rows of these keys, loaded
+        pairs_this, pairs_other = self._match(rows, kids, theirs, this, other)
+        semi = self.join_type == "leftSemi"
+        if not (semi and this is self.right):
+            theirs.mark_matched(pairs_other)
         matched = np.zeros(rows.num_rows, bool)
         matched[pairs_this] = True
         out: list[pa.RecordBatch] = []
-        semi = self.join_type == "leftSemi"
         if semi and this is self.left:
             first = np.unique(pairs_this)
             if len(first):
@@ -286,14 +287,14 @@ class StreamingJoin(StatefulOperator):
                 )
         elif semi:
             # Right input: the stored left rows it matches are emitted, and leave the state.
-            fresh = theirs.take(candidates, pairs_other)
+            fresh = theirs.take(pairs_other)
             if fresh.num_rows:
                 out.append(_batch(fresh.select(other.names), self.output_schema))
         elif len(pairs_this):
+            mine_rows = rows.take(pa.array(pairs_this))
+            their_rows = theirs.table.take(pa.array(pairs_other))
             left_rows, right_rows = (
-                (rows.take(pa.array(pairs_this)), candidates[0].take(pa.array(pairs_other)))
-                if this is self.left
-                else (candidates[0].take(pa.array(pairs_other)), rows.take(pa.array(pairs_this)))
+                (mine_rows, their_rows) if this is self.left else (their_rows, mine_rows)
             )
             out.append(self._pairs(left_rows, right_rows))
         # Store this side's input rows (Spark's rules): a left row always, even one the
@@ -312,38 +313,32 @@ class StreamingJoin(StatefulOperator):
         stored = int(keep.sum())
         if stored:
             idx = np.flatnonzero(keep)
-            mine.append(
-                [kencs[i] for i in idx],
-                rows.take(pa.array(idx)).select(this.names),
-                matched[idx],
-            )
+            own = mine.ids([kencs[i] for i in idx.tolist()])  # loads this side's rows too
+            mine.append(own, rows.take(pa.array(idx)).select(this.names), matched[idx])
         return out, stored
 
     def _match(
         self,
         rows: pa.Table,
-        kencs: list[bytes],
-        candidates: tuple[pa.Table, np.ndarray],
+        kids: np.ndarray,
+        theirs: _SideState,
         this: JoinSide,
         other: JoinSide,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Pairs (input row, state row) with equal keys for which the condition holds."""
-        state_rows, state_key_pos = candidates
-        if state_rows.num_rows == 0 or rows.num_rows == 0:
+        """Pairs (input row, the other side's state row) with equal keys for which the
+        condition holds. A null key equals a null key here, as in Spark's state (rows with null
+        keys reach the join only in a full outer join, where Spark infers no not-null filter)."""
+        candidates = theirs.rows_of(np.unique(kids))
+        if not len(candidates) or rows.num_rows == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        # Key identity by encoded key: a position per distinct key on both sides. A null key
-        # equals a null key here, as in Spark's state (rows with null keys reach the join only
-        # in a full outer join, where Spark's optimizer infers no not-null filter).
-        ids = {k: i for i, k in enumerate(dict.fromkeys(kencs))}
-        left_ids = np.fromiter((ids[k] for k in kencs), np.int64, len(kencs))
-        probe = pa.table({"id": left_ids, _ROW: np.arange(rows.num_rows)})
-        build = pa.table({"id": state_key_pos, _OTHER: np.arange(state_rows.num_rows)})
+        probe = pa.table({"id": kids, _ROW: np.arange(rows.num_rows)})
+        build = pa.table({"id": theirs.kid[candidates], _OTHER: candidates})
         pairs = probe.join(build, "id", join_type="inner", use_threads=False)
         this_idx = np.asarray(pairs.column(_ROW), np.int64)
         other_idx = np.asarray(pairs.column(_OTHER), np.int64)
         if self.condition is not None and len(this_idx):
             a = rows.take(pa.array(this_idx)).select(this.names)
-            b = state_rows.take(pa.array(other_idx)).select(other.names)
+            b = theirs.table.take(pa.array(other_idx)).select(other.names)
             both = pa.Table.from_arrays(
                 [*a.columns, *b.columns], names=[*a.column_names, *b.column_names]
             )
@@ -392,13 +387,39 @@ def _any_null(keys: pa.Table) -> np.ndarray:
     return out
 
 
-def _list_schema(side: JoinSide) -> pa.Schema:
-    return pa.schema(
-        [
-            *(pa.field(f.name, pa.list_(f.type)) for f in side.fields),
-            pa.field(MATCHED, pa.list_(pa.bool_())),
-        ]
-    )
+#: The state value of a join key on one side: its rows, each a value-codec row of the side's
+#: columns and the matched flag, after its length (uint32 little-endian).
+ROWS_SCHEMA = pa.schema([pa.field("rows", pa.binary(), nullable=False)])
+_LEN = struct.Struct("<I")
+_TS_CODEC = KeyCodec(TS_SCHEMA)
+
+
+def _row_schema(side: JoinSide) -> pa.Schema:
+    return pa.schema([*(f.with_nullable(True) for f in side.fields), pa.field(MATCHED, pa.bool_())])
+
+
+def _pack(rows: list[bytes], counts: list[int]) -> list[bytes]:
+    """Per key, its ``counts[i]`` rows (in order) as one value."""
+    out, pos, pack = [], 0, _LEN.pack
+    for n in counts:
+        out.append(b"".join(pack(len(r)) + r for r in rows[pos : pos + n]))
+        pos += n
+    return out
+
+
+def _unpack(values: list[bytes]) -> tuple[list[bytes], list[int]]:
+    """The rows of packed values, and the index of the value each came from."""
+    rows: list[bytes] = []
+    parents: list[int] = []
+    unpack = _LEN.unpack_from
+    for i, v in enumerate(values):
+        pos, end = 0, len(v)
+        while pos < end:
+            (n,) = unpack(v, pos)
+            rows.append(v[pos + 4 : pos + 4 + n])
+            parents.append(i)
+            pos += 4 + n
+    return rows, parents
 
 
 def _batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
@@ -425,115 +446,99 @@ def _write_counts(store: StateStore, counts: dict[str, int]) -> None:
 
 
 class _SideState:
-    """One side's rows in state: loaded per key as needed, written back once per batch."""
+    """One side's rows in state during a batch, in whole arrays: the rows of the keys loaded so
+    far (each key loaded once, by one multi-get), a key id per row, a matched flag and whether
+    the row is still there; the keys whose rows changed are written back once, at the end."""
 
-    def __init__(self, store: StateStore, cf: str, side: JoinSide, key_schema: pa.Schema):
+    def __init__(self, store: StateStore, cf: str, side: JoinSide) -> None:
         self.store = store
         self.fam = store.column_family(cf)
         self.key_codec = self.fam.key_codec
         self.side = side
-        self.key_schema = key_schema
         self.index_cf = f"{side.name}$time" if side.state_time is not None else None
-        #: Loaded keys: encoded key -> rows table (side columns + matched), in stored order.
-        self.rows: dict[bytes, pa.Table] = {}
-        self.dirty: set[bytes] = set()
+        self.schema = pa.schema([f.with_nullable(True) for f in side.fields])
+        self.row_codec = ValueCodec(_row_schema(side))
+        #: Encoded key -> key id, and back.
+        self.kid_of: dict[bytes, int] = {}
+        self.keys: list[bytes] = []
+        self._chunks: list[pa.Table] = []
+        self._table: pa.Table | None = self.schema.empty_table()
+        self.kid = np.zeros(0, np.int64)
+        self.matched = np.zeros(0, bool)
+        self.alive = np.zeros(0, bool)
+        self.dirty: set[int] = set()
         self.index_puts: set[bytes] = set()
         #: Rows that left the state at a match (a left semi join's).
         self.taken = 0
-        self.list_schema = _list_schema(side)
-        self.row_schema = pa.schema(
-            [*(f.with_nullable(True) for f in side.fields), pa.field(MATCHED, pa.bool_())]
-        )
 
-    def load(self, kencs: list[bytes]) -> None:
-        wanted = [k for k in dict.fromkeys(kencs) if k not in self.rows]
-        if not wanted:
-            return
-        raws = self.store.get_encoded_many(wanted, self.fam.name)
-        present = [(k, r) for k, r in zip(wanted, raws, strict=True) if r is not None]
-        for k in wanted:
-            self.rows[k] = self.row_schema.empty_table()
-        if not present:
-            return
-        values, _ = self.fam.value_codec.decode_many_arrow([r for _, r in present])
-        parents = np.asarray(pc.list_parent_indices(values.column(MATCHED)), np.int64)
-        flat = pa.table(
-            {f.name: pc.list_flatten(values.column(f.name)) for f in self.list_schema},
-            schema=self.row_schema,
-        )
-        bounds = np.searchsorted(parents, np.arange(len(present) + 1))
-        for i, (k, _) in enumerate(present):
-            self.rows[k] = flat.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
+    @property
+    def table(self) -> pa.Table:
+        """Every loaded or added row (removed ones too; see ``alive``)."""
+        if self._table is None:
+            self._table = pa.concat_tables(self._chunks).combine_chunks()
+            self._chunks = [self._table]
+        return self._table
 
-    def rows_of(self, kencs: list[bytes]) -> tuple[pa.Table, np.ndarray]:
-        """The stored rows of the distinct keys in ``kencs``, and per row the position of its key
-        among those distinct keys (the order of first appearance, as ``_match`` numbers them)."""
-        distinct = list(dict.fromkeys(kencs))
-        parts, pos = [], []
-        for i, k in enumerate(distinct):
-            t = self.rows.get(k)
-            if t is not None and t.num_rows:
-                parts.append(t)
-                pos.append(np.full(t.num_rows, i, np.int64))
-        self._last = distinct
-        if not parts:
-            return self.row_schema.empty_table(), np.zeros(0, np.int64)
-        return pa.concat_tables(parts).combine_chunks(), np.concatenate(pos)
+    def _add(self, rows: pa.Table, kids: np.ndarray, matched: np.ndarray) -> None:
+        self._chunks.append(pa.Table.from_arrays(rows.columns, schema=self.schema))
+        self._table = None
+        self.kid = np.concatenate([self.kid, kids])
+        self.matched = np.concatenate([self.matched, matched])
+        self.alive = np.concatenate([self.alive, np.ones(len(kids), bool)])
 
-    def mark_matched(
-        self, candidates: tuple[pa.Table, np.ndarray], matched_rows: np.ndarray
-    ) -> None:
-        if not len(matched_rows):
-            return
-        table, _ = candidates
-        flags = np.asarray(table.column(MATCHED), bool).copy()
-        if flags[matched_rows].all():
-            return
-        flags[matched_rows] = True
-        self._rewrite(
-            table.set_column(table.schema.get_field_index(MATCHED), MATCHED, pa.array(flags))
-        )
+    def ids(self, kencs: list[bytes]) -> np.ndarray:
+        """The key id of each encoded key, its stored rows loaded the first time it is seen."""
+        kid_of = self.kid_of
+        fresh = [k for k in dict.fromkeys(kencs) if k not in kid_of]
+        if fresh:
+            first = len(self.keys)
+            for i, k in enumerate(fresh):
+                kid_of[k] = first + i
+            self.keys.extend(fresh)
+            raws = self.store.get_encoded_many(fresh, self.fam.name)
+            found = [i for i, r in enumerate(raws) if r is not None]
+            if found:
+                packed, _ = self.fam.value_codec.decode_many_arrow([raws[i] for i in found])
+                row_bytes, parents = _unpack(packed.column("rows").to_pylist())
+                rows, _ = self.row_codec.decode_many_arrow(row_bytes)
+                kids = (first + np.asarray(found, np.int64))[np.asarray(parents, np.int64)]
+                flags = np.asarray(rows.column(MATCHED).fill_null(False), bool)
+                self._add(rows.select(self.schema.names), kids, flags)
+        return np.fromiter((kid_of[k] for k in kencs), np.int64, len(kencs))
 
-    def take(self, candidates: tuple[pa.Table, np.ndarray], matched_rows: np.ndarray) -> pa.Table:
-        """(Left semi) the stored rows matched now, each once; they leave the state."""
-        table, _ = candidates
-        if not len(matched_rows):
-            return table.slice(0, 0)
-        gone = np.zeros(table.num_rows, bool)
-        gone[matched_rows] = True
-        self.taken += int(gone.sum())
-        self._rewrite(table.filter(pa.array(~gone)), keep=~gone)
-        return table.filter(pa.array(gone))
+    def rows_of(self, kids: np.ndarray) -> np.ndarray:
+        """Positions of the rows still there whose key id is among ``kids``."""
+        if not len(self.kid):
+            return np.zeros(0, np.int64)
+        return np.flatnonzero(self.alive & np.isin(self.kid, kids))
 
-    def _rewrite(self, table: pa.Table, keep: np.ndarray | None = None) -> None:
-        """Replace the rows of the keys ``rows_of`` last returned by ``table``: the same rows
-        in the same order, or (``keep``) those of them it marks."""
-        start = new_start = 0
-        for k in self._last:
-            n = self.rows[k].num_rows
-            if n:
-                kept = n if keep is None else int(keep[start : start + n].sum())
-                self.rows[k] = table.slice(new_start, kept)
-                self.dirty.add(k)
-                start += n
-                new_start += kept
+    def mark_matched(self, idx: np.ndarray) -> None:
+        fresh = idx[~self.matched[idx]]
+        if len(fresh):
+            self.matched[fresh] = True
+            self.dirty.update(np.unique(self.kid[fresh]).tolist())
 
-    def append(self, kencs: list[bytes], rows: pa.Table, matched: np.ndarray) -> None:
-        full = rows.append_column(MATCHED, pa.array(matched, pa.bool_()))
-        full = pa.Table.from_arrays(full.columns, schema=self.row_schema)
-        order: dict[bytes, list[int]] = {}
-        for i, k in enumerate(kencs):
-            order.setdefault(k, []).append(i)
-        for k, idx in order.items():
-            self.load([k]) if k not in self.rows else None
-            self.rows[k] = pa.concat_tables([self.rows[k], full.take(pa.array(idx))])
-            self.dirty.add(k)
+    def take(self, idx: np.ndarray) -> pa.Table:
+        """(Left semi) the rows at ``idx`` (each once): they leave the state."""
+        idx = np.unique(idx)
+        self.alive[idx] = False
+        self.dirty.update(np.unique(self.kid[idx]).tolist())
+        self.taken += len(idx)
+        return self.table.take(pa.array(idx))
+
+    def append(self, kids: np.ndarray, rows: pa.Table, matched: np.ndarray) -> None:
+        self._add(rows.select(self.schema.names), kids, matched)
+        self.dirty.update(np.unique(kids).tolist())
         if self.index_cf is not None:
             assert self.side.state_time is not None
             times = to_epoch_micros(rows.column(self.side.state_time))
-            for k, t in zip(kencs, times.to_pylist(), strict=True):
-                if t is not None:
-                    self.index_puts.add(_ts_prefix(int(t)) + k)
+            present = np.asarray(times.is_valid(), bool)
+            if present.any():
+                stamps = _TS_CODEC.encode_many(pa.table({"ts_ms": times.filter(present)}))
+                keys = self.keys
+                self.index_puts.update(
+                    map(bytes.__add__, stamps, [keys[k] for k in kids[present].tolist()])
+                )
 
     def evict(self, state_wm_us: int) -> tuple[int, pa.Table] | None:
         """Remove the rows whose state time is at or below ``state_wm_us``: (how many, those
@@ -542,33 +547,20 @@ class _SideState:
         self.flush_index()
         end = _ts_prefix(state_wm_us + 1)
         doomed_index: list[bytes] = []
-        keys: dict[bytes, None] = {}
         width = len(_ts_prefix(0))
         for kencs, _ in self.store.range_scan_encoded_chunks(None, end, self.index_cf):
             doomed_index.extend(kencs)
-            for k in kencs:
-                keys[k[width:]] = None
         if not doomed_index:
             return None
-        self.load(list(keys))
-        removed = 0
-        unmatched: list[pa.Table] = []
-        for k in keys:
-            t = self.rows[k]
-            if not t.num_rows:
-                continue
-            times = to_epoch_micros(t.column(self.side.state_time))
-            gone = np.asarray(pc.fill_null(pc.less_equal(times, state_wm_us), False), bool)
-            if not gone.any():
-                continue
-            removed += int(gone.sum())
-            old = t.filter(pa.array(gone))
-            unmatched.append(old.filter(pc.invert(old.column(MATCHED))))
-            self.rows[k] = t.filter(pa.array(~gone))
-            self.dirty.add(k)
+        kids = np.unique(self.ids([k[width:] for k in doomed_index]))
+        idx = self.rows_of(kids)
+        times = to_epoch_micros(self.table.column(self.side.state_time).take(pa.array(idx)))
+        gone = idx[np.asarray(pc.fill_null(pc.less_equal(times, state_wm_us), False), bool)]
+        self.alive[gone] = False
+        self.dirty.update(np.unique(self.kid[gone]).tolist())
         self.store.remove_encoded_many(doomed_index, self.index_cf)
-        out = pa.concat_tables(unmatched) if unmatched else self.row_schema.empty_table()
-        return removed, out
+        unmatched = gone[~self.matched[gone]]
+        return len(gone), self.table.take(pa.array(unmatched))
 
     def flush_index(self) -> None:
         if self.index_cf is not None and self.index_puts:
@@ -577,32 +569,28 @@ class _SideState:
             self.index_puts.clear()
 
     def flush(self) -> None:
+        """Write the changed keys back: each key's rows still there, as lists; a key without
+        rows is removed."""
         self.flush_index()
         if not self.dirty:
             return
-        live = [k for k in self.dirty if self.rows[k].num_rows]
-        dead = [k for k in self.dirty if not self.rows[k].num_rows]
-        if live:
-            tables = [self.rows[k] for k in live]
-            lengths = np.array([t.num_rows for t in tables], np.int64)
-            flat = pa.concat_tables(tables).combine_chunks()
-            offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-            lists = pa.table(
-                {
-                    f.name: pa.ListArray.from_arrays(offsets, flat.column(f.name).combine_chunks())
-                    for f in self.row_schema
-                }
+        dirty = np.fromiter(self.dirty, np.int64, len(self.dirty))
+        idx = np.flatnonzero(self.alive & np.isin(self.kid, dirty))
+        idx = idx[np.argsort(self.kid[idx], kind="stable")]
+        kids = self.kid[idx]
+        live, counts = np.unique(kids, return_counts=True)
+        dead = np.setdiff1d(dirty, live)
+        if len(live):
+            rows = self.table.take(pa.array(idx)).append_column(
+                MATCHED, pa.array(self.matched[idx])
             )
-            values = pa.Table.from_arrays(lists.columns, schema=self.list_schema)
+            packed = _pack(self.row_codec.encode_many(rows), counts.tolist())
+            values = pa.table({"rows": pa.array(packed, pa.binary())}, schema=ROWS_SCHEMA)
             self.store.put_encoded_many(
-                live, self.fam.value_codec.encode_many(values), self.fam.name
+                [self.keys[k] for k in live.tolist()],
+                self.fam.value_codec.encode_many(values),
+                self.fam.name,
             )
-        if dead:
-            self.store.remove_encoded_many(dead, self.fam.name)
+        if len(dead):
+            self.store.remove_encoded_many([self.keys[k] for k in dead.tolist()], self.fam.name)
         self.dirty.clear()
-
-
-def _ts_prefix(ts_us: int) -> bytes:
-    from sparkstate.operators.ts_index import encode_ts
-
-    return encode_ts(ts_us)
