@@ -329,3 +329,36 @@ def test_join_params() -> None:
     assert list(full) == ["inner", "leftOuter"]
     assert full["inner"]["rows_per_batch"] == 500_000
     assert join.params_for(argparse.Namespace(quick=True))["inner"]["rows_per_batch"] == 100_000
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_join_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "join.json"
+    systems = ["spark-rocksdb", "sparkstate-rocksdb"]
+    args = argparse.Namespace(
+        quick=True, systems=",".join(systems), json_out=str(out), rows=500, warmup=2, batches=1
+    )
+    assert join.run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "join"
+    assert report["workloads"] == ["inner", "leftOuter"]
+    assert set(report["systems"]) == {f"{w}:{s}" for w in report["workloads"] for s in systems}
+    for workload in report["workloads"]:
+        check = report["checks"][workload]
+        assert check["expected_output_measured"] > 0, workload
+        for name in systems:
+            r = report["systems"][f"{workload}:{name}"]
+            assert "error" not in r, (workload, name, r)
+            assert r["available"], (workload, name, r)
+            assert check["systems"][name]["ok"], (workload, name, check["systems"][name])
+            assert check["systems"][name]["output_measured"] == check["expected_output_measured"]
+            assert [b["batchId"] for b in r["per_batch"]] == [0, 1, 2]
+            assert r["mean_state"]["operators"] == ["symmetricHashJoin"], (workload, name)
+            where = r["where_time_goes_ms"]
+            assert where["removals"] >= 0 and where["commit"] >= 0, (workload, name, where)
+        assert f"{workload}:sparkstate-rocksdb/spark-rocksdb" in report["ratios"]
+    # the measured batch evicts impressions, and the left outer join emits those never matched
+    checks = report["checks"]
+    assert checks["inner"]["expected_output_measured"] == 125
+    assert checks["leftOuter"]["expected_output_measured"] == 125 + 337
