@@ -314,6 +314,12 @@ def test_join_check_names_the_batches_that_disagree() -> None:
     }
 
 
+def test_join_is_not_available_without_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(join, "JOIN_OPERATOR", "sparkstate.operators.no_such_operator")
+    with pytest.raises(_spark.NotAvailable, match="no stream-stream join operator"):
+        join.measure("sparkstate-memory", {"workload": "inner"})  # before any JVM starts
+
+
 def test_join_params() -> None:
     args = argparse.Namespace(quick=True, rows=10, warmup=2, batches=1, workloads="leftOuter")
     assert join.params_for(args) == {
