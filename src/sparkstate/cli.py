@@ -16,6 +16,7 @@ BENCHES = {
     "aggregate": "sparkstate.bench.aggregate",
     "arbitrary": "sparkstate.bench.arbitrary",
     "windows": "sparkstate.bench.windows",
+    "join": "sparkstate.bench.join",
 }
 
 
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
     bench.add_argument("--systems", default=None, help="comma-separated subset of systems")
     bench.add_argument(
-        "--workloads", default=None, help="comma-separated subset of workloads (windows)"
+        "--workloads", default=None, help="comma-separated subset of workloads (windows, join)"
     )
     bench.add_argument("--remote", default=None, help=REMOTE_HELP)
     return parser

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sparkstate.bench import _spark, aggregate, arbitrary, windows
+from sparkstate.bench import _spark, aggregate, arbitrary, join, windows
 
 
 def _progress(batch: int, rows: int, ms: int, commit: int) -> dict[str, Any]:
@@ -115,6 +115,8 @@ def test_unknown_system_is_refused(tmp_path: Path) -> None:
     assert aggregate.run(args) == 2
     assert windows.run(args) == 2
     assert windows.run(argparse.Namespace(quick=True, workloads="hopping")) == 2
+    assert join.run(args) == 2
+    assert join.run(argparse.Namespace(quick=True, workloads="fullOuter")) == 2
 
 
 def test_windows_model_of_the_tumbling_workload() -> None:
@@ -230,6 +232,10 @@ def test_windows_bench_tiny(tmp_path: Path, workload: str, systems: list[str]) -
         ours = report["systems"].get(f"{workload}:sparkstate-rocksdb")
         if ours is not None and ours["available"]:
             assert f"{workload}:sparkstate-rocksdb/spark-rocksdb" in report["ratios"]
+    # the measured batch evicts impressions, and the left outer join emits those never matched
+    checks = report["checks"]
+    assert checks["inner"]["expected_output_measured"] == 125
+    assert checks["leftOuter"]["expected_output_measured"] == 125 + 337
 
 
 def test_drive_waits_for_sparks_own_progress_of_a_batch() -> None:
@@ -254,3 +260,123 @@ def test_drive_waits_for_sparks_own_progress_of_a_batch() -> None:
     )
     assert [p["durationMs"]["triggerExecution"] for p in got] == [900, 120]
     assert stopped == [True]
+
+
+def test_join_model() -> None:
+    rows = 100
+    exp = join.expected(rows=rows, keys=2 * rows, batches=6)
+    # a quarter of the clicks match, from batch 1 on all of them (half of batch 0's impressions
+    # are not there for them)
+    assert exp.joined == [12, 25, 25, 25, 25, 25]
+    # batch b evicts the clicks of batch b - 1 (but their last minute) and the impressions of
+    # batch b - 2 (but their last minute): steady from batch 3, everything stored is evicted
+    assert exp.removed == [0, 89, 189, 200, 200, 200]
+    assert exp.stored == [200] * 6
+    assert exp.total == [200, 311, 322, 322, 322, 322]
+    # the impressions no click matched (three in four) leave with nulls
+    assert exp.unmatched == [0, 0, 67, 75, 75, 75]
+    assert exp.output("leftOuter") == [12, 25, 92, 100, 100, 100]
+    assert exp.output("inner") == exp.joined
+    # rows 6 s apart: the last of batch 0 at 9:54, the watermark a minute behind
+    assert join.iso_ms(exp.watermark_ms[1]) == "2024-01-01T00:08:54.000Z"
+
+
+def test_join_model_counts_every_match_in_range() -> None:
+    # with as many keys as rows an ad has an impression every 10 minutes, so every click is in
+    # the range of one impression of its ad, the clicks that match none by default included
+    rows = 100
+    values = np.arange(3 * rows, dtype=np.int64)
+    imp_ad, imp_ts = join.impressions_of(values, rows, rows)
+    click_ad, click_ts = join.clicks_of(values, rows, rows)
+    brute = np.zeros(3, np.int64)
+    for c in range(len(values)):
+        hits = (imp_ad == click_ad[c]) & (imp_ts <= click_ts[c])
+        hits &= click_ts[c] <= imp_ts + join.RANGE_US
+        brute[c // rows] += int(hits.sum())
+    exp = join.expected(rows=rows, keys=rows, batches=3)
+    assert exp.joined == brute.tolist()
+    assert exp.joined[1:] == [100, 100]
+
+
+def test_join_check_names_the_batches_that_disagree() -> None:
+    params = {"rows_per_batch": 100, "batches": 3, "warmup": 2}
+    exp = join.expected(rows=100, keys=200, batches=3)
+    batches = [
+        {
+            "batchId": b,
+            "numInputRows": 200,
+            "numOutputRows": exp.output("leftOuter")[b],
+            "watermark": join.iso_ms(exp.watermark_ms[b]),
+            "numRowsTotal": exp.total[b],
+            "numRowsUpdated": exp.stored[b],
+            "numRowsRemoved": exp.removed[b],
+            "numRowsDroppedByWatermark": 0,
+        }
+        for b in range(3)
+    ]
+    assert join.check_system("leftOuter", params, exp, {"per_batch": batches}) == []
+    assert join.check_system("inner", params, exp, {"per_batch": batches}) == [
+        "batch 2: numOutputRows 92, expected 25"
+    ]
+    theirs = {"available": True, "per_batch": batches}
+    ours = {"available": True, "per_batch": [*batches[:2], {**batches[2], "numRowsTotal": 1}]}
+    assert join.check_agreement({"spark-rocksdb": theirs, "sparkstate-rocksdb": ours}) == {
+        "spark-rocksdb": [],
+        "sparkstate-rocksdb": ["batch 2: numRowsTotal 1, spark-rocksdb 322"],
+    }
+
+
+def test_join_is_not_available_without_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(join, "JOIN_OPERATOR", "sparkstate.operators.no_such_operator")
+    with pytest.raises(_spark.NotAvailable, match="no stream-stream join operator"):
+        join.measure("sparkstate-memory", {"workload": "inner"})  # before any JVM starts
+
+
+def test_join_params() -> None:
+    args = argparse.Namespace(quick=True, rows=10, warmup=2, batches=1, workloads="leftOuter")
+    assert join.params_for(args) == {
+        "leftOuter": {
+            "workload": "leftOuter",
+            "rows_per_batch": 10,
+            "keys": 20,
+            "batches": 3,
+            "warmup": 2,
+        }
+    }
+    full = join.params_for(argparse.Namespace())
+    assert list(full) == ["inner", "leftOuter"]
+    assert full["inner"]["rows_per_batch"] == 500_000
+    assert join.params_for(argparse.Namespace(quick=True))["inner"]["rows_per_batch"] == 100_000
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_join_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "join.json"
+    systems = ["spark-rocksdb", "sparkstate-rocksdb"]
+    args = argparse.Namespace(
+        quick=True, systems=",".join(systems), json_out=str(out), rows=500, warmup=2, batches=1
+    )
+    assert join.run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "join"
+    assert report["workloads"] == ["inner", "leftOuter"]
+    assert set(report["systems"]) == {f"{w}:{s}" for w in report["workloads"] for s in systems}
+    for workload in report["workloads"]:
+        check = report["checks"][workload]
+        assert check["expected_output_measured"] > 0, workload
+        for name in systems:
+            r = report["systems"][f"{workload}:{name}"]
+            assert "error" not in r, (workload, name, r)
+            assert r["available"], (workload, name, r)
+            assert check["systems"][name]["ok"], (workload, name, check["systems"][name])
+            assert check["systems"][name]["output_measured"] == check["expected_output_measured"]
+            assert [b["batchId"] for b in r["per_batch"]] == [0, 1, 2]
+            assert r["mean_state"]["operators"] == ["symmetricHashJoin"], (workload, name)
+            where = r["where_time_goes_ms"]
+            assert where["removals"] >= 0 and where["commit"] >= 0, (workload, name, where)
+        assert f"{workload}:sparkstate-rocksdb/spark-rocksdb" in report["ratios"]
+    # the measured batch evicts impressions, and the left outer join emits those never matched
+    checks = report["checks"]
+    assert checks["inner"]["expected_output_measured"] == 125
+    assert checks["leftOuter"]["expected_output_measured"] == 125 + 337
