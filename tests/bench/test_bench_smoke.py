@@ -232,10 +232,6 @@ def test_windows_bench_tiny(tmp_path: Path, workload: str, systems: list[str]) -
         ours = report["systems"].get(f"{workload}:sparkstate-rocksdb")
         if ours is not None and ours["available"]:
             assert f"{workload}:sparkstate-rocksdb/spark-rocksdb" in report["ratios"]
-    # the measured batch evicts impressions, and the left outer join emits those never matched
-    checks = report["checks"]
-    assert checks["inner"]["expected_output_measured"] == 125
-    assert checks["leftOuter"]["expected_output_measured"] == 125 + 337
 
 
 def test_drive_waits_for_sparks_own_progress_of_a_batch() -> None:
@@ -355,12 +351,18 @@ def test_join_bench_tiny(tmp_path: Path) -> None:
     out = tmp_path / "join.json"
     systems = ["spark-rocksdb", "sparkstate-rocksdb"]
     args = argparse.Namespace(
-        quick=True, systems=",".join(systems), json_out=str(out), rows=500, warmup=2, batches=1
+        quick=True,
+        systems=",".join(systems),
+        json_out=str(out),
+        rows=500,
+        warmup=2,
+        batches=1,
+        workloads="leftOuter",  # the inner join's path is the left outer's, without the nulls
     )
     assert join.run(args) == 0
     report = json.loads(out.read_text())
     assert report["benchmark"] == "join"
-    assert report["workloads"] == ["inner", "leftOuter"]
+    assert report["workloads"] == ["leftOuter"]
     assert set(report["systems"]) == {f"{w}:{s}" for w in report["workloads"] for s in systems}
     for workload in report["workloads"]:
         check = report["checks"][workload]
@@ -378,5 +380,4 @@ def test_join_bench_tiny(tmp_path: Path) -> None:
         assert f"{workload}:sparkstate-rocksdb/spark-rocksdb" in report["ratios"]
     # the measured batch evicts impressions, and the left outer join emits those never matched
     checks = report["checks"]
-    assert checks["inner"]["expected_output_measured"] == 125
     assert checks["leftOuter"]["expected_output_measured"] == 125 + 337

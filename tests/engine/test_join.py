@@ -125,6 +125,11 @@ def test_join_matches_spark(
         [op[f] for f in fields] for op in their_ops
     ]
     assert {op["operatorName"] for op in our_ops} == {"symmetricHashJoin"}
+    for op in our_ops:  # each side's share, under Spark's field names
+        sides = op["customMetrics"]
+        for f in ("numRowsTotal", "numRowsUpdated", "numRowsRemoved"):
+            name = f[0].upper() + f[1:]
+            assert sides.get(f"left{name}", 0) + sides.get(f"right{name}", 0) == op[f]
 
 
 def test_outer_join_without_a_range_is_refused_as_in_spark(

@@ -185,6 +185,7 @@ class StreamingJoin(StatefulOperator):
             out.extend(joined)
             counts[this.name] += stored
             m.num_rows_updated += stored
+            _count(m, this.name, "NumRowsUpdated", stored)
         m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
         for batch in out:
             m.num_output_rows += batch.num_rows
@@ -195,19 +196,23 @@ class StreamingJoin(StatefulOperator):
             for batch, removed in self._evict(state, ctx):
                 counts[this.name] -= removed
                 m.num_rows_removed += removed
+                _count(m, this.name, "NumRowsRemoved", removed)
                 if batch is not None and batch.num_rows:
                     m.num_output_rows += batch.num_rows
                     yield batch
         for name, state in states.items():
             counts[name] -= state.taken
             m.num_rows_removed += state.taken
+            _count(m, name, "NumRowsRemoved", state.taken)
             state.flush()
         _write_counts(store, counts)
         m.num_rows_total = (m.num_rows_total or 0) + counts["left"] + counts["right"]
         # Rows of a side no watermark evicts: its state only grows (an inner join without
         # watermarks, as in Spark); said in the progress, where Spark says nothing.
         forever = sum(counts[s.name] for s in (self.left, self.right) if s.state_time is None)
-        m.custom["numRowsNeverEvicted"] = m.custom.get("numRowsNeverEvicted", 0) + forever
+        _count(m, "num", "RowsNeverEvicted", forever)
+        for name, rows in counts.items():  # each side's share of Spark's fields
+            _count(m, name, "NumRowsTotal", rows)
         m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
 
     def _preserves(self, side: JoinSide) -> bool:
@@ -368,6 +373,12 @@ class StreamingJoin(StatefulOperator):
             yield None, removed
             return
         yield self._with_nulls(side, unmatched), removed
+
+
+def _count(m: Any, prefix: str, name: str, n: int) -> None:
+    """Add ``n`` to the operator's own metric ``prefix + name`` (``leftNumRowsTotal``, ...)."""
+    key = prefix + name
+    m.custom[key] = m.custom.get(key, 0) + n
 
 
 def _holds(table: pa.Table, condition: pc.Expression) -> np.ndarray:
