@@ -10,6 +10,7 @@ both sides, and rows that never match.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +61,25 @@ FILES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
 CONDITION = "click_ad = ad AND click_ts >= imp_ts AND click_ts <= imp_ts + interval 10 seconds"
 
 
-def run(
-    spark: SparkSession, tmp: Path, how: str, provider: str | None, on: Any = None
+Inputs = Callable[[Any, Any], tuple[Any, Any]]
+
+
+def watermarked(left: Any, right: Any) -> tuple[Any, Any]:
+    """Both sides with a 5-second watermark on their time."""
+    return left.withWatermark("imp_ts", "5 seconds"), right.withWatermark("click_ts", "5 seconds")
+
+
+def feed_query(
+    spark: SparkSession,
+    tmp: Path,
+    provider: str | None,
+    build: Callable[[Any, Any], Any],
+    inputs: Inputs = watermarked,
 ) -> tuple[Collector, list[dict[str, Any]]]:
-    """The join of the feeds, Spark's own (``provider`` None) or sparkstate's: what it delivered
-    and the join's progress per batch."""
+    """``build(left, right)`` over the two feeds as ``inputs`` shapes them, as a PySpark user
+    writes it; sparkstate's with only ``left`` wrapped, unless ``provider`` is None (Spark's
+    own query). The first half of the files, a stop, then the rest on the same checkpoint:
+    what it delivered and its last operator's progress per batch."""
     imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
     collector: Collector = SortedSetsCollector()
     progress: list[dict[str, Any]] = []
@@ -73,10 +88,8 @@ def run(
         for left_rows, right_rows in part:
             imps.add(left_rows)
             clicks.add(right_rows)
-        left = imps.stream(spark, IMPRESSIONS).withWatermark("imp_ts", "5 seconds")
-        right = clicks.stream(spark, CLICKS).withWatermark("click_ts", "5 seconds")
-        condition = F.expr(CONDITION) if on is None else on
-        query: Any = (ss.stream(left) if provider else left).join(right, condition, how)
+        left, right = inputs(imps.stream(spark, IMPRESSIONS), clicks.stream(spark, CLICKS))
+        query = build(ss.stream(left) if provider else left, right)
         writer = query.writeStream.outputMode("append").foreachBatch(collector)
         writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
         if provider is not None:
@@ -86,6 +99,18 @@ def run(
         progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
     ops = [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
     return collector, ops
+
+
+def run(
+    spark: SparkSession, tmp: Path, how: str, provider: str | None
+) -> tuple[Collector, list[dict[str, Any]]]:
+    """The join of the feeds on :data:`CONDITION`, Spark's own (``provider`` None) or
+    sparkstate's."""
+
+    def build(left: Any, right: Any) -> Any:
+        return left.join(right, F.expr(CONDITION), how)
+
+    return feed_query(spark, tmp, provider, build)
 
 
 JOIN_TYPES = ["inner", "left_outer", "rightouter", "full", "leftsemi"]
@@ -149,28 +174,14 @@ def windowed_count(spark: SparkSession, tmp: Path, provider: str | None) -> Coll
     """A left outer join, then impressions and their clicks counted per 10-second window of
     the impression's time (append mode: each window once, when the join's watermark, behind
     the inputs' by the condition's range, passes it)."""
-    imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
-    collector: Collector = SortedSetsCollector()
-    half = len(FILES) // 2
-    for part in (FILES[:half], FILES[half:]):
-        for left_rows, right_rows in part:
-            imps.add(left_rows)
-            clicks.add(right_rows)
-        left = imps.stream(spark, IMPRESSIONS).withWatermark("imp_ts", "5 seconds")
-        right = clicks.stream(spark, CLICKS).withWatermark("click_ts", "5 seconds")
-        joined: Any = (ss.stream(left) if provider else left).join(
-            right, F.expr(CONDITION), "left_outer"
-        )
-        query = joined.groupBy(F.window("imp_ts", "10 seconds")).agg(
+
+    def build(left: Any, right: Any) -> Any:
+        joined = left.join(right, F.expr(CONDITION), "left_outer")
+        return joined.groupBy(F.window("imp_ts", "10 seconds")).agg(
             F.count("*").alias("rows"), F.count("click_id").alias("clicks")
         )
-        writer = query.writeStream.outputMode("append").foreachBatch(collector)
-        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
-        if provider is not None:
-            writer = writer.option("stateStore", provider)
-        handle = writer.trigger(availableNow=True).start()
-        assert handle.awaitTermination(180)
-    return collector
+
+    return feed_query(spark, tmp, provider, build)[0]
 
 
 def test_a_windowed_count_after_the_join_matches_spark(spark: SparkSession, tmp_path: Path) -> None:
@@ -185,28 +196,15 @@ def keyed(
 ) -> tuple[Collector, list[dict[str, Any]]]:
     """The two inputs with the same key column ``ad`` (and, with ``watermark``, the same
     watermarked time column ``ts``), joined on column names (a USING join)."""
-    imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
-    collector: Collector = SortedSetsCollector()
-    progress: list[dict[str, Any]] = []
-    half = len(FILES) // 2
-    for part in (FILES[:half], FILES[half:]):
-        for left_rows, right_rows in part:
-            imps.add(left_rows)
-            clicks.add(right_rows)
-        left = imps.stream(spark, IMPRESSIONS)
-        right = clicks.stream(spark, CLICKS).withColumnRenamed("click_ad", "ad")
+
+    def inputs(left: Any, right: Any) -> tuple[Any, Any]:
+        right = right.withColumnRenamed("click_ad", "ad")
         if watermark:
             left = left.withColumnRenamed("imp_ts", "ts").withWatermark("ts", "5 seconds")
             right = right.withColumnRenamed("click_ts", "ts").withWatermark("ts", "5 seconds")
-        query: Any = (ss.stream(left) if provider else left).join(right, on, how)
-        writer = query.writeStream.outputMode("append").foreachBatch(collector)
-        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
-        if provider is not None:
-            writer = writer.option("stateStore", provider)
-        handle = writer.trigger(availableNow=True).start()
-        assert handle.awaitTermination(180)
-        progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
-    return collector, [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+        return left, right
+
+    return feed_query(spark, tmp, provider, lambda left, right: left.join(right, on, how), inputs)
 
 
 def test_an_equi_join_without_watermarks_keeps_its_state_and_says_so(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -51,6 +52,7 @@ __all__ = [
     "ROCKSDB_PROVIDER",
     "BenchSpec",
     "NotAvailable",
+    "Workloads",
     "batch_records",
     "drive",
     "machine_info",
@@ -59,6 +61,7 @@ __all__ = [
     "ratios",
     "run_bench",
     "run_systems",
+    "run_workloads",
     "selected_systems",
     "spark_session",
     "summarize",
@@ -619,3 +622,79 @@ def measure_query(
     result["run_s"] = run_s
     result["spark_conf"] = recorded_conf(spark)
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Workloads:
+    """A benchmark of several workloads, each run on every system and checked against a model
+    (``windows``, ``join``): what :func:`run_workloads` needs of it."""
+
+    #: The benchmark's name (``windows``) and the module its systems run from.
+    name: str
+    module: str
+    systems: Sequence[str]
+    ratio_pairs: Sequence[tuple[str, str]]
+    #: Seconds a system may take, ``--quick`` and full.
+    timeouts: tuple[float, float]
+    #: ``check(workload, params, results)``: per system ``ok``, ``problems`` and the count
+    #: named by ``measured``; and the model's count under ``expected``.
+    check: Callable[[str, dict[str, Any], dict[str, Any]], dict[str, Any]]
+    #: Keys of the check's counts, and what they count in the printed verdict.
+    measured: str
+    expected: str
+    counted: str
+
+
+def run_workloads(bench: Workloads, params: dict[str, dict[str, Any]], args: Any) -> int:
+    """Run every workload of ``params`` on the selected systems, print and check each, and
+    write the report; the exit status (1 when a system failed or disagreed with the model)."""
+    quick = bool(getattr(args, "quick", False))
+    timeout = bench.timeouts[0] if quick else bench.timeouts[1]
+    specs = {
+        w: BenchSpec(
+            f"{bench.name}-{w}", bench.module, bench.systems, bench.ratio_pairs, p, timeout
+        )
+        for w, p in params.items()
+    }
+    systems = selected_systems(next(iter(specs.values())), args)
+    if systems is None:
+        return 2
+    all_results: dict[str, Any] = {}
+    all_ratios: dict[str, float] = {}
+    checks: dict[str, Any] = {}
+    failed = False
+    for workload, spec in specs.items():
+        results, workload_failed = run_systems(spec, systems)
+        failed |= workload_failed
+        rat = {f"{workload}:{k}": v for k, v in ratios(results, bench.ratio_pairs).items()}
+        print_summary(spec.name, results, rat)
+        checks[workload] = bench.check(workload, spec.params, results)
+        for system, outcome in checks[workload]["systems"].items():
+            verdict = "ok" if outcome["ok"] else "FAILED: " + "; ".join(outcome["problems"][:5])
+            print(
+                f"[bench {spec.name}] check {system}: {outcome[bench.measured]:,} "
+                f"{bench.counted} in the measured batches (model "
+                f"{checks[workload][bench.expected]:,}): {verdict}",
+                flush=True,
+            )
+            failed |= not outcome["ok"]
+        all_results.update({f"{workload}:{s}": r for s, r in results.items()})
+        all_ratios.update(rat)
+    if all_ratios:
+        print(f"[bench {bench.name}] ratios (throughput, >1: the first is faster):")
+        for workload in params:
+            for key, value in all_ratios.items():
+                if key.startswith(f"{workload}:"):
+                    print(f"    {key}: {value:.2f}x")
+    report = {
+        "benchmark": bench.name,
+        "quick": quick,
+        "workloads": list(params),
+        "params": params,
+        "machine": machine_info(),
+        "systems": all_results,
+        "ratios": all_ratios,
+        "checks": checks,
+    }
+    write_report(bench.name, args, report)
+    return 1 if failed else 0

@@ -59,7 +59,7 @@ import dataclasses
 import importlib.util
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -68,16 +68,11 @@ from sparkstate.bench._spark import (
     HDFS_PROVIDER,
     PROVIDER_CONF,
     ROCKSDB_PROVIDER,
-    BenchSpec,
     NotAvailable,
-    machine_info,
+    Workloads,
     measure_query,
-    print_summary,
-    ratios,
-    run_systems,
-    selected_systems,
+    run_workloads,
     spark_session,
-    write_report,
 )
 from sparkstate.bench.windows import iso_ms
 
@@ -489,56 +484,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"[bench join] {exc}")
         return 2
-    quick = bool(getattr(args, "quick", False))
-    timeout = 1800.0 if quick else 7200.0
-    specs = {
-        w: BenchSpec(f"join-{w}", __name__, SYSTEMS, RATIO_PAIRS, p, timeout)
-        for w, p in params.items()
-    }
-    systems = selected_systems(next(iter(specs.values())), args)
-    if systems is None:
-        return 2
-    all_results: dict[str, Any] = {}
-    all_ratios: dict[str, float] = {}
-    checks: dict[str, Any] = {}
-    failed = False
-    for workload, spec in specs.items():
-        results, workload_failed = run_systems(spec, systems)
-        failed |= workload_failed
-        rat = {f"{workload}:{k}": v for k, v in ratios(results, RATIO_PAIRS).items()}
-        print_summary(spec.name, results, rat)
-        checks[workload] = _check_workload(workload, spec.params, results)
-        for system, outcome in checks[workload]["systems"].items():
-            verdict = "ok" if outcome["ok"] else "FAILED: " + "; ".join(outcome["problems"][:5])
-            print(
-                f"[bench {spec.name}] check {system}: {outcome['output_measured']:,} rows "
-                f"emitted in the measured batches (model "
-                f"{checks[workload]['expected_output_measured']:,}): {verdict}",
-                flush=True,
-            )
-            failed |= not outcome["ok"]
-        all_results.update({f"{workload}:{s}": r for s, r in results.items()})
-        all_ratios.update(rat)
-    _print_ratios(all_ratios, list(params))
-    report = {
-        "benchmark": "join",
-        "quick": quick,
-        "workloads": list(params),
-        "params": params,
-        "machine": machine_info(),
-        "systems": all_results,
-        "ratios": all_ratios,
-        "checks": checks,
-    }
-    write_report("join", args, report)
-    return 1 if failed else 0
-
-
-def _print_ratios(rat: Mapping[str, float], workloads: Sequence[str]) -> None:
-    if not rat:
-        return
-    print("[bench join] ratios (throughput, >1: the first is faster):")
-    for workload in workloads:
-        for key, value in rat.items():
-            if key.startswith(f"{workload}:"):
-                print(f"    {key}: {value:.2f}x")
+    bench = Workloads(
+        "join",
+        __name__,
+        SYSTEMS,
+        RATIO_PAIRS,
+        (1800.0, 7200.0),
+        _check_workload,
+        measured="output_measured",
+        expected="expected_output_measured",
+        counted="rows emitted",
+    )
+    return run_workloads(bench, params, args)

@@ -134,14 +134,16 @@ def run(args: argparse.Namespace) -> int:
         .trigger(processingTime="1 second")
         .start()
     )
-    seen, processed = -1, 0
+    seen, processed, with_data = -1, 0, 0
     deadline = time.time() + 600
     try:
         while time.time() < deadline:
             for p in query.recentProgress:
                 if p.get("batchId", -1) > seen:
                     seen = p["batchId"]
-                    processed += int(p.get("numInputRows", 0))
+                    rows_in = int(p.get("numInputRows", 0))
+                    processed += rows_in
+                    with_data += rows_in > 0  # not the no-data batches a watermark move adds
                     print(_line(p), flush=True)
             if not generator.is_alive() and processed >= generator.written:
                 break
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     last = query.lastProgress or {}
     state_rows = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
     print(
-        f"done: {generator.written:,} events in {seen + 1} batches, {elapsed:.1f} s; "
+        f"done: {generator.written:,} events in {with_data} batches, {elapsed:.1f} s; "
         f"{state_rows:,} (user, category) keys in state"
     )
     print(
