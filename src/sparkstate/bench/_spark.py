@@ -60,6 +60,7 @@ __all__ = [
     "print_summary",
     "ratios",
     "run_bench",
+    "rows_emitted_measured",
     "run_systems",
     "run_workloads",
     "selected_systems",
@@ -643,6 +644,15 @@ class Workloads:
     measured: str
     expected: str
     counted: str
+
+
+def rows_emitted_measured(result: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+    """The rows a system emitted in the measured batches (after the warm-up ones)."""
+    return sum(
+        int(rec.get("numOutputRows") or 0)
+        for rec in result.get("per_batch", [])
+        if params["warmup"] <= int(rec["batchId"]) < params["batches"]
+    )
 
 
 def run_workloads(bench: Workloads, params: dict[str, dict[str, Any]], args: Any) -> int:

@@ -71,6 +71,7 @@ from sparkstate.bench._spark import (
     NotAvailable,
     Workloads,
     measure_query,
+    rows_emitted_measured,
     run_workloads,
     spark_session,
 )
@@ -465,11 +466,7 @@ def _check_workload(
         if "error" in r or not r.get("available", False):
             continue
         problems = check_system(workload, params, exp, r) + disagreements.get(system, [])
-        emitted = sum(
-            int(rec.get("numOutputRows") or 0)
-            for rec in r.get("per_batch", [])
-            if params["warmup"] <= int(rec["batchId"]) < params["batches"]
-        )
+        emitted = rows_emitted_measured(r, params)
         out["systems"][system] = {
             "ok": not problems,
             "output_measured": emitted,

@@ -66,6 +66,7 @@ from sparkstate.bench._spark import (
     NotAvailable,
     Workloads,
     measure_query,
+    rows_emitted_measured,
     run_workloads,
     spark_session,
 )
@@ -391,11 +392,7 @@ def _check_workload(
         if "error" in r or not r.get("available", False):
             continue
         problems = check_system(workload, params, exp, r)
-        emitted = sum(
-            int(rec.get("numOutputRows") or 0)
-            for rec in r.get("per_batch", [])
-            if params["warmup"] <= int(rec["batchId"]) < params["batches"]
-        )
+        emitted = rows_emitted_measured(r, params)
         out["systems"][system] = {
             "ok": not problems,
             "closed_measured": emitted,
