@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from sparkstate.store.local_dir import LocalStoreDir
 from sparkstate.testing.differential import Batches as Batches
 from sparkstate.testing.differential import Collector as Collector
 from sparkstate.testing.differential import FileFeed as FileFeed
@@ -60,8 +61,8 @@ def local_markers(local_dir: Path) -> list[tuple[int, int, dict[str, Any]]]:
     """(operator, partition, version marker) of every local RocksDB copy in ``local_dir`` (the
     copies of all queries that ran there).
 
-    The copies are closed between batches (a task releases its partition at commit), so opening
-    them read-only from the test process is safe and needs no lock.
+    A worker keeps its copies open between batches; taking a copy's lock asks the worker to let
+    go of it (its memtable is flushed at close), and then it opens from the test process.
     """
     import rocksdict
 
@@ -75,15 +76,17 @@ def local_markers(local_dir: Path) -> list[tuple[int, int, dict[str, Any]]]:
         db_path = local_dir / entry / "db"
         if not (db_path / "CURRENT").exists():
             continue
-        db = rocksdict.Rdict(
-            str(db_path),
-            rocksdict.Options(raw_mode=True),
-            access_type=rocksdict.AccessType.read_only(),
-        )
-        try:
-            raw = db.get(MARKER_KEY)
-        finally:
-            db.close()
+        with LocalStoreDir(str(local_dir), entry) as store_dir:
+            store_dir.acquire(30, owner="test reading the marker")
+            db = rocksdict.Rdict(
+                str(db_path),
+                rocksdict.Options(raw_mode=True),
+                access_type=rocksdict.AccessType.read_only(),
+            )
+            try:
+                raw = db.get(MARKER_KEY)
+            finally:
+                db.close()
         if raw is not None:
             out.append((int(parts[1][2:]), int(parts[2][1:]), json.loads(raw)))
     return out

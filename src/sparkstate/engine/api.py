@@ -28,7 +28,7 @@ from sparkstate.engine.plan import (
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
-from sparkstate.engine.workers import check_workers
+from sparkstate.engine.workers import check_workers, python_workers_per_executor
 from sparkstate.exceptions import (
     ConfigurationError,
 )
@@ -550,7 +550,11 @@ class DataStreamWriter:
             stage.op_id = int(recorded["id"])  # a checkpoint's own numbering (legacy ones)
         conf, maintenance_s = self._store_conf()
         num_partitions = int(metadata["num_partitions"])
-        conf = dataclasses.replace(conf, num_partitions=num_partitions)
+        conf = dataclasses.replace(
+            conf,
+            num_partitions=num_partitions,
+            python_workers=conf.python_workers or python_workers_per_executor(spark),
+        )
         store = StoreSettings(checkpoint.state_root, provider_spec, conf, maintenance_s)
         sink_opts = {
             k: v

@@ -55,9 +55,20 @@ class StoreConf:
     #: Executor-level directory for local databases; empty: resolved where the store opens
     #: (``$SPARKSTATE_LOCAL_DIR`` of the executor, else a temp dir), not where the conf is built.
     local_dir: str = ""
-    block_cache_mb: int = 64
+    #: RocksDB provider, one Python worker's RocksDB memory (block cache with the memtables
+    #: charged to it) ...
+    block_cache_mb: int = 128
+    #: ... of which the memtables take at most this much before they are flushed.
     write_buffer_mb: int = 64
+    #: RocksDB memory of all Python workers of an executor together (0: ``block_cache_mb`` per
+    #: worker); each worker gets ``memory_budget_mb / python_workers``, half of it for memtables.
+    memory_budget_mb: int = 0
+    #: Python workers an executor runs at once (its task slots); 0: the engine sets it.
+    python_workers: int = 0
     lock_timeout_s: float = 120.0
+    #: RocksDB provider: keep a partition's local database open in the worker process after its
+    #: task, until another process asks for the partition.
+    keep_local_open: bool = True
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.
     max_versions_in_memory: int = 2
@@ -75,6 +86,10 @@ class StoreConf:
         for name in ("block_cache_mb", "write_buffer_mb"):
             if getattr(self, name) < 1:
                 msg = f"{name} must be >= 1 MB, got {getattr(self, name)}"
+                raise ConfigurationError(msg)
+        for name in ("memory_budget_mb", "python_workers"):
+            if getattr(self, name) < 0:
+                msg = f"{name} must be >= 0, got {getattr(self, name)}"
                 raise ConfigurationError(msg)
         if self.num_partitions is not None and self.num_partitions < 1:
             msg = f"num_partitions must be >= 1, got {self.num_partitions}"

@@ -4,8 +4,9 @@ PySpark runs a partition's task in whichever Python worker process of the execut
 store's local RocksDB lives in an executor-level directory ``<local_dir>/<local_key>/``, not in a
 process. An exclusive ``flock`` on ``LOCK.sparkstate`` (:mod:`.file_lock`) says which process may
 use it; the holder records itself in the lock file (for the error message of a process that waits
-in vain), opens ``db/`` and closes it before releasing the lock so the next process can open it. A
-process that dies loses its flock in the kernel, and RocksDB's own ``LOCK`` with it.
+in vain, and the address where it takes requests to let go: :mod:`.handoff`), opens ``db/`` and
+closes it before releasing the lock so the next process can open it. A process that dies loses its
+flock in the kernel, and RocksDB's own ``LOCK`` with it.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from types import TracebackType
 
 from sparkstate.exceptions import ConfigurationError, StoreLockedError
 from sparkstate.store.file_lock import FileLock
+from sparkstate.store.handoff import ask_to_release
 
 __all__ = ["DB_DIR_NAME", "LOCK_FILE_NAME", "LocalStoreDir", "LockHolder", "local_key"]
 
 LOCK_FILE_NAME = "LOCK.sparkstate"
 DB_DIR_NAME = "db"
 _KEY_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+#: While refused, how often the holder is asked to let go (a request can be lost or early).
+_ASK_EVERY_S = 0.05
 
 
 def local_key(checkpoint_root: str, operator_id: int, partition_id: int, store_name: str) -> str:
@@ -81,10 +85,12 @@ class LocalStoreDir:
         """Whether this object holds the lock in this process (a forked child does not)."""
         return self._lock.held
 
-    def acquire(self, timeout_s: float, owner: str = "") -> float:
+    def acquire(self, timeout_s: float, owner: str = "", handoff: str | None = None) -> float:
         """Take the lock, waiting up to ``timeout_s``; return the seconds waited.
 
-        ``owner`` (e.g. a task attempt) is written to the lock file for error messages.
+        ``owner`` (e.g. a task attempt) is written to the lock file for error messages, and
+        ``handoff``, the address this process listens on for requests to let go of the directory
+        (:mod:`.handoff`). While refused, the holder is asked at its recorded address, if any.
         Raises :class:`StoreLockedError` naming the holder's pid when the wait times out.
         """
         if self.held:
@@ -94,8 +100,12 @@ class LocalStoreDir:
         start = time.monotonic()
         deadline = start + max(timeout_s, 0.0)
         delay = 0.001
-        while not self._lock.try_acquire(self._record(owner)):
+        asked = -1.0
+        while not self._lock.try_acquire(self._record(owner, handoff)):
             now = time.monotonic()
+            if now - asked >= _ASK_EVERY_S:
+                self._ask_holder()
+                asked = now
             if now >= deadline:
                 holder = self.holder()
                 who = holder.describe() if holder else "a process that recorded no pid"
@@ -109,15 +119,27 @@ class LocalStoreDir:
         return time.monotonic() - start
 
     @staticmethod
-    def _record(owner: str) -> str:
+    def _record(owner: str, handoff: str | None = None) -> str:
         """The owner line of this process: a JSON object that :meth:`holder` reads back."""
-        record = {
+        record: dict[str, object] = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "acquired_at": time.time(),
             "owner": owner,
         }
+        if handoff:
+            record["handoff"] = handoff
         return json.dumps(record)
+
+    def _ask_holder(self) -> None:
+        """Ask the holder to let go, if it recorded where it listens (a holder on this host)."""
+        try:
+            raw = json.loads(self._lock.owner() or "null")
+            address, host = raw["handoff"], raw["host"]
+        except (ValueError, TypeError, KeyError):
+            return
+        if isinstance(address, str) and host == socket.gethostname():
+            ask_to_release(address, self.path)
 
     def release(self) -> None:
         """Clear the holder record and drop the lock. Close the DB first. Idempotent."""

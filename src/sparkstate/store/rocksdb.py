@@ -1,8 +1,11 @@
 """The ``rocksdb`` provider: a local RocksDB per partition, changelogs and shared-SST snapshots.
 
 The local database lives in an executor-level directory guarded by a file lock, so the Python
-worker processes of one executor take turns on a partition: a store holds the lock from
-``get_store`` until ``commit``/``abort``. Writes are buffered in an overlay that reads see; commit
+worker processes of one executor take turns on a partition. The process that ran a partition's
+last task keeps the lock and the database open, so that the partition's next task in the same
+process starts warm; a task in another process asks it to let go (:mod:`.handoff`), and a process
+that holds a store at an older version than the one requested catches it up first, so no process
+ever reads a stale version. Writes are buffered in an overlay that reads see; commit
 writes the version's changelog to durable storage first, then applies the overlay and the version
 marker to RocksDB in one WriteBatch (WAL off). A local copy at an older version on the requested
 lineage catches up by replaying changelogs; anything else restores from the nearest snapshot.
@@ -17,6 +20,7 @@ import logging
 import operator
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
@@ -26,6 +30,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
 from sparkstate.store.base import StateStore, StoreConf, StoreId, default_local_dir
+from sparkstate.store.handoff import listener
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
 from sparkstate.store.rocksdb_snapshot import (
@@ -235,7 +240,8 @@ class RocksDBStateStore(StateStore):
     def _abort(self) -> None:
         self._pending.clear()
         self._counted = None
-        self._provider.release()
+        # A writable version aborted is a failed or replayed task: let the database go.
+        self._provider.end_use(close=not self._read_only)
 
     def capture_final_metrics(self) -> None:
         """Read the database's memory and disk figures while it is still open."""
@@ -257,6 +263,12 @@ class RocksDBStateStoreProvider(VersionedProvider):
     def __init__(self) -> None:
         self._db: LocalDB | None = None
         self._active: RocksDBStateStore | None = None
+        #: Guards the database's lifetime between a task and the handoff thread.
+        self._mutex = threading.RLock()
+        #: A store of this provider is open (from get_store until commit/abort).
+        self._in_use = False
+        #: Another process asked for the partition while a store was open.
+        self._release_asked = False
 
     def init(
         self,
@@ -282,33 +294,68 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "bytesDownloaded": 0,
             "changelogsReplayed": 0,
             "restores": 0,
+            "localOpens": 0,
         }
 
     # --- local database lifetime -----------------------------------------------------------------
 
     def _acquire(self) -> None:
-        if not self.local.held:
+        """Hold the partition's local directory (waiting for, and asking, another holder)."""
+        if self.local.held:  # kept from this provider's last task
+            return
+        if not self.conf.keep_local_open:
             self.local.acquire(self.conf.lock_timeout_s, owner=str(self.id))
+            return
+        handoff = listener()
+        self.local.acquire(self.conf.lock_timeout_s, owner=str(self.id), handoff=handoff.address)
+        handoff.register(self.local.path, self._release_requested)
+
+    def _release_requested(self) -> None:
+        """Another process needs the partition (called on the handoff thread)."""
+        with self._mutex:
+            if self._in_use:
+                self._release_asked = True
+            else:
+                self.release()
+
+    def end_use(self, *, close: bool = False) -> None:
+        """A store is done: keep the database open for this process's next task on the
+        partition, unless ``close``, not configured to, or another process asked for it."""
+        with self._mutex:
+            self._in_use = False
+            if close or self._release_asked or not self.conf.keep_local_open:
+                self._release_asked = False
+                self.release()
 
     def release(self) -> None:
         """Close the local database and let other worker processes take the partition."""
-        if self._db is not None:
-            with contextlib.suppress(StateStoreError):
-                self._db.close()
-            self._db = None
-        local: LocalStoreDir | None = getattr(self, "local", None)
-        if local is not None:
-            local.release()
+        with self._mutex:
+            local: LocalStoreDir | None = getattr(self, "local", None)
+            if local is not None and local.held:
+                listener().unregister(local.path)
+            if self._db is not None:
+                with contextlib.suppress(StateStoreError):
+                    self._db.close()
+                self._db = None
+            if local is not None:
+                local.release()
 
     def _open_local(self) -> tuple[LocalDB | None, VersionRef | None, int]:
-        """The local database if usable, the attempt it holds and its key count."""
-        if not os.path.exists(os.path.join(self.local.db_path, "CURRENT")):
-            return None, None, 0
+        """The local database if usable (the one kept open, else opened from the directory),
+        the attempt it holds and its key count."""
+        db, self._db = self._db, None
         try:
-            db = LocalDB(self.local.db_path, self.db_conf, create_if_missing=False)
+            if db is None:
+                if not os.path.exists(os.path.join(self.local.db_path, "CURRENT")):
+                    return None, None, 0
+                self._stats["localOpens"] += 1
+                db = LocalDB(self.local.db_path, self.db_conf, create_if_missing=False)
             marker = db.read_marker()
         except StateStoreError as exc:
             log.warning("%s: local database unusable, restoring: %s", self.id, exc)
+            if db is not None:
+                with contextlib.suppress(StateStoreError):
+                    db.close()
             return None, None, 0
         if not marker or "version" not in marker:
             db.close()
@@ -330,11 +377,13 @@ class RocksDBStateStoreProvider(VersionedProvider):
 
     def _open(self, version: int, checkpoint_id: str | None, read_only: bool) -> RocksDBStateStore:
         start = time.perf_counter()
-        self._acquire()
+        with self._mutex:
+            self._in_use = True
         try:
+            self._acquire()
             store = self._load(version, checkpoint_id, read_only)
         except BaseException:
-            self.release()
+            self.end_use(close=True)
             raise
         self._active = store
         store.load_time_ms = int((time.perf_counter() - start) * 1000)
@@ -350,9 +399,6 @@ class RocksDBStateStoreProvider(VersionedProvider):
             active._pending.clear()
             active._counted = None
             active._done = True
-        if self._db is not None:
-            self._db.close()
-            self._db = None
         db, local_ref, num_keys = self._open_local()
         if db is not None and local_ref == target:
             self._db = db
@@ -415,7 +461,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
     # --- commit, snapshots -----------------------------------------------------------------------
 
     def after_commit(self, store: RocksDBStateStore, ref: VersionRef) -> None:
-        """Take a local checkpoint when a snapshot is due, capture metrics, release the lock.
+        """Take a local checkpoint when a snapshot is due, capture metrics, end the store's use.
 
         The checkpoint is created under a private name and renamed to ``pending-...`` once
         complete, so that maintenance in another worker process only ever claims whole ones.
@@ -428,7 +474,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             self._db.create_checkpoint(creating)
             os.rename(creating, self.local.scratch_path(f"pending-{ref}@{incarnation}"))
         store.capture_final_metrics()
-        self.release()
+        self.end_use()
 
     def _snapshot_due(self, ref: VersionRef) -> bool:
         """Whether no snapshot (uploaded or pending) exists among ``ref``'s recent ancestors."""
@@ -540,6 +586,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "restores",
             "changelogBytesWritten",
             "corruptSnapshotsSkipped",
+            "localOpens",
         ]
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 :class:`LocalDBConf` is what the provider chooses (compression, memory, bloom filters);
 :func:`db_options` turns it into RocksDB options. Every DB a process opens shares one block cache
 and one write-buffer manager (:func:`shared_resources`), so memory is bounded per process, not per
-store.
+store: the cache holds data blocks, index and filter blocks, and the memtables are charged to it
+(RocksDB's write-buffer manager with a cache), so one number bounds all of it.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ __all__ = [
 ]
 
 _MB = 1024 * 1024
+#: The smallest RocksDB memory a worker's share of a budget is cut to.
+_MIN_SHARE_MB = 8
 
 
 @dataclasses.dataclass
 class SharedResources:
-    """The block cache and write-buffer manager that every DB of this process uses."""
+    """The block cache and write-buffer manager that every DB of this process uses; the
+    memtables are charged to the cache, so ``block_cache_bytes`` bounds both."""
 
     block_cache: rocksdict.Cache
     write_buffer_manager: rocksdict.WriteBufferManager
@@ -46,9 +50,10 @@ _shared_lock = threading.Lock()
 def shared_resources(block_cache_mb: int, write_buffer_mb: int) -> SharedResources:
     """This process's LRU block cache and write-buffer manager, created on first use.
 
-    A later call asking for more memory grows them (never shrinks: a DB may rely on them).
-    Memtables are bounded by the manager (flush, not stall, when over), data blocks plus index
-    and filter blocks by the cache. A forked child gets its own.
+    The cache's capacity is the process's RocksDB memory; the manager charges the memtables to it
+    and flushes (it does not stall writers) once they pass ``write_buffer_mb``. A later call
+    asking for more memory grows them (never shrinks: a DB may rely on them). A forked child gets
+    its own.
     """
     global _shared
     if block_cache_mb < 1 or write_buffer_mb < 1:
@@ -58,9 +63,13 @@ def shared_resources(block_cache_mb: int, write_buffer_mb: int) -> SharedResourc
     with _shared_lock:
         res = _shared
         if res is None or res.pid != os.getpid():
+            cache = rocksdict.Cache(cache_bytes)
+            manager = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+                buffer_bytes, False, cache
+            )
             res = SharedResources(
-                block_cache=rocksdict.Cache(cache_bytes),
-                write_buffer_manager=rocksdict.WriteBufferManager(buffer_bytes, False),
+                block_cache=cache,
+                write_buffer_manager=manager,
                 block_cache_bytes=cache_bytes,
                 write_buffer_bytes=buffer_bytes,
                 pid=os.getpid(),
@@ -80,7 +89,9 @@ class LocalDBConf:
     """RocksDB settings of a local DB (the provider builds it from its ``StoreConf``)."""
 
     compression: str = "zstd"
-    block_cache_mb: int = 64
+    #: The process's RocksDB memory: data, index and filter blocks, and the memtables.
+    block_cache_mb: int = 128
+    #: Of which the memtables take at most this much before they are flushed.
     write_buffer_mb: int = 64
     bloom_bits_per_key: int = 10
     max_background_jobs: int = 2
@@ -97,11 +108,17 @@ class LocalDBConf:
 
     @classmethod
     def from_store_conf(cls, conf: Any) -> LocalDBConf:
-        """Take ``compression``, ``block_cache_mb`` and ``write_buffer_mb`` from a StoreConf."""
+        """Take compression and memory from a StoreConf: with ``memory_budget_mb`` (an executor's
+        budget) each of its ``python_workers`` gets an equal share, half of it for memtables;
+        else ``block_cache_mb`` and ``write_buffer_mb`` per worker."""
+        cache_mb, buffer_mb = conf.block_cache_mb, conf.write_buffer_mb
+        if conf.memory_budget_mb:
+            cache_mb = max(_MIN_SHARE_MB, conf.memory_budget_mb // max(1, conf.python_workers))
+            buffer_mb = cache_mb // 2
         return cls(
             compression=conf.compression,
-            block_cache_mb=conf.block_cache_mb,
-            write_buffer_mb=conf.write_buffer_mb,
+            block_cache_mb=cache_mb,
+            write_buffer_mb=min(buffer_mb, cache_mb),
         )
 
 
