@@ -15,11 +15,8 @@ HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
 # the test passes, pytest reports XPASS(strict) as a failure, and the entry goes.
 
 
-
-
 class TestMemoryProvider(StateStoreContract):
     provider = "memory"
-
 
 
 class ThirdPartyProvider(MemoryStateStoreProvider):
@@ -34,8 +31,6 @@ class TestThirdPartyProvider(StateStoreContract):
     provider = ThirdPartyProvider
 
 
-
 @pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb has not landed yet")
 class TestRocksDBProvider(StateStoreContract):
     provider = "rocksdb"
-

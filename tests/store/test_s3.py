@@ -13,14 +13,12 @@ HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
 pytestmark = pytest.mark.s3
 
 
-
 class TestMemoryProviderOnS3(StateStoreContract):
     provider = "memory"
 
     @pytest.fixture
     def checkpoint_root(self, s3_root: str) -> str:
         return s3_root
-
 
 
 @pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb has not landed yet")
@@ -30,4 +28,3 @@ class TestRocksDBProviderOnS3(StateStoreContract):
     @pytest.fixture
     def checkpoint_root(self, s3_root: str) -> str:
         return s3_root
-

@@ -28,7 +28,8 @@ from sparkstate.engine.plan import (
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
-from sparkstate.engine.workers import check_workers, python_workers_per_executor
+from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
+from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,
 )
@@ -480,7 +481,7 @@ class DataStreamWriter:
         opts = dict(self._options)
         provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
         provider = provider_name(provider_class(provider_spec))
-        self._store_conf()  # bad options fail before the checkpoint is touched
+        self._store_conf(spark)  # bad options fail before the checkpoint is touched
         request = StartRequest(
             location=self._checkpoint_location(spark),
             state_location=opts.get("stateLocation"),
@@ -509,9 +510,14 @@ class DataStreamWriter:
             lock.release()
             raise
 
-    def _store_conf(self) -> tuple[StoreConf, float]:
-        """The store's options (``stateStore.*``), checked; the maintenance interval."""
-        opts = self._options
+    def _store_conf(self, spark: Any) -> tuple[StoreConf, float]:
+        """The store's options (``stateStore.*``, over Spark's own state store settings of the
+        session), checked; the maintenance interval."""
+        from_spark = store_options_from_spark(spark)
+        opts = {
+            **{_STORE_PREFIX + k: v for k, v in from_spark.items()},
+            **self._options,
+        }
         store_opts = {
             k[len(_STORE_PREFIX) :]: v
             for k, v in opts.items()
@@ -548,7 +554,7 @@ class DataStreamWriter:
         metadata = checkpoint.metadata
         for stage, recorded in zip(stages, metadata["operators"], strict=True):
             stage.op_id = int(recorded["id"])  # a checkpoint's own numbering (legacy ones)
-        conf, maintenance_s = self._store_conf()
+        conf, maintenance_s = self._store_conf(spark)
         num_partitions = int(metadata["num_partitions"])
         conf = dataclasses.replace(
             conf,

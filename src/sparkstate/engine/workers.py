@@ -29,13 +29,7 @@ from typing import Any
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.store.registry import provider_class
 
-__all__ = [
-    "Interpreter",
-    "WorkerPython",
-    "check_workers",
-    "choose_interpreter",
-    "python_workers_per_executor",
-]
+__all__ = ["Interpreter", "WorkerPython", "check_workers", "choose_interpreter"]
 
 log = logging.getLogger("sparkstate.engine")
 
@@ -45,9 +39,6 @@ PYSPARK_DEFAULT = "python3"
 TASK_MODULES = ("sparkstate", "sparkstate.runtime.tasks")
 #: Providers whose third-party module the message names with the fix.
 _PROVIDER_PACKAGES = {"rocksdb": "rocksdict"}
-#: ``local``, ``local[N]``, ``local[*]``, ``local[N, F]``, ``local-cluster[E, N, M]``: N.
-_LOCAL_THREADS = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,\s*\d+\s*\]")
 #: Results of successful checks: (application, interpreter, modules) -> what the workers run.
 _CHECKED: dict[tuple[str | None, str | None, tuple[str, ...]], WorkerPython] = {}
 
@@ -235,21 +226,3 @@ def _job_failed(interpreter: Interpreter, exc: BaseException, provider: str) -> 
         f"the Python workers could not run sparkstate's check task with {who} "
         f"({interpreter.source}): {reason}. {_fix(provider)}"
     )
-
-
-def python_workers_per_executor(spark: Any) -> int:
-    """How many Python workers an executor runs at once: its task slots, ``spark.executor.cores``
-    (a local master's thread count) over ``spark.task.cpus``. Where the executor's cores are not
-    set (a standalone executor takes all of its worker's), this machine's CPU count stands in."""
-    conf = spark.conf
-    task_cpus = max(1, int(conf.get("spark.task.cpus", "1") or 1))
-    cores = conf.get("spark.executor.cores", None)
-    if not cores:
-        master = str(conf.get("spark.master", "") or "")
-        if local := _LOCAL_THREADS.fullmatch(master):
-            cores = local.group(1) or "1"
-        elif cluster := _LOCAL_CLUSTER.fullmatch(master):
-            cores = cluster.group(1)
-    if not cores or cores == "*":
-        return max(1, (os.cpu_count() or 1) // task_cpus)
-    return max(1, int(cores) // task_cpus)

@@ -78,9 +78,9 @@ class TaskReport:
     @property
     def rows_in_state(self) -> int:
         """Rows in the partition's state: the operator's count where it keeps one, else the
-        store's keys."""
+        store's keys; a store that does not count them (-1) reports 0, as Spark does."""
         counted = self.operator.num_rows_total
-        return self.store.num_keys if counted is None else counted
+        return max(0, self.store.num_keys) if counted is None else counted
 
     def to_json(self) -> str:
         return _dumps(

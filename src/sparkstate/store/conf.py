@@ -69,6 +69,9 @@ class StoreConf:
     #: RocksDB provider: keep a partition's local database open in the worker process after its
     #: task, until another process asks for the partition.
     keep_local_open: bool = True
+    #: RocksDB provider: count the rows in state (Spark's ``trackTotalNumberOfRows``); off, a
+    #: write needs no read of its key, the store's count is -1 and progress shows 0, as Spark's.
+    track_total_rows: bool = True
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.
     max_versions_in_memory: int = 2

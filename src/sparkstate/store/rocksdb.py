@@ -79,8 +79,13 @@ class RocksDBStateStore(StateStore):
         self._pending: dict[bytes, bytes | None] = {}
         #: Whether keys read from the database existed there, to count rows without extra reads.
         self._existed: dict[bytes, bool] = {}
-        self._base_keys = num_keys
-        self._num_keys = num_keys
+        #: Count rows (Spark's ``trackTotalNumberOfRows``): off, a write needs no read of its key
+        #: and the row count is reported as -1.
+        self._track = provider.conf.track_total_rows
+        if self._track and num_keys < 0:  # written untracked: counted once, here
+            num_keys = db.count_keys()
+        self._base_keys = num_keys if self._track else -1
+        self._num_keys = self._base_keys
         #: The key count of the overlay as it stands (None: a write since it was counted).
         self._counted: int | None = None
         self._final: dict[str, float] = {}
@@ -93,7 +98,8 @@ class RocksDBStateStore(StateStore):
         if value is not _MISSING:
             return value  # type: ignore[return-value]
         got = self._fetch([key])[0]
-        self._existed[key] = got is not None
+        if self._track:
+            self._existed[key] = got is not None
         return got
 
     def _fetch(self, keys: list[bytes]) -> list[bytes | None]:
@@ -127,7 +133,7 @@ class RocksDBStateStore(StateStore):
         pending = self._pending
         misses = [k for k in keys if k not in pending] if pending else list(keys)
         fetched = self._fetch(misses)
-        if not self._read_only:
+        if self._track and not self._read_only:
             self._existed.update(zip(misses, map(operator.is_not, fetched, _NONES), strict=True))
         if len(misses) == len(keys):  # no key written in this version
             return fetched
@@ -169,7 +175,7 @@ class RocksDBStateStore(StateStore):
             yield from super().raw_scan_chunks(start, end, skip, chunk)
             return
         # No write of this version in the range: the database's rows, a chunk per step.
-        existed = None if self._read_only else self._existed
+        existed = self._existed if self._track and not self._read_only else None
         for ks, vs in self._db.scan_chunks(start, end, chunk):
             if existed is not None:  # known to exist: no read to count them at the commit
                 existed.update(dict.fromkeys(ks, True))
@@ -188,6 +194,8 @@ class RocksDBStateStore(StateStore):
         counted once per state of the overlay (the task's metrics and the commit both ask)."""
         if self._counted is not None:
             return self._counted
+        if not self._track:
+            return -1
         pending, existed = self._pending, self._existed
         was = list(map(existed.get, pending))  # None: not read yet
         if None in was:

@@ -266,6 +266,15 @@ class LocalDB:
         except Exception as exc:
             _raise_translated(exc, "seek", self.path)
 
+    def count_keys(self) -> int:
+        """The number of keys (reserved keys aside), by a scan of the keys."""
+        db = self._live()
+        try:
+            keys = db.keys(read_opt=_upper_bound(RESERVED_PREFIX))
+            return sum(1 for _ in keys)
+        except Exception as exc:
+            _raise_translated(exc, "count keys", self.path)
+
     def read_marker(self) -> dict[str, Any] | None:
         """The marker of the last batch applied, or None if absent or not a JSON object."""
         raw = self.get(MARKER_KEY)
