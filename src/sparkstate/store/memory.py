@@ -255,9 +255,13 @@ class MemoryStateStoreProvider(VersionedProvider):
             from_local = plan.from_local and local is not None
             data = dict(self._cache[local]) if from_local and local else (snap or {})
             # The key order starts again (one sort at the first scan): replaying each delta's
-            # changes into it costs more than that sort when the removals are scattered.
-            for _, log in plan.changelogs:
-                _apply(data, log.keys, log.values)
+            # changes into it costs more than that sort when the removals are scattered. One
+            # delta is read at a time, applied a record batch at a time (what the map keeps is
+            # decoded anyway; smaller chunks only slow the bulk calls down); a failure part way
+            # leaves ``data``, a map of its own that nothing caches, behind.
+            for ref in plan.changelogs:
+                for keys, values in self.read_changelog(ref).chunks(max_rows=None):
+                    _apply(data, keys, values)
             if read_only:  # a writable store's version is cached when it commits
                 self.remember(target, data)
         load_ms = int((time.perf_counter() - start) * 1000)
