@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
 from sparkstate.store.base import StateStore
-from sparkstate.store.changelog import decode_changelog, encode_changelog
+from sparkstate.store.changelog import ChangelogReader, encode_changelog
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.versioned import VersionedProvider
 
@@ -284,8 +284,11 @@ class MemoryStateStoreProvider(VersionedProvider):
 
     def _read_snapshot(self, ref: VersionRef) -> dict[bytes, bytes]:
         name = file_name(ref, "snapshot")
-        snap = decode_changelog(_SNAPSHOT_KIND, self.dir.read(name), self.dir.where(name))
-        return dict(zip(snap.keys, snap.values, strict=True))  # type: ignore[arg-type]
+        snap = ChangelogReader(_SNAPSHOT_KIND, self.dir.read(name), self.dir.where(name))
+        data: dict[bytes, bytes] = {}
+        for keys, values in snap.chunks(max_rows=None):  # a record batch at a time
+            data.update(zip(keys, values, strict=True))  # type: ignore[arg-type]
+        return data
 
     def write_snapshot(self, ref: VersionRef, data: dict[bytes, bytes]) -> None:
         header = {"version": ref.version, "checkpoint_id": ref.checkpoint_id, "count": len(data)}
