@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -19,6 +20,30 @@ BENCHES = {
     "join": "sparkstate.bench.join",
 }
 
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        msg = f"must be at least 1, got {value}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+_WORKLOADS = ("--workloads", {"default": None, "help": "comma-separated subset of workloads"})
+_SIZE = "(default: the full size, or the --quick one)"
+#: The options of one benchmark only: bench name -> (flag, ``add_argument`` keywords).
+BENCH_OPTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "aggregate": [
+        ("--rows", {"type": _positive_int, "help": f"input rows per batch {_SIZE}"}),
+        ("--keys", {"type": _positive_int, "help": f"distinct keys, key = value %% keys {_SIZE}"}),
+        (
+            "--batches",
+            {"type": _positive_int, "help": f"batches to run, the first a warm-up {_SIZE}"},
+        ),
+    ],
+    "windows": [_WORKLOADS],
+    "join": [_WORKLOADS],
+}
 
 REMOTE_HELP = (
     "run through this Spark Connect server (sc://HOST:PORT) instead of a local Spark; "
@@ -37,14 +62,18 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--remote", default=None, help=REMOTE_HELP)
 
     bench = sub.add_parser("bench", help="run a benchmark against Spark's built-ins")
-    bench.add_argument("name", choices=sorted(BENCHES))
-    bench.add_argument("--quick", action="store_true", help="smaller sizes for a fast run")
-    bench.add_argument("--json", dest="json_out", default=None, help="write results to this file")
-    bench.add_argument("--systems", default=None, help="comma-separated subset of systems")
-    bench.add_argument(
-        "--workloads", default=None, help="comma-separated subset of workloads (windows, join)"
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quick", action="store_true", help="smaller sizes for a fast run")
+    common.add_argument("--json", dest="json_out", default=None, help="write results to this file")
+    common.add_argument("--systems", default=None, help="comma-separated subset of systems")
+    common.add_argument("--remote", default=None, help=REMOTE_HELP)
+    names = bench.add_subparsers(
+        dest="name", required=True, metavar="{" + ",".join(sorted(BENCHES)) + "}"
     )
-    bench.add_argument("--remote", default=None, help=REMOTE_HELP)
+    for name in sorted(BENCHES):
+        one = names.add_parser(name, parents=[common])
+        for flag, options in BENCH_OPTIONS.get(name, []):
+            one.add_argument(flag, **options)
     return parser
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sparkstate.bench import _spark, aggregate, arbitrary, join, windows
+from sparkstate.cli import _parser
 
 
 def _progress(batch: int, rows: int, ms: int, commit: int) -> dict[str, Any]:
@@ -381,3 +382,29 @@ def test_join_bench_tiny(tmp_path: Path) -> None:
     # the measured batch evicts impressions, and the left outer join emits those never matched
     checks = report["checks"]
     assert checks["leftOuter"]["expected_output_measured"] == 125 + 337
+
+
+def test_aggregate_takes_rows_keys_and_batches() -> None:
+    args = _parser().parse_args(
+        ["bench", "aggregate", "--rows", "2000", "--keys", "500", "--batches", "60"]
+    )
+    params = aggregate.params_for(args)
+    assert (params["rows_per_batch"], params["keys"], params["batches"]) == (2000, 500, 60)
+    quick = aggregate.params_for(_parser().parse_args(["bench", "aggregate", "--quick"]))
+    assert quick == aggregate.QUICK
+    assert aggregate.params_for(_parser().parse_args(["bench", "aggregate"])) == aggregate.FULL
+    too_few = argparse.Namespace(quick=True, systems="spark-hdfs", json_out=None, batches=1)
+    assert aggregate.run(too_few) == 2  # one batch is the warm-up: nothing to measure
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "aggregate", "--rows", "0"],
+        ["bench", "store", "--rows", "10"],
+        ["bench", "aggregate", "--workloads", "x"],
+    ],
+)
+def test_bench_refuses_options_it_does_not_take(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(argv)

@@ -15,7 +15,7 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
-from sparkstate.store.changelog import decode_changelog, encode_changelog
+from sparkstate.store.changelog import ChangelogReader, decode_changelog, encode_changelog
 from sparkstate.store.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.frames import decode_frame, encode_frame
 from sparkstate.store.layout import (
@@ -56,6 +56,22 @@ def test_changelog_round_trip_keeps_deletes_and_parent() -> None:
     assert log.keys == [b"a", b"b", b""]
     assert log.values == [b"1", None, b"3"]
     assert log.parent == (2, "def")
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
+def test_reader_reads_rows_in_chunks_once(codec: str) -> None:
+    keys = [b"%05d" % i for i in range(10)]
+    values: list[bytes | None] = [None if i % 3 == 0 else b"v%d" % i for i in range(10)]
+    data = encode_changelog(b"CLOG", {"parent": [1, "a"]}, keys, values, codec, batch_rows=4)
+    reader = ChangelogReader(b"CLOG", data, "f")
+    assert reader.parent == (1, "a")
+    got = list(reader.chunks(max_rows=3))
+    assert [len(k) for k, _ in got] == [3, 1, 3, 1, 2]  # a chunk never spans record batches
+    assert [k for ks, _ in got for k in ks] == keys
+    assert [v for _, vs in got for v in vs] == values
+    with pytest.raises(RuntimeError, match="read once"):
+        list(reader.chunks())
+    assert list(ChangelogReader(b"CLOG", data, "f").rows()) == list(zip(keys, values, strict=True))
 
 
 def test_checkpoint_ids_sort_by_creation_and_names_parse() -> None:

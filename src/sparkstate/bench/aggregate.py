@@ -1,9 +1,10 @@
 """``sparkstate bench aggregate``: a keyed streaming count, sparkstate against Spark's built-in.
 
 ``groupBy(key).count()`` over the ``rate-micro-batch`` source, ``key = value % keys`` (full: 1M
-rows and 1M distinct keys per batch, so every batch updates every key; ``--quick``: 200k), on
-``local[2]`` with 4 shuffle partitions, update mode, ``noop`` output. Systems, each in a fresh
-subprocess with its own SparkSession:
+rows and 1M distinct keys per batch, so every batch updates every key, 8 batches; ``--quick``:
+200k, 6 batches; ``--rows``, ``--keys`` and ``--batches`` set them, e.g. small batches for their
+latency), on ``local[2]`` with 4 shuffle partitions, update mode, ``noop`` output. The first
+batch is a warm-up. Systems, each in a fresh subprocess with its own SparkSession:
 
 - ``spark-hdfs``: Spark's aggregation with the default ``HDFSBackedStateStoreProvider``;
 - ``spark-rocksdb``: the same with ``RocksDBStateStoreProvider``;
@@ -48,7 +49,7 @@ QUICK = {"rows_per_batch": 200_000, "keys": 200_000, "batches": 6, "warmup": 1}
 
 
 def params_for(args: argparse.Namespace) -> dict[str, Any]:
-    """Sizes from ``--quick``; ``rows`` / ``keys`` / ``batches`` attributes override (tests)."""
+    """Sizes from ``--quick``; ``--rows`` / ``--keys`` / ``--batches`` override them."""
     params = dict(QUICK if getattr(args, "quick", False) else FULL)
     for name, key in (("rows", "rows_per_batch"), ("keys", "keys"), ("batches", "batches")):
         value = getattr(args, name, None)
@@ -121,6 +122,9 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     params = params_for(args)
+    if params["batches"] <= params["warmup"]:
+        print(f"[bench aggregate] --batches must exceed the {params['warmup']} warm-up batch")
+        return 2
     timeout = 300.0 if getattr(args, "quick", False) else 1800.0
     spec = BenchSpec("aggregate", __name__, SYSTEMS, RATIO_PAIRS, params, timeout)
     return run_bench(spec, args)

@@ -8,6 +8,7 @@ errors name the file, so that a damaged checkpoint is reported rather than loade
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 
@@ -15,7 +16,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError
 
-__all__ = ["HEADER_SIZE", "decode_frame", "encode_frame"]
+__all__ = ["HEADER_SIZE", "Frame", "check_frame", "decode_frame", "encode_frame"]
 
 MAGIC = b"SSF\x01"
 _HEADER = struct.Struct("<4s4sBQQI")
@@ -32,8 +33,37 @@ def encode_frame(kind: bytes, payload: bytes, compression: str = "zstd") -> byte
     return header + body
 
 
-def decode_frame(kind: bytes, data: bytes, where: str) -> bytes:
-    """The payload of a framed file; ``where`` names the file in errors."""
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """A checked frame: its payload, compressed as stored, readable whole or as a stream."""
+
+    body: memoryview
+    codec: str
+    raw_len: int
+    where: str
+
+    def payload(self) -> bytes:
+        """The whole payload, decompressed in one call."""
+        if self.codec == "none":
+            return bytes(self.body)
+        try:
+            raw: bytes = pa.decompress(
+                self.body, decompressed_size=self.raw_len, codec=self.codec, asbytes=True
+            )
+        except (OSError, ValueError) as exc:
+            msg = f"corrupt state file {self.where}: cannot decompress: {exc}"
+            raise CorruptStateFileError(msg) from exc
+        return raw
+
+    def stream(self) -> pa.NativeFile:
+        """The payload as a stream, decompressed as it is read (a reader of a large file holds
+        the compressed body and what it has read, not the whole payload)."""
+        body = pa.BufferReader(pa.py_buffer(self.body))
+        return body if self.codec == "none" else pa.CompressedInputStream(body, self.codec)
+
+
+def check_frame(kind: bytes, data: bytes, where: str) -> Frame:
+    """The checked frame of a file of ``kind``; ``where`` names the file in errors."""
     if len(data) < HEADER_SIZE:
         msg = f"corrupt state file {where}: truncated ({len(data)} bytes, no complete header)"
         raise CorruptStateFileError(msg)
@@ -44,7 +74,7 @@ def decode_frame(kind: bytes, data: bytes, where: str) -> bytes:
     if got_kind != kind:
         msg = f"corrupt state file {where}: expected a {kind!r} file, found {got_kind!r}"
         raise CorruptStateFileError(msg)
-    body = data[HEADER_SIZE:]
+    body = memoryview(data)[HEADER_SIZE:]
     if len(body) != body_len:
         msg = f"corrupt state file {where}: truncated ({len(body)} of {body_len} payload bytes)"
         raise CorruptStateFileError(msg)
@@ -55,11 +85,9 @@ def decode_frame(kind: bytes, data: bytes, where: str) -> bytes:
     if name is None:
         msg = f"corrupt state file {where}: unknown compression codec {codec}"
         raise CorruptStateFileError(msg)
-    if name == "none":
-        return body
-    try:
-        raw: bytes = pa.decompress(body, decompressed_size=raw_len, codec=name, asbytes=True)
-    except (OSError, ValueError) as exc:
-        msg = f"corrupt state file {where}: cannot decompress: {exc}"
-        raise CorruptStateFileError(msg) from exc
-    return raw
+    return Frame(body, name, raw_len, where)
+
+
+def decode_frame(kind: bytes, data: bytes, where: str) -> bytes:
+    """The payload of a framed file; ``where`` names the file in errors."""
+    return check_frame(kind, data, where).payload()

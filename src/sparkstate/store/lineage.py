@@ -2,6 +2,7 @@
 
 Each changelog names its parent attempt, so the plan follows the committed lineage backwards from
 the requested attempt until it reaches version 0, a usable snapshot, or the local copy's attempt.
+The plan names the changelogs to replay; the provider reads each one when it applies it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import dataclasses
 from collections.abc import Callable
 
 from sparkstate.exceptions import MissingVersionError
-from sparkstate.store.changelog import Changelog
 from sparkstate.store.layout import VersionIndex, VersionRef
 
 __all__ = ["LoadPlan", "plan_load"]
@@ -23,22 +23,25 @@ class LoadPlan:
     target: VersionRef | None
     snapshot: VersionRef | None = None
     from_local: bool = False
-    changelogs: list[tuple[VersionRef, Changelog]] = dataclasses.field(default_factory=list)
+    changelogs: list[VersionRef] = dataclasses.field(default_factory=list)
 
 
 def plan_load(
     target: VersionRef | None,
     index: VersionIndex,
     delta_ext: str,
-    read_changelog: Callable[[VersionRef], Changelog],
+    parent_of: Callable[[VersionRef], VersionRef | None],
     *,
     local: VersionRef | None = None,
     skip_snapshots: frozenset[VersionRef] = frozenset(),
     where: str = "",
 ) -> LoadPlan:
-    """Walk back from ``target`` (None = version 0) to the nearest base; see the module doc."""
+    """Walk back from ``target`` (None = version 0) to the nearest base; see the module doc.
+
+    ``parent_of`` reads the parent attempt from a changelog (and checks the file on the way).
+    """
     plan = LoadPlan(target)
-    chain: list[tuple[VersionRef, Changelog]] = []
+    chain: list[VersionRef] = []
     cur = target
     while cur is not None:
         if local is not None and cur == local:
@@ -53,10 +56,8 @@ def plan_load(
                 "missing and no usable snapshot covers it"
             )
             raise MissingVersionError(msg)
-        log = read_changelog(cur)
-        chain.append((cur, log))
-        parent = log.parent
-        cur = None if parent is None else VersionRef(*parent)
+        chain.append(cur)
+        cur = parent_of(cur)
     chain.reverse()
     plan.changelogs = chain
     return plan

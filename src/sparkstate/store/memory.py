@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
 from sparkstate.store.base import StateStore
-from sparkstate.store.changelog import decode_changelog, encode_changelog
+from sparkstate.store.changelog import ChangelogReader, encode_changelog
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.versioned import VersionedProvider
 
@@ -255,9 +255,13 @@ class MemoryStateStoreProvider(VersionedProvider):
             from_local = plan.from_local and local is not None
             data = dict(self._cache[local]) if from_local and local else (snap or {})
             # The key order starts again (one sort at the first scan): replaying each delta's
-            # changes into it costs more than that sort when the removals are scattered.
-            for _, log in plan.changelogs:
-                _apply(data, log.keys, log.values)
+            # changes into it costs more than that sort when the removals are scattered. One
+            # delta is read at a time, applied a record batch at a time (what the map keeps is
+            # decoded anyway; smaller chunks only slow the bulk calls down); a failure part way
+            # leaves ``data``, a map of its own that nothing caches, behind.
+            for ref in plan.changelogs:
+                for keys, values in self.read_changelog(ref).chunks(max_rows=None):
+                    _apply(data, keys, values)
             if read_only:  # a writable store's version is cached when it commits
                 self.remember(target, data)
         load_ms = int((time.perf_counter() - start) * 1000)
@@ -280,8 +284,11 @@ class MemoryStateStoreProvider(VersionedProvider):
 
     def _read_snapshot(self, ref: VersionRef) -> dict[bytes, bytes]:
         name = file_name(ref, "snapshot")
-        snap = decode_changelog(_SNAPSHOT_KIND, self.dir.read(name), self.dir.where(name))
-        return dict(zip(snap.keys, snap.values, strict=True))  # type: ignore[arg-type]
+        snap = ChangelogReader(_SNAPSHOT_KIND, self.dir.read(name), self.dir.where(name))
+        data: dict[bytes, bytes] = {}
+        for keys, values in snap.chunks(max_rows=None):  # a record batch at a time
+            data.update(zip(keys, values, strict=True))  # type: ignore[arg-type]
+        return data
 
     def write_snapshot(self, ref: VersionRef, data: dict[bytes, bytes]) -> None:
         header = {"version": ref.version, "checkpoint_id": ref.checkpoint_id, "count": len(data)}

@@ -432,14 +432,17 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 self._db = self._fresh_db()
                 num_keys = 0
                 self._db.apply_batch({}, {"version": 0, "checkpoint_id": None, "num_keys": 0})
-        for ref, changelog in plan.changelogs if plan is not None else []:
+        # One changelog at a time, its rows decoded as the WriteBatch takes them; each batch
+        # carries its version's marker, so a failure part way leaves the last one applied.
+        for ref in plan.changelogs if plan is not None else []:
+            changelog = self.read_changelog(ref)
             num_keys = int(changelog.header.get("num_keys", num_keys))
             marker = {
                 "version": ref.version,
                 "checkpoint_id": ref.checkpoint_id,
                 "num_keys": num_keys,
             }
-            self._db.apply_batch(zip(changelog.keys, changelog.values, strict=True), marker)
+            self._db.apply_batch(changelog.rows(), marker)
             self._stats["changelogsReplayed"] += 1
         return RocksDBStateStore(self, target, version, self._db, num_keys, read_only=read_only)
 

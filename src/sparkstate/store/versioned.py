@@ -21,7 +21,7 @@ from sparkstate.exceptions import (
     StateFileError,
 )
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
-from sparkstate.store.changelog import Changelog, decode_changelog, encode_changelog
+from sparkstate.store.changelog import ChangelogReader, encode_changelog
 from sparkstate.store.durable import TMP_PREFIX, DurableDir
 from sparkstate.store.evolution import value_codec_for
 from sparkstate.store.layout import (
@@ -133,9 +133,11 @@ class VersionedProvider(StateStoreProvider):
         self._parents[ref] = parent
         return len(data)
 
-    def read_changelog(self, ref: VersionRef) -> Changelog:
+    def read_changelog(self, ref: VersionRef) -> ChangelogReader:
+        """The changelog of ``ref``, its frame and header checked; its rows are decoded as they
+        are read, so a replay holds one changelog, a chunk of it decoded, at a time."""
         name = file_name(ref, self.delta_ext)
-        return decode_changelog(self.delta_kind, self.dir.read(name), self.dir.where(name))
+        return ChangelogReader(self.delta_kind, self.dir.read(name), self.dir.where(name))
 
     def load(
         self,
@@ -144,16 +146,29 @@ class VersionedProvider(StateStoreProvider):
         load_snapshot: Callable[[VersionRef], T],
         local: VersionRef | None = None,
     ) -> tuple[LoadPlan, T | None]:
-        """Plan a load and read its snapshot; a corrupt snapshot is skipped for an older base."""
+        """Plan a load and read its snapshot; a corrupt snapshot is skipped for an older base.
+
+        Every changelog the plan names is read and checked here (lineage, frame, checksum), so
+        a missing or damaged one fails the load before anything is applied; the provider then
+        reads them again, one at a time, as it replays them.
+        """
         skip: set[VersionRef] = set()
         causes: list[str] = []
+        checked: dict[VersionRef, VersionRef | None] = {}
+
+        def parent_of(ref: VersionRef) -> VersionRef | None:
+            if ref not in checked:  # read once per load, whatever snapshots are skipped
+                parent = self.read_changelog(ref).parent
+                checked[ref] = self._parents[ref] = None if parent is None else VersionRef(*parent)
+            return checked[ref]
+
         while True:
             try:
                 plan = plan_load(
                     target,
                     index,
                     self.delta_ext,
-                    self.read_changelog,
+                    parent_of,
                     local=local,
                     skip_snapshots=frozenset(skip),
                     where=self.where,
@@ -166,9 +181,6 @@ class VersionedProvider(StateStoreProvider):
                     f"Damaged: {'; '.join(causes)}. Then: {exc}"
                 )
                 raise CorruptStateFileError(msg) from exc
-            for ref, changelog in plan.changelogs:
-                parent = changelog.parent
-                self._parents[ref] = None if parent is None else VersionRef(*parent)
             if plan.snapshot is None:
                 return plan, None
             try:
