@@ -408,8 +408,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
             active._counted = None
             active._done = True
         db, local_ref, num_keys = self._open_local()
+        self._db = db  # closed by release() if anything below fails
         if db is not None and local_ref == target:
-            self._db = db
             return RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
         usable = local_ref if db is not None and local_ref and target else None
         if usable is not None and target is not None and usable.version >= target.version:
@@ -417,10 +417,9 @@ class RocksDBStateStoreProvider(VersionedProvider):
         plan, restored = (
             self.load(target, index, self._download, local=usable) if target else (None, None)
         )
-        if plan is not None and plan.from_local and db is not None:
-            self._db = db
-        else:
+        if not (plan is not None and plan.from_local and db is not None):
             if db is not None:
+                self._db = None
                 db.close()
             if restored is not None:
                 manifest, files, scratch = restored
