@@ -17,6 +17,7 @@ BENCHES = {
     "arbitrary": "sparkstate.bench.arbitrary",
     "windows": "sparkstate.bench.windows",
     "join": "sparkstate.bench.join",
+    "scale": "sparkstate.bench.scale",
 }
 
 
@@ -45,6 +46,25 @@ def _parser() -> argparse.ArgumentParser:
         "--workloads", default=None, help="comma-separated subset of workloads (windows, join)"
     )
     bench.add_argument("--remote", default=None, help=REMOTE_HELP)
+    scale = bench.add_argument_group("scale", "options of sparkstate bench scale")
+    scale.add_argument("--plot", default=None, metavar="OUT.png", help="plot the systems' runs")
+    scale.add_argument("--rows-per-batch", type=int, default=None, help="new keys per batch")
+    scale.add_argument("--target-rows", type=int, default=None, help="state rows to reach")
+    scale.add_argument(
+        "--time-budget-min", type=float, default=None, help="minutes a system may grow for"
+    )
+    scale.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=None,
+        help="the JVM's heap and the Python workers' memory for the in-memory stores (2048)",
+    )
+    scale.add_argument(
+        "--store-memory-mb",
+        type=int,
+        default=None,
+        help="sparkstate's RocksDB memory per executor, where the store has that option (1024)",
+    )
     return parser
 
 

@@ -1,0 +1,197 @@
+"""``sparkstate bench scale`` without Spark: the early and late batches, when an in-memory
+system stops, the checks, ratios, targets and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkstate.bench import scale, scale_report
+
+
+def test_early_batches_are_the_second_to_fifth_late_the_last_tenth() -> None:
+    values = list(range(20))
+    assert scale_report.early_late(values) == ([1, 2, 3, 4], [18, 19])
+    assert scale_report.early_late(list(range(50)))[1] == [45, 46, 47, 48, 49]
+    # a short run: they overlap, and late is at least one batch
+    assert scale_report.early_late([5, 6, 7]) == ([6, 7], [7])
+    assert scale_report.early_late([]) == ([], [])
+
+
+def _records(batch_ms: list[float], rows: int = 100) -> list[dict[str, Any]]:
+    return [
+        {"batchId": b, "state_rows": (b + 1) * rows, "input_rows": rows, "batch_ms": ms}
+        for b, ms in enumerate(batch_ms)
+    ]
+
+
+def test_batch_summary() -> None:
+    s = scale_report.batch_summary(_records([900, 100, 200, 300, 400, 500, 600, 700, 800, 900]))
+    assert s["state_rows_reached"] == 1000
+    assert s["batches"] == 10
+    assert s["p50_batch_ms_early"] == 250
+    assert s["p50_batch_ms_late"] == 900
+    assert s["late_over_early"] == pytest.approx(3.6)
+    assert s["rows_per_s_early"] == pytest.approx(400 / 1.0)
+    assert s["rows_per_s_late"] == pytest.approx(100 / 0.9)
+    empty = scale_report.batch_summary([])
+    assert empty["state_rows_reached"] == 0
+    assert empty["p50_batch_ms_early"] is None
+
+
+def test_an_in_memory_system_stops_over_budget_or_ten_times_slower() -> None:
+    early = [5000.0, 100.0, 100.0, 120.0, 140.0]
+    assert scale.stop_reason(early, 500, 1000, 2048, 10) is None
+    assert scale_report.slow_batch_limit(early, 10) == 1100
+    assert scale_report.slow_batch_limit(early[:4], 10) is None  # the early batches still run
+    reason = scale.stop_reason(early, 0, 2100, 2048, 10)
+    assert reason == "the Python workers held 2,100 MB, over the 2,048 MB budget"
+    reason = scale.stop_reason([*early, 1200.0], 0, 1000, 2048, 10)
+    assert reason == "batch 5 took 1,200 ms, over 10x the early p50 (110 ms)"
+    reason = scale.stop_reason(early, 1500, 1000, 2048, 10)
+    assert reason == "batch 5 ran for 1,500 ms without finishing, over 10x the early p50 (110 ms)"
+    # before the early batches are known, only the budget counts
+    assert scale.stop_reason(early[:2], 60_000, 1000, 2048, 10) is None
+
+
+def test_every_row_a_new_key_is_checked_per_batch() -> None:
+    records = _records([1.0, 1.0, 1.0])
+    assert scale.check_batches(records, 100) == []
+    records[2]["state_rows"] = 250
+    assert scale.check_batches(records, 100) == ["batch 2: 250 state rows, expected 300"]
+
+
+def test_store_options_pass_the_memory_budget_only_where_the_store_has_it() -> None:
+    assert scale.store_options("sparkstate-rocksdb", "/l", 1024, ["local_dir"]) == {
+        "stateStore.local_dir": "/l"
+    }
+    assert scale.store_options("sparkstate-rocksdb", "/l", 512, ["memory_budget_mb"]) == {
+        "stateStore.local_dir": "/l",
+        "stateStore.memory_budget_mb": "512",
+    }
+    assert scale.store_options("sparkstate-memory", "/l", 512, ["memory_budget_mb"]) == {}
+
+
+def test_params() -> None:
+    full = scale.params_for(argparse.Namespace())
+    assert (full["rows_per_batch"], full["target_rows"]) == (2_000_000, 100_000_000)
+    assert full["jvm_memory_mb"] == full["worker_budget_mb"] == 2048
+    quick = scale.params_for(argparse.Namespace(quick=True))
+    assert quick["target_rows"] == 10_000_000
+    assert quick["time_budget_s"] < full["time_budget_s"]
+    tiny = scale.params_for(
+        argparse.Namespace(
+            quick=True,
+            rows_per_batch=10,
+            target_rows=30,
+            time_budget_min=0.5,
+            memory_budget_mb=512,
+            store_memory_mb=64,
+        )
+    )
+    assert tiny["rows_per_batch"] == 10 and tiny["target_rows"] == 30
+    assert tiny["time_budget_s"] == 30
+    assert tiny["jvm_memory_mb"] == tiny["worker_budget_mb"] == 512
+    assert tiny["store_memory_mb"] == 64
+    with pytest.raises(ValueError, match="rows per batch"):
+        scale.params_for(argparse.Namespace(rows_per_batch=10, target_rows=5))
+
+
+def test_bad_sizes_and_unknown_systems_are_refused() -> None:
+    args = argparse.Namespace(quick=True, systems="nope", json_out=None)
+    assert scale.run(args) == 2
+    assert scale.run(argparse.Namespace(rows_per_batch=0)) == 2
+
+
+def test_dir_bytes_counts_a_hard_link_once(tmp_path: Path) -> None:
+    (tmp_path / "StateStoreId(opId=0)-x").mkdir()
+    (tmp_path / "StateStoreId(opId=0)-x" / "a.sst").write_bytes(b"x" * 100)
+    os.link(
+        tmp_path / "StateStoreId(opId=0)-x" / "a.sst", tmp_path / "StateStoreId(opId=0)-x" / "b"
+    )
+    (tmp_path / "blockmgr").mkdir()
+    (tmp_path / "blockmgr" / "shuffle").write_bytes(b"y" * 10)
+    assert scale.dir_bytes(str(tmp_path)) == 110
+    assert scale.dir_bytes(str(tmp_path), "StateStoreId(") == 100
+    assert scale.dir_bytes(str(tmp_path / "missing")) == 0
+
+
+def _system(rows: int, late_rps: float, recovery_ms: float | None, **extra: Any) -> dict[str, Any]:
+    return {
+        "available": True,
+        "state_rows_reached": rows,
+        "p50_batch_ms_early": 100.0,
+        "p50_batch_ms_late": 120.0,
+        "late_over_early": 1.2,
+        "rows_per_s_late": late_rps,
+        "peak_worker_rss_mb": 900.0,
+        "peak_jvm_rss_mb": 1500.0,
+        "state_bytes_on_disk": {"checkpoint": 2**30, "local": None},
+        "failed": None,
+        "stopped": None,
+        "recovery_ms": recovery_ms,
+        **extra,
+    }
+
+
+def test_ratios_are_speed_ups_of_ours_and_note_different_sizes() -> None:
+    results = {
+        "sparkstate-rocksdb": _system(1000, 300.0, 2000.0),
+        "spark-rocksdb": _system(1000, 100.0, 5000.0),
+    }
+    rat, notes = scale_report.ratios(results)
+    assert rat == {
+        "scale:sparkstate-rocksdb/spark-rocksdb": 3.0,
+        "recovery:sparkstate-rocksdb/spark-rocksdb": 2.5,
+    }
+    assert notes == []
+    results["spark-rocksdb"] = _system(600, 100.0, 5000.0, stopped="time budget")
+    assert scale_report.ratios(results)[1] == [
+        "sparkstate-rocksdb reached 1,000 state rows and spark-rocksdb 600: the ratios compare "
+        "their late batches and recoveries at those sizes"
+    ]
+    assert scale_report.ratios({"sparkstate-rocksdb": results["sparkstate-rocksdb"]}) == ({}, [])
+
+    goals = scale_report.targets(results, rat, target_rows=1000)
+    assert {name: t["met"] for name, t in goals.items()} == {
+        "state_rows_reached": True,
+        "peak_worker_rss_mb": True,
+        "late_over_early": True,
+        "scale:sparkstate-rocksdb/spark-rocksdb": True,
+        "recovery:sparkstate-rocksdb/spark-rocksdb": True,
+    }
+    assert scale_report.targets(results, {}, target_rows=2000)["state_rows_reached"]["met"] is False
+    assert scale_report.targets(results, {}, 1000)["recovery:sparkstate-rocksdb/spark-rocksdb"] == {
+        "value": None,
+        "goal": ">= 1",
+        "met": None,
+    }
+
+
+def test_table_and_plot(tmp_path: Path) -> None:
+    records = [
+        {**r, "worker_rss_mb": 10.0 * i, "jvm_rss_mb": 500.0}
+        for i, r in enumerate(_records([5, 1, 1]))
+    ]
+    results = {
+        "sparkstate-memory": _system(300, 1.0, None, failed="over budget", per_batch=records),
+        "spark-rocksdb": _system(
+            300,
+            1.0,
+            40.0,
+            per_batch=records,
+            recovery={"recovery_ms": 40.0, "batch": {"state_rows": 400}},
+        ),
+        "sparkstate-rocksdb": {"available": True, "error": "RuntimeError: boom"},
+    }
+    text = scale_report.table(results)
+    assert "failed: over budget" in text
+    assert "RuntimeError: boom" in text
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "scale.png"
+    scale_report.plot(results, str(out), "title")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
