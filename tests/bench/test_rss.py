@@ -10,9 +10,9 @@ from sparkstate.bench import rss
 
 
 def test_ppid_is_read_after_the_command_name() -> None:
-    assert rss.parse_ppid("4242 (java) S 17 4242 1 0 -1 4194304 99") == 17
+    assert rss.parse_stat("4242 (java) S 17 4242 1 0 -1 4194304 99") == (17, "java")
     # the command name may hold spaces and parentheses
-    assert rss.parse_ppid("77 (py (x) worker) R 4242 77 1 0") == 4242
+    assert rss.parse_stat("77 (py (x) worker) R 4242 77 1 0") == (4242, "py (x) worker")
 
 
 def test_vm_rss_in_kb() -> None:
@@ -22,17 +22,18 @@ def test_vm_rss_in_kb() -> None:
 
 
 def test_python_workers_are_the_daemons_children() -> None:
-    ppids = {
-        10: 1,  # the JVM
-        11: 10,  # a pyspark daemon ...
-        12: 11,  # ... and the workers it forked
-        13: 11,
-        14: 10,  # a worker the JVM started itself
-        20: 1,  # someone else's
-        21: 20,
+    procs = {
+        10: (1, "java"),  # the JVM
+        11: (10, "python"),  # a pyspark daemon ...
+        12: (11, "python"),  # ... and the workers it forked
+        13: (11, "python"),
+        14: (10, "python3.11"),  # a worker the JVM started itself
+        15: (10, "sh"),  # a command of the JVM's own
+        20: (1, "python"),  # someone else's
+        21: (20, "python"),
     }
-    assert rss.python_workers(ppids, 10) == [12, 13, 14]
-    assert rss.python_workers(ppids, 99) == []
+    assert rss.python_workers(procs, 10) == [12, 13, 14]
+    assert rss.python_workers(procs, 99) == []
 
 
 def _fake_proc(root: Path, procs: dict[int, tuple[int, int]]) -> None:
@@ -40,7 +41,8 @@ def _fake_proc(root: Path, procs: dict[int, tuple[int, int]]) -> None:
     for pid, (ppid, kb) in procs.items():
         d = root / str(pid)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "stat").write_text(f"{pid} (python3) S {ppid} {pid} 1 0 -1\n")
+        name = "java" if pid == 10 else "python3"
+        (d / "stat").write_text(f"{pid} ({name}) S {ppid} {pid} 1 0 -1\n")
         (d / "status").write_text(f"Name:\tpython3\nVmRSS:\t{kb} kB\n")
     (root / "self").mkdir(exist_ok=True)  # not a pid: skipped
 

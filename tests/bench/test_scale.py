@@ -47,15 +47,23 @@ def test_an_in_memory_system_stops_over_budget_or_ten_times_slower() -> None:
     early = [5000.0, 100.0, 100.0, 120.0, 140.0]
     assert scale.stop_reason(early, 500, 1000, 2048, 10) is None
     assert scale_report.slow_batch_limit(early, 10) == 1100
-    assert scale_report.slow_batch_limit(early[:4], 10) is None  # the early batches still run
+    assert scale_report.slow_batch_limit([*early, 9000.0], 10) == 1100  # the early ones only
+    assert scale_report.slow_batch_limit(early[:1], 10) is None  # no early batch ran yet
     reason = scale.stop_reason(early, 0, 2100, 2048, 10)
     assert reason == "the Python workers held 2,100 MB, over the 2,048 MB budget"
     reason = scale.stop_reason([*early, 1200.0], 0, 1000, 2048, 10)
     assert reason == "batch 5 took 1,200 ms, over 10x the early p50 (110 ms)"
     reason = scale.stop_reason(early, 1500, 1000, 2048, 10)
     assert reason == "batch 5 ran for 1,500 ms without finishing, over 10x the early p50 (110 ms)"
-    # before the early batches are known, only the budget counts
-    assert scale.stop_reason(early[:2], 60_000, 1000, 2048, 10) is None
+    # while the early batches run, the limit comes from those that ran before
+    assert scale.stop_reason(early[:3], 900, 1000, 2048, 10) is None
+    reason = scale.stop_reason(early[:3], 1001, 1000, 2048, 10)
+    assert reason == "batch 3 ran for 1,001 ms without finishing, over 10x the early p50 (100 ms)"
+    reason = scale.stop_reason([5000.0, 100.0, 2000.0], 0, 1000, 2048, 10)
+    assert reason == "batch 2 took 2,000 ms, over 10x the early p50 (100 ms)"
+    # after the first batch alone (it starts the workers), only the budget counts
+    assert scale.stop_reason(early[:1], 60_000, 1000, 2048, 10) is None
+    assert scale.stop_reason([], 60_000, 1000, 2048, 10) is None
 
 
 def test_every_row_a_new_key_is_checked_per_batch() -> None:

@@ -3,8 +3,9 @@
 PySpark's JVM starts one ``pyspark.daemon`` per interpreter, and the daemon forks the Python
 workers that run the tasks; where the daemon is not used, the JVM starts the workers itself. So
 the workers are the grandchildren of the JVM and, for a child of the JVM that has none, that
-child. Their ``VmRSS`` is added up (pages a forked worker still shares with the daemon are
-counted in each). Linux only; nothing beyond the standard library.
+child; only Python processes count (the JVM also runs short commands of its own). Their
+``VmRSS`` is added up (pages a forked worker still shares with the daemon are counted in each).
+Linux only; nothing beyond the standard library.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterable, Mapping
 __all__ = [
     "RssSample",
     "RssSampler",
-    "parse_ppid",
+    "parse_stat",
     "parse_vm_rss_kb",
     "process_rss_kb",
     "processes",
@@ -28,12 +29,13 @@ __all__ = [
 PROC = "/proc"
 
 
-def parse_ppid(stat_text: str) -> int:
-    """The parent pid from the text of ``/proc/<pid>/stat``; the command name (second field,
-    in parentheses) may itself hold spaces and parentheses, so fields are counted from the last
-    ``)``: state, then ppid."""
-    rest = stat_text[stat_text.rindex(")") + 1 :].split()
-    return int(rest[1])
+def parse_stat(stat_text: str) -> tuple[int, str]:
+    """The parent pid and the command name from the text of ``/proc/<pid>/stat``. The name
+    (second field, in parentheses) may itself hold spaces and parentheses, so the fields after
+    it are counted from the last ``)``: state, then ppid."""
+    close = stat_text.rindex(")")
+    name = stat_text[stat_text.index("(") + 1 : close]
+    return int(stat_text[close + 1 :].split()[1]), name
 
 
 def parse_vm_rss_kb(status_text: str) -> int:
@@ -53,15 +55,15 @@ def _read(path: str) -> str | None:
         return None
 
 
-def processes(proc: str = PROC) -> dict[int, int]:
-    """pid -> parent pid of every process visible in ``proc``."""
-    out: dict[int, int] = {}
+def processes(proc: str = PROC) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command name) of every process visible in ``proc``."""
+    out: dict[int, tuple[int, str]] = {}
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
         text = _read(os.path.join(proc, name, "stat"))
         if text is not None:
-            out[int(name)] = parse_ppid(text)
+            out[int(name)] = parse_stat(text)
     return out
 
 
@@ -71,17 +73,18 @@ def process_rss_kb(pid: int, proc: str = PROC) -> int:
     return 0 if text is None else parse_vm_rss_kb(text)
 
 
-def python_workers(ppids: Mapping[int, int], jvm_pid: int) -> list[int]:
-    """The Python workers of the JVM ``jvm_pid`` given every process's parent: the children of
-    each of its children (a daemon), or the child itself where it has none."""
+def python_workers(procs: Mapping[int, tuple[int, str]], jvm_pid: int) -> list[int]:
+    """The Python workers of the JVM ``jvm_pid`` given every process's parent and name: the
+    children of each of its children (a daemon), or the child itself where it has none; Python
+    processes only."""
     children: dict[int, list[int]] = {}
-    for pid, parent in ppids.items():
+    for pid, (parent, _name) in procs.items():
         children.setdefault(parent, []).append(pid)
     workers: list[int] = []
     for child in sorted(children.get(jvm_pid, [])):
         forked = children.get(child, [])
         workers.extend(sorted(forked) if forked else [child])
-    return workers
+    return [pid for pid in workers if procs[pid][1].startswith("python")]
 
 
 @dataclasses.dataclass(frozen=True)

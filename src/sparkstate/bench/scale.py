@@ -13,7 +13,8 @@ each in a fresh subprocess (a JVM and Python workers of its own):
   JVM's heap (``spark.driver.memory``) and the Python workers' resident memory (both
   ``--memory-budget-mb``). They run until the target too, unless they fail first: a Spark
   failure (out of memory, the SparkContext shut down), the Python workers over the budget, or a
-  batch (finished or still running) past 10x the early batches' p50.
+  batch (finished or still running) past 10x the p50 of the early batches (of those that ran,
+  while the early ones still run).
 
 Every system also stops at its time budget (``--time-budget-min``) and reports how far it got
 (``stopped``). The JVM's and the Python workers' resident memory is sampled every second
@@ -260,23 +261,21 @@ def stop_reason(
     batch_ms: Sequence[float], running_ms: float, workers_mb: float, budget_mb: float, factor: float
 ) -> str | None:
     """Why an in-memory system stops now, if it does: its Python workers over the memory
-    budget, or the last batch, or the one running for ``running_ms``, past ``factor`` times
-    the early batches' p50."""
+    budget, or its last batch, or the one running for ``running_ms``, past ``factor`` times the
+    p50 of the early batches before it."""
     if workers_mb > budget_mb:
         return f"the Python workers held {workers_mb:,.0f} MB, over the {budget_mb:,.0f} MB budget"
-    limit = scale_report.slow_batch_limit(batch_ms, factor)
-    if limit is None:
-        return None
-    early = limit / factor
-    if batch_ms[-1] > limit:
+    done = scale_report.slow_batch_limit(batch_ms[:-1], factor)
+    if done is not None and batch_ms[-1] > done:
         return (
             f"batch {len(batch_ms) - 1} took {batch_ms[-1]:,.0f} ms, over {factor:g}x the early "
-            f"p50 ({early:,.0f} ms)"
+            f"p50 ({done / factor:,.0f} ms)"
         )
-    if running_ms > limit:
+    running = scale_report.slow_batch_limit(batch_ms, factor)
+    if running is not None and running_ms > running:
         return (
             f"batch {len(batch_ms)} ran for {running_ms:,.0f} ms without finishing, over "
-            f"{factor:g}x the early p50 ({early:,.0f} ms)"
+            f"{factor:g}x the early p50 ({running / factor:,.0f} ms)"
         )
     return None
 

@@ -58,9 +58,8 @@ def _rows_per_s(records: Sequence[Mapping[str, Any]]) -> float | None:
 
 
 def slow_batch_limit(batch_ms: Sequence[float], factor: float) -> float | None:
-    """``factor`` times the early batches' p50 once all of them ran; None before."""
-    if len(batch_ms) < EARLY.stop:
-        return None
+    """``factor`` times the p50 of the early batches among ``batch_ms`` (those that ran so
+    far, until all of them did); None before the first of them."""
     p50 = _p50(early_late(batch_ms)[0])
     return None if p50 is None else factor * p50
 
