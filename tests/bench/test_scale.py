@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -64,6 +64,89 @@ def test_an_in_memory_system_stops_over_budget_or_ten_times_slower() -> None:
     # after the first batch alone (it starts the workers), only the budget counts
     assert scale.stop_reason(early[:1], 60_000, 1000, 2048, 10) is None
     assert scale.stop_reason([], 60_000, 1000, 2048, 10) is None
+
+
+class _FakeQuery:
+    """A query whose batches finish one per ``recentProgress`` call, each ``ms`` long."""
+
+    def __init__(self, batch_ms: list[float], failure: str | None = None) -> None:
+        self.batch_ms = batch_ms
+        self.failure = failure
+        self.polls = 0
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:  # noqa: N802 - PySpark's name
+        self.polls += 1
+        done = self.batch_ms[: self.polls]
+        return [
+            {
+                "batchId": b,
+                "sources": [{}],
+                "numInputRows": 100,
+                "durationMs": {"triggerExecution": ms},
+                "stateOperators": [{"numRowsTotal": (b + 1) * 100}],
+            }
+            for b, ms in enumerate(done)
+        ]
+
+    def exception(self) -> str | None:
+        return self.failure if self.polls >= len(self.batch_ms) else None
+
+
+class _FakeSampler:
+    peak_workers_mb = 300.0
+
+    def take_peaks(self) -> tuple[float, float]:
+        return (700.0, self.peak_workers_mb)
+
+
+def _follow(
+    query: _FakeQuery, system: str, workers_mb: float = 300.0, **params: Any
+) -> tuple[list[dict[str, Any]], str | None, str | None]:
+    sampler = _FakeSampler()
+    sampler.peak_workers_mb = workers_mb
+    base = {"target_rows": 300, "time_budget_s": 30.0, "worker_budget_mb": 2048, "slowdown": 10.0}
+    return scale.follow(query, system, {**base, **params}, cast(Any, sampler))
+
+
+def test_follow_until_the_target() -> None:
+    records, failed, stopped = _follow(_FakeQuery([500.0, 100.0, 100.0, 100.0]), "spark-rocksdb")
+    assert (failed, stopped) == (None, None)
+    assert [r["state_rows"] for r in records] == [100, 200, 300]  # not past the target
+    assert records[0] == {
+        **records[0],
+        "batchId": 0,
+        "input_rows": 100,
+        "batch_ms": 500.0,
+        "jvm_rss_mb": 700.0,
+        "worker_rss_mb": 300.0,
+    }
+
+
+def test_follow_stops_on_a_failure_with_the_batches_before_it() -> None:
+    oom = "java.lang.OutOfMemoryError: Java heap space\n\tat ..."
+    records, failed, stopped = _follow(_FakeQuery([500.0, 100.0], failure=oom), "spark-hdfs")
+    assert [r["batchId"] for r in records] == [0, 1]
+    assert failed == "the query failed: java.lang.OutOfMemoryError: Java heap space"
+    assert stopped is None
+
+
+def test_follow_stops_an_in_memory_system_over_its_budgets() -> None:
+    query = _FakeQuery([500.0, 100.0, 100.0])
+    _, failed, _ = _follow(query, "sparkstate-memory", workers_mb=5000.0, target_rows=1000)
+    assert failed is not None and "over the 2,048 MB budget" in failed
+    # a batch that does not finish, 10x the early ones
+    _, failed, _ = _follow(_FakeQuery([500.0, 10.0, 10.0]), "spark-hdfs", target_rows=1000)
+    assert failed is not None and failed.startswith("batch 3 ran for"), failed
+
+
+def test_follow_holds_a_rocksdb_system_to_its_time_budget_only() -> None:
+    query = _FakeQuery([500.0, 100.0])
+    records, failed, stopped = _follow(
+        query, "sparkstate-rocksdb", workers_mb=5000.0, target_rows=1000, time_budget_s=0.5
+    )
+    assert len(records) == 2 and failed is None
+    assert stopped is not None and stopped.startswith("time budget of")
 
 
 def test_every_row_a_new_key_is_checked_per_batch() -> None:

@@ -40,6 +40,7 @@ import dataclasses
 import importlib
 import json
 import os
+import queue
 import shutil
 import signal
 import tempfile
@@ -70,6 +71,7 @@ __all__ = [
     "SYSTEMS",
     "check_batches",
     "dir_bytes",
+    "follow",
     "measure",
     "params_for",
     "run",
@@ -94,7 +96,7 @@ GROW, RECOVER = "grow", "recover"
 #: when :class:`~sparkstate.store.conf.StoreConf` has the field.
 MEMORY_OPTION = "memory_budget_mb"
 POLL_S, RECOVERY_POLL_S = 0.5, 0.05
-STOP_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 60.0
 #: Spark's RocksDB provider keeps a partition's local copy in a directory of this name under
 #: ``spark.local.dir``.
 SPARK_LOCAL_COPY_PREFIX = "StateStoreId("
@@ -280,18 +282,59 @@ def stop_reason(
     return None
 
 
-def _follow(
+class _ProgressWatch:
+    """Reads a query's finished batches and its failure in a daemon thread: a call into a JVM
+    that thrashes blocks for as long as it does, and the run's limits are judged on time."""
+
+    def __init__(self, query: Any) -> None:
+        self.batches: queue.Queue[dict[str, Any]] = queue.Queue()
+        #: Why the query cannot go on, once it cannot; the batches before are queued by then.
+        self.failure: str | None = None
+        self._query = query
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, name="progress-watch", daemon=True).start()
+
+    def _loop(self) -> None:
+        seen: set[int] = set()
+        while not self._stop.is_set():
+            try:
+                for p in _completed(self._query, seen):
+                    self.batches.put(p)
+                failure = self._query.exception()
+            except Exception as exc:  # noqa: BLE001 - the JVM is gone or not answering
+                self.failure = f"Spark stopped answering: {_first_line(exc)}"
+                return
+            if failure is not None:
+                self.failure = f"the query failed: {_first_line(failure)}"
+                return
+            self._stop.wait(POLL_S)
+
+    def take(self, timeout_s: float) -> list[dict[str, Any]]:
+        """The batches finished since the last call, waiting up to ``timeout_s`` for one."""
+        out: list[dict[str, Any]] = []
+        with contextlib.suppress(queue.Empty):
+            out.append(self.batches.get(timeout=timeout_s))
+            while True:
+                out.append(self.batches.get_nowait())
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def follow(
     query: Any, system: str, params: Mapping[str, Any], sampler: RssSampler
 ) -> tuple[list[dict[str, Any]], str | None, str | None]:
     """Follow the query until its state reaches the target: one record per batch, and why it
     ended early: ``failed`` (a Spark failure, an in-memory system over its budgets) or
     ``stopped`` (the time budget)."""
     records: list[dict[str, Any]] = []
-    seen: set[int] = set()
+    watch = _ProgressWatch(query)
     started = last = time.monotonic()
-    while True:
-        try:
-            for p in _completed(query, seen):
+    try:
+        while True:
+            failure = watch.failure  # read first: the batches before it are queued by then
+            for p in watch.take(0 if failure else POLL_S):
                 records.append(_record(p, time.monotonic() - started, sampler.take_peaks()))
                 last = time.monotonic()
                 r = records[-1]
@@ -303,25 +346,23 @@ def _follow(
                 )
                 if r["state_rows"] >= params["target_rows"]:
                     return records, None, None
-            failure = query.exception()
-        except Exception as exc:  # noqa: BLE001 - the JVM is gone or not answering
-            return records, f"Spark stopped answering: {_first_line(exc)}", None
-        if failure is not None:
-            return records, f"the query failed: {_first_line(failure)}", None
-        now = time.monotonic()
-        if system in IN_MEMORY:
-            reason = stop_reason(
-                [r["batch_ms"] for r in records],
-                (now - last) * 1000,
-                sampler.peak_workers_mb,
-                params["worker_budget_mb"],
-                params["slowdown"],
-            )
-            if reason:
-                return records, reason, None
-        if now - started > params["time_budget_s"]:
-            return records, None, f"time budget of {params['time_budget_s']:,.0f} s reached"
-        time.sleep(POLL_S)
+            if failure:
+                return records, failure, None
+            now = time.monotonic()
+            if system in IN_MEMORY:
+                reason = stop_reason(
+                    [r["batch_ms"] for r in records],
+                    (now - last) * 1000,
+                    sampler.peak_workers_mb,
+                    params["worker_budget_mb"],
+                    params["slowdown"],
+                )
+                if reason:
+                    return records, reason, None
+            if now - started > params["time_budget_s"]:
+                return records, None, f"time budget of {params['time_budget_s']:,.0f} s reached"
+    finally:
+        watch.stop()
 
 
 def _within(fn: Callable[[], Any], timeout_s: float) -> bool:
@@ -351,7 +392,7 @@ def _stop(fn: Callable[[], Any], jvm_pid: int) -> None:
 def _grow(spark: Any, system: str, params: Mapping[str, Any], session: _Session) -> dict[str, Any]:
     started = time.perf_counter()
     query = _writer(spark, system, params, session.options).start()
-    records, failed, stopped = _follow(query, system, params, session.sampler)
+    records, failed, stopped = follow(query, system, params, session.sampler)
     run_s = time.perf_counter() - started
     _stop(query.stop, session.jvm_pid)
     return {
