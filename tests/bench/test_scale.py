@@ -255,6 +255,10 @@ def test_ratios_are_speed_ups_of_ours_and_note_different_sizes() -> None:
         "scale:sparkstate-rocksdb/spark-rocksdb": True,
         "recovery:sparkstate-rocksdb/spark-rocksdb": True,
     }
+    assert scale_report.target_lines(goals)[:2] == [
+        "state_rows_reached: 1,000 (goal >= 1,000): met",
+        "peak_worker_rss_mb: 900.00 (goal <= 1,536): met",
+    ]
     assert scale_report.targets(results, {}, target_rows=2000)["state_rows_reached"]["met"] is False
     assert scale_report.targets(results, {}, 1000)["recovery:sparkstate-rocksdb/spark-rocksdb"] == {
         "value": None,

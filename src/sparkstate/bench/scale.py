@@ -372,7 +372,7 @@ def _within(fn: Callable[[], Any], timeout_s: float) -> bool:
     def call() -> None:
         try:
             fn()
-        except Exception:  # noqa: BLE001, S110 - a failed Spark may refuse to stop cleanly
+        except Exception:  # noqa: BLE001 - a failed Spark may refuse to stop cleanly
             pass
         finally:
             done.set()
@@ -553,10 +553,8 @@ def _print_summary(
         print(f"[bench scale] note: {note}")
     if goals:
         print("[bench scale] targets (sparkstate-rocksdb):")
-        for name, t in goals.items():
-            verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
-            shown = "-" if t["value"] is None else f"{t['value']:,.2f}"
-            print(f"    {name}: {shown} (goal {t['goal']}): {verdict}")
+        for line in scale_report.target_lines(goals):
+            print(f"    {line}")
 
 
 def _failed(system: str, r: Mapping[str, Any]) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "ratios",
     "slow_batch_limit",
     "table",
+    "target_lines",
     "targets",
 ]
 
@@ -111,7 +112,7 @@ def ratios(results: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, float], 
 
 def _target(value: float | None, goal: float, at_most: bool) -> dict[str, Any]:
     met = None if value is None else (value <= goal if at_most else value >= goal)
-    return {"value": value, "goal": ("<= " if at_most else ">= ") + f"{goal:g}", "met": met}
+    return {"value": value, "goal": ("<= " if at_most else ">= ") + f"{goal:,.10g}", "met": met}
 
 
 def targets(
@@ -134,6 +135,17 @@ def targets(
             rat.get(f"recovery:{OURS}/{THEIRS}"), RECOVERY_RATIO_GOAL, False
         ),
     }
+
+
+def target_lines(goals: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """One line per target: its value, its goal, and whether it is met."""
+    lines = []
+    for name, t in goals.items():
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
+        got = t["value"]
+        shown = f"{got:,}" if isinstance(got, int) else _fmt(got, ",.2f")
+        lines.append(f"{name}: {shown} (goal {t['goal']}): {verdict}")
+    return lines
 
 
 def _fmt(value: Any, spec: str) -> str:
