@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from sparkstate.bench import scale, scale_report
+from sparkstate.bench import scale, scale_follow, scale_report
 
 
 def test_early_batches_are_the_second_to_fifth_late_the_last_tenth() -> None:
@@ -45,25 +45,25 @@ def test_batch_summary() -> None:
 
 def test_an_in_memory_system_stops_over_budget_or_ten_times_slower() -> None:
     early = [5000.0, 100.0, 100.0, 120.0, 140.0]
-    assert scale.stop_reason(early, 500, 1000, 2048, 10) is None
+    assert scale_follow.stop_reason(early, 500, 1000, 2048, 10) is None
     assert scale_report.slow_batch_limit(early, 10) == 1100
     assert scale_report.slow_batch_limit([*early, 9000.0], 10) == 1100  # the early ones only
     assert scale_report.slow_batch_limit(early[:1], 10) is None  # no early batch ran yet
-    reason = scale.stop_reason(early, 0, 2100, 2048, 10)
+    reason = scale_follow.stop_reason(early, 0, 2100, 2048, 10)
     assert reason == "the Python workers held 2,100 MB, over the 2,048 MB budget"
-    reason = scale.stop_reason([*early, 1200.0], 0, 1000, 2048, 10)
+    reason = scale_follow.stop_reason([*early, 1200.0], 0, 1000, 2048, 10)
     assert reason == "batch 5 took 1,200 ms, over 10x the early p50 (110 ms)"
-    reason = scale.stop_reason(early, 1500, 1000, 2048, 10)
+    reason = scale_follow.stop_reason(early, 1500, 1000, 2048, 10)
     assert reason == "batch 5 ran for 1,500 ms without finishing, over 10x the early p50 (110 ms)"
     # while the early batches run, the limit comes from those that ran before
-    assert scale.stop_reason(early[:3], 900, 1000, 2048, 10) is None
-    reason = scale.stop_reason(early[:3], 1001, 1000, 2048, 10)
+    assert scale_follow.stop_reason(early[:3], 900, 1000, 2048, 10) is None
+    reason = scale_follow.stop_reason(early[:3], 1001, 1000, 2048, 10)
     assert reason == "batch 3 ran for 1,001 ms without finishing, over 10x the early p50 (100 ms)"
-    reason = scale.stop_reason([5000.0, 100.0, 2000.0], 0, 1000, 2048, 10)
+    reason = scale_follow.stop_reason([5000.0, 100.0, 2000.0], 0, 1000, 2048, 10)
     assert reason == "batch 2 took 2,000 ms, over 10x the early p50 (100 ms)"
     # after the first batch alone (it starts the workers), only the budget counts
-    assert scale.stop_reason(early[:1], 60_000, 1000, 2048, 10) is None
-    assert scale.stop_reason([], 60_000, 1000, 2048, 10) is None
+    assert scale_follow.stop_reason(early[:1], 60_000, 1000, 2048, 10) is None
+    assert scale_follow.stop_reason([], 60_000, 1000, 2048, 10) is None
 
 
 class _FakeQuery:
@@ -106,7 +106,10 @@ def _follow(
     sampler = _FakeSampler()
     sampler.peak_workers_mb = workers_mb
     base = {"target_rows": 300, "time_budget_s": 30.0, "worker_budget_mb": 2048, "slowdown": 10.0}
-    return scale.follow(query, system, {**base, **params}, cast(Any, sampler))
+    in_memory = system in scale.IN_MEMORY
+    return scale_follow.follow(
+        query, system, {**base, **params}, cast(Any, sampler), in_memory=in_memory
+    )
 
 
 def test_follow_until_the_target() -> None:

@@ -40,7 +40,6 @@ import dataclasses
 import importlib
 import json
 import os
-import queue
 import shutil
 import signal
 import tempfile
@@ -64,18 +63,16 @@ from sparkstate.bench._spark import (
     write_report,
 )
 from sparkstate.bench.rss import RssSampler
+from sparkstate.bench.scale_follow import batch_record, completed_batches, first_line, follow
 from sparkstate.engine.session import REMOTE_ENV
-from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = [
     "SYSTEMS",
     "check_batches",
     "dir_bytes",
-    "follow",
     "measure",
     "params_for",
     "run",
-    "stop_reason",
     "store_options",
 ]
 
@@ -95,7 +92,7 @@ GROW, RECOVER = "grow", "recover"
 #: sparkstate's store option for the RocksDB memory of an executor's Python workers, passed
 #: when :class:`~sparkstate.store.conf.StoreConf` has the field.
 MEMORY_OPTION = "memory_budget_mb"
-POLL_S, RECOVERY_POLL_S = 0.5, 0.05
+RECOVERY_POLL_S = 0.05
 STOP_TIMEOUT_S = 60.0
 #: Spark's RocksDB provider keeps a partition's local copy in a directory of this name under
 #: ``spark.local.dir``.
@@ -229,142 +226,6 @@ def _writer(spark: Any, system: str, params: Mapping[str, Any], options: Mapping
     return writer
 
 
-def _first_line(exc: object) -> str:
-    text = str(exc).strip()
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
-
-
-def _record(p: Mapping[str, Any], t_s: float, peaks: tuple[float, float]) -> dict[str, Any]:
-    return {
-        "batchId": int(p["batchId"]),
-        "state_rows": sum(int(op.get("numRowsTotal", 0)) for op in p.get("stateOperators", [])),
-        "input_rows": int(p.get("numInputRows", 0)),
-        "batch_ms": float(p["durationMs"]["triggerExecution"]),
-        "jvm_rss_mb": round(peaks[0], 1),
-        "worker_rss_mb": round(peaks[1], 1),
-        "t_s": round(t_s, 1),
-    }
-
-
-def _completed(query: Any, seen: set[int]) -> list[dict[str, Any]]:
-    """Progress of the batches not seen yet that Spark has finished (with ``sources``: a
-    sparkstate handle publishes its own part of a batch's progress first), in batch order."""
-    out = []
-    for raw in query.recentProgress or []:
-        p = progress_as_dict(raw)
-        batch = int(p.get("batchId", -1))
-        if batch >= 0 and batch not in seen and p.get("sources"):
-            seen.add(batch)
-            out.append(p)
-    return sorted(out, key=lambda p: int(p["batchId"]))
-
-
-def stop_reason(
-    batch_ms: Sequence[float], running_ms: float, workers_mb: float, budget_mb: float, factor: float
-) -> str | None:
-    """Why an in-memory system stops now, if it does: its Python workers over the memory
-    budget, or its last batch, or the one running for ``running_ms``, past ``factor`` times the
-    p50 of the early batches before it."""
-    if workers_mb > budget_mb:
-        return f"the Python workers held {workers_mb:,.0f} MB, over the {budget_mb:,.0f} MB budget"
-    done = scale_report.slow_batch_limit(batch_ms[:-1], factor)
-    if done is not None and batch_ms[-1] > done:
-        return (
-            f"batch {len(batch_ms) - 1} took {batch_ms[-1]:,.0f} ms, over {factor:g}x the early "
-            f"p50 ({done / factor:,.0f} ms)"
-        )
-    running = scale_report.slow_batch_limit(batch_ms, factor)
-    if running is not None and running_ms > running:
-        return (
-            f"batch {len(batch_ms)} ran for {running_ms:,.0f} ms without finishing, over "
-            f"{factor:g}x the early p50 ({running / factor:,.0f} ms)"
-        )
-    return None
-
-
-class _ProgressWatch:
-    """Reads a query's finished batches and its failure in a daemon thread: a call into a JVM
-    that thrashes blocks for as long as it does, and the run's limits are judged on time."""
-
-    def __init__(self, query: Any) -> None:
-        self.batches: queue.Queue[dict[str, Any]] = queue.Queue()
-        #: Why the query cannot go on, once it cannot; the batches before are queued by then.
-        self.failure: str | None = None
-        self._query = query
-        self._stop = threading.Event()
-        threading.Thread(target=self._loop, name="progress-watch", daemon=True).start()
-
-    def _loop(self) -> None:
-        seen: set[int] = set()
-        while not self._stop.is_set():
-            try:
-                for p in _completed(self._query, seen):
-                    self.batches.put(p)
-                failure = self._query.exception()
-            except Exception as exc:  # noqa: BLE001 - the JVM is gone or not answering
-                self.failure = f"Spark stopped answering: {_first_line(exc)}"
-                return
-            if failure is not None:
-                self.failure = f"the query failed: {_first_line(failure)}"
-                return
-            self._stop.wait(POLL_S)
-
-    def take(self, timeout_s: float) -> list[dict[str, Any]]:
-        """The batches finished since the last call, waiting up to ``timeout_s`` for one."""
-        out: list[dict[str, Any]] = []
-        with contextlib.suppress(queue.Empty):
-            out.append(self.batches.get(timeout=timeout_s))
-            while True:
-                out.append(self.batches.get_nowait())
-        return out
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def follow(
-    query: Any, system: str, params: Mapping[str, Any], sampler: RssSampler
-) -> tuple[list[dict[str, Any]], str | None, str | None]:
-    """Follow the query until its state reaches the target: one record per batch, and why it
-    ended early: ``failed`` (a Spark failure, an in-memory system over its budgets) or
-    ``stopped`` (the time budget)."""
-    records: list[dict[str, Any]] = []
-    watch = _ProgressWatch(query)
-    started = last = time.monotonic()
-    try:
-        while True:
-            failure = watch.failure  # read first: the batches before it are queued by then
-            for p in watch.take(0 if failure else POLL_S):
-                records.append(_record(p, time.monotonic() - started, sampler.take_peaks()))
-                last = time.monotonic()
-                r = records[-1]
-                print(
-                    f"    {system}: batch {r['batchId']}: {r['input_rows']:,} rows in "
-                    f"{r['batch_ms']:,.0f} ms, {r['state_rows']:,} state rows, workers "
-                    f"{r['worker_rss_mb']:,.0f} MB, JVM {r['jvm_rss_mb']:,.0f} MB",
-                    flush=True,
-                )
-                if r["state_rows"] >= params["target_rows"]:
-                    return records, None, None
-            if failure:
-                return records, failure, None
-            now = time.monotonic()
-            if system in IN_MEMORY:
-                reason = stop_reason(
-                    [r["batch_ms"] for r in records],
-                    (now - last) * 1000,
-                    sampler.peak_workers_mb,
-                    params["worker_budget_mb"],
-                    params["slowdown"],
-                )
-                if reason:
-                    return records, reason, None
-            if now - started > params["time_budget_s"]:
-                return records, None, f"time budget of {params['time_budget_s']:,.0f} s reached"
-    finally:
-        watch.stop()
-
-
 def _within(fn: Callable[[], Any], timeout_s: float) -> bool:
     """Call ``fn`` in a daemon thread; whether it returned (or raised) within ``timeout_s``."""
     done = threading.Event()
@@ -390,9 +251,13 @@ def _stop(fn: Callable[[], Any], jvm_pid: int) -> None:
 
 
 def _grow(spark: Any, system: str, params: Mapping[str, Any], session: _Session) -> dict[str, Any]:
+    """Start the query on a new checkpoint and follow it to the target (or its limits); stop
+    it, and measure its state on disk."""
     started = time.perf_counter()
     query = _writer(spark, system, params, session.options).start()
-    records, failed, stopped = follow(query, system, params, session.sampler)
+    records, failed, stopped = follow(
+        query, system, params, session.sampler, in_memory=system in IN_MEMORY
+    )
     run_s = time.perf_counter() - started
     _stop(query.stop, session.jvm_pid)
     return {
@@ -411,16 +276,18 @@ def _grow(spark: Any, system: str, params: Mapping[str, Any], session: _Session)
 def _recover(
     spark: Any, system: str, params: Mapping[str, Any], session: _Session
 ) -> dict[str, Any]:
+    """Restart the query on the checkpoint the grow phase left (without local copies) and
+    time it from ``start()`` to its first batch's progress."""
     writer = _writer(spark, system, params, session.options)
     started = time.perf_counter()
     query = writer.start()
     start_ms = (time.perf_counter() - started) * 1000
     seen: set[int] = set()
     try:
-        while not (first := _completed(query, seen)):
+        while not (first := completed_batches(query, seen)):
             failure = query.exception()
             if failure is not None:
-                msg = f"the restarted query failed: {_first_line(failure)}"
+                msg = f"the restarted query failed: {first_line(failure)}"
                 raise RuntimeError(msg)
             if time.perf_counter() - started > params["time_budget_s"]:
                 msg = f"no batch within the time budget of {params['time_budget_s']:,.0f} s"
@@ -430,7 +297,7 @@ def _recover(
     finally:
         _stop(query.stop, session.jvm_pid)
     p = first[0]
-    record = _record(p, wall_ms / 1000, session.sampler.take_peaks())
+    record = batch_record(p, wall_ms / 1000, session.sampler.take_peaks())
     print(
         f"    {system}: recovery: batch {record['batchId']} on {record['state_rows']:,} state "
         f"rows {wall_ms:,.0f} ms after start() ({record['batch_ms']:,.0f} ms in the batch)",
