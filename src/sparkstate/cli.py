@@ -18,6 +18,7 @@ BENCHES = {
     "arbitrary": "sparkstate.bench.arbitrary",
     "windows": "sparkstate.bench.windows",
     "join": "sparkstate.bench.join",
+    "scale": "sparkstate.bench.scale",
 }
 
 
@@ -43,6 +44,27 @@ BENCH_OPTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     ],
     "windows": [_WORKLOADS],
     "join": [_WORKLOADS],
+    "scale": [
+        ("--plot", {"default": None, "metavar": "OUT.png", "help": "plot the systems' runs"}),
+        ("--rows-per-batch", {"type": _positive_int, "help": f"new keys per batch {_SIZE}"}),
+        ("--target-rows", {"type": _positive_int, "help": f"state rows to reach {_SIZE}"}),
+        ("--time-budget-min", {"type": float, "help": "minutes a system may grow for"}),
+        (
+            "--memory-budget-mb",
+            {
+                "type": _positive_int,
+                "help": "the JVM's heap and the Python workers' memory for the in-memory "
+                "stores (default 2048)",
+            },
+        ),
+        (
+            "--store-memory-mb",
+            {
+                "type": _positive_int,
+                "help": "sparkstate's RocksDB memory per executor (default 1024)",
+            },
+        ),
+    ],
 }
 
 REMOTE_HELP = (

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sparkstate.bench import _spark, aggregate, arbitrary, join, windows
+from sparkstate.bench import _spark, aggregate, arbitrary, join, scale, windows
 from sparkstate.cli import _parser
 
 
@@ -408,3 +408,48 @@ def test_aggregate_takes_rows_keys_and_batches() -> None:
 def test_bench_refuses_options_it_does_not_take(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         _parser().parse_args(argv)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_scale_bench_tiny(tmp_path: Path) -> None:
+    out, png = tmp_path / "scale.json", tmp_path / "scale.png"
+    # the RocksDB systems and their recovery; the in-memory ones stop by rules tested in test_scale
+    systems = ["sparkstate-rocksdb", "spark-rocksdb"]
+    args = argparse.Namespace(
+        systems=",".join(systems),
+        json_out=str(out),
+        plot=str(png),
+        rows_per_batch=20_000,
+        target_rows=60_000,
+        time_budget_min=3,
+    )
+    assert scale.run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "scale"
+    assert set(report["systems"]) == set(systems)
+    for system, r in report["systems"].items():
+        assert "error" not in r, (system, r)
+        assert r["failed"] is None and r["stopped"] is None, (system, r)
+        assert r["problems"] == [], system
+        assert r["state_rows_reached"] == 60_000, system
+        assert [b["batchId"] for b in r["per_batch"]] == [0, 1, 2]
+        assert r["p50_batch_ms_early"] > 0 and r["p50_batch_ms_late"] > 0, system
+        assert r["peak_jvm_rss_mb"] > 0 and r["rss_samples"], system
+        assert r["state_bytes_on_disk"]["checkpoint"] > 0, system
+        assert r["state_bytes_on_disk"]["local"] > 0, system
+        recovery = r["recovery"]
+        assert r["recovery_ms"] == recovery["recovery_ms"] > recovery["batch_ms"] > 0, system
+        # the restart's first batch ran on the whole state (every row a new key)
+        assert recovery["batch"]["state_rows"] == (recovery["batch"]["batchId"] + 1) * 20_000
+    ours = report["systems"]["sparkstate-rocksdb"]
+    assert ours["peak_worker_rss_mb"] > 0
+    assert ours["recovery"]["local_bytes_deleted"] > 0  # Spark's JVM removes its own on exit
+    assert ours["store_options"]["stateStore.local_dir"]
+    assert report["systems"]["spark-rocksdb"]["peak_worker_rss_mb"] == 0  # all in the JVM
+    assert set(report["ratios"]) == {
+        "scale:sparkstate-rocksdb/spark-rocksdb",
+        "recovery:sparkstate-rocksdb/spark-rocksdb",
+    }
+    assert report["targets"]["state_rows_reached"]["met"] is True
+    assert png.read_bytes()[:4] == b"\x89PNG"

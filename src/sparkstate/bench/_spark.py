@@ -1,4 +1,4 @@
-"""Shared machinery of the streaming benchmarks (``sparkstate bench aggregate | arbitrary``).
+"""Shared machinery of the streaming benchmarks (``sparkstate bench aggregate | arbitrary | ...``).
 
 Every system runs in a fresh subprocess with a SparkSession of its own, so no JVM, Python worker,
 cache or RocksDB instance carries over from one system to the next. A child runs
@@ -61,6 +61,7 @@ __all__ = [
     "ratios",
     "run_bench",
     "rows_emitted_measured",
+    "run_child",
     "run_systems",
     "run_workloads",
     "selected_systems",
@@ -410,7 +411,9 @@ class BenchSpec:
         self.timeout_s = timeout_s
 
 
-def _child(spec: BenchSpec, system: str, workdir: str) -> dict[str, Any]:
+def run_child(spec: BenchSpec, system: str, workdir: str) -> dict[str, Any]:
+    """Run ``system`` in a subprocess (``module.measure(system, params)``) with ``workdir`` as
+    its work directory; its result, echoing what it prints as it goes."""
     params = {**spec.params, "workdir": workdir, "timeout_s": spec.timeout_s}
     code = (
         "import sys; from sparkstate.bench._spark import worker_main; "
@@ -526,7 +529,7 @@ def run_systems(spec: BenchSpec, systems: Sequence[str]) -> tuple[dict[str, Any]
         print(f"[bench {spec.name}] {system} ... (load {os.getloadavg()[0]:.2f})", flush=True)
         workdir = tempfile.mkdtemp(prefix=f"sparkstate-bench-{spec.name}-{system}-")
         try:
-            r = _child(spec, system, workdir)
+            r = run_child(spec, system, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         results[system] = r

@@ -431,6 +431,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 self._db = self._fresh_db()
                 num_keys = 0
                 self._db.apply_batch({}, {"version": 0, "checkpoint_id": None, "num_keys": 0})
+        db = self._db
+        assert db is not None
         # One changelog at a time, its rows decoded as the WriteBatch takes them; each batch
         # carries its version's marker, so a failure part way leaves the last one applied.
         for ref in plan.changelogs if plan is not None else []:
@@ -441,9 +443,9 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 "checkpoint_id": ref.checkpoint_id,
                 "num_keys": num_keys,
             }
-            self._db.apply_batch(changelog.rows(), marker)
+            db.apply_batch(changelog.rows(), marker)
             self._stats["changelogsReplayed"] += 1
-        return RocksDBStateStore(self, target, version, self._db, num_keys, read_only=read_only)
+        return RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
 
     def _sst_map_path(self) -> str:
         return os.path.join(self.local.path, "sst_map.json")
