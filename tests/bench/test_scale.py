@@ -43,6 +43,25 @@ def test_batch_summary() -> None:
     assert empty["p50_batch_ms_early"] is None
 
 
+def test_where_the_time_goes_in_the_late_batches() -> None:
+    progress = {
+        "batchId": 7,
+        "numInputRows": 100,
+        "sources": [{"numInputRows": 100}],
+        "durationMs": {"triggerExecution": 900, "addBatch": 800},
+        "stateOperators": [
+            {"numRowsTotal": 800, "commitTimeMs": 30, "customMetrics": {"loadTimeMs": 10}}
+        ],
+    }
+    record = scale_follow.batch_record(progress, 5.0, (100.0, 50.0))
+    assert record["time_ms"]["commit"] == 30 and record["time_ms"]["load"] == 10
+    records = _records([100] * 10)
+    for r, commit in zip(records, range(10), strict=True):
+        r["time_ms"] = {"commit": float(commit)}
+    summary = scale_report.batch_summary(records)
+    assert summary["where_time_goes_ms_late"] == {"commit": 9.0}  # the last tenth: batch 9
+
+
 def test_an_in_memory_system_stops_over_budget_or_ten_times_slower() -> None:
     early = [5000.0, 100.0, 100.0, 120.0, 140.0]
     assert scale_follow.stop_reason(early, 500, 1000, 2048, 10) is None

@@ -409,6 +409,10 @@ def _print_summary(
     goals: Mapping[str, Mapping[str, Any]],
 ) -> None:
     print(f"\n[bench scale] summary\n{scale_report.table(results)}")
+    print("[bench scale] where the time goes in the late batches (ms per batch):")
+    for system, r in results.items():
+        parts = r.get("where_time_goes_ms_late") or {}
+        print(f"    {system}: " + " | ".join(f"{k} {v:,.0f}" for k, v in parts.items()))
     for system, r in results.items():
         for problem in (r.get("problems") or [])[:5]:
             print(f"[bench scale] {system}: CHECK FAILED: {problem}")

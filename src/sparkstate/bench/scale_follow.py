@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sparkstate.bench._spark import summarize, time_breakdown
 from sparkstate.bench.rss import RssSampler
 from sparkstate.bench.scale_report import slow_batch_limit
 from sparkstate.runtime.progress import progress_as_dict
@@ -37,6 +38,7 @@ def batch_record(p: Mapping[str, Any], t_s: float, peaks: tuple[float, float]) -
         "jvm_rss_mb": round(peaks[0], 1),
         "worker_rss_mb": round(peaks[1], 1),
         "t_s": round(t_s, 1),
+        "time_ms": time_breakdown(summarize([p], warmup=0)),
     }
 
 

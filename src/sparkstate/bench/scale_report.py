@@ -79,7 +79,17 @@ def batch_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "late_over_early": p50_late / p50_early if p50_early and p50_late else None,
         "rows_per_s_early": _rows_per_s(early),
         "rows_per_s_late": _rows_per_s(late),
+        "where_time_goes_ms_late": _mean_breakdown(late),
     }
+
+
+def _mean_breakdown(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Where the time of the batches went (``time_ms`` of each record), mean per batch."""
+    parts: dict[str, list[float]] = {}
+    for r in records:
+        for label, ms in (r.get("time_ms") or {}).items():
+            parts.setdefault(label, []).append(float(ms))
+    return {label: round(sum(v) / len(v), 1) for label, v in parts.items()}
 
 
 def _ran(r: Mapping[str, Any] | None) -> bool:
