@@ -149,7 +149,12 @@ class LocalDB:
             msg = f"local RocksDB {path}: cannot open: no CURRENT file (no database there)"
             raise MissingVersionError(msg)
         try:
-            self._db: rocksdict.Rdict | None = rocksdict.Rdict(path, self._opts)
+            # The options of the default column family are passed as well: otherwise rocksdict
+            # reopens an existing DB with those of its OPTIONS file, which lose the bloom filter
+            # (and the shared block cache), so every SST written after a reopen has no filter.
+            self._db: rocksdict.Rdict | None = rocksdict.Rdict(
+                path, self._opts, column_families={"default": self._opts}
+            )
         except Exception as exc:
             _raise_translated(exc, "open", path)
 
