@@ -339,6 +339,13 @@ def test_encode_many_equals_encode(case: tuple[pa.Schema, list[tuple[Any, ...]]]
         assert codec.encode_many(chunked) == expected
         assert codec.encode_many(table.to_batches()[0]) == expected
         assert codec.encode_many(table.slice(3, 30)) == expected[3:33]
+    # A column family's prefix, put before every key in the same pass.
+    keys = KeyCodec(schema)
+    for prefix in (b"\x00", b"\x05names"):
+        expected = [prefix + keys.encode(r) for r in many]
+        assert keys.encode_many(many, prefix) == expected
+        assert keys.encode_many(rows, prefix) == expected[: len(rows)]
+        assert keys.encode_many(table, prefix) == expected
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

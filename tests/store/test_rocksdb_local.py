@@ -333,6 +333,37 @@ def test_statistics_count_bytes_when_enabled(tmp_path: Path) -> None:
         assert plain.statistics() == {}
 
 
+def test_a_reopened_db_keeps_its_bloom_filters(tmp_path: Path) -> None:
+    # rocksdict reopens an existing DB with the options of its OPTIONS file unless told the
+    # column family's options: those lose the filter policy, so lookups of absent keys (the
+    # commit's existence reads) would read data blocks of every file.
+    path, conf = str(tmp_path / "db"), LocalDBConf(statistics=True)
+    with LocalDB(path, conf) as db:
+        db.apply_batch({k(i): b"v" for i in range(0, 2000, 2)}, {"version": 1})
+    with LocalDB(path, conf, create_if_missing=False) as db:
+        db.apply_batch({k(i): b"v" for i in range(1, 2000, 2)}, {"version": 2})
+        db.flush()
+    with LocalDB(path, conf, create_if_missing=False) as db:
+        assert db.multi_get([k(i) for i in range(2000, 3000)]) == [None] * 1000
+        useful = db.statistics()["rocksdb.bloom.filter.useful"]
+    assert useful > 1500  # two files, 1000 absent keys each, ~1% false positives
+
+
+def test_a_bloom_filter_larger_than_a_megabyte_stays_in_the_block_cache(tmp_path: Path) -> None:
+    # With an LRU block cache of 64 MB (64 shards of 1 MB), a reopened DB found such a filter
+    # in the cache for none of its lookups: it was read again for every 32 keys of a multi-get.
+    keys = [k(i) for i in range(100_000)]
+    path, conf = str(tmp_path / "db"), LocalDBConf(statistics=True, bloom_bits_per_key=100)
+    with LocalDB(path, conf) as db:
+        db.apply_batch(dict.fromkeys(keys, b"v"), {"version": 1})
+        db._live().compact_range(None, None)  # one file below L0, whose blocks are not pinned
+    with LocalDB(path, conf, create_if_missing=False) as db:
+        assert db.multi_get(keys[::5]) == [b"v"] * 20_000
+        stats = db.statistics()
+    assert stats["rocksdb.bloom.filter.full.positive"] == 20_000  # one filter of 1.25 MB
+    assert stats["rocksdb.block.cache.filter.miss"] <= 1
+
+
 def test_wipe_closes_and_removes_the_directory(db: LocalDB) -> None:
     db.apply_batch({k(1): b"x"}, {"version": 1})
     scan = db.iterate(b"", b"\xff")

@@ -87,8 +87,7 @@ class ColumnFamily:
         return self.prefix + self.key_codec.encode(key)
 
     def physical_keys(self, keys: KeyRows) -> list[bytes]:
-        p = self.prefix
-        return [p + k for k in self.key_codec.encode_many(keys)]
+        return self.key_codec.encode_many(keys, self.prefix)
 
     def end_of_family(self) -> bytes:
         """The smallest physical key greater than every key of this family."""

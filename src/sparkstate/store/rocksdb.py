@@ -13,6 +13,7 @@ lineage catches up by replaying changelogs; anything else restores from the near
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import heapq
 import itertools
@@ -32,7 +33,13 @@ from sparkstate.exceptions import CorruptStateFileError, StateStoreError
 from sparkstate.store.base import StateStore, StoreConf, StoreId, default_local_dir
 from sparkstate.store.handoff import listener
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
-from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
+from sparkstate.store.rocksdb_local import (
+    LocalDB,
+    LocalDBConf,
+    LocalStoreDir,
+    key_order,
+    local_key,
+)
 from sparkstate.store.rocksdb_snapshot import (
     SST_DIR,
     SstMap,
@@ -57,6 +64,15 @@ _STAT_NAMES = {
     "process_block_cache_pinned_bytes": "blockCachePinnedBytes",
     "process_write_buffer_bytes": "writeBufferBytes",
 }
+
+
+def _in_key_order(writes: dict[bytes, bytes | None]) -> tuple[list[bytes], list[bytes | None]]:
+    """The keys and values of ``writes`` in ascending key order."""
+    keys, values = list(writes), list(writes.values())
+    if len(keys) < 2:
+        return keys, values
+    order = key_order(keys)
+    return np.array(keys, object)[order].tolist(), np.array(values, object)[order].tolist()
 
 
 class RocksDBStateStore(StateStore):
@@ -88,6 +104,8 @@ class RocksDBStateStore(StateStore):
         self._num_keys = self._base_keys
         #: The key count of the overlay as it stands (None: a write since it was counted).
         self._counted: int | None = None
+        #: The overlay's keys and values in key order, as of its last count.
+        self._in_order: tuple[list[bytes], list[bytes | None]] = ([], [])
         self._final: dict[str, float] = {}
         self._memory_used: int | None = None
         #: Per column family prefix, its largest key in the database (see ``_family_tops``).
@@ -102,11 +120,14 @@ class RocksDBStateStore(StateStore):
             self._existed[key] = got is not None
         return got
 
-    def _fetch(self, keys: list[bytes]) -> list[bytes | None]:
+    def _fetch(self, keys: list[bytes], *, in_key_order: bool = False) -> list[bytes | None]:
         """A multi-get from the database, of the keys that can be there: a key above the largest
         stored key of its column family cannot, and keys that grow with event time (a window's
         end first, an index by time) are mostly such keys, where lookups of absent keys would be
-        most of a batch's read time."""
+        most of a batch's read time. ``in_key_order``: the keys ascend (see ``_fetch_ascending``).
+        """
+        if in_key_order:
+            return self._fetch_ascending(keys)
         tops = self._family_tops()
         if len(tops) == 1:
             (top,) = tops.values()
@@ -118,6 +139,29 @@ class RocksDBStateStore(StateStore):
             return self._db.multi_get(keys)
         found = dict(zip(probe, self._db.multi_get(probe), strict=True))
         return list(map(found.get, keys))
+
+    def _fetch_ascending(self, keys: list[bytes]) -> list[bytes | None]:
+        """``_fetch`` of ascending keys: a family's keys above its largest stored key are one
+        slice of them, found by bisection rather than by a comparison per key."""
+        tops = self._family_tops()
+        reads, pos = [], 0  # index ranges of the keys that can be stored
+        for fam in sorted(self._families.values(), key=operator.attrgetter("prefix")):
+            top = tops.get(fam.prefix)
+            if top is not None:  # (None: a family registered since the tops were read)
+                above = bisect.bisect_right(keys, top, pos)
+                reads.append((pos, above))
+                pos = bisect.bisect_left(keys, fam.end_of_family(), above)
+        reads.append((pos, len(keys)))
+        probe = list(itertools.chain.from_iterable(keys[a:b] for a, b in reads))
+        found = self._db.multi_get(probe, in_key_order=True)
+        if len(found) == len(keys):
+            return found
+        out: list[bytes | None] = [None] * len(keys)
+        done = 0
+        for a, b in reads:
+            out[a:b] = found[done : done + b - a]
+            done += b - a
+        return out
 
     def _family_tops(self) -> dict[bytes, bytes]:
         """Each family's largest stored key (its prefix, which is no key, for an empty family),
@@ -191,23 +235,27 @@ class RocksDBStateStore(StateStore):
 
     def _count_after_writes(self) -> int:
         """Exact number of keys once the overlay is applied (reads unknown existence in bulk);
-        counted once per state of the overlay (the task's metrics and the commit both ask)."""
+        counted once per state of the overlay (the task's metrics and the commit both ask).
+        The overlay is put in key order on the way (``_in_order``), for these reads and the
+        commit's write: RocksDB looks keys up and inserts them 2-3x faster in key order."""
         if self._counted is not None:
             return self._counted
+        keys, values = self._in_order = _in_key_order(self._pending)
         if not self._track:
-            return -1
-        pending, existed = self._pending, self._existed
-        was = list(map(existed.get, pending))  # None: not read yet
-        if None in was:
-            keys = list(pending)
-            unknown = [i for i, w in enumerate(was) if w is None]
-            found = self._fetch([keys[i] for i in unknown])
-            for i, value in zip(unknown, found, strict=True):
-                was[i] = existed[keys[i]] = value is not None
-        existing = np.array(was, np.bool_)
-        deleted = np.fromiter(map(operator.is_, pending.values(), _NONES), np.bool_, len(was))
-        added = int(np.count_nonzero(~existing & ~deleted))
-        self._counted = self._base_keys + added - int(np.count_nonzero(existing & deleted))
+            self._counted = -1
+            return self._counted
+        existed = self._existed
+        # Every written key that was stored goes, every one that is not a delete comes back.
+        if existed:
+            known = list(map(existed.get, keys))  # None: not read yet
+            gone = known.count(True)
+            unknown = list(itertools.compress(keys, map(operator.is_, known, _NONES)))
+        else:
+            gone, unknown = 0, keys
+        if unknown:
+            found = self._fetch(unknown, in_key_order=True)
+            gone += len(found) - found.count(None)
+        self._counted = self._base_keys - gone + len(values) - values.count(None)
         return self._counted
 
     def raw_num_keys(self) -> int:
@@ -230,8 +278,7 @@ class RocksDBStateStore(StateStore):
     def _commit(self) -> None:
         ref = VersionRef(self.version + 1, new_checkpoint_id())
         self._num_keys = self._count_after_writes()
-        keys = list(self._pending)
-        values = list(self._pending.values())
+        keys, values = self._in_order
         changelog_bytes = self._provider.write_changelog(
             ref, self._base, keys, values, {"num_keys": self._num_keys}
         )
@@ -240,7 +287,7 @@ class RocksDBStateStore(StateStore):
             "checkpoint_id": ref.checkpoint_id,
             "num_keys": self._num_keys,
         }
-        self._db.apply_batch(self._pending, marker)
+        self._db.apply_batch(zip(keys, values, strict=True), marker)
         self.checkpoint_id = ref.checkpoint_id
         self._final = {"changelogBytesWritten": changelog_bytes}
         self._provider.after_commit(self, ref)
@@ -248,6 +295,7 @@ class RocksDBStateStore(StateStore):
     def _abort(self) -> None:
         self._pending.clear()
         self._counted = None
+        self._in_order = ([], [])
         # A writable version aborted is a failed or replayed task: let the database go.
         self._provider.end_use(close=not self._read_only)
 

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, NoReturn, cast
 
 import numpy as np
+import numpy.typing as npt
 import rocksdict
 
 from sparkstate.exceptions import (
@@ -56,6 +57,7 @@ __all__ = [
     "LocalStoreDir",
     "LockHolder",
     "SharedResources",
+    "key_order",
     "local_key",
     "shared_resources",
 ]
@@ -124,6 +126,35 @@ def _chunks(
         yield ks, list(itertools.islice(values, len(ks)))
 
 
+def key_order(keys: Sequence[bytes]) -> npt.NDArray[np.intp]:
+    """Indices that sort ``keys`` bytewise (RocksDB looks keys up and inserts them 2-3x faster
+    in key order), by integer sorts of 8-byte windows after the keys' common prefix: the first
+    window alone when it tells every key apart, as it does for most keys of one column family.
+    A sort of the byte strings themselves costs 5x more."""
+    n = len(keys)
+    if n < 2:
+        return np.arange(n)
+    skip = len(os.path.commonprefix([min(keys), max(keys)]))
+    first = _windows(keys, skip, 1)[:, 0]
+    order = np.argsort(first)
+    ranked = first[order]
+    if (ranked[1:] != ranked[:-1]).all():
+        return order
+    # Ties: every window of the longest key, then the length (a key padded with zeros to the
+    # length of another sorts before it).
+    windows = _windows(keys, skip, max(1, -(-(max(map(len, keys)) - skip) // 8)))
+    lengths = np.fromiter(map(len, keys), np.intp, n)
+    return np.lexsort([lengths, *windows.T[::-1]])
+
+
+def _windows(keys: Sequence[bytes], skip: int, count: int) -> npt.NDArray[np.uint64]:
+    """(n, count) big-endian integers of the ``count`` 8-byte windows after ``skip`` bytes of
+    each key (numpy's fixed-width byte strings cut a key to, or pad it with zeros up to, that)."""
+    width = skip + 8 * count
+    m = np.array(keys, f"S{width}").view(np.uint8).reshape(len(keys), width)
+    return np.ascontiguousarray(m[:, skip:]).view(">u8").astype(np.uint64)
+
+
 class LocalDB:
     """A RocksDB at ``path`` in raw (bytes) mode, written in atomic batches with the WAL off.
 
@@ -149,7 +180,12 @@ class LocalDB:
             msg = f"local RocksDB {path}: cannot open: no CURRENT file (no database there)"
             raise MissingVersionError(msg)
         try:
-            self._db: rocksdict.Rdict | None = rocksdict.Rdict(path, self._opts)
+            # The options of the default column family are passed as well: otherwise rocksdict
+            # reopens an existing DB with those of its OPTIONS file, which lose the bloom filter
+            # (and the shared block cache), so every SST written after a reopen has no filter.
+            self._db: rocksdict.Rdict | None = rocksdict.Rdict(
+                path, self._opts, column_families={"default": self._opts}
+            )
         except Exception as exc:
             _raise_translated(exc, "open", path)
 
@@ -191,25 +227,27 @@ class LocalDB:
             _raise_translated(exc, "get", self.path)
         return value
 
-    def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Values of ``keys`` in order, ``None`` where absent (RocksDB MultiGet, in chunks)."""
+    def multi_get(self, keys: Sequence[bytes], *, in_key_order: bool = False) -> list[bytes | None]:
+        """Values of ``keys`` in order, ``None`` where absent (RocksDB MultiGet, in chunks).
+
+        Keys are looked up in key order, 2-3x faster than in arrival order (block and memtable
+        locality); ``in_key_order`` says that they ascend already.
+        """
         db = self._live()
         n = len(keys)
         try:
             if n <= _MULTI_GET_CHUNK:
                 return cast("list[bytes | None]", db[list(keys)])
-            # Looking keys up in key order is 2-3x faster than in arrival order (block and
-            # memtable locality); the order only matters for speed, so numpy's padded byte
-            # strings are good enough to sort by.
-            order = np.argsort(np.array(keys, dtype=np.bytes_), kind="stable").tolist()
-            ordered = [keys[i] for i in order]
+            order = None if in_key_order else key_order(keys)
+            ordered = list(keys) if order is None else np.array(keys, object)[order].tolist()
             found: list[bytes | None] = []
             for i in range(0, n, _MULTI_GET_CHUNK):
                 found += cast("list[bytes | None]", db[ordered[i : i + _MULTI_GET_CHUNK]])
-            out: list[bytes | None] = [None] * n
-            for i, value in zip(order, found, strict=True):
-                out[i] = value
-            return out
+            if order is None:
+                return found
+            out = np.empty(n, object)
+            out[order] = found
+            return cast("list[bytes | None]", out.tolist())
         except Exception as exc:
             _raise_translated(exc, "multi_get", self.path)
 

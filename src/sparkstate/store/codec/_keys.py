@@ -246,38 +246,42 @@ class KeyCodec:
             raise SchemaMismatchError(msg) from exc
         return tuple(out)
 
-    def encode_many(self, rows: Rows) -> list[bytes]:
-        """Encodings of many rows: Arrow columns by position, or tuples. The hot path."""
+    def encode_many(self, rows: Rows, prefix: bytes = b"") -> list[bytes]:
+        """Encodings of many rows: Arrow columns by position, or tuples. The hot path.
+        ``prefix`` (a column family's) is put before every key in the same pass."""
         if isinstance(rows, pa.Table | pa.RecordBatch):
             arrays = arrow_columns(self._cols, rows)
             n = rows.num_rows
         elif len(rows) < SMALL_BATCH:
-            return [self.encode(r) for r in rows]
+            return [prefix + self.encode(r) for r in rows]
         else:
             maybe = columns_from_rows(self._cols, rows)
             if maybe is None:
-                return [self.encode(r) for r in rows]
+                return [prefix + self.encode(r) for r in rows]
             arrays, n = maybe, len(rows)
         if n == 0 or not self._cols:
-            return [b""] * n
+            return [prefix] * n
         pieces: list[Bytes2D | pa.Array] = []
         run: list[tuple[Column, pa.Array]] = []
+        lead = prefix
         for col, arr in zip(self._cols, arrays, strict=True):
             if col.phys != "var":
                 run.append((col, arr))
                 continue
-            if run:
-                pieces.append(self._fixed_matrix(run, n))
-                run = []
+            if run or lead:
+                pieces.append(self._fixed_matrix(run, n, lead))
+                run, lead = [], b""
             pieces.append(_key_var_piece(arr))
-        if run:
-            pieces.append(self._fixed_matrix(run, n))
+        if run or lead:
+            pieces.append(self._fixed_matrix(run, n, lead))
         return assemble(pieces)
 
     @staticmethod
-    def _fixed_matrix(run: list[tuple[Column, pa.Array]], n: int) -> Bytes2D:
-        m = np.empty((n, sum(1 + c.width for c, _ in run)), np.uint8)
-        start = 0
+    def _fixed_matrix(run: list[tuple[Column, pa.Array]], n: int, lead: bytes = b"") -> Bytes2D:
+        """(n, width) bytes of a run of fixed-width columns, after the bytes ``lead``."""
+        start = len(lead)
+        m = np.empty((n, start + sum(1 + c.width for c, _ in run)), np.uint8)
+        m[:, :start] = np.frombuffer(lead, np.uint8)
         for col, arr in run:
             _key_fixed_into(m, start, col, arr)
             start += 1 + col.width
