@@ -13,6 +13,7 @@ lineage catches up by replaying changelogs; anything else restores from the near
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import heapq
@@ -23,6 +24,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -73,6 +75,20 @@ def _in_key_order(writes: dict[bytes, bytes | None]) -> tuple[list[bytes], list[
         return keys, values
     order = key_order(keys)
     return np.array(keys, object)[order].tolist(), np.array(values, object)[order].tolist()
+
+
+#: Providers that may hold a database open after their task, closed at exit (see below).
+_KEPT_OPEN: weakref.WeakSet[RocksDBStateStoreProvider] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_kept_open() -> None:
+    """Close the databases kept open while the interpreter is whole: at its teardown, objects
+    a database uses (the shared cache and write-buffer manager) can go before the database, and
+    closing it then crashes the process."""
+    for provider in list(_KEPT_OPEN):
+        with contextlib.suppress(Exception):
+            provider.release()
 
 
 class RocksDBStateStore(StateStore):
@@ -435,6 +451,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         start = time.perf_counter()
         with self._mutex:
             self._in_use = True
+        _KEPT_OPEN.add(self)
         try:
             self._acquire()
             store = self._load(version, checkpoint_id, read_only)
