@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkstate.testing.factory import ProviderFactory
+
 BUCKET = "sparkstate-tests"
 
 
@@ -97,3 +99,11 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint
 def s3_root(s3_endpoint: S3Endpoint) -> str:
     """A fresh, empty checkpoint root on the loopback S3 endpoint."""
     return s3_endpoint.uri(f"checkpoints/{uuid.uuid4().hex}")
+
+
+@pytest.fixture
+def rocksdb_factory(tmp_path: Path) -> Iterator[ProviderFactory]:
+    """A factory of rocksdb providers of one store, in this test's directories."""
+    f = ProviderFactory("rocksdb", str(tmp_path / "ckpt"), str(tmp_path / "local"))
+    yield f
+    f.close_all()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,10 +95,8 @@ def write(
 
 
 @pytest.fixture
-def factory(tmp_path: Path) -> Iterator[ProviderFactory]:
-    f = ProviderFactory("rocksdb", str(tmp_path / "ckpt"), str(tmp_path / "local"))
-    yield f
-    f.close_all()
+def factory(rocksdb_factory: ProviderFactory) -> ProviderFactory:
+    return rocksdb_factory
 
 
 def test_the_next_task_in_the_same_process_finds_the_database_open(

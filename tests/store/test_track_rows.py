@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from sparkstate.testing.factory import ProviderFactory
 
 
 @pytest.fixture
-def factory(tmp_path: Path) -> Iterator[ProviderFactory]:
-    f = ProviderFactory("rocksdb", str(tmp_path / "ckpt"), str(tmp_path / "local"))
-    yield f
-    f.close_all()
+def factory(rocksdb_factory: ProviderFactory) -> ProviderFactory:
+    return rocksdb_factory
 
 
 def test_untracked_rows_are_reported_as_minus_one_and_counted_again_when_tracked(

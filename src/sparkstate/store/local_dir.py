@@ -50,6 +50,8 @@ class LockHolder:
     host: str
     acquired_at: float
     owner: str
+    #: Where the holder takes requests to let go (:mod:`.handoff`), if it does.
+    handoff: str | None = None
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
@@ -133,13 +135,9 @@ class LocalStoreDir:
 
     def _ask_holder(self) -> None:
         """Ask the holder to let go, if it recorded where it listens (a holder on this host)."""
-        try:
-            raw = json.loads(self._lock.owner() or "null")
-            address, host = raw["handoff"], raw["host"]
-        except (ValueError, TypeError, KeyError):
-            return
-        if isinstance(address, str) and host == socket.gethostname():
-            ask_to_release(address, self.path)
+        holder = self.holder()
+        if holder is not None and holder.handoff and holder.host == socket.gethostname():
+            ask_to_release(holder.handoff, self.path)
 
     def release(self) -> None:
         """Clear the holder record and drop the lock. Close the DB first. Idempotent."""
@@ -149,10 +147,15 @@ class LocalStoreDir:
         """The holder recorded in the lock file, or None if none is recorded (or it is garbled)."""
         try:
             raw = json.loads(self._lock.owner() or "null")
+            handoff = raw.get("handoff")
             return LockHolder(
-                int(raw["pid"]), str(raw["host"]), float(raw["acquired_at"]), str(raw["owner"])
+                int(raw["pid"]),
+                str(raw["host"]),
+                float(raw["acquired_at"]),
+                str(raw["owner"]),
+                handoff if isinstance(handoff, str) else None,
             )
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
     def scratch_path(self, name: str) -> str:
