@@ -28,6 +28,7 @@ __all__ = [
     "__version__",
     "add_listener",
     "functions",
+    "register",
     "remove_listener",
     "stream",
 ]
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         StatefulStream,
         StreamingQuery,
         add_listener,
+        register,
         remove_listener,
         stream,
     )
@@ -59,6 +61,7 @@ _ENGINE = {
     "StatefulStream",
     "StreamingQuery",
     "add_listener",
+    "register",
     "remove_listener",
     "stream",
 }

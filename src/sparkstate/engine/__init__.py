@@ -2,6 +2,7 @@
 
 from sparkstate.engine.api import DataStreamWriter, GroupedStream, StatefulStream, stream
 from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
+from sparkstate.engine.state_source import register
 
 __all__ = [
     "DataStreamWriter",
@@ -9,6 +10,7 @@ __all__ = [
     "StatefulStream",
     "StreamingQuery",
     "add_listener",
+    "register",
     "remove_listener",
     "stream",
 ]

@@ -29,6 +29,7 @@ from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_
 from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
+from sparkstate.engine.state_source import register_once
 from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,
@@ -68,6 +69,7 @@ def stream(df: DataFrame) -> StatefulStream:
     if not df.isStreaming:
         msg = "ss.stream() needs a streaming DataFrame (spark.readStream...), not a batch one"
         raise ConfigurationError(msg)
+    register_once(df.sparkSession)  # the state reader, for the session that runs the query
     return StatefulStream(df, watermarks=declared_watermarks(df))
 
 

@@ -37,7 +37,7 @@ from sparkstate.store.base import StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
 from sparkstate.store.schema_json import schema_to_json
 
-__all__ = ["JOIN_TYPES", "JoinSide", "StreamingJoin"]
+__all__ = ["JOIN_TYPES", "MATCHED", "JoinSide", "StreamingJoin", "unpack_rows"]
 
 #: Spark's names of the join types a stream-stream join supports.
 JOIN_TYPES = ("inner", "leftOuter", "rightOuter", "fullOuter", "leftSemi")
@@ -418,7 +418,7 @@ def _pack(rows: list[bytes], counts: list[int]) -> list[bytes]:
     return out
 
 
-def _unpack(values: list[bytes]) -> tuple[list[bytes], list[int]]:
+def unpack_rows(values: list[bytes]) -> tuple[list[bytes], list[int]]:
     """The rows of packed values, and the index of the value each came from."""
     rows: list[bytes] = []
     parents: list[int] = []
@@ -510,7 +510,7 @@ class _SideState:
             found = [i for i, r in enumerate(raws) if r is not None]
             if found:
                 packed, _ = self.fam.value_codec.decode_many_arrow([raws[i] for i in found])
-                row_bytes, parents = _unpack(packed.column("rows").to_pylist())
+                row_bytes, parents = unpack_rows(packed.column("rows").to_pylist())
                 rows, _ = self.row_codec.decode_many_arrow(row_bytes)
                 kids = (first + np.asarray(found, np.int64))[np.asarray(parents, np.int64)]
                 flags = np.asarray(rows.column(MATCHED).fill_null(False), bool)

@@ -43,6 +43,7 @@ __all__ = [
     "file_name",
     "new_checkpoint_id",
     "parse_file_name",
+    "read_schema_file",
 ]
 
 SCHEMA_FILE = "_schema.json"
@@ -172,6 +173,15 @@ def _schema_record(data: bytes) -> dict[str, Any]:
         for described in (family["key"], family["value"], *family.get("value_history", [])):
             fields_from_json(described)
     return found
+
+
+def read_schema_file(directory: DurableDir) -> dict[str, tuple[pa.Schema, pa.Schema]]:
+    """The column families a store's ``_schema.json`` records, with their current schemas."""
+    found = read_json(directory, SCHEMA_FILE, RESTORE, _schema_record)
+    return {
+        name: (schema_from_json(f["key"]), schema_from_json(f["value"]))
+        for name, f in found["column_families"].items()
+    }
 
 
 def check_schema_file(

@@ -1,0 +1,204 @@
+"""A query's checkpoint as a reader sees it: its operators, committed batches and partition stores.
+
+Nothing here writes to the checkpoint, and nothing takes a running query's local databases: a
+partition's state is loaded into a private scratch directory, from the durable files alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError, MissingVersionError
+from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.records import BatchCommit
+from sparkstate.runtime.start import engine_root_of
+from sparkstate.store.base import StateStore, StateStoreProvider
+from sparkstate.store.conf import StoreConf, StoreId
+from sparkstate.store.durable import DurableDir, canonical_location
+from sparkstate.store.layout import SCHEMA_FILE, read_schema_file
+from sparkstate.store.registry import provider_class
+
+__all__ = ["OperatorInfo", "StateCheckpoint", "open_checkpoint"]
+
+#: The operator name Spark shows for each of our kinds (progress and ``state-metadata``), where
+#: the progress log does not say.
+SPARK_OPERATOR_NAMES = {
+    "aggregate": "stateStoreSave",
+    "session_window_aggregate": "sessionWindowStateStoreSaveExec",
+    "flatMapGroupsWithState": "flatMapGroupsWithState",
+    "applyInPandasWithState": "applyInPandasWithState",
+    "dedup": "dedupe",
+    "dedup_within_watermark": "dedupeWithinWatermark",
+    "join": "symmetricHashJoin",
+    "limit": "globalLimit",
+    "transformWithState": "transformWithStateInPySparkExec",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorInfo:
+    """One stateful operator of a checkpoint, as ``metadata.json`` describes it."""
+
+    id: int
+    kind: str
+    #: Spark's ``operatorName`` (from the progress log where it has one).
+    name: str
+    description: dict[str, Any]
+
+
+@dataclasses.dataclass
+class StateCheckpoint:
+    """A sparkstate checkpoint opened for reading."""
+
+    location: str
+    log: CheckpointLog
+    metadata: dict[str, Any]
+    #: The root the state stores live under (the engine directory or ``stateLocation``).
+    state_root: str
+
+    @property
+    def num_partitions(self) -> int:
+        return int(self.metadata["num_partitions"])
+
+    @property
+    def provider(self) -> str:
+        return str(self.metadata["provider"])
+
+    def operators(self) -> list[OperatorInfo]:
+        names = self._progress_names()
+        out = []
+        for described in self.metadata.get("operators", []):
+            op_id, kind = int(described["id"]), str(described["kind"])
+            name = names.get(op_id) or SPARK_OPERATOR_NAMES.get(kind, kind)
+            out.append(OperatorInfo(op_id, kind, name, described))
+        return sorted(out, key=lambda o: o.id)
+
+    def operator(self, op_id: int) -> OperatorInfo:
+        ops = self.operators()
+        for op in ops:
+            if op.id == op_id:
+                return op
+        msg = (
+            f"the checkpoint {self.location} has no stateful operator {op_id}; its operators: "
+            f"{[(o.id, o.name) for o in ops] or 'none'}"
+        )
+        raise ConfigurationError(msg)
+
+    def _progress_names(self) -> dict[int, str]:
+        """``operatorName`` by operator id, from the last batch's progress (index = id)."""
+        try:
+            progress = self.log.read_progress()
+        except Exception:  # noqa: BLE001 - the names are a nicety; metadata has the kinds
+            return {}
+        if not progress:
+            return {}
+        ops = progress[-1].get("stateOperators") or []
+        return {i: str(o.get("operatorName")) for i, o in enumerate(ops) if o.get("operatorName")}
+
+    # --- batches ---------------------------------------------------------------------------------
+
+    def committed_batches(self) -> list[int]:
+        names = (e.name for e in self.log.commits.list())
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+    def last_batch(self) -> int:
+        batches = self.committed_batches()
+        if not batches:
+            msg = f"the checkpoint {self.location} has no committed batch yet: no state to read"
+            raise MissingVersionError(msg)
+        return batches[-1]
+
+    def commit(self, batch_id: int) -> BatchCommit:
+        found = self.log.read_commit(batch_id)
+        if found is None:
+            batches = self.committed_batches()
+            span = f"{batches[0]} to {batches[-1]}" if batches else "none"
+            msg = (
+                f"batch {batch_id} of the checkpoint {self.location} is not committed "
+                f"(committed batches: {span})"
+            )
+            raise MissingVersionError(msg)
+        return found
+
+    def checkpoint_id(self, op_id: int, partition: int, batch_id: int) -> str | None:
+        """The attempt of the operator's partition that batch ``batch_id`` committed."""
+        entry = self.commit(batch_id).operators.get(op_id)
+        return None if entry is None else entry.checkpoint_ids.get(partition)
+
+    # --- stores ----------------------------------------------------------------------------------
+
+    def store_dir(self, op_id: int, partition: int) -> DurableDir:
+        return DurableDir(self.state_root).child(
+            StoreId(self.state_root, op_id, partition).relative_dir
+        )
+
+    def families(self, op_id: int, partition: int) -> dict[str, tuple[pa.Schema, pa.Schema]] | None:
+        """The column families of a partition's store and their schemas (None: it never ran)."""
+        directory = self.store_dir(op_id, partition)
+        if not directory.exists(SCHEMA_FILE):
+            return None
+        return read_schema_file(directory)
+
+    @contextlib.contextmanager
+    def provider_for(self, op_id: int, partition: int) -> Iterator[StateStoreProvider | None]:
+        """A provider bound to the partition's durable files, with a scratch local directory
+        of its own (None when the partition has no store)."""
+        families = self.families(op_id, partition)
+        if families is None:
+            yield None
+            return
+        scratch = tempfile.mkdtemp(prefix="sparkstate-reader-")
+        conf = StoreConf(
+            local_dir=scratch,
+            keep_local_open=False,
+            num_partitions=self.num_partitions,
+            block_cache_mb=32,
+            write_buffer_mb=16,
+        )
+        provider = provider_class(self.provider)()
+        key, value = families.pop("default")
+        try:
+            provider.init(StoreId(self.state_root, op_id, partition), key, value, conf, families)
+            yield provider
+        finally:
+            provider.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def read_store(self, op_id: int, partition: int, batch_id: int) -> Iterator[StateStore | None]:
+        """The partition's state after batch ``batch_id`` (None: the partition has none)."""
+        ckpt = self.checkpoint_id(op_id, partition, batch_id)
+        with self.provider_for(op_id, partition) as provider:
+            if provider is None:
+                yield None
+                return
+            store = provider.get_read_store(batch_id + 1, ckpt)
+            try:
+                yield store
+            finally:
+                store.abort()
+
+
+def open_checkpoint(location: str) -> StateCheckpoint:
+    """Open the checkpoint at ``location`` (a path or URI, as given to ``checkpointLocation``)."""
+    location = canonical_location(location)
+    log = CheckpointLog(engine_root_of(location))
+    metadata = log.read_metadata()
+    if metadata is None:
+        if DurableDir(location).exists("commits"):
+            msg = (
+                f"{location} is a checkpoint of a query that ran without sparkstate; read its "
+                "state with Spark's own reader: spark.read.format('statestore')"
+            )
+        else:
+            msg = f"{location} is not a sparkstate checkpoint: it has no sparkstate/metadata.json"
+        raise ConfigurationError(msg)
+    state_root = metadata.get("state_location") or log.root
+    return StateCheckpoint(location, log, metadata, str(state_root))

@@ -1,0 +1,323 @@
+"""The state reader: an operator's state after a batch, or its changes over batches, as Arrow.
+
+Options carry Spark's names (``statestore`` source): ``batchId`` (default: the last committed),
+``operatorId`` (default 0), ``storeName`` / ``stateVarName``, ``joinSide``,
+``flattenCollectionTypes``, and for the change feed ``readChangeFeed``, ``changeStartBatchId``,
+``changeEndBatchId``. Each state partition is read on its own (:meth:`StateReader.read`), so
+the engine's data source reads them in parallel, one Spark partition per state partition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError, MissingVersionError
+from sparkstate.observe.checkpoint import StateCheckpoint, open_checkpoint
+from sparkstate.observe.views import StateView, view_for
+from sparkstate.store.versioned import VersionedProvider
+
+__all__ = ["ReadRequest", "StateReader", "state_metadata", "METADATA_SCHEMA"]
+
+#: Rows read into one Arrow batch.
+CHUNK_ROWS = 65536
+PARTITION_FIELD = pa.field("partition_id", pa.int32())
+
+#: Spark's ``state-metadata`` source columns.
+METADATA_SCHEMA = pa.schema(
+    [
+        ("operatorId", pa.int64()),
+        ("operatorName", pa.string()),
+        ("stateStoreName", pa.string()),
+        ("numPartitions", pa.int32()),
+        ("minBatchId", pa.int64()),
+        ("maxBatchId", pa.int64()),
+        ("operatorProperties", pa.string()),
+    ]
+)
+
+_OPTIONS = {
+    "path": "path",
+    "batchid": "batch_id",
+    "operatorid": "operator_id",
+    "storename": "store_name",
+    "statevarname": "store_name",
+    "joinside": "join_side",
+    "readchangefeed": "change_feed",
+    "changestartbatchid": "change_start",
+    "changeendbatchid": "change_end",
+    "flattencollectiontypes": "flatten",
+}
+
+
+def _int(name: str, raw: Any) -> int:
+    try:
+        value = int(str(raw))
+    except ValueError:
+        msg = f"option {name}={raw!r} is not an integer"
+        raise ConfigurationError(msg) from None
+    if value < 0:
+        msg = f"option {name} must be >= 0, got {value}"
+        raise ConfigurationError(msg)
+    return value
+
+
+def _bool(name: str, raw: Any) -> bool:
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        msg = f"option {name}={raw!r} must be true or false"
+        raise ConfigurationError(msg)
+    return text == "true"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadRequest:
+    """What to read, as the reader's options say it."""
+
+    location: str
+    batch_id: int | None = None
+    operator_id: int = 0
+    store_name: str | None = None
+    join_side: str | None = None
+    change_feed: bool = False
+    change_start: int | None = None
+    change_end: int | None = None
+    flatten: bool = True
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], location: str | None = None) -> ReadRequest:
+        """From Spark-style options (names case-insensitive); ``location`` or ``path``."""
+        given: dict[str, Any] = {}
+        for name, raw in options.items():
+            field = _OPTIONS.get(name.lower())
+            if field is None:
+                known = sorted({k for k in _OPTIONS.values() if k != "path"})
+                msg = (
+                    f"unknown option {name!r} of the sparkstate state reader; it takes "
+                    "batchId, operatorId, storeName (or stateVarName), joinSide, "
+                    "flattenCollectionTypes, readChangeFeed, changeStartBatchId, "
+                    f"changeEndBatchId ({len(known)} in all)"
+                )
+                raise ConfigurationError(msg)
+            given[field] = (name, raw)
+        where = location or (given.pop("path", (None, None))[1])
+        given.pop("path", None)
+        if not where:
+            msg = "give the checkpoint location: spark.read.format('sparkstate').load(checkpoint)"
+            raise ConfigurationError(msg)
+        kwargs: dict[str, Any] = {}
+        for field, (name, raw) in given.items():
+            if field in ("batch_id", "operator_id", "change_start", "change_end"):
+                kwargs[field] = _int(name, raw)
+            elif field in ("change_feed", "flatten"):
+                kwargs[field] = _bool(name, raw)
+            elif field == "join_side":
+                side = str(raw).lower()
+                if side not in ("left", "right"):
+                    msg = f"option joinSide must be 'left' or 'right', got {raw!r}"
+                    raise ConfigurationError(msg)
+                kwargs[field] = side
+            else:
+                kwargs[field] = str(raw)
+        request = cls(str(where), **kwargs)
+        request.check()
+        return request
+
+    def check(self) -> None:
+        if self.change_feed:
+            if self.batch_id is not None:
+                msg = "batchId does not go with readChangeFeed: use changeStartBatchId instead"
+                raise ConfigurationError(msg)
+            if self.change_start is None:
+                msg = "readChangeFeed needs changeStartBatchId (the first batch to read)"
+                raise ConfigurationError(msg)
+            if self.change_end is not None and self.change_end < self.change_start:
+                msg = (
+                    f"changeEndBatchId {self.change_end} is before changeStartBatchId "
+                    f"{self.change_start}"
+                )
+                raise ConfigurationError(msg)
+        elif self.change_start is not None or self.change_end is not None:
+            msg = "changeStartBatchId and changeEndBatchId need readChangeFeed=true"
+            raise ConfigurationError(msg)
+
+
+class StateReader:
+    """Reads one operator's store of a checkpoint, a state partition at a time."""
+
+    def __init__(self, request: ReadRequest) -> None:
+        self.request = request
+        self.checkpoint: StateCheckpoint = open_checkpoint(request.location)
+        chk = self.checkpoint
+        self.operator = chk.operator(request.operator_id)
+        if request.change_feed:
+            last = chk.last_batch()
+            self.first = request.change_start or 0
+            self.last = last if request.change_end is None else request.change_end
+            if self.first > last or self.last > last:
+                msg = (
+                    f"the change feed asks for batches {self.first} to {self.last} but the "
+                    f"checkpoint {chk.location} has committed batches up to {last}"
+                )
+                raise MissingVersionError(msg)
+            chk.commit(self.first)
+            self.batch_id = self.last
+        else:
+            self.batch_id = chk.last_batch() if request.batch_id is None else request.batch_id
+            chk.commit(self.batch_id)  # fails clearly when the batch is not committed
+        self.view = self._view()
+
+    def _view(self) -> StateView:
+        families = None
+        for p in range(self.checkpoint.num_partitions):
+            families = self.checkpoint.families(self.operator.id, p)
+            if families is not None:
+                break
+        if families is None:
+            families = {}
+            msg = f"operator {self.operator.id} of {self.checkpoint.location} has no state yet"
+            raise MissingVersionError(msg)
+        return view_for(
+            self.operator.description,
+            families,
+            store_name=self.request.store_name,
+            join_side=self.request.join_side,
+            flatten=self.request.flatten,
+        )
+
+    @property
+    def num_partitions(self) -> int:
+        return self.checkpoint.num_partitions
+
+    @property
+    def schema(self) -> pa.Schema:
+        fields = list(self.view.schema)
+        if self.request.change_feed:
+            fields = [
+                pa.field("batch_id", pa.int64()),
+                pa.field("change_type", pa.string()),
+            ] + fields
+        return pa.schema([*fields, PARTITION_FIELD])
+
+    def read(self, partition: int) -> Iterator[pa.RecordBatch]:
+        """The rows of one state partition."""
+        if self.request.change_feed:
+            yield from self._changes(partition)
+        else:
+            yield from self._state(partition)
+
+    def _with_partition(self, table: pa.Table, partition: int) -> Iterator[pa.RecordBatch]:
+        if table.num_rows == 0:
+            return
+        column = pa.array([partition] * table.num_rows, pa.int32())
+        out = pa.Table.from_arrays([*table.columns, column], schema=self.schema)
+        yield from out.to_batches()
+
+    def _state(self, partition: int) -> Iterator[pa.RecordBatch]:
+        chk, op = self.checkpoint, self.operator.id
+        with chk.read_store(op, partition, self.batch_id) as store:
+            if store is None:
+                return
+            names = chk.families(op, partition) or {}
+            families = {n: store.column_family(n) for n in names}
+            chunks = store.range_scan_encoded_chunks(cf=self.view.family, chunk=CHUNK_ROWS)
+            for keys, values in chunks:
+                rows = self.view.rows(families, keys, values)
+                yield from self._with_partition(rows, partition)
+
+    def _changes(self, partition: int) -> Iterator[pa.RecordBatch]:
+        chk, op = self.checkpoint, self.operator.id
+        with chk.provider_for(op, partition) as provider:
+            if provider is None:
+                return
+            if not isinstance(provider, VersionedProvider):
+                msg = f"provider {chk.provider!r} keeps no changelogs: no change feed"
+                raise ConfigurationError(msg)
+            families = provider.families
+            prefix = families[self.view.family].prefix
+            index = provider.index()
+            for batch_id in range(self.first, self.last + 1):
+                ckpt = chk.checkpoint_id(op, partition, batch_id)
+                try:
+                    ref = provider.resolve(batch_id + 1, ckpt, index)
+                    assert ref is not None
+                    log = provider.read_changelog(ref)
+                except MissingVersionError as exc:
+                    msg = (
+                        f"the changes of batch {batch_id} (partition {partition}) are gone: "
+                        f"retention removed them ({exc}); read from a later changeStartBatchId"
+                    )
+                    raise MissingVersionError(msg) from exc
+                yield from self._changelog_rows(log, prefix, families, batch_id, partition)
+
+    def _changelog_rows(
+        self, log: Any, prefix: bytes, families: Any, batch_id: int, partition: int
+    ) -> Iterator[pa.RecordBatch]:
+        keys: list[bytes] = []
+        values: list[bytes | None] = []
+        cut = len(prefix)
+        for key, value in log.rows():
+            if key.startswith(prefix):
+                keys.append(key[cut:])
+                values.append(value)
+        if keys:
+            rows = self.view.changes(families, batch_id, keys, values)
+            yield from self._with_partition(rows, partition)
+
+
+def state_metadata(location: str) -> pa.Table:
+    """One row per operator and store, with Spark's ``state-metadata`` columns."""
+    chk = open_checkpoint(location)
+    batches = chk.committed_batches()
+    first, last = (batches[0], batches[-1]) if batches else (None, None)
+    rows: list[dict[str, Any]] = []
+    for op in chk.operators():
+        properties = _operator_properties(op.description, str(chk.metadata.get("output_mode")))
+        for store in _store_names(op.kind):
+            rows.append(
+                {
+                    "operatorId": op.id,
+                    "operatorName": op.name,
+                    "stateStoreName": store,
+                    "numPartitions": chk.num_partitions,
+                    "minBatchId": first,
+                    "maxBatchId": last,
+                    "operatorProperties": properties,
+                }
+            )
+    return pa.Table.from_pylist(rows, schema=METADATA_SCHEMA)
+
+
+def _store_names(kind: str) -> list[str]:
+    """Spark's store names: a join's four stores, one ``default`` store otherwise."""
+    if kind == "join":
+        return [
+            f"{side}-{store}"
+            for side in ("left", "right")
+            for store in ("keyToNumValues", "keyWithIndexToValue")
+        ]
+    return ["default"]
+
+
+def _operator_properties(described: dict[str, Any], output_mode: str) -> str | None:
+    """Spark's ``operatorProperties`` of a ``transformWithState``: its state variables."""
+    if described.get("kind") != "transformWithState":
+        return None
+    types = {"value": "ValueState", "list": "ListState", "map": "MapState"}
+    variables = [
+        {"stateName": name, "stateVariableType": types[s["kind"]], "ttlEnabled": bool(s["ttl"])}
+        for name, s in described.get("state", {}).items()
+    ]
+    modes = {"None": "NoTime", "ProcessingTime": "ProcessingTime", "EventTime": "EventTime"}
+    return json.dumps(
+        {
+            "timeMode": modes.get(str(described.get("time_mode")), described.get("time_mode")),
+            "outputMode": output_mode.capitalize(),
+            "stateVariables": variables,
+        },
+        separators=(",", ":"),
+    )

@@ -1,0 +1,471 @@
+"""How a reader shows one store of an operator: in the shape Spark's ``statestore`` source gives.
+
+A view picks a column family and turns its encoded keys and values into Arrow rows: ``key`` and
+``value`` structs in the state's own schemas (aggregation buffers under Spark's buffer names,
+deduplication's empty value, a ``StatefulProcessor`` variable's value, list elements or map
+entries, flattened as Spark flattens them), and the same rows as changes for the change feed.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators.join import MATCHED, unpack_rows
+from sparkstate.operators.state_collections import decode_list, decode_map
+from sparkstate.operators.state_vars import elements_cf_name
+from sparkstate.operators.ttl import TTL_FIELD
+from sparkstate.store.base import DEFAULT_CF, ColumnFamily
+from sparkstate.store.codec import KeyCodec, ValueCodec
+from sparkstate.store.schema_json import schema_from_json
+
+__all__ = ["StateView", "view_for"]
+
+#: Our aggregation buffer suffixes that Spark names otherwise.
+_SPARK_BUFFER_NAMES = {"empty": "isEmpty", "set": "valueSet"}
+_BUFFER = re.compile(r"^__ss_agg\d+_(.+)$")
+#: Columns of the change feed before a view's own.
+#: The one row a key without elements shows (flattened): null element, or null entry.
+_NOTHING: list[Any] = [None]
+_NO_ENTRY: list[Any] = [(None, None)]
+CHANGE_COLUMNS = [pa.field("batch_id", pa.int64()), pa.field("change_type", pa.string())]
+
+
+def _struct(table: pa.Table | pa.RecordBatch, valid: Any = None) -> pa.StructArray:
+    columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in table.columns]
+    mask = None if valid is None else pa.array(~valid)
+    if not columns:
+        return (
+            pa.StructArray.from_arrays([], fields=[], mask=mask)
+            if mask is not None
+            else (pa.array([{}] * table.num_rows, pa.struct([])))
+        )
+    return pa.StructArray.from_arrays(columns, fields=list(table.schema), mask=mask)
+
+
+class StateView(ABC):
+    """One readable store of an operator: its column family and the rows it shows."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+
+    @property
+    @abstractmethod
+    def schema(self) -> pa.Schema:
+        """The columns of a row of state (``partition_id`` is added by the reader)."""
+
+    @abstractmethod
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        """The rows of encoded ``keys`` and ``values`` (a None value: the key was deleted; its
+        row has a null value)."""
+
+    def changes(
+        self,
+        families: dict[str, ColumnFamily],
+        batch_id: int,
+        keys: list[bytes],
+        values: Sequence[bytes | None],
+    ) -> pa.Table:
+        """The change feed rows of one batch: ``update`` for a write, ``delete`` for a removal."""
+        rows = self.rows(families, keys, values)
+        kinds = self._change_kinds(families, keys, values)
+        return pa.Table.from_arrays(
+            [pa.array([batch_id] * rows.num_rows, pa.int64()), pa.array(kinds, pa.string())]
+            + rows.columns,
+            schema=pa.schema(CHANGE_COLUMNS + list(rows.schema)),
+        )
+
+    def _change_kinds(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> list[str]:
+        return ["update" if v is not None else "delete" for v in values]
+
+
+class KeyValueView(StateView):
+    """One row per key: the key struct and the value struct, the value's fields renamed or
+    replaced as ``value_schema`` and ``convert`` say."""
+
+    def __init__(
+        self,
+        family: str,
+        key_schema: pa.Schema,
+        value_schema: pa.Schema,
+        *,
+        key_shape: Any = None,
+        value_shape: Any = None,
+    ) -> None:
+        super().__init__(family)
+        self._key_shape = key_shape or (lambda t: t)
+        self._value_shape = value_shape or (lambda t: t)
+        self.key_type = _struct(self._key_shape(key_schema.empty_table())).type
+        self.value_type = _struct(self._value_shape(value_schema.empty_table())).type
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field("key", self.key_type), pa.field("value", self.value_type)])
+
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        fam = families[self.family]
+        key_table = self._key_shape(fam.key_codec.decode_many_arrow(keys))
+        value_table, found = fam.value_codec.decode_many_arrow(values)
+        value = _struct(self._value_shape(value_table), found)
+        return pa.Table.from_arrays([_struct(key_table), value], schema=self.schema)
+
+
+class ListView(StateView):
+    """A ``ListState``: one row per element (``list_element``), or per key with ``list_value``."""
+
+    def __init__(self, name: str, key_schema: pa.Schema, element: pa.Schema, flatten: bool):
+        super().__init__(name)
+        self.flatten = flatten
+        self.key_type = pa.struct(list(key_schema))
+        self.element_type = pa.struct([f for f in element if f.name != TTL_FIELD])
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self.flatten:
+            return pa.schema([("key", self.key_type), ("list_element", self.element_type)])
+        return pa.schema([("key", self.key_type), ("list_value", pa.list_(self.element_type))])
+
+    def _elements(self, families: dict[str, ColumnFamily], blob: bytes) -> list[dict[str, Any]]:
+        codec = families[elements_cf_name(self.family)].value_codec
+        names = [f.name for f in self.element_type]
+        return [dict(zip(names, e, strict=False)) for e in decode_list(codec, blob)]
+
+    def _lists(
+        self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
+    ) -> list[list[dict[str, Any]] | None]:
+        blobs = families[self.family].value_codec.decode_many(values)
+        return [None if b is None else self._elements(families, b[0]) for b in blobs]
+
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        key_rows = families[self.family].key_codec.decode_many_arrow(keys)
+        lists = self._lists(families, values)
+        key_array = _struct(key_rows)
+        if not self.flatten:
+            return pa.Table.from_arrays(
+                [key_array, pa.array(lists, pa.list_(self.element_type))], schema=self.schema
+            )
+        at = [i for i, items in enumerate(lists) for _ in (items or _NOTHING)]
+        elements: list[Any] = [e for items in lists for e in (items or _NOTHING)]
+        return pa.Table.from_arrays(
+            [key_array.take(pa.array(at, pa.int64())), pa.array(elements, self.element_type)],
+            schema=self.schema,
+        )
+
+    def _change_kinds(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> list[str]:
+        if not self.flatten:
+            return super()._change_kinds(families, keys, values)
+        lists = self._lists(families, values)
+        return [
+            kind for items in lists for kind in (["update"] * len(items) if items else ["delete"])
+        ]
+
+
+def _element_kinds(collections: Sequence[Sequence[Any] | None]) -> list[str]:
+    """Flattened change kinds: ``update`` per element written, one ``delete`` per key removed
+    (or left empty)."""
+    return [k for items in collections for k in (["update"] * len(items) if items else ["delete"])]
+
+
+class MapView(StateView):
+    """A ``MapState``: one row per entry (``user_map_key``, ``user_map_value``), or per key with
+    ``map_value``."""
+
+    def __init__(
+        self,
+        name: str,
+        key_schema: pa.Schema,
+        user_key: pa.Schema,
+        value: pa.Schema,
+        flatten: bool,
+    ) -> None:
+        super().__init__(name)
+        self.flatten = flatten
+        self.user_key = user_key
+        self.key_type = pa.struct(list(key_schema))
+        self.user_key_type = pa.struct(list(user_key))
+        self.value_type = pa.struct([f for f in value if f.name != TTL_FIELD])
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self.flatten:
+            return pa.schema(
+                [
+                    ("key", self.key_type),
+                    ("user_map_key", self.user_key_type),
+                    ("user_map_value", self.value_type),
+                ]
+            )
+        typ = pa.map_(self.user_key_type, self.value_type)
+        return pa.schema([("key", self.key_type), ("map_value", typ)])
+
+    def _entries(
+        self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
+    ) -> list[list[tuple[dict[str, Any], dict[str, Any]]] | None]:
+        codec = families[elements_cf_name(self.family)].value_codec
+        user_codec = KeyCodec(self.user_key)
+        knames = [f.name for f in self.user_key_type]
+        vnames = [f.name for f in self.value_type]
+        out: list[list[tuple[dict[str, Any], dict[str, Any]]] | None] = []
+        for blob in families[self.family].value_codec.decode_many(values):
+            if blob is None:
+                out.append(None)
+                continue
+            entries = decode_map(user_codec, codec, blob[0])
+            out.append(
+                [
+                    (dict(zip(knames, k, strict=True)), dict(zip(vnames, v, strict=False)))
+                    for k, v in entries
+                ]
+            )
+        return out
+
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        key_array = _struct(families[self.family].key_codec.decode_many_arrow(keys))
+        maps = self._entries(families, values)
+        if not self.flatten:
+            typ = pa.map_(self.user_key_type, self.value_type)
+            return pa.Table.from_arrays([key_array, pa.array(maps, typ)], schema=self.schema)
+        at = [i for i, items in enumerate(maps) for _ in (items or _NOTHING)]
+        pairs: list[Any] = [p for items in maps for p in (items or _NO_ENTRY)]
+        return pa.Table.from_arrays(
+            [
+                key_array.take(pa.array(at, pa.int64())),
+                pa.array([k for k, _ in pairs], self.user_key_type),
+                pa.array([v for _, v in pairs], self.value_type),
+            ],
+            schema=self.schema,
+        )
+
+    def _change_kinds(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> list[str]:
+        if not self.flatten:
+            return super()._change_kinds(families, keys, values)
+        maps = self._entries(families, values)
+        return [
+            kind for items in maps for kind in (["update"] * len(items) if items else ["delete"])
+        ]
+
+
+class JoinSideView(StateView):
+    """One side of a stream-stream join: one row per buffered input row, under its join key
+    (Spark's ``joinSide`` view)."""
+
+    def __init__(self, family: str, key_schema: pa.Schema, row_schema: pa.Schema) -> None:
+        super().__init__(family)
+        self.row_codec = ValueCodec(row_schema)
+        self.key_type = pa.struct(list(key_schema))
+        self.value_type = pa.struct([f for f in row_schema if f.name != MATCHED])
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field("key", self.key_type), pa.field("value", self.value_type)])
+
+    def _rows_of(
+        self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
+    ) -> tuple[pa.Table, list[int]]:
+        packed = [v[0] for v in families[self.family].value_codec.decode_many(values) if v]
+        at = [i for i, v in enumerate(values) if v is not None]
+        row_bytes, parents = unpack_rows(packed)
+        rows, _ = self.row_codec.decode_many_arrow(row_bytes)
+        return rows.drop_columns([MATCHED]), [at[p] for p in parents]
+
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        key_array = _struct(families[self.family].key_codec.decode_many_arrow(keys))
+        rows, owners = self._rows_of(families, values)
+        deleted = [i for i, v in enumerate(values) if v is None]
+        key_rows = key_array.take(pa.array(owners + deleted, pa.int64()))
+        value = pa.concat_arrays(
+            [_struct(rows).cast(self.value_type), pa.nulls(len(deleted), self.value_type)]
+        )
+        return pa.Table.from_arrays([key_rows, value], schema=self.schema)
+
+    def _change_kinds(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> list[str]:
+        _, owners = self._rows_of(families, values)
+        return ["update"] * len(owners) + ["delete"] * sum(v is None for v in values)
+
+
+# --- the views of each operator ------------------------------------------------------------------
+
+
+def _aggregate_view(described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+    """Spark's aggregation state: the grouping keys (a window as its ``start``/``end`` struct)
+    and the aggregation buffers under Spark's names."""
+    output_keys = described.get("output_keys")
+
+    def key_shape(table: pa.Table) -> pa.Table:
+        if not output_keys:
+            return table
+        arrays, fields = [], []
+        for k in output_keys:
+            if isinstance(k, str):
+                arrays.append(table.column(k).combine_chunks())
+                fields.append(table.schema.field(k))
+                continue
+            start, end = table.column(k["start"]), table.column(k["end"])
+            window = pa.StructArray.from_arrays(
+                [start.combine_chunks(), end.combine_chunks()],
+                fields=[pa.field("start", start.type), pa.field("end", end.type)],
+            )
+            arrays.append(window)
+            fields.append(pa.field(k["window"], window.type))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+    def value_shape(table: pa.Table) -> pa.Table:
+        names: list[str] = []
+        for name in table.schema.names:
+            m = _BUFFER.match(name)
+            suffix = m.group(1) if m else name
+            names.append(_unique(_SPARK_BUFFER_NAMES.get(suffix, suffix), names))
+        return table.rename_columns(names)
+
+    return KeyValueView(DEFAULT_CF, key, value, key_shape=key_shape, value_shape=value_shape)
+
+
+def _unique(name: str, taken: list[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... when taken: Spark names the buffers of two
+    aggregates alike (``count`` of ``count()`` and of ``avg()``), which no reader can return."""
+    found, n = name, 1
+    while found in taken:
+        n += 1
+        found = f"{name}_{n}"
+    return found
+
+
+def _dedup_key_order(described: dict[str, Any]) -> Any:
+    """Deduplication keys in the order the query gave its columns (ours lead with the event
+    time, for eviction by range scans; Spark's keep the order given)."""
+    columns = described.get("columns") or []
+
+    def in_order(table: pa.Table) -> pa.Table:
+        if sorted(columns) != sorted(table.schema.names):
+            return table
+        return table.select(columns)
+
+    return in_order
+
+
+def _empty_value(table: pa.Table) -> pa.Table:
+    """Spark's deduplication value: ``__dummy__``, null."""
+    return pa.table({"__dummy__": pa.nulls(table.num_rows)})
+
+
+def _group_state_view(key: pa.Schema, value: pa.Schema) -> StateView:
+    """Spark's ``flatMapGroupsWithState`` state: ``groupState`` and ``timeoutTimestamp``."""
+    state_fields = [f for f in value if not f.name.startswith("__")]
+
+    def shape(table: pa.Table) -> pa.Table:
+        group = _struct(table.select([f.name for f in state_fields]))
+        defined = table.column("__defined").combine_chunks()
+        timeout = table.column("__timeout_ms").combine_chunks()
+        group = pa.StructArray.from_arrays(
+            group.flatten(), fields=list(group.type), mask=pa.compute.invert(defined)
+        )
+        return pa.table({"groupState": group, "timeoutTimestamp": timeout})
+
+    return KeyValueView(DEFAULT_CF, key, value, value_shape=shape)
+
+
+def _processor_view(
+    described: dict[str, Any],
+    families: dict[str, tuple[pa.Schema, pa.Schema]],
+    var: str | None,
+    flatten: bool,
+) -> StateView:
+    state = described.get("state", {})
+    if var is None:
+        msg = (
+            f"transformWithState keeps its state in variables {sorted(state)}: pick one with "
+            ".option('stateVarName', name)"
+        )
+        raise ConfigurationError(msg)
+    spec = state.get(var)
+    if spec is None:
+        msg = f"transformWithState has no state variable {var!r}; it has {sorted(state)}"
+        raise ConfigurationError(msg)
+    key, value = families[var]
+    if spec["kind"] == "value":
+
+        def no_ttl(table: pa.Table) -> pa.Table:
+            return table.drop_columns([n for n in table.schema.names if n == TTL_FIELD])
+
+        return KeyValueView(var, key, value, value_shape=no_ttl)
+    element = families[elements_cf_name(var)][1]
+    if spec["kind"] == "list":
+        return ListView(var, key, element, flatten)
+    user_key = schema_from_json(spec["key_schema"])
+    return MapView(var, key, user_key, element, flatten)
+
+
+def _join_view(
+    described: dict[str, Any],
+    families: dict[str, tuple[pa.Schema, pa.Schema]],
+    side: str | None,
+) -> StateView:
+    if side not in ("left", "right"):
+        msg = (
+            "a stream-stream join keeps the rows of both sides: pick one with "
+            ".option('joinSide', 'left') or 'right'"
+        )
+        raise ConfigurationError(msg)
+    family = DEFAULT_CF if side == "left" else "right"
+    row_schema = schema_from_json(described["row_schemas"][side])
+    return JoinSideView(family, families[family][0], row_schema)
+
+
+def view_for(
+    described: dict[str, Any],
+    families: dict[str, tuple[pa.Schema, pa.Schema]],
+    *,
+    store_name: str | None = None,
+    join_side: str | None = None,
+    flatten: bool = True,
+) -> StateView:
+    """The view of an operator's store: ``described`` is its entry in ``metadata.json``,
+    ``families`` its partition's column families, ``store_name`` a state variable or family."""
+    kind = described["kind"]
+    if kind == "join" and store_name is None:
+        return _join_view(described, families, join_side)
+    if join_side is not None:
+        msg = f"joinSide applies to a stream-stream join; operator {described['id']} is {kind}"
+        raise ConfigurationError(msg)
+    if kind == "transformWithState":
+        return _processor_view(described, families, store_name, flatten)
+    if store_name not in (None, DEFAULT_CF):
+        if store_name not in families:
+            msg = f"operator {described['id']} ({kind}) has no store {store_name!r}"
+            raise ConfigurationError(msg)
+        key, value = families[store_name]
+        return KeyValueView(store_name, key, value)
+    key, value = families[DEFAULT_CF]
+    if kind == "aggregate":
+        return _aggregate_view(described, key, value)
+    if kind == "dedup":
+        order = _dedup_key_order(described)
+        return KeyValueView(DEFAULT_CF, key, value, key_shape=order, value_shape=_empty_value)
+    if kind == "dedup_within_watermark":
+        return KeyValueView(DEFAULT_CF, key, value, key_shape=_dedup_key_order(described))
+    if kind in ("flatMapGroupsWithState", "applyInPandasWithState"):
+        return _group_state_view(key, value)
+    return KeyValueView(DEFAULT_CF, key, value)

@@ -1,0 +1,300 @@
+"""The state reader against Spark's own: the same query through Spark and through sparkstate,
+then Spark's ``statestore`` source on Spark's checkpoint and ours on ours must return the same
+key/value rows (after the last batch and after an earlier one), the same change feed, and the
+same ``state-metadata`` rows.
+
+Both queries read the same files with ``maxFilesPerTrigger=1`` and ``availableNow``, in two runs
+(a stop and a restart between), so that they run the same batches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+import sparkstate as ss
+from sparkstate import functions as SF
+from sparkstate.exceptions import ConfigurationError, MissingVersionError
+from sparkstate.testing import FileFeed
+
+from .helpers import spark_rocksdb
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = "k string, v long, ts timestamp"
+T0 = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+#: Two runs of two files each; keys repeat across batches, and the watermark moves.
+RUNS = [
+    [
+        [("a", 1, 0), ("b", 2, 10), ("a", 3, 20)],
+        [("a", 4, 70), ("c", 5, 80), ("b", 6, 90)],
+    ],
+    [
+        [("c", 7, 150), ("d", 8, 160), ("a", 9, 10)],  # a's row is late by then
+        [("e", 10, 250), ("a", 11, 260)],
+    ],
+]
+SPARK_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+
+def _rows(batch: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
+    return [
+        {"k": k, "v": v, "ts": (T0 + datetime.timedelta(seconds=s)).isoformat()}
+        for k, v, s in batch
+    ]
+
+
+class Counter:
+    """A ``StatefulProcessor`` with every kind of state: a count, the values seen, and the
+    values by their text."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
+        self.seen = handle.getListState("seen", StructType([StructField("v", LongType())]))
+        self.named = handle.getMapState(
+            "named",
+            StructType([StructField("v", LongType())]),
+            StructType([StructField("text", StringType())]),
+        )
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Any:  # noqa: N802, N803
+        n = self.count.get()[0] if self.count.exists() else 0
+        for pdf in rows:
+            n += len(pdf)
+            values = [int(v) for v in pdf["v"]]
+            self.seen.appendList([(v,) for v in values])
+            for v in values:
+                self.named.updateValue((v,), (f"v{v}",))
+        if n >= 3:
+            self.named.clear()
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+def _processor() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    return type("CounterProcessor", (Counter, StatefulProcessor), {})()
+
+
+def _aggregate(df: Any, fn: Any) -> Any:
+    return df.groupBy("k").agg(
+        fn.count("*").alias("n"), fn.sum("v"), fn.avg("v"), fn.max("v"), fn.min("k")
+    )
+
+
+def _windows(df: Any, fn: Any) -> Any:
+    return df.groupBy(fn.window("ts", "1 minute"), "k").agg(fn.count("*").alias("n"), fn.sum("v"))
+
+
+#: name -> (build the query on a DataFrame, functions module -> query, output mode, watermark)
+QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
+    "aggregate": (_aggregate, "update", False),
+    "windows": (_windows, "update", True),
+    "dedup": (lambda df, fn: df.dropDuplicates(["k"]), "append", False),
+    "dedup-watermark": (lambda df, fn: df.dropDuplicates(["k", "ts"]), "append", True),
+    "dedup-within": (lambda df, fn: df.dropDuplicatesWithinWatermark(["k"]), "append", True),
+    "transformWithState": (
+        lambda df, fn: df.groupBy("k").transformWithStateInPandas(
+            _processor(), "k string, n long", "update", "None"
+        ),
+        "update",
+        False,
+    ),
+}
+
+
+def _plain(value: Any) -> Any:
+    """Spark rows as nested tuples, maps as sorted item tuples, lists sorted."""
+    if isinstance(value, Row):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((_plain(k), _plain(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(sorted((_plain(v) for v in value), key=repr))
+    if isinstance(value, float):
+        return round(value, 9)
+    return value
+
+
+#: Queries whose state partitions differ from Spark's: ours shuffle a window by its end and
+#: start columns, Spark's by the window struct, so a (window, key) may sit in another partition.
+OWN_PARTITIONING = ("windows",)
+
+
+def _collect(df: DataFrame, name: str = "") -> list[Any]:
+    if name in OWN_PARTITIONING:
+        df = df.drop("partition_id")
+    return sorted((_plain(r) for r in df.collect()), key=repr)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each query run through Spark and through sparkstate (RocksDB), the same two runs."""
+    root = tmp_path_factory.mktemp("reader")
+    feed = FileFeed(root / "input")
+    out: dict[str, Any] = {name: {} for name in QUERIES}
+    spark.conf.set(SPARK_CHANGELOG, "true")
+    try:
+        with spark_rocksdb(spark):
+            for run in RUNS:
+                for batch in run:
+                    feed.add(_rows(batch))
+                for name, (build, mode, watermark) in QUERIES.items():
+                    for system in ("spark", "ours"):
+                        df = feed.stream(spark, SCHEMA)
+                        if watermark:
+                            df = df.withWatermark("ts", "30 seconds")
+                        wrapped = df if system == "spark" else ss.stream(df)
+                        chk = str(root / f"{name}-{system}")
+                        writer = build(wrapped, F if system == "spark" else SF).writeStream
+                        if system == "ours":
+                            writer = writer.option("stateStore", "rocksdb")
+                        q = (
+                            writer.outputMode(mode)
+                            .format("noop")
+                            .option("checkpointLocation", chk)
+                            .trigger(availableNow=True)
+                            .start()
+                        )
+                        q.awaitTermination()
+                        out[name][system] = chk
+    finally:
+        spark.conf.unset(SPARK_CHANGELOG)
+    return out
+
+
+def _read(spark: SparkSession, chk: str, system: str, **options: Any) -> DataFrame:
+    reader = spark.read.format("statestore" if system == "spark" else "sparkstate")
+    for k, v in options.items():
+        reader = reader.option(k, str(v))
+    return reader.load(chk)
+
+
+def _last_batch(spark: SparkSession, chk: str, system: str) -> int:
+    source = "state-metadata" if system == "spark" else "sparkstate-metadata"
+    meta = spark.read.format(source).load(chk).collect()
+    return int(meta[0]["maxBatchId"])
+
+
+READS: list[tuple[str, dict[str, Any]]] = [
+    ("aggregate", {}),
+    ("windows", {}),
+    ("dedup", {}),
+    ("dedup-watermark", {}),
+    ("dedup-within", {}),
+    ("transformWithState", {"stateVarName": "count"}),
+    ("transformWithState", {"stateVarName": "seen"}),
+    ("transformWithState", {"stateVarName": "named"}),
+    ("transformWithState", {"stateVarName": "seen", "flattenCollectionTypes": "false"}),
+    ("transformWithState", {"stateVarName": "named", "flattenCollectionTypes": "false"}),
+]
+
+
+def test_state_rows_equal_sparks(spark: SparkSession, checkpoints: dict[str, Any]) -> None:
+    """After the last batch and after batch 1, every query's state as Spark reads its own."""
+    seen = 0
+    for name, options in READS:
+        spark_chk, ours_chk = checkpoints[name]["spark"], checkpoints[name]["ours"]
+        last = _last_batch(spark, spark_chk, "spark")
+        assert _last_batch(spark, ours_chk, "ours") == last, name  # the same batches ran
+        for batch in (None, 1):
+            opts = dict(options) if batch is None else {**options, "batchId": batch}
+            theirs = _read(spark, spark_chk, "spark", **opts)
+            ours = _read(spark, ours_chk, "ours", **opts)
+            assert ours.schema.names == theirs.schema.names, (name, opts)
+            expected = _collect(theirs, name)
+            assert _collect(ours, name) == expected, (name, opts)
+            seen += len(expected)
+    assert seen > 50  # the state is not empty
+
+
+CHANGES: list[tuple[str, dict[str, Any]]] = [
+    ("aggregate", {}),
+    ("windows", {}),
+    ("dedup", {}),
+    ("dedup-within", {}),
+    ("transformWithState", {"stateVarName": "count"}),
+]
+
+
+def test_change_feed_equals_sparks(spark: SparkSession, checkpoints: dict[str, Any]) -> None:
+    """The changes of every batch, and of a range that starts later, as Spark's feed has them."""
+    for name, options in CHANGES:
+        spark_chk, ours_chk = checkpoints[name]["spark"], checkpoints[name]["ours"]
+        last = _last_batch(spark, spark_chk, "spark")
+        for start, end in ((0, last), (1, 2)):
+            opts = {
+                **options,
+                "readChangeFeed": "true",
+                "changeStartBatchId": start,
+                "changeEndBatchId": end,
+            }
+            theirs = _collect(_read(spark, spark_chk, "spark", **opts), name)
+            ours = _collect(_read(spark, ours_chk, "ours", **opts), name)
+            assert ours == theirs, (name, start, end)
+            assert theirs, (name, start, end)
+
+
+def test_metadata_equals_sparks(spark: SparkSession, checkpoints: dict[str, Any]) -> None:
+    for name in QUERIES:
+        theirs = spark.read.format("state-metadata").load(checkpoints[name]["spark"])
+        ours = spark.read.format("sparkstate-metadata").load(checkpoints[name]["ours"])
+        assert ours.schema == theirs.schema
+        expected = [r.asDict() for r in theirs.collect()]
+        found = [r.asDict() for r in ours.collect()]
+        if name == "transformWithState":  # Spark's Python processor in Spark: same variables
+            assert ours.collect()[0]["operatorProperties"] is not None
+            for row in expected + found:
+                row.pop("operatorProperties")
+        assert found == expected, name
+
+
+def test_bad_reads_say_what_to_do(spark: SparkSession, checkpoints: dict[str, Any]) -> None:
+    chk = checkpoints["transformWithState"]["ours"]
+    with pytest.raises(Exception, match="stateVarName"):
+        _read(spark, chk, "ours").collect()
+    with pytest.raises(Exception, match="no state variable 'nope'"):
+        _read(spark, chk, "ours", stateVarName="nope").collect()
+    agg = checkpoints["aggregate"]["ours"]
+    with pytest.raises(Exception, match="batch 99 .* is not committed"):
+        _read(spark, agg, "ours", batchId=99).collect()
+    with pytest.raises(Exception, match="no stateful operator 3"):
+        _read(spark, agg, "ours", operatorId=3).collect()
+    with pytest.raises(Exception, match="needs changeStartBatchId"):
+        _read(spark, agg, "ours", readChangeFeed="true").collect()
+    with pytest.raises(Exception, match="unknown option 'batch'"):
+        _read(spark, agg, "ours", batch=1).collect()
+    with pytest.raises(Exception, match="statestore"):
+        _read(spark, checkpoints["aggregate"]["spark"], "ours").collect()
+
+
+def test_reader_without_spark(checkpoints: dict[str, Any]) -> None:
+    """The reader core runs without a session (what ``inspect`` uses)."""
+    from sparkstate.observe.reader import ReadRequest, StateReader
+
+    reader = StateReader(ReadRequest(checkpoints["dedup"]["ours"]))
+    keys = sorted(
+        k["k"]
+        for p in range(reader.num_partitions)
+        for b in reader.read(p)
+        for k in b.column("key").to_pylist()
+    )
+    assert keys == ["a", "b", "c", "d", "e"]
+    with pytest.raises(ConfigurationError, match="not a sparkstate checkpoint"):
+        StateReader(ReadRequest(str(Path(checkpoints["dedup"]["ours"]) / "nothing")))
+    with pytest.raises(MissingVersionError, match="changes of batch|committed batches up to"):
+        StateReader(ReadRequest(checkpoints["dedup"]["ours"], change_feed=True, change_start=50))
