@@ -19,6 +19,7 @@ FLOORS = {
     "operators": 2,
     "runtime": 3,
     "testing": 4,
+    "observe": 4,
     "engine": 5,
     "demo": 6,
     "bench": 6,
@@ -26,7 +27,7 @@ FLOORS = {
     "__init__": 6,
 }
 #: Floors that must run without pyspark (in a plain Python worker, or a user's unit test).
-SPARK_FREE = {"exceptions", "functions", "store", "operators", "runtime", "testing"}
+SPARK_FREE = {"exceptions", "functions", "store", "operators", "runtime", "testing", "observe"}
 
 
 def _part(module: Path) -> str:

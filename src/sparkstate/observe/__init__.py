@@ -1,0 +1,1 @@
+"""Reading and watching a checkpoint's state and progress: the state reader, inspect, report."""
