@@ -19,10 +19,10 @@ import pytest
 
 from sparkstate import cli
 from sparkstate.exceptions import MissingVersionError
+from sparkstate.observe import units
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.observe.report import CHARTS, render
 from sparkstate.observe.svg import COLUMNS, PALETTE
-from sparkstate.observe.units import parse_time_ms
 from sparkstate.store.durable import DurableDir
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -230,7 +230,7 @@ def test_each_series_draws_the_values_of_the_log(page: str, logged: list[dict[st
     assert stacked == pytest.approx([p["durationMs"]["triggerExecution"] for p in logged])
 
     def watermark(p: dict[str, Any]) -> float | None:
-        ms = parse_time_ms(p["eventTime"]["watermark"])
+        ms = units.parse_time_ms(p["eventTime"]["watermark"])
         return ms if ms else None  # the epoch: none yet
 
     assert_drawn(charts["Watermark"]["watermark"], per_batch(logged, watermark))
@@ -435,3 +435,31 @@ def test_a_browser_renders_every_chart(page: str, browser: str, tmp_path: Path) 
     first = tuple(int(PALETTE[0][k : k + 2], 16) for k in (1, 3, 5))
     # far more than the legends' swatches (10 x 10 pixels each): the charts are drawn
     assert pixels.get(first, 0) > 5_000, sorted(pixels.items(), key=lambda kv: -kv[1])[:5]
+
+
+# --- numbers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fmt", "value", "text"),
+    [
+        (units.count, 0, "0"),
+        (units.count, 0.25, "0.25"),
+        (units.count, 999, "999"),
+        (units.count, 1234, "1.23k"),
+        (units.count, 999_600, "1M"),
+        (units.count, 12_300_000, "12.3M"),
+        (units.rate, 1200.5, "1.2k/s"),
+        (units.byte_size, 512, "512 B"),
+        (units.byte_size, 3_400_000, "3.4 MB"),
+        (units.byte_size, 25e9, "25 GB"),
+        (units.duration_ms, 850, "850 ms"),
+        (units.duration_ms, 1200, "1.2 s"),
+        (units.duration_ms, 150_000, "2.5 min"),
+        (units.duration_ms, 7_200_000, "2 h"),
+        (units.epoch_ms, 1_704_067_300_000, "2024-01-01 00:01:40"),
+        (units.epoch_ms, 1_704_067_300_120, "2024-01-01 00:01:40.120"),
+    ],
+)
+def test_values_read_as_a_person_reads_them(fmt: Any, value: float, text: str) -> None:
+    assert fmt(value) == text

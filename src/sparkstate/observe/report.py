@@ -148,11 +148,11 @@ def _charts(cols: Columns, x_range: tuple[int, int], marks: Sequence[Mark]) -> l
         stacked_chart(CHARTS["phases"], xs, list(cols.phases.items()), chart(units.duration_ms)),
         line_chart(CHARTS["rows"], per_op(lambda op: op.rows_total), chart(units.count),
                    note=no_ops),
-        line_chart(CHARTS["memory"], per_op(lambda op: op.memory_bytes), chart(units.bytes_),
+        line_chart(CHARTS["memory"], per_op(lambda op: op.memory_bytes), chart(units.byte_size),
                    note=no_ops),
-        line_chart(CHARTS["disk"], disk, chart(units.bytes_),
+        line_chart(CHARTS["disk"], disk, chart(units.byte_size),
                    note="No batch in this log reports sstBytes (the rocksdb provider does)."),
-        line_chart(CHARTS["written"], written, chart(units.bytes_),
+        line_chart(CHARTS["written"], written, chart(units.byte_size),
                    note="No batch in this log reports the bytes it wrote."),
         line_chart(CHARTS["dropped"], per_op(lambda op: op.rows_dropped), chart(units.count),
                    note=no_ops),
@@ -186,9 +186,9 @@ def _header(log: ProgressLog, checkpoint: str, cols: Columns, runs: list[Run]) -
     ]
     for op in ops:
         state = [units.count(_last(op.rows_total)) + " rows"]
-        state.append(units.bytes_(_last(op.memory_bytes)) + " in memory")
+        state.append(units.byte_size(_last(op.memory_bytes)) + " in memory")
         if "sstBytes" in op.disk_bytes:
-            state.append(units.bytes_(_last(op.disk_bytes["sstBytes"])) + " on disk")
+            state.append(units.byte_size(_last(op.disk_bytes["sstBytes"])) + " on disk")
         rows.append((f"state of {escape(op.label)}", ", ".join(state) + " (last batch)"))
     if isinstance(last.get("sink"), dict) and last["sink"].get("description"):
         rows.append(("sink", escape(str(last["sink"]["description"]))))
@@ -228,7 +228,7 @@ def _last_batches(cols: Columns) -> str:
             _maybe(cols.processed_rate[i], units.rate),
             _maybe(cols.total_ms[i], units.duration_ms),
             _maybe(_total([op.rows_total[i] for op in cols.operators]), units.count),
-            _maybe(_total([op.memory_bytes[i] for op in cols.operators]), units.bytes_),
+            _maybe(_total([op.memory_bytes[i] for op in cols.operators]), units.byte_size),
             _maybe(_total([op.rows_dropped[i] for op in cols.operators]), units.count),
             _time(cols.watermark_ms[i]),
         ]

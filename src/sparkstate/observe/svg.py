@@ -220,7 +220,7 @@ def _line(line: Line, scale: _Scale, color: str, chart: Chart) -> str:
 def _svg(
     title: str, scale: _Scale, ticks: Sequence[float], fmt: Format, chart: Chart, shapes: str
 ) -> str:
-    """The drawing: axes, grid, restart marks, then the shapes."""
+    """The drawing: grid and axes, the shapes, then the restart marks over them."""
     bottom, right = HEIGHT - BOTTOM, WIDTH - RIGHT
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" role="img"'

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable
 
-__all__ = ["Format", "bytes_", "count", "duration_ms", "epoch_ms", "parse_time_ms", "rate"]
+__all__ = ["Format", "byte_size", "count", "duration_ms", "epoch_ms", "parse_time_ms", "rate"]
 
 #: How a value is shown: an axis tick or a table cell.
 Format = Callable[[float], str]
@@ -36,7 +36,7 @@ def rate(value: float) -> str:
     return f"{count(value)}/s"
 
 
-def bytes_(value: float) -> str:
+def byte_size(value: float) -> str:
     """``3_400_000`` -> ``3.4 MB`` (powers of 1000, as the unit names say)."""
     return _scaled(value, _BYTE_UNITS, " ")
 
