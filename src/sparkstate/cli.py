@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
         one = names.add_parser(name, parents=[common])
         for flag, options in BENCH_OPTIONS.get(name, []):
             one.add_argument(flag, **options)
+
+    report = sub.add_parser("report", help="a query's batches on one HTML page")
+    report.add_argument("checkpoint", help="the query's checkpointLocation (a path or a URI)")
+    report.add_argument("-o", "--out", default="report.html", help="the page to write")
     return parser
 
 
@@ -111,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         module = importlib.import_module(BENCHES[args.name])
         return int(module.run(args))
+    if args.command == "report":
+        from sparkstate.observe.report import run_report
+
+        return run_report(args.checkpoint, args.out)
     return 2
 
 
