@@ -21,6 +21,8 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
+from tests.store.conftest import S3Endpoint
+from tests.store.conftest import s3_endpoint as s3_endpoint  # the loopback S3 server fixture
 
 import sparkstate as ss
 from sparkstate import functions as SF
@@ -298,3 +300,35 @@ def test_reader_without_spark(checkpoints: dict[str, Any]) -> None:
         StateReader(ReadRequest(str(Path(checkpoints["dedup"]["ours"]) / "nothing")))
     with pytest.raises(MissingVersionError, match="changes of batch|committed batches up to"):
         StateReader(ReadRequest(checkpoints["dedup"]["ours"], change_feed=True, change_start=50))
+
+
+def _all_rows(reader: Any) -> list[Any]:
+    return sorted(
+        (
+            tuple(str(v) for v in row.values())
+            for p in range(reader.num_partitions)
+            for batch in reader.read(p)
+            for row in batch.to_pylist()
+        ),
+    )
+
+
+def test_reader_on_s3(checkpoints: dict[str, Any], s3_endpoint: S3Endpoint) -> None:  # noqa: F811
+    """A checkpoint on S3 reads as it did on the local disk: state, change feed, metadata."""
+    from pyarrow import fs as pafs
+
+    from sparkstate.observe.reader import ReadRequest, StateReader, state_metadata
+    from sparkstate.store.durable import DurableDir
+
+    for name, options in (("dedup-within", {}), ("transformWithState", {"stateVarName": "seen"})):
+        local = checkpoints[name]["ours"]
+        remote = s3_endpoint.uri(f"reader/{name}")
+        target = DurableDir(remote)
+        target.write_atomic(".keep", b"")
+        pafs.copy_files(local, target.path, destination_filesystem=target.fs)
+        for extra in ({}, {"readChangeFeed": "true", "changeStartBatchId": "1"}):
+            opts = {**options, **extra}
+            ours = _all_rows(StateReader(ReadRequest.from_options(opts, remote)))
+            assert ours == _all_rows(StateReader(ReadRequest.from_options(opts, local)))
+            assert ours, (name, opts)
+        assert state_metadata(remote) == state_metadata(local)

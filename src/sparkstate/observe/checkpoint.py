@@ -15,7 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkstate.exceptions import ConfigurationError, MissingVersionError
+from sparkstate.exceptions import ConfigurationError, MissingVersionError, SparkstateError
+from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.records import BatchCommit
 from sparkstate.runtime.start import engine_root_of
@@ -94,10 +95,8 @@ class StateCheckpoint:
     def _progress_names(self) -> dict[int, str]:
         """``operatorName`` by operator id, from the last batch's progress (index = id)."""
         try:
-            progress = self.log.read_progress()
-        except Exception:  # noqa: BLE001 - the names are a nicety; metadata has the kinds
-            return {}
-        if not progress:
+            progress = read_progress_log(self.location).batches
+        except SparkstateError:  # the names are a nicety; metadata has the kinds
             return {}
         ops = progress[-1].get("stateOperators") or []
         return {i: str(o.get("operatorName")) for i, o in enumerate(ops) if o.get("operatorName")}

@@ -20,7 +20,7 @@ from sparkstate.runtime.metadata import (
     refuse_foreign_checkpoint,
 )
 from sparkstate.runtime.spark_checkpoint import spark_query_id
-from sparkstate.store.durable import DurableDir, canonical_location
+from sparkstate.store.durable import DurableDir, canonical_location, join_uri
 
 __all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
 
@@ -59,7 +59,7 @@ class Checkpoint:
 
 
 def engine_root_of(location: str) -> str:
-    return f"{location}/{ENGINE_DIR}"
+    return join_uri(location, ENGINE_DIR)
 
 
 def _recorded_ids(

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, StateFileError
 
-__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry", "canonical_location", "local_path"]
+__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry", "canonical_location", "join_uri", "local_path"]
 
 #: Files whose name starts with this are being written; readers ignore them, maintenance deletes
 #: old ones.
@@ -64,6 +64,15 @@ def canonical_location(uri: str) -> str:
     return uri.rstrip("/")
 
 
+def join_uri(uri: str, *parts: str) -> str:
+    """``uri`` with ``parts`` appended to its path; a query (an S3 URI's
+    ``?endpoint_override=...``) stays at the end."""
+    base, sep, query = uri.partition("?") if "://" in uri else (uri, "", "")
+    sub = "/".join(p.strip("/") for p in parts if p)
+    joined = f"{base.rstrip('/')}/{sub}" if sub else base
+    return f"{joined}{sep}{query}"
+
+
 def _resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     path = local_path(uri)
     if path is not None:
@@ -103,7 +112,7 @@ class DurableDir:
 
     def child(self, *parts: str) -> DurableDir:
         sub = "/".join(p.strip("/") for p in parts if p)
-        return DurableDir(f"{self.uri}/{sub}", _fs=self.fs, _path=f"{self.path}/{sub}")
+        return DurableDir(join_uri(self.uri, sub), _fs=self.fs, _path=f"{self.path}/{sub}")
 
     def where(self, name: str) -> str:
         """The full URI of a file, for messages."""
