@@ -102,9 +102,29 @@ def _windows(df: Any, fn: Any) -> Any:
     return df.groupBy(fn.window("ts", "1 minute"), "k").agg(fn.count("*").alias("n"), fn.sum("v"))
 
 
+def _join(df: Any, fn: Any) -> Any:
+    """The stream joined with itself read again: each row with the rows of its key in the
+    minute after it."""
+    right = (
+        SparkSession.getActiveSession()
+        .readStream.schema(SCHEMA)  # type: ignore[union-attr]
+        .option("maxFilesPerTrigger", 1)
+        .json(JOIN_INPUT[0])
+        .selectExpr("k AS k2", "v AS v2", "ts AS ts2")
+        .withWatermark("ts2", "30 seconds")
+    )
+    condition = "k = k2 AND ts2 >= ts AND ts2 <= ts + INTERVAL 1 MINUTE"
+    return df.join(right, F.expr(condition), "inner")
+
+
+#: Where the join's second input reads from (set by the fixture).
+JOIN_INPUT: list[str] = []
+
 #: name -> (build the query on a DataFrame, functions module -> query, output mode, watermark)
 QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
     "aggregate": (_aggregate, "update", False),
+    "aggregate-memory": (_aggregate, "update", False),
+    "join": (_join, "append", True),
     "windows": (_windows, "update", True),
     "dedup": (lambda df, fn: df.dropDuplicates(["k"]), "append", False),
     "dedup-watermark": (lambda df, fn: df.dropDuplicates(["k", "ts"]), "append", True),
@@ -148,6 +168,7 @@ def checkpoints(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
     """Each query run through Spark and through sparkstate (RocksDB), the same two runs."""
     root = tmp_path_factory.mktemp("reader")
     feed = FileFeed(root / "input")
+    JOIN_INPUT[:] = [str(root / "input")]
     out: dict[str, Any] = {name: {} for name in QUERIES}
     spark.conf.set(SPARK_CHANGELOG, "true")
     try:
@@ -157,6 +178,9 @@ def checkpoints(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
                     feed.add(_rows(batch))
                 for name, (build, mode, watermark) in QUERIES.items():
                     for system in ("spark", "ours"):
+                        if system == "spark" and name.endswith("-memory"):  # Spark's is one
+                            out[name]["spark"] = out[name.removesuffix("-memory")]["spark"]
+                            continue
                         df = feed.stream(spark, SCHEMA)
                         if watermark:
                             df = df.withWatermark("ts", "30 seconds")
@@ -164,7 +188,8 @@ def checkpoints(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
                         chk = str(root / f"{name}-{system}")
                         writer = build(wrapped, F if system == "spark" else SF).writeStream
                         if system == "ours":
-                            writer = writer.option("stateStore", "rocksdb")
+                            provider = "memory" if name.endswith("-memory") else "rocksdb"
+                            writer = writer.option("stateStore", provider)
                         q = (
                             writer.outputMode(mode)
                             .format("noop")
@@ -194,6 +219,9 @@ def _last_batch(spark: SparkSession, chk: str, system: str) -> int:
 
 READS: list[tuple[str, dict[str, Any]]] = [
     ("aggregate", {}),
+    ("aggregate-memory", {}),
+    ("join", {"joinSide": "left"}),
+    ("join", {"joinSide": "right"}),
     ("windows", {}),
     ("dedup", {}),
     ("dedup-watermark", {}),
@@ -226,6 +254,7 @@ def test_state_rows_equal_sparks(spark: SparkSession, checkpoints: dict[str, Any
 
 CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("aggregate", {}),
+    ("aggregate-memory", {}),
     ("windows", {}),
     ("dedup", {}),
     ("dedup-within", {}),

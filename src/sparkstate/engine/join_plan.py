@@ -357,6 +357,7 @@ class _Planner:
             built["left"],
             built["right"],
             condition,
+            self._column_names(keys),
         )
         union = self._union(frames, key_struct)
         output_struct = StructType(
@@ -400,6 +401,21 @@ class _Planner:
             *[F.col(f.name) for f in rcols],
         )
         return left.unionByName(right)
+
+    def _column_names(self, keys: list[tuple[Any, Any]]) -> dict[str, str]:
+        """The query's names of the operator's key and side columns (for the state reader)."""
+        names: dict[str, str] = {}
+        for i, (a, _) in enumerate(keys):
+            fields = _struct_fields(a)
+            name = a.name() if hasattr(a, "name") else a.sql()
+            if fields is None:
+                names[f"__ss_k{i}"] = name
+            else:
+                names.update({f"__ss_k{i}_{j}": f"{name}.{f}" for j, f in enumerate(fields)})
+        for s, attrs in (("l", self.left_attrs), ("r", self.right_attrs)):
+            for i, a in enumerate(attrs):
+                names.update(_column_names(f"__ss_{s}{i}", a))
+        return names
 
     def _output_columns(self) -> list[Column]:
         """Spark's output of the join, from the operator's columns."""
@@ -457,6 +473,14 @@ def _struct_fields(expr: Any) -> list[str] | None:
     if str(dtype.typeName()) != "struct":
         return None
     return [str(n) for n in dtype.fieldNames()]
+
+
+def _column_names(name: str, attr: Any) -> dict[str, str]:
+    """The query's name of each column :func:`_side_columns` makes of ``attr``."""
+    fields = _struct_fields(attr)
+    if fields is None:
+        return {name: attr.name()}
+    return {f"{name}_{j}": f"{attr.name()}.{f}" for j, f in enumerate(fields)}
 
 
 def _side_columns(name: str, col: Column, attr: Any) -> list[Column]:

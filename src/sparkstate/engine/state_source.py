@@ -53,17 +53,20 @@ class StateSource(DataSource):
     def name(cls) -> str:
         return STATE_SOURCE
 
-    def _reader(self) -> StateReader:
-        if not hasattr(self, "_state_reader"):
-            self._state_reader = StateReader(ReadRequest.from_options(dict(self.options)))
-        return self._state_reader
+    def _found(self) -> tuple[ReadRequest, pa.Schema, int]:
+        """The request, its columns and partitions, checked once on the driver (kept as plain
+        values: the source itself is pickled)."""
+        if not hasattr(self, "_checked"):
+            reader = StateReader(ReadRequest.from_options(dict(self.options)))
+            self._checked = (reader.request, reader.schema, reader.num_partitions)
+        return self._checked
 
     def schema(self) -> StructType:
-        return _spark_schema(self._reader().schema)
+        return _spark_schema(self._found()[1])
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        found = self._reader()
-        return _StateReader(found.request, found.num_partitions)
+        request, _, num_partitions = self._found()
+        return _StateReader(request, num_partitions)
 
 
 class _MetadataReader(DataSourceReader):

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.join import MATCHED, unpack_rows
+from sparkstate.operators.join import unpack_rows
 from sparkstate.operators.state_collections import decode_list, decode_map
 from sparkstate.operators.state_vars import elements_cf_name
 from sparkstate.operators.ttl import TTL_FIELD
@@ -265,14 +265,18 @@ class MapView(StateView):
 
 
 class JoinSideView(StateView):
-    """One side of a stream-stream join: one row per buffered input row, under its join key
-    (Spark's ``joinSide`` view)."""
+    """One side of a stream-stream join: one row per buffered input row, under its join key,
+    in the query's column names (Spark's ``joinSide`` view)."""
 
-    def __init__(self, family: str, key_schema: pa.Schema, row_schema: pa.Schema) -> None:
+    def __init__(
+        self, family: str, key_schema: pa.Schema, row_schema: pa.Schema, names: dict[str, str]
+    ) -> None:
         super().__init__(family)
         self.row_codec = ValueCodec(row_schema)
-        self.key_type = pa.struct(list(key_schema))
-        self.value_type = pa.struct([f for f in row_schema if f.name != MATCHED])
+        #: The side's own columns (not the condition's helpers), as the query names them.
+        self.columns = [f.name for f in row_schema if f.name in names]
+        self.key_type = pa.struct([f.with_name(names.get(f.name, f.name)) for f in key_schema])
+        self.value_type = pa.struct([row_schema.field(c).with_name(names[c]) for c in self.columns])
 
     @property
     def schema(self) -> pa.Schema:
@@ -285,17 +289,21 @@ class JoinSideView(StateView):
         at = [i for i, v in enumerate(values) if v is not None]
         row_bytes, parents = unpack_rows(packed)
         rows, _ = self.row_codec.decode_many_arrow(row_bytes)
-        return rows.drop_columns([MATCHED]), [at[p] for p in parents]
+        return rows.select(self.columns), [at[p] for p in parents]
 
     def rows(
         self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
     ) -> pa.Table:
-        key_array = _struct(families[self.family].key_codec.decode_many_arrow(keys))
+        key_table = families[self.family].key_codec.decode_many_arrow(keys)
+        key_array = _struct(key_table.rename_columns([f.name for f in self.key_type]))
         rows, owners = self._rows_of(families, values)
         deleted = [i for i, v in enumerate(values) if v is None]
         key_rows = key_array.take(pa.array(owners + deleted, pa.int64()))
         value = pa.concat_arrays(
-            [_struct(rows).cast(self.value_type), pa.nulls(len(deleted), self.value_type)]
+            [
+                _struct(rows.rename_columns([f.name for f in self.value_type])),
+                pa.nulls(len(deleted), self.value_type),
+            ]
         )
         return pa.Table.from_arrays([key_rows, value], schema=self.schema)
 
@@ -431,7 +439,10 @@ def _join_view(
         raise ConfigurationError(msg)
     family = DEFAULT_CF if side == "left" else "right"
     row_schema = schema_from_json(described["row_schemas"][side])
-    return JoinSideView(family, families[family][0], row_schema)
+    names = described.get("column_names") or {
+        f.name: f.name for f in row_schema if re.fullmatch(r"__ss_[lr]\d+(_\d+)?", f.name)
+    }
+    return JoinSideView(family, families[family][0], row_schema, names)
 
 
 def view_for(

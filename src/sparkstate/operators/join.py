@@ -95,6 +95,7 @@ class StreamingJoin(StatefulOperator):
         left: JoinSide,
         right: JoinSide,
         condition: pc.Expression | None = None,
+        column_names: dict[str, str] | None = None,
     ) -> None:
         if join_type not in JOIN_TYPES:
             msg = f"join type must be one of {JOIN_TYPES}, got {join_type!r}"
@@ -111,6 +112,8 @@ class StreamingJoin(StatefulOperator):
         self.join_type = join_type
         self.left, self.right = left, right
         self.condition = condition
+        #: The query's names of the key and side columns, by their names here (for readers).
+        self.column_names = dict(column_names or {})
         self.key_schema = pa.schema([f.with_nullable(True) for f in key_fields])
         nullable = [f.with_nullable(True) for f in (*left.fields, *right.fields)]
         self.input_schema = pa.schema(
@@ -148,6 +151,8 @@ class StreamingJoin(StatefulOperator):
         out = super().describe()
         out["join_type"] = self.join_type
         out["row_schemas"] = {name: schema_to_json(s) for name, s in self._rows.items()}
+        if self.column_names:
+            out["column_names"] = self.column_names
         return out
 
     # --- processing ------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ STATE_DIR = "state"
 
 #: The schemas of an operator's description, compared by field names and types.
 SCHEMA_PARTS = ("key_schema", "value_schema", "output_schema")
+#: Parts of an operator's description that only name things for readers: not compared.
+READER_PARTS = frozenset({"column_names"})
 
 
 def refuse_foreign_checkpoint(checkpoint: str) -> None:
@@ -82,7 +84,7 @@ def check_restart(
                     "use a new checkpoint location"
                 )
                 raise SchemaMismatchError(msg)
-        compared = evolving | set(SCHEMA_PARTS)
+        compared = evolving | set(SCHEMA_PARTS) | READER_PARTS
         if _without(old, compared) != _without(new, compared):
             msg = (
                 f"operator {new['id']} ({new['kind']}) changed: checkpoint has {old}, query has "
