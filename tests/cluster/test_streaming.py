@@ -124,6 +124,8 @@ class CleanRun:
     ours: Batches
     spark: Batches
     placements: dict[int, dict[int, str]]
+    #: The two queries' checkpoints.
+    checkpoints: dict[str, Path]
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +160,9 @@ def clean_run(
         q_ours.stop()
         q_spark.stop()
     assert sorted(theirs.batches) == list(range(len(BATCHES)))
-    return CleanRun(ours.batches, theirs.batches, placements)
+    return CleanRun(
+        ours.batches, theirs.batches, placements, {"ours": checkpoint, "spark": root / "spark"}
+    )
 
 
 def test_aggregation_on_cluster_matches_spark(clean_run: CleanRun) -> None:
@@ -169,6 +173,29 @@ def test_aggregation_on_cluster_matches_spark(clean_run: CleanRun) -> None:
     where = clean_run.placements
     unknown = [(b, p) for b, pl in where.items() for p, e in pl.items() if e == "?"]
     assert not unknown, where
+
+
+def test_state_reader_on_cluster_reads_what_spark_reads(
+    clean_run: CleanRun, cluster_spark: SparkSession
+) -> None:
+    """The state reader on the cluster: one Spark partition per state partition, read on the
+    executors, and the same rows as Spark's reader of Spark's checkpoint."""
+    ours = cluster_spark.read.format("sparkstate").load(str(clean_run.checkpoints["ours"]))
+    theirs = cluster_spark.read.format("statestore").load(str(clean_run.checkpoints["spark"]))
+    assert ours.rdd.getNumPartitions() == int(
+        cluster_spark.conf.get("spark.sql.shuffle.partitions")
+    )
+    placed = ours.select("partition_id", F.spark_partition_id().alias("task")).distinct()
+    assert all(r["partition_id"] == r["task"] for r in placed.collect())
+
+    def rows(df: Any) -> list[Any]:
+        return sorted(
+            ((tuple(r.key), tuple(r.value), r.partition_id) for r in df.collect()), key=repr
+        )
+
+    expected = rows(theirs)
+    assert len(expected) > 1000
+    assert rows(ours) == expected
 
 
 # --------------------------------------------------------------------------- the fault run

@@ -92,6 +92,19 @@ def _processor() -> Any:
     return type("CounterProcessor", (Counter, StatefulProcessor), {})()
 
 
+def _count_rows(key: Any, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+    n = state.get[0] if state.exists else 0
+    n += sum(len(pdf) for pdf in pdfs)
+    state.update((n,))
+    yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+
+def _group_state(df: Any, fn: Any) -> Any:
+    return df.groupBy("k").applyInPandasWithState(
+        _count_rows, "k string, n long", "n long", "update", "NoTimeout"
+    )
+
+
 def _aggregate(df: Any, fn: Any) -> Any:
     return df.groupBy("k").agg(
         fn.count("*").alias("n"), fn.sum("v"), fn.avg("v"), fn.max("v"), fn.min("k")
@@ -125,6 +138,7 @@ QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
     "aggregate": (_aggregate, "update", False),
     "aggregate-memory": (_aggregate, "update", False),
     "join": (_join, "append", True),
+    "applyInPandasWithState": (_group_state, "update", False),
     "windows": (_windows, "update", True),
     "dedup": (lambda df, fn: df.dropDuplicates(["k"]), "append", False),
     "dedup-watermark": (lambda df, fn: df.dropDuplicates(["k", "ts"]), "append", True),
@@ -222,6 +236,7 @@ READS: list[tuple[str, dict[str, Any]]] = [
     ("aggregate-memory", {}),
     ("join", {"joinSide": "left"}),
     ("join", {"joinSide": "right"}),
+    ("applyInPandasWithState", {}),
     ("windows", {}),
     ("dedup", {}),
     ("dedup-watermark", {}),

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.join import unpack_rows
@@ -340,7 +341,10 @@ def _aggregate_view(described: dict[str, Any], key: pa.Schema, value: pa.Schema)
             fields.append(pa.field(k["window"], window.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
+    funcs = [a.get("func") for a in described.get("aggregates", [])]
+
     def value_shape(table: pa.Table) -> pa.Table:
+        table = _avg_sums_from_zero(table, funcs)
         names: list[str] = []
         for name in table.schema.names:
             m = _BUFFER.match(name)
@@ -349,6 +353,20 @@ def _aggregate_view(described: dict[str, Any], key: pa.Schema, value: pa.Schema)
         return table.rename_columns(names)
 
     return KeyValueView(DEFAULT_CF, key, value, key_shape=key_shape, value_shape=value_shape)
+
+
+def _avg_sums_from_zero(table: pa.Table, funcs: list[Any]) -> pa.Table:
+    """An ``avg`` buffer's sum as Spark keeps it: 0 before the first value, where ours is null
+    (the same average: its count is 0)."""
+    for i, func in enumerate(funcs):
+        name = f"__ss_agg{i}_sum"
+        if func != "avg" or name not in table.schema.names:
+            continue
+        at = table.schema.get_field_index(name)
+        column = table.column(at)
+        zero = pa.scalar(0, column.type)
+        table = table.set_column(at, table.schema.field(at), pc.fill_null(column, zero))
+    return table
 
 
 def _unique(name: str, taken: list[str]) -> str:
@@ -379,17 +397,21 @@ def _empty_value(table: pa.Table) -> pa.Table:
     return pa.table({"__dummy__": pa.nulls(table.num_rows)})
 
 
-def _group_state_view(key: pa.Schema, value: pa.Schema) -> StateView:
-    """Spark's ``flatMapGroupsWithState`` state: ``groupState`` and ``timeoutTimestamp``."""
+def _group_state_view(described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+    """Spark's ``(flatMap|applyInPandas)GroupsWithState`` state: ``groupState``, and with a
+    timeout its ``timeoutTimestamp`` (-1 when none is set)."""
     state_fields = [f for f in value if not f.name.startswith("__")]
+    with_timeout = described.get("timeout", "NoTimeout") != "NoTimeout"
 
     def shape(table: pa.Table) -> pa.Table:
         group = _struct(table.select([f.name for f in state_fields]))
         defined = table.column("__defined").combine_chunks()
-        timeout = table.column("__timeout_ms").combine_chunks()
         group = pa.StructArray.from_arrays(
-            group.flatten(), fields=list(group.type), mask=pa.compute.invert(defined)
+            group.flatten(), fields=list(group.type), mask=pc.invert(defined)
         )
+        if not with_timeout:
+            return pa.table({"groupState": group})
+        timeout = table.column("__timeout_ms").combine_chunks()
         return pa.table({"groupState": group, "timeoutTimestamp": timeout})
 
     return KeyValueView(DEFAULT_CF, key, value, value_shape=shape)
@@ -478,5 +500,5 @@ def view_for(
     if kind == "dedup_within_watermark":
         return KeyValueView(DEFAULT_CF, key, value, key_shape=_dedup_key_order(described))
     if kind in ("flatMapGroupsWithState", "applyInPandasWithState"):
-        return _group_state_view(key, value)
+        return _group_state_view(described, key, value)
     return KeyValueView(DEFAULT_CF, key, value)
