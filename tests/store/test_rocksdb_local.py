@@ -323,13 +323,36 @@ def test_every_db_of_a_process_shares_cache_and_write_buffers(tmp_path: Path) ->
     assert shared_resources(before // (1 << 20) + 1, 8).block_cache_bytes > before
 
 
-def test_statistics_count_bytes_when_enabled(tmp_path: Path) -> None:
-    with LocalDB(str(tmp_path / "db"), LocalDBConf(statistics=True)) as db:
+def test_the_cache_blocks_are_shared_among_the_open_dbs_its_memtable_charge_left_out(
+    tmp_path: Path,
+) -> None:
+    with LocalDB(str(tmp_path / "a")) as a:
+        res = a.resources
+        a.apply_batch({k(i): b"x" * 100 for i in range(20_000)}, {"version": 1})
+        a.flush()
+        a.multi_get([k(i) for i in range(20_000)])  # the data blocks come into the cache
+        blocks = res.cached_blocks_bytes()
+        assert 2_000_000 < blocks < res.block_cache.get_usage()
+        with LocalDB(str(tmp_path / "b")) as b:
+            b.apply_batch({k(i): b"x" * 100 for i in range(5_000)}, {"version": 1})
+            assert len(res.open_dbs) >= 2
+            assert res.cached_blocks_bytes() == pytest.approx(blocks, rel=0.05)  # not memtables
+            stats = a.memory_stats()
+            assert stats["share_cached_blocks_bytes"] == res.share(res.cached_blocks_bytes())
+            assert b.memory_stats()["all_memtables_bytes"] > 500_000
+        assert b not in res.open_dbs
+
+
+def test_statistics_count_bytes_and_time_lookups_unless_disabled(tmp_path: Path) -> None:
+    with LocalDB(str(tmp_path / "db")) as db:
         db.apply_batch({k(1): b"abc"}, {"version": 1})
         db.get(k(1))
+        db.multi_get([k(1), k(2)])
         stats = db.statistics()
     assert stats["rocksdb.bytes.written"] > 0 and stats["rocksdb.number.keys.read"] == 1
-    with LocalDB(str(tmp_path / "db2")) as plain:
+    assert stats["rocksdb.number.multiget.keys.read"] == 2
+    assert stats["rocksdb.db.get.micros.count"] == 1 and stats["rocksdb.db.get.micros.sum"] >= 0
+    with LocalDB(str(tmp_path / "db2"), LocalDBConf(statistics=False)) as plain:
         assert plain.statistics() == {}
 
 

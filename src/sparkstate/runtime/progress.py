@@ -1,7 +1,8 @@
 """Progress dicts in the shape of Spark's ``StreamingQueryProgress.json``.
 
 ``stateOperators`` carries Spark's field names; the numbers come from the tasks' reports (summed
-over partitions, as Spark sums its SQL metrics) and from the stores' metrics.
+over partitions, as Spark sums its SQL metrics) and from the stores' metrics (custom metrics
+combined as Spark's progress combines them, :func:`sparkstate.store.spark_metrics.combine`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from sparkstate.operators.base import OperatorMetrics, StatefulOperator
 from sparkstate.runtime.records import TaskReport
+from sparkstate.store.spark_metrics import combine
 
 __all__ = ["build_progress", "format_time", "progress_as_dict", "state_operator_progress"]
 
@@ -28,7 +30,6 @@ def state_operator_progress(
 ) -> tuple[dict[str, Any], OperatorMetrics]:
     """One ``stateOperators`` entry and the operator's summed metrics."""
     total = OperatorMetrics()
-    custom: dict[str, float] = {}
     commit_ms = load_ms = 0.0
     rows_total = memory = 0
     for r in reports:
@@ -37,8 +38,7 @@ def state_operator_progress(
         memory += r.store.memory_used_bytes
         commit_ms += r.store.commit_time_ms
         load_ms += r.store.load_time_ms
-        for name, value in r.store.custom.items():
-            custom[name] = custom.get(name, 0) + value
+    custom = combine(r.store.custom for r in reports)
     custom["loadTimeMs"] = round(load_ms)
     for name, ms in total.phase_ms.items():  # where the tasks' time went, summed over partitions
         custom[name] = round(ms)

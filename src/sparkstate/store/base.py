@@ -445,6 +445,11 @@ class StateStoreProvider(ABC):
     def supported_custom_metrics(cls) -> list[str]:
         return []
 
+    @classmethod
+    def supported_instance_metrics(cls) -> list[str]:
+        """Prefixes of per-partition metrics (``<prefix>.partition_<p>_<store>``), as Spark's."""
+        return []
+
     def __enter__(self) -> StateStoreProvider:
         return self
 

@@ -11,6 +11,7 @@ import bisect
 import collections
 import itertools
 import operator
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -19,15 +20,28 @@ from typing import ClassVar, cast
 from sparkstate.store.base import StateStore
 from sparkstate.store.changelog import ChangelogReader, encode_changelog
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
+from sparkstate.store.spark_metrics import HDFS_METRICS
 from sparkstate.store.versioned import VersionedProvider
 
 __all__ = ["MemoryStateStore", "MemoryStateStoreProvider"]
 
 _SNAPSHOT_KIND = b"SNAP"
-#: Rough per-entry overhead of a Python dict holding two bytes objects.
-_ENTRY_OVERHEAD = 150
 #: Entries whose mean size estimates the memory a version holds.
 _SIZE_SAMPLE = 1000
+
+
+def _entry_bytes(data: dict[bytes, bytes]) -> float:
+    """The mean size of a key and value object of ``data``, from a sample of its entries."""
+    sample = list(itertools.islice(data.items(), _SIZE_SAMPLE))
+    if not sample:
+        return 0.0
+    return sum(map(sys.getsizeof, itertools.chain.from_iterable(sample))) / len(sample)
+
+
+def map_size_bytes(data: dict[bytes, bytes]) -> int:
+    """An estimate of one version's map, as Spark's ``SizeEstimator`` of it: its hash table and
+    its key and value objects."""
+    return sys.getsizeof(data) + int(len(data) * _entry_bytes(data))
 
 
 class KeyOrder:
@@ -50,6 +64,10 @@ class KeyOrder:
     @property
     def tracking(self) -> bool:
         return self._sorted is not None
+
+    def lists(self) -> list[list[bytes]]:
+        """The lists it holds (the sorted one is shared with the copies made of it)."""
+        return [x for x in (self._sorted, self._new) if x]
 
     def copy(self) -> KeyOrder:
         out = KeyOrder()
@@ -120,6 +138,10 @@ class MemoryStateStore(StateStore):
         self._order = key_order.copy() if key_order is not None else KeyOrder()
         self.load_time_ms = load_time_ms
         self._delta_bytes = 0
+        #: Corrupt snapshots the load of this version skipped.
+        self.snapshots_skipped = 0
+        #: Entries the load wrote into a copy of a cached version (None: loaded from a snapshot).
+        self.replayed: int | None = 0
 
     def raw_get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
@@ -190,18 +212,25 @@ class MemoryStateStore(StateStore):
         return len(self._data)
 
     def _memory_used_bytes(self) -> int:
-        """An estimate, as Spark's: the map's size times the mean entry of a sample of it."""
-        n = len(self._data)
-        sample = list(itertools.islice(self._data.items(), _SIZE_SAMPLE))
-        if not sample:
-            return 0
-        per_entry = sum(len(k) + len(v) for k, v in sample) / len(sample) + _ENTRY_OVERHEAD
-        return int(n * per_entry)
+        return self._provider.memory_used_bytes(self._data, self._order, self._written())
+
+    def _written(self) -> int | None:
+        """Entries of this version's map not shared with the cached version it copies."""
+        return None if self.replayed is None else self.replayed + len(self._changes)
 
     def _custom_metrics(self) -> dict[str, float]:
+        provider = self._provider
         return {
             "deltaBytesWritten": self._delta_bytes,
-            "corruptSnapshotsSkipped": self._provider.corrupt_snapshots_skipped,
+            "corruptSnapshotsSkipped": provider.corrupt_snapshots_skipped,
+            # Spark's HDFS-backed provider's names: its cache of versions (hits and misses
+            # since the provider was made), this version's map, a load that skipped a
+            # corrupt snapshot, and the newest snapshot of the partition.
+            "loadedMapCacheHitCount": provider.cache_hits,
+            "loadedMapCacheMissCount": provider.cache_misses,
+            "stateOnCurrentVersionSizeBytes": map_size_bytes(self._data),
+            "numSnapshotsAutoRepaired": float(self.snapshots_skipped > 0),
+            **provider.snapshot_metrics(),
         }
 
     def _commit(self) -> None:
@@ -209,7 +238,7 @@ class MemoryStateStore(StateStore):
         keys = list(self._changes)
         values = list(self._changes.values())
         self._delta_bytes = self._provider.write_changelog(ref, self._base, keys, values)
-        self._provider.remember(ref, self._data, self._order)
+        self._provider.remember(ref, self._data, self._order, written=self._written())
         self.checkpoint_id = ref.checkpoint_id
 
     def _abort(self) -> None:
@@ -226,34 +255,81 @@ class MemoryStateStoreProvider(VersionedProvider):
     def __init__(self) -> None:
         self._cache: OrderedDict[VersionRef | None, dict[bytes, bytes]] = OrderedDict()
         self._orders: dict[VersionRef, KeyOrder] = {}
+        #: Entries a cached version wrote on top of the version it was opened at (absent: a
+        #: version loaded from files, whose objects are all its own).
+        self._written: dict[VersionRef, int] = {}
+        #: Loads of a version found in the cache, and not (Spark's counts, never reset).
+        self.cache_hits = self.cache_misses = 0
 
     def remember(
-        self, ref: VersionRef, data: dict[bytes, bytes], order: KeyOrder | None = None
+        self,
+        ref: VersionRef,
+        data: dict[bytes, bytes],
+        order: KeyOrder | None = None,
+        *,
+        written: int | None = None,
     ) -> None:
         self._cache[ref] = data
         self._cache.move_to_end(ref)
         if order is not None and order.tracking:
             self._orders[ref] = order
+        if written is not None:
+            self._written[ref] = written
         while len(self._cache) > self.conf.max_versions_in_memory:
             old, _ = self._cache.popitem(last=False)
             if old is not None:
                 self._orders.pop(old, None)
+                self._written.pop(old, None)
+
+    def memory_used_bytes(
+        self, current: dict[bytes, bytes], order: KeyOrder, written: int | None
+    ) -> int:
+        """The versions held in memory, as Spark's ``memoryUsedBytes`` (an estimate of the maps
+        of its cache), with ``current``, a store's version, among them: every version's hash
+        table and key order, and every key and value object once. A version written on top of
+        an older one shares all objects but those it wrote with it, and the oldest holds all
+        of its own."""
+        maps = sorted(
+            (
+                (ref.version, data, self._written.get(ref)) if ref is not None else (0, data, None)
+                for ref, data in self._cache.items()
+            ),
+            key=operator.itemgetter(0),
+        )
+        if not any(data is current for _, data, _ in maps):
+            maps.append((sys.maxsize, current, written))
+        objects = sum(
+            len(data) if i == 0 or own is None else own for i, (_, data, own) in enumerate(maps)
+        )
+        lists = {id(x): x for o in (*self._orders.values(), order) for x in o.lists()}
+        tables = sum(sys.getsizeof(data) for _, data, _ in maps)
+        return (
+            tables + sum(map(sys.getsizeof, lists.values())) + int(objects * _entry_bytes(current))
+        )
 
     def _open(self, version: int, checkpoint_id: str | None, read_only: bool) -> MemoryStateStore:
         start = time.perf_counter()
         index = self.index()
+        self.note_snapshots(index)
         target = self.resolve(version, checkpoint_id, index)
         cached = self._cache.get(target)
+        skipped = self.corrupt_snapshots_skipped
+        # Entries written into ``data`` since it was copied from a cached version (None: not a
+        # copy, its objects are its own).
+        shared: int | None = 0
         if target is None:
             data: dict[bytes, bytes] = {}
         elif cached is not None:
+            self.cache_hits += 1
             data = cached if read_only else dict(cached)
         else:
+            self.cache_misses += 1
             older = [r for r in self._cache if r is not None and r.version < target.version]
             local = max(older) if older else None
             plan, snap = self.load(target, index, self._read_snapshot, local=local)
             from_local = plan.from_local and local is not None
             data = dict(self._cache[local]) if from_local and local else (snap or {})
+            shared = 0 if from_local else None
             # The key order starts again (one sort at the first scan): replaying each delta's
             # changes into it costs more than that sort when the removals are scattered. One
             # delta is read at a time, applied a record batch at a time (what the map keeps is
@@ -262,11 +338,12 @@ class MemoryStateStoreProvider(VersionedProvider):
             for ref in plan.changelogs:
                 for keys, values in self.read_changelog(ref).chunks(max_rows=None):
                     _apply(data, keys, values)
+                    shared = None if shared is None else shared + len(keys)
             if read_only:  # a writable store's version is cached when it commits
-                self.remember(target, data)
+                self.remember(target, data, written=shared)
         load_ms = int((time.perf_counter() - start) * 1000)
         order = self._orders.get(target) if target is not None else None
-        return MemoryStateStore(
+        store = MemoryStateStore(
             self,
             target,
             version,
@@ -275,6 +352,9 @@ class MemoryStateStoreProvider(VersionedProvider):
             load_time_ms=load_ms,
             key_order=order,
         )
+        store.snapshots_skipped = self.corrupt_snapshots_skipped - skipped
+        store.replayed = shared
+        return store
 
     def get_store(self, version: int, checkpoint_id: str | None = None) -> MemoryStateStore:
         return self._open(version, checkpoint_id, read_only=False)
@@ -309,11 +389,12 @@ class MemoryStateStoreProvider(VersionedProvider):
 
     @classmethod
     def supported_custom_metrics(cls) -> list[str]:
-        return ["deltaBytesWritten", "corruptSnapshotsSkipped"]
+        return ["deltaBytesWritten", "corruptSnapshotsSkipped", *HDFS_METRICS]
 
     def close(self) -> None:
         self._cache.clear()
         self._orders.clear()
+        self._written.clear()
 
 
 def _apply(data: dict[bytes, bytes], keys: list[bytes], values: list[bytes | None]) -> None:

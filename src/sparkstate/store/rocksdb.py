@@ -49,6 +49,12 @@ from sparkstate.store.rocksdb_snapshot import (
     read_manifest,
     upload_snapshot,
 )
+from sparkstate.store.spark_metrics import (
+    ROCKSDB_METRICS,
+    VersionPhases,
+    rocksdb_file_metrics,
+    rocksdb_statistics_metrics,
+)
 from sparkstate.store.versioned import VersionedProvider
 
 __all__ = ["RocksDBStateStore", "RocksDBStateStoreProvider"]
@@ -124,6 +130,9 @@ class RocksDBStateStore(StateStore):
         self._in_order: tuple[list[bytes], list[bytes | None]] = ([], [])
         self._final: dict[str, float] = {}
         self._memory_used: int | None = None
+        #: What this version's load and commit did, and the database's statistics as loaded.
+        self.phases = VersionPhases()
+        self._statistics = db.statistics()
         #: Per column family prefix, its largest key in the database (see ``_family_tops``).
         self._tops: dict[bytes, bytes] | None = None
 
@@ -295,9 +304,12 @@ class RocksDBStateStore(StateStore):
         ref = VersionRef(self.version + 1, new_checkpoint_id())
         self._num_keys = self._count_after_writes()
         keys, values = self._in_order
+        start = time.perf_counter()
         changelog_bytes = self._provider.write_changelog(
             ref, self._base, keys, values, {"num_keys": self._num_keys}
         )
+        self.phases.changelog_ms = (time.perf_counter() - start) * 1000
+        self.phases.puts = len(keys)
         marker = {
             "version": ref.version,
             "checkpoint_id": ref.checkpoint_id,
@@ -316,10 +328,18 @@ class RocksDBStateStore(StateStore):
         self._provider.end_use(close=not self._read_only)
 
     def capture_final_metrics(self) -> None:
-        """Read the database's memory and disk figures while it is still open."""
-        self._final.update(self._provider.counters_since_report(take=True))
+        """Read the database's memory and disk figures and statistics while it is still open;
+        also under Spark's names (:mod:`.spark_metrics`)."""
+        counters = self._provider.counters_since_report(take=True)
         stats = self._db.memory_stats()
+        self._final.update(counters)
         self._final.update({name: float(stats[key]) for key, name in _STAT_NAMES.items()})
+        self._final.update(self.phases.spark_metrics(self.load_time_ms))
+        self._final.update(rocksdb_file_metrics(counters))
+        self._final.update(rocksdb_statistics_metrics(self._statistics, self._db.statistics()))
+        self._final["rocksdbSstFileSize"] = float(stats["total_sst_bytes"])
+        self._final["rocksdbPinnedBlocksMemoryUsage"] = float(stats["share_pinned_blocks_bytes"])
+        self._final.update(self._provider.snapshot_metrics())
         self._memory_used = self._provider.memory_used_bytes(self._db)
 
 
@@ -364,10 +384,13 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "filesReused": 0,
             "bytesUploaded": 0,
             "bytesDownloaded": 0,
+            "filesDownloaded": 0,
             "changelogsReplayed": 0,
             "restores": 0,
             "localOpens": 0,
         }
+        #: Where the load of the version being opened went (handed to its store).
+        self._phases = VersionPhases()
 
     # --- local database lifetime -----------------------------------------------------------------
 
@@ -454,16 +477,21 @@ class RocksDBStateStoreProvider(VersionedProvider):
         _KEPT_OPEN.add(self)
         try:
             self._acquire()
+            self._phases = VersionPhases()
+            skipped = self.corrupt_snapshots_skipped
             store = self._load(version, checkpoint_id, read_only)
         except BaseException:
             self.end_use(close=True)
             raise
         self._active = store
         store.load_time_ms = int((time.perf_counter() - start) * 1000)
+        store.phases = self._phases
+        store.phases.snapshots_skipped = self.corrupt_snapshots_skipped - skipped
         return store
 
     def _load(self, version: int, checkpoint_id: str | None, read_only: bool) -> RocksDBStateStore:
         index = self.index()
+        self.note_snapshots(index)
         target = self.resolve(version, checkpoint_id, index)
         active = self._active
         if active is not None and not active._done:
@@ -479,6 +507,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         usable = local_ref if db is not None and local_ref and target else None
         if usable is not None and target is not None and usable.version >= target.version:
             usable = None
+        started = time.perf_counter()
         plan, restored = (
             self.load(target, index, self._download, local=usable) if target else (None, None)
         )
@@ -492,6 +521,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 SstMap(self._sst_map_path()).reset(manifest["sst"])
                 num_keys = int(manifest.get("num_keys", 0))
                 self._stats["restores"] += 1
+                self._phases.load_from_snapshot_ms = (time.perf_counter() - started) * 1000
             else:
                 self._db = self._fresh_db()
                 num_keys = 0
@@ -500,6 +530,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         assert db is not None
         # One changelog at a time, its rows decoded as the WriteBatch takes them; each batch
         # carries its version's marker, so a failure part way leaves the last one applied.
+        started = time.perf_counter()
         for ref in plan.changelogs if plan is not None else []:
             changelog = self.read_changelog(ref)
             num_keys = int(changelog.header.get("num_keys", num_keys))
@@ -510,6 +541,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
             }
             db.apply_batch(changelog.rows(), marker)
             self._stats["changelogsReplayed"] += 1
+            self._phases.changelogs_replayed += 1
+        self._phases.replay_changelog_ms = (time.perf_counter() - started) * 1000
         return RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
 
     def _sst_map_path(self) -> str:
@@ -520,6 +553,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         scratch = self.local.scratch_path(f"restore-{ref}")
         manifest, files, nbytes = download_snapshot(self.dir, ref, scratch)
         self._stats["bytesDownloaded"] += nbytes
+        self._stats["filesDownloaded"] += len(manifest["sst"])
         try:
             LocalDB.open_from_files(scratch, files, self.db_conf).close()
         except StateStoreError as exc:
@@ -548,7 +582,12 @@ class RocksDBStateStoreProvider(VersionedProvider):
             incarnation = SstMap(self._sst_map_path()).incarnation
             creating = self.local.scratch_path(f"creating-{os.getpid()}-{ref}")
             shutil.rmtree(creating, ignore_errors=True)
+            started = time.perf_counter()
+            self._db.flush()
+            flushed = time.perf_counter()
             self._db.create_checkpoint(creating)
+            store.phases.flush_ms = (flushed - started) * 1000
+            store.phases.checkpoint_ms = (time.perf_counter() - flushed) * 1000
             os.rename(creating, self.local.scratch_path(f"pending-{ref}@{incarnation}"))
         store.capture_final_metrics()
         self.end_use()
@@ -633,8 +672,12 @@ class RocksDBStateStoreProvider(VersionedProvider):
     # --- metrics ---------------------------------------------------------------------------------
 
     def memory_used_bytes(self, db: LocalDB) -> int:
+        """RocksDB's memory for this store, as Spark's ``memoryUsedBytes``: its memtables and
+        table readers, and its share of the blocks in the cache that the process's databases
+        share (Spark divides a shared cache among the instances of an executor)."""
         stats = db.memory_stats()
-        return int(stats.get("memtable_bytes", 0)) + int(stats.get("table_readers_bytes", 0))
+        own = stats["all_memtables_bytes"] + stats["table_readers_bytes"]
+        return own + stats["share_cached_blocks_bytes"]
 
     def custom_metrics(self) -> dict[str, float]:
         """Work counters since this provider was created (restores, uploads, ...)."""
@@ -659,11 +702,13 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "filesReused",
             "bytesUploaded",
             "bytesDownloaded",
+            "filesDownloaded",
             "changelogsReplayed",
             "restores",
             "changelogBytesWritten",
             "corruptSnapshotsSkipped",
             "localOpens",
+            *ROCKSDB_METRICS,
         ]
 
     def close(self) -> None:

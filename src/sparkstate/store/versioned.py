@@ -32,6 +32,7 @@ from sparkstate.store.layout import (
     schema_description,
 )
 from sparkstate.store.lineage import LoadPlan, plan_load
+from sparkstate.store.spark_metrics import SNAPSHOT_LAST_UPLOADED, instance_metric
 
 __all__ = ["VersionedProvider"]
 
@@ -69,6 +70,8 @@ class VersionedProvider(StateStoreProvider):
         self._last_ref: VersionRef | None = None
         self.corrupt_snapshots_skipped = 0
         self._parents: dict[VersionRef, VersionRef | None] = {}
+        #: The newest snapshot version seen on durable storage (-1: none yet).
+        self.last_snapshot_version = -1
 
     def _check_schema(self) -> None:
         specs = {n: (f.key_schema, f.value_schema) for n, f in self.families.items()}
@@ -91,6 +94,20 @@ class VersionedProvider(StateStoreProvider):
 
     def index(self) -> VersionIndex:
         return VersionIndex.scan(self.dir)
+
+    def note_snapshots(self, index: VersionIndex) -> None:
+        """Remember the newest snapshot of ``index`` (loads and maintenance list the files)."""
+        newest = max((r.version for r in index.refs("snapshot")), default=-1)
+        self.last_snapshot_version = max(self.last_snapshot_version, newest)
+
+    def snapshot_metrics(self) -> dict[str, float]:
+        """Spark's instance metric of the newest snapshot version, for this partition."""
+        name = instance_metric(SNAPSHOT_LAST_UPLOADED, self.id.partition_id, self.id.store_name)
+        return {name: float(self.last_snapshot_version)}
+
+    @classmethod
+    def supported_instance_metrics(cls) -> list[str]:
+        return [SNAPSHOT_LAST_UPLOADED]
 
     def latest_version(self) -> int:
         idx = self.index()
@@ -203,7 +220,9 @@ class VersionedProvider(StateStoreProvider):
     def do_maintenance(self) -> None:
         index = self.index()
         self._maybe_snapshot(index)
-        self.cleanup(self.index())
+        after = self.index()
+        self.note_snapshots(after)
+        self.cleanup(after)
 
     def _parent(self, ref: VersionRef) -> VersionRef | None:
         """The attempt ``ref`` was committed on top of (cached: changelogs are immutable)."""
