@@ -118,6 +118,8 @@ def failure(spark: SparkSession, workdir: Path) -> dict[str, Any]:
         ]
         result[attempt]["runId"] = handle.runId
         result[attempt]["found_by_id"] = spark.streams.get(handle.id) is not None
+    state = spark.read.format("sparkstate").load(checkpoint)  # the state reader, over Connect
+    result["state"] = sorted((r.key.k, r.value[0]) for r in state.collect())
     counted = ss.stream(feed.stream(spark, SCHEMA)).groupBy("k").count()
     writer = counted.writeStream.outputMode("complete").format("memory").queryName("counts")
     handle = writer.option("checkpointLocation", str(workdir / "memory")).start()

@@ -96,6 +96,7 @@ def test_failure_over_connect_commits_nothing_and_surfaces(
             assert (progress["id"], progress["runId"]) == (run["id"], run["runId"])
     assert [p["numRowsTotal"] for p in restarted["progress"]] == [[3], [4]]
     assert result["memory_table"] == [["k0", 2], ["k1", 1], ["k2", 1], ["k3", 2]]
+    assert result["state"] == result["memory_table"]  # the state reader from the client
 
 
 def test_demo_runs_through_connect(server: ConnectServer, tmp_path: Path) -> None:
