@@ -324,6 +324,11 @@ def test_bad_reads_say_what_to_do(spark: SparkSession, checkpoints: dict[str, An
         _read(spark, agg, "ours", readChangeFeed="true").collect()
     with pytest.raises(Exception, match="unknown option 'batch'"):
         _read(spark, agg, "ours", batch=1).collect()
+    join = checkpoints["join"]["ours"]
+    with pytest.raises(Exception, match="pick one with .option.'joinSide'"):
+        _read(spark, join, "ours").collect()
+    with pytest.raises(Exception, match="option.'joinSide', 'left'"):
+        _read(spark, join, "ours", storeName="left-keyToNumValues").collect()
     with pytest.raises(Exception, match="statestore"):
         _read(spark, checkpoints["aggregate"]["spark"], "ours").collect()
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError
 from sparkstate.observe.checkpoint import StateCheckpoint, open_checkpoint
-from sparkstate.observe.views import StateView, view_for
+from sparkstate.observe.views import CHANGE_COLUMNS, StateView, view_for
 from sparkstate.store.versioned import VersionedProvider
 
 __all__ = ["ReadRequest", "StateReader", "state_metadata", "METADATA_SCHEMA"]
@@ -197,10 +197,7 @@ class StateReader:
     def schema(self) -> pa.Schema:
         fields = list(self.view.schema)
         if self.request.change_feed:
-            fields = [
-                pa.field("batch_id", pa.int64()),
-                pa.field("change_type", pa.string()),
-            ] + fields
+            fields = CHANGE_COLUMNS + fields
         return pa.schema([*fields, PARTITION_FIELD])
 
     def read(self, partition: int) -> Iterator[pa.RecordBatch]:

@@ -480,6 +480,13 @@ def view_for(
     kind = described["kind"]
     if kind == "join" and store_name is None:
         return _join_view(described, families, join_side)
+    side = (store_name or "").split("-")[0]
+    if kind == "join" and side in ("left", "right"):
+        msg = (
+            f"sparkstate keeps a join side's rows in one store, not Spark's {store_name!r}: "
+            f"read them with .option('joinSide', {side!r})"
+        )
+        raise ConfigurationError(msg)
     if join_side is not None:
         msg = f"joinSide applies to a stream-stream join; operator {described['id']} is {kind}"
         raise ConfigurationError(msg)
