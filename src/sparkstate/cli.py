@@ -100,6 +100,20 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="a query's batches on one HTML page")
     report.add_argument("checkpoint", help="the query's checkpointLocation (a path or a URI)")
     report.add_argument("-o", "--out", default="report.html", help="the page to write")
+
+    inspect = sub.add_parser("inspect", help="a checkpoint's operators, state and last batches")
+    inspect.add_argument("checkpoint", help="the query's checkpointLocation (a path or a URI)")
+    inspect.add_argument(
+        "--key",
+        action="append",
+        metavar="[COLUMN=]VALUE",
+        help="look one key up: a value per key column, by name or in key order (repeat --key)",
+    )
+    inspect.add_argument("--operator", type=int, default=None, help="operator id (default: first)")
+    inspect.add_argument("--store", default=None, help="a state variable (or a column family)")
+    inspect.add_argument("--join-side", choices=("left", "right"), default=None)
+    inspect.add_argument("--batch", type=int, default=None, help="after this batch (default: last)")
+    inspect.add_argument("--json", action="store_true", help="one JSON document, for scripts")
     return parser
 
 
@@ -119,6 +133,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sparkstate.observe.report import run_report
 
         return run_report(args.checkpoint, args.out)
+    if args.command == "inspect":
+        from sparkstate.observe.inspect import run_inspect
+
+        return run_inspect(
+            args.checkpoint,
+            key=args.key,
+            operator=args.operator,
+            store=args.store,
+            join_side=args.join_side,
+            batch=args.batch,
+            as_json=args.json,
+        )
     return 2
 
 

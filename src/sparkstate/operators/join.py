@@ -37,7 +37,7 @@ from sparkstate.store.base import StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
 from sparkstate.store.schema_json import schema_to_json
 
-__all__ = ["JOIN_TYPES", "MATCHED", "JoinSide", "StreamingJoin", "unpack_rows"]
+__all__ = ["JOIN_TYPES", "MATCHED", "JoinSide", "StreamingJoin", "read_counts", "unpack_rows"]
 
 #: Spark's names of the join types a stream-stream join supports.
 JOIN_TYPES = ("inner", "leftOuter", "rightOuter", "fullOuter", "leftSemi")
@@ -174,7 +174,7 @@ class StreamingJoin(StatefulOperator):
             "left": _SideState(store, "default", self.left),
             "right": _SideState(store, "right", self.right),
         }
-        counts = _read_counts(store)
+        counts = read_counts(store)
         out: list[pa.RecordBatch] = []
         order = ((0, self.left, self.right), (1, self.right, self.left))
         if self.join_type == "leftSemi":  # Spark 4.3 runs the right input first (SPARK-55973)
@@ -448,7 +448,7 @@ def _batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-def _read_counts(store: StateStore) -> dict[str, int]:
+def read_counts(store: StateStore) -> dict[str, int]:
     out = {}
     for name, code in (("left", 0), ("right", 1)):
         row = store.get((code,), _COUNT_CF)

@@ -1,0 +1,258 @@
+"""``sparkstate inspect`` as text for a terminal: label/value lines, aligned tables, sizes and
+counts as a person reads them (:mod:`.units`), times in UTC."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import Sequence
+from typing import Any
+
+from sparkstate.observe import units
+from sparkstate.observe.key_lookup import KeyLookup
+
+__all__ = ["ROW_SOURCES", "key", "not_found", "summary"]
+
+_LABEL = 12
+#: How the rows per partition were counted, by the document's ``source``.
+ROW_SOURCES = {
+    "changelog": "num_keys recorded in each partition's changelog of the committed version",
+    "loaded": "counted in each partition's state, loaded read-only",
+}
+
+
+def _line(label: str, value: str) -> str:
+    return f"  {label:<{_LABEL}}{value}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> list[str]:
+    """Columns as wide as their widest cell; ``align`` per column, ``l`` or ``r``."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def cells(row: Sequence[str]) -> str:
+        parts = [
+            c.ljust(w) if a == "l" else c.rjust(w)
+            for c, w, a in zip(row, widths, align, strict=True)
+        ]
+        return "  " + "  ".join(parts).rstrip()
+
+    return [cells(header), *(cells(r) for r in rows)]
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _schema(fields: list[dict[str, str]]) -> str:
+    return ", ".join(f"{f['name']} {f['type']}" for f in fields) or "(none)"
+
+
+def _when(iso: str | None) -> str:
+    """An ISO time as ``2024-01-01 00:00:10`` (UTC); ``-`` for none."""
+    if not iso:
+        return "-"
+    t = datetime.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return units.epoch_ms(t.timestamp() * 1000)
+
+
+# --- the summary ---------------------------------------------------------------------------------
+
+
+def summary(doc: dict[str, Any]) -> str:
+    query, batches = doc["query"], doc["batches"]
+    out = [f"sparkstate checkpoint {doc['checkpoint']}"]
+    out.append(_line("query", str(query["id"]) + (f" ({query['name']})" if query["name"] else "")))
+    out.append(
+        _line(
+            "provider",
+            f"{query['provider']}, {query['partitions']} state partitions, "
+            f"output mode {query['output_mode']}",
+        )
+    )
+    where = query["state_location"] or "in the checkpoint"
+    out.append(_line("location", f"{where} ({query['state_root']}/state)"))
+    out.append(_line("batches", _batches(batches)))
+    out.append(_line("watermark", _watermark(doc["watermark"])))
+    for op in doc["operators"]:
+        out += ["", *_operator(op, doc["query"]["provider"])]
+    out += ["", *_progress(doc["progress"], len(doc["operators"]))]
+    return "\n".join(out)
+
+
+def _batches(b: dict[str, Any]) -> str:
+    if b["committed"] == 0:
+        return "none committed yet"
+    n = b["committed"]
+    text = f"{b['first']} to {b['last']} committed ({n} batch{'es' if n != 1 else ''})"
+    if b["shown"] != b["last"]:
+        text += f"; shown: after batch {b['shown']}"
+    return f"{text}; state version {b['state_version']}, committed {_when(b['committed_at'])}"
+
+
+def _watermark(w: dict[str, Any]) -> str:
+    if w["ms"] is None:
+        return "none"
+    events = ", ".join(
+        f"{name} {units.epoch_ms(ms)}" for name, ms in sorted(w["max_event_time_ms"].items())
+    )
+    return f"{units.epoch_ms(w['ms'])} (max event time: {events or '-'})"
+
+
+def _operator(op: dict[str, Any], provider: str) -> list[str]:
+    title = f"operator {op['id']}: {op['name']} ({op['kind']}"
+    if op.get("time_mode"):
+        title += f", time mode {op['time_mode']}"
+    out = [title + ")", _line("key", _schema(op["key"]))]
+    stores = op["stores"]
+    if len(stores) == 1 and stores[0]["name"] == "default":
+        out.append(_line("value", _schema(stores[0]["value"])))
+    elif stores:
+        rows = [[s["name"], _state_type(s), _store_schema(s)] for s in stores]
+        label = "state" if any("state_type" in s for s in stores) else "stores"
+        for i, text in enumerate(_table(["", "", ""], rows, "lll")[1:]):
+            out.append(_line(label if i == 0 else "", text.strip()))
+    out.append(_line("families", ", ".join(op["column_families"]) or "-"))
+    out += _partitions(op, provider)
+    return out
+
+
+def _state_type(store: dict[str, Any]) -> str:
+    return str(store.get("state_type", "")) + (" with TTL" if store.get("ttl") else "")
+
+
+def _store_schema(store: dict[str, Any]) -> str:
+    if "map_key" in store:
+        return f"{_schema(store['map_key'])} -> {_schema(store['value'])}"
+    return _schema(store["value"])
+
+
+def _files(f: dict[str, int]) -> list[str]:
+    return [_count(f["files"]), units.byte_size(f["bytes"]) if f["files"] else "-"]
+
+
+def _versions(v: dict[str, Any]) -> str:
+    if not v["count"]:
+        return "-"
+    return f"{v['oldest']}..{v['newest']}"
+
+
+def _partitions(op: dict[str, Any], provider: str) -> list[str]:
+    sst = any(p["sst"]["files"] for p in op["partitions"]) or provider == "rocksdb"
+    header = ["partition", "versions", "changelogs", "size", "snapshots", "size"]
+    header += ["sst files", "size"] if sst else []
+    header.append("rows")
+    rows = []
+    for p in op["partitions"]:
+        row = [str(p["partition"]), _versions(p["versions"])]
+        row += _files(p["changelogs"]) + _files(p["snapshots"])
+        row += _files(p["sst"]) if sst else []
+        rows.append([*row, _count(p["rows"])])
+    files = op["files"]
+    total = ["all", ""] + _files(files["changelogs"]) + _files(files["snapshots"])
+    total += _files(files["sst"]) if sst else []
+    rows.append([*total, _count(op["rows"]["partitions_sum"])])
+    out = _table(header, rows, "r" * len(header))
+    return out + _rows(op["rows"])
+
+
+def _rows(r: dict[str, Any]) -> list[str]:
+    if r["batch"] is None:
+        return [_line("rows", "none: no batch committed yet")]
+    text = f"{_count(r['total'])} after batch {r['batch']}, as commits/{r['batch']}.json records"
+    if r["partitions_sum"] is not None and r["partitions_sum"] != r["total"]:
+        text += f" (the partitions' counts add up to {_count(r['partitions_sum'])})"
+    out = [_line("rows", text)]
+    sources = [ROW_SOURCES.get(s, s) for s in (r["source"] or "").split("+") if s]
+    if sources:
+        out.append(_line("", f"per partition: {'; '.join(sources)}"))
+    return out
+
+
+def _progress(progress: dict[str, Any], n_ops: int) -> list[str]:
+    if not progress["batches"]:
+        return [f"progress: {progress.get('error') or 'no batch logged yet'}"]
+    batches = progress["batches"]
+    out = [f"last {len(batches)} batches ({progress['where']})"]
+    header = ["batch", "time", "input rows", "duration"]
+    header += ["state rows"] if n_ops == 1 else [f"op {i} rows" for i in range(n_ops)]
+    rows = []
+    for b in batches:
+        duration = "-" if b["duration_ms"] is None else units.duration_ms(b["duration_ms"])
+        state = [_count(r) for r in b["state_rows"]]
+        state += ["-"] * (len(header) - 4 - len(state))
+        rows.append(
+            [str(b["batch_id"]), _when(b["time"]), _count(b["input_rows"]), duration, *state]
+        )
+    return out + _table(header, rows, "rlrr" + "r" * (len(header) - 4))
+
+
+# --- a key ---------------------------------------------------------------------------------------
+
+
+def _value(value: Any, top: bool = False) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k}={_value(v)}" for k, v in value.items())
+        return inner if top else f"{{{inner}}}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, datetime.datetime):
+        return units.epoch_ms(value.timestamp() * 1000)
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    if isinstance(value, decimal.Decimal | datetime.date):
+        return str(value)
+    return str(value)
+
+
+def _key_text(key: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_value(v)}" for k, v in key.items())
+
+
+def _where(lookup: KeyLookup) -> str:
+    if lookup.found_by == "hash":
+        return "Spark's hash partition of the key, where the query's shuffle sent it"
+    return "every partition searched: a key column's type has no hash here"
+
+
+def key(lookup: KeyLookup) -> str:
+    op = lookup.operator
+    out = [
+        f"operator {op.id}: {op.name} ({op.kind}), after batch {lookup.batch_id}",
+        _line("key", _key_text(lookup.key)),
+        _line("partition", f"{lookup.partition} ({_where(lookup)})"),
+    ]
+    single = len(lookup.stores) == 1
+    for name, rows in lookup.stores.items():
+        label = "value" if single else name
+        if not rows:
+            out.append(_line(label, "(none)"))
+        for i, row in enumerate(rows):
+            out.append(_line(label if i == 0 else "", _row(row)))
+    return "\n".join(out)
+
+
+def _row(row: dict[str, Any]) -> str:
+    """A row of a store without its key: its one column's value (a struct's fields, a list's
+    elements, a map's entries as ``key -> value``), or ``name=value`` per column."""
+    if len(row) != 1:
+        return _value(row, top=True)
+    ((name, value),) = row.items()
+    if name == "map_value" and isinstance(value, list):
+        return "{" + ", ".join(f"{_value(e['key'])} -> {_value(e['value'])}" for e in value) + "}"
+    return _value(value, top=True)
+
+
+def not_found(lookup: KeyLookup) -> str:
+    op = lookup.operator
+    searched = ", ".join(map(str, lookup.searched))
+    where = (
+        f"searched partition {searched} (Spark's hash partition of the key)"
+        if lookup.found_by == "hash"
+        else f"searched partitions {searched} (all: a key column's type has no hash here)"
+    )
+    return (
+        f"key {_key_text(lookup.key)} is not in the state of operator {op.id} ({op.name}) "
+        f"after batch {lookup.batch_id}: {where}"
+    )
