@@ -87,26 +87,13 @@ def _processor() -> Any:
 # --- the queries ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """A local session for this module (the one running already, if another module made it)."""
+@pytest.fixture(scope="module", autouse=True)
+def _processor_by_value() -> None:
+    """The processor class goes to the Python workers by value (they cannot import this
+    module by its pytest name)."""
     from pyspark import cloudpickle
-    from pyspark.sql import SparkSession
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    running = SparkSession.getActiveSession()
-    session = running or (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkstate-inspect-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    if running is None:
-        session.stop()
 
 
 def _queries() -> dict[str, tuple[Any, str, str]]:

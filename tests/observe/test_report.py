@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -42,26 +41,6 @@ def rows(batch: int) -> list[dict[str, Any]]:
 
 
 # --- a real query's checkpoint ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    """A local session for this module (the one running already, if another module made it)."""
-    from pyspark.sql import SparkSession
-
-    running = SparkSession.getActiveSession()
-    session = running or (
-        SparkSession.builder.master("local[2]")
-        .appName("sparkstate-report-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    if running is None:
-        session.stop()
 
 
 @pytest.fixture(scope="module")

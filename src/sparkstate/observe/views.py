@@ -170,10 +170,7 @@ class ListView(StateView):
     ) -> list[str]:
         if not self.flatten:
             return super()._change_kinds(families, keys, values)
-        lists = self._lists(families, values)
-        return [
-            kind for items in lists for kind in (["update"] * len(items) if items else ["delete"])
-        ]
+        return _element_kinds(self._lists(families, values))
 
 
 def _element_kinds(collections: Sequence[Sequence[Any] | None]) -> list[str]:
@@ -259,10 +256,7 @@ class MapView(StateView):
     ) -> list[str]:
         if not self.flatten:
             return super()._change_kinds(families, keys, values)
-        maps = self._entries(families, values)
-        return [
-            kind for items in maps for kind in (["update"] * len(items) if items else ["delete"])
-        ]
+        return _element_kinds(self._entries(families, values))
 
 
 class JoinSideView(StateView):
