@@ -9,6 +9,7 @@ from the durable files (a local path or ``s3://``), never from a running query's
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -22,6 +23,8 @@ from pyspark.sql.types import StructType
 from sparkstate.observe.reader import METADATA_SCHEMA, ReadRequest, StateReader, state_metadata
 
 __all__ = ["METADATA_SOURCE", "STATE_SOURCE", "register", "register_once"]
+
+log = logging.getLogger("sparkstate.engine")
 
 STATE_SOURCE = "sparkstate"
 METADATA_SOURCE = "sparkstate-metadata"
@@ -113,8 +116,13 @@ def register(spark: SparkSession) -> None:
 
 
 def register_once(spark: SparkSession) -> None:
-    """:func:`register`, once per session."""
+    """:func:`register`, once per session, for a query's session: a reader that cannot be
+    registered is no reason to refuse the query (``ss.register`` says why)."""
     if id(spark) in _REGISTERED:
         return
-    register(spark)
+    try:
+        register(spark)
+    except Exception:  # noqa: BLE001
+        log.warning("the state reader was not registered with this session", exc_info=True)
+        return
     _REGISTERED.add(id(spark))
