@@ -72,8 +72,10 @@ class StateCheckpoint:
     def provider(self) -> str:
         return str(self.metadata["provider"])
 
-    def operators(self) -> list[OperatorInfo]:
-        names = self._progress_names()
+    def operators(self, *, named: bool = True) -> list[OperatorInfo]:
+        """The operators by id; ``named=False`` skips reading the progress log for Spark's
+        names (a reader's task needs none)."""
+        names = self._progress_names() if named else {}
         out = []
         for described in self.metadata.get("operators", []):
             op_id, kind = int(described["id"]), str(described["kind"])
@@ -81,8 +83,8 @@ class StateCheckpoint:
             out.append(OperatorInfo(op_id, kind, name, described))
         return sorted(out, key=lambda o: o.id)
 
-    def operator(self, op_id: int) -> OperatorInfo:
-        ops = self.operators()
+    def operator(self, op_id: int, *, named: bool = True) -> OperatorInfo:
+        ops = self.operators(named=named)
         for op in ops:
             if op.id == op_id:
                 return op

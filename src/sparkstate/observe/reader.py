@@ -19,6 +19,8 @@ import pyarrow as pa
 from sparkstate.exceptions import ConfigurationError, MissingVersionError
 from sparkstate.observe.checkpoint import StateCheckpoint, open_checkpoint
 from sparkstate.observe.views import CHANGE_COLUMNS, StateView, view_for
+from sparkstate.store.base import ColumnFamily
+from sparkstate.store.changelog import ChangelogReader
 from sparkstate.store.versioned import VersionedProvider
 
 __all__ = ["ReadRequest", "StateReader", "state_metadata", "METADATA_SCHEMA"]
@@ -153,7 +155,7 @@ class StateReader:
         self.request = request
         self.checkpoint: StateCheckpoint = open_checkpoint(request.location)
         chk = self.checkpoint
-        self.operator = chk.operator(request.operator_id)
+        self.operator = chk.operator(request.operator_id, named=False)
         if request.change_feed:
             last = chk.last_batch()
             self.first = request.change_start or 0
@@ -252,18 +254,22 @@ class StateReader:
                 yield from self._changelog_rows(log, prefix, families, batch_id, partition)
 
     def _changelog_rows(
-        self, log: Any, prefix: bytes, families: Any, batch_id: int, partition: int
+        self,
+        log: ChangelogReader,
+        prefix: bytes,
+        families: dict[str, ColumnFamily],
+        batch_id: int,
+        partition: int,
     ) -> Iterator[pa.RecordBatch]:
-        keys: list[bytes] = []
-        values: list[bytes | None] = []
+        """The view's changes in one changelog, a chunk of rows at a time."""
         cut = len(prefix)
-        for key, value in log.rows():
-            if key.startswith(prefix):
-                keys.append(key[cut:])
-                values.append(value)
-        if keys:
-            rows = self.view.changes(families, batch_id, keys, values)
-            yield from self._with_partition(rows, partition)
+        for keys, values in log.chunks(CHUNK_ROWS):
+            mine = [i for i, key in enumerate(keys) if key.startswith(prefix)]
+            if mine:
+                rows = self.view.changes(
+                    families, batch_id, [keys[i][cut:] for i in mine], [values[i] for i in mine]
+                )
+                yield from self._with_partition(rows, partition)
 
 
 def state_metadata(location: str) -> pa.Table:

@@ -122,7 +122,31 @@ class KeyValueView(StateView):
         return pa.Table.from_arrays([_struct(key_table), value], schema=self.schema)
 
 
-class ListView(StateView):
+class _CollectionView(StateView):
+    """List and map state: a key's elements, one row each when flattened."""
+
+    flatten: bool
+
+    @abstractmethod
+    def _collections(
+        self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
+    ) -> Sequence[Sequence[Any] | None]:
+        """Each value's elements (None for a deleted key)."""
+
+    def _change_kinds(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> list[str]:
+        """Flattened: ``update`` per element written, one ``delete`` per key removed (or left
+        empty)."""
+        if not self.flatten:
+            return super()._change_kinds(families, keys, values)
+        collections = self._collections(families, values)
+        return [
+            k for items in collections for k in (["update"] * len(items) if items else ["delete"])
+        ]
+
+
+class ListView(_CollectionView):
     """A ``ListState``: one row per element (``list_element``), or per key with ``list_value``."""
 
     def __init__(self, name: str, key_schema: pa.Schema, element: pa.Schema, flatten: bool):
@@ -142,7 +166,7 @@ class ListView(StateView):
         names = [f.name for f in self.element_type]
         return [dict(zip(names, e, strict=False)) for e in decode_list(codec, blob)]
 
-    def _lists(
+    def _collections(
         self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
     ) -> list[list[dict[str, Any]] | None]:
         blobs = families[self.family].value_codec.decode_many(values)
@@ -152,7 +176,7 @@ class ListView(StateView):
         self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
     ) -> pa.Table:
         key_rows = families[self.family].key_codec.decode_many_arrow(keys)
-        lists = self._lists(families, values)
+        lists = self._collections(families, values)
         key_array = _struct(key_rows)
         if not self.flatten:
             return pa.Table.from_arrays(
@@ -165,21 +189,8 @@ class ListView(StateView):
             schema=self.schema,
         )
 
-    def _change_kinds(
-        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
-    ) -> list[str]:
-        if not self.flatten:
-            return super()._change_kinds(families, keys, values)
-        return _element_kinds(self._lists(families, values))
 
-
-def _element_kinds(collections: Sequence[Sequence[Any] | None]) -> list[str]:
-    """Flattened change kinds: ``update`` per element written, one ``delete`` per key removed
-    (or left empty)."""
-    return [k for items in collections for k in (["update"] * len(items) if items else ["delete"])]
-
-
-class MapView(StateView):
+class MapView(_CollectionView):
     """A ``MapState``: one row per entry (``user_map_key``, ``user_map_value``), or per key with
     ``map_value``."""
 
@@ -211,7 +222,7 @@ class MapView(StateView):
         typ = pa.map_(self.user_key_type, self.value_type)
         return pa.schema([("key", self.key_type), ("map_value", typ)])
 
-    def _entries(
+    def _collections(
         self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
     ) -> list[list[tuple[dict[str, Any], dict[str, Any]]] | None]:
         codec = families[elements_cf_name(self.family)].value_codec
@@ -236,7 +247,7 @@ class MapView(StateView):
         self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
     ) -> pa.Table:
         key_array = _struct(families[self.family].key_codec.decode_many_arrow(keys))
-        maps = self._entries(families, values)
+        maps = self._collections(families, values)
         if not self.flatten:
             typ = pa.map_(self.user_key_type, self.value_type)
             return pa.Table.from_arrays([key_array, pa.array(maps, typ)], schema=self.schema)
@@ -250,13 +261,6 @@ class MapView(StateView):
             ],
             schema=self.schema,
         )
-
-    def _change_kinds(
-        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
-    ) -> list[str]:
-        if not self.flatten:
-            return super()._change_kinds(families, keys, values)
-        return _element_kinds(self._entries(families, values))
 
 
 class JoinSideView(StateView):
