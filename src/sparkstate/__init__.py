@@ -30,6 +30,7 @@ __all__ = [
     "functions",
     "register",
     "remove_listener",
+    "repartition",
     "stream",
 ]
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         add_listener,
         register,
         remove_listener,
+        repartition,
         stream,
     )
     from sparkstate.operators.group_state import GroupState, GroupStateTimeout
@@ -63,6 +65,7 @@ _ENGINE = {
     "add_listener",
     "register",
     "remove_listener",
+    "repartition",
     "stream",
 }
 

@@ -2,6 +2,7 @@
 
 from sparkstate.engine.api import DataStreamWriter, GroupedStream, StatefulStream, stream
 from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
+from sparkstate.engine.repartition import repartition
 from sparkstate.engine.state_source import register
 
 __all__ = [
@@ -12,5 +13,6 @@ __all__ = [
     "add_listener",
     "register",
     "remove_listener",
+    "repartition",
     "stream",
 ]

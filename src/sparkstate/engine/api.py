@@ -26,6 +26,7 @@ from sparkstate.engine.plan import (
     plan_stages,
 )
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
+from sparkstate.engine.repartition import rescale_at_start
 from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
@@ -497,7 +498,11 @@ class DataStreamWriter:
         )
         if is_connect(spark):  # the client may not see the checkpoint: the server's side does
             check_workers(spark, provider_spec)
-            return self._start_spark(df, stages, provider_spec, on_server(spark, request), None)
+            prepared = on_server(spark, request)
+            if prepared.rescale_to is not None:
+                rescale_at_start(spark, prepared.location, prepared.rescale_to)
+                prepared = on_server(spark, request)
+            return self._start_spark(df, stages, provider_spec, prepared, None)
         checkpoint = canonical_location(request.location)
         check_checkpoint_location(checkpoint)
         engine_root = engine_root_of(checkpoint)
@@ -507,6 +512,9 @@ class DataStreamWriter:
         try:
             check_workers(spark, provider_spec)
             prepared = prepare_checkpoint(request)
+            if prepared.rescale_to is not None:  # the query asks for another partition count
+                rescale_at_start(spark, prepared.location, prepared.rescale_to)
+                prepared = prepare_checkpoint(request)
             return self._start_spark(df, stages, provider_spec, prepared, lock)
         except BaseException:
             lock.release()

@@ -243,7 +243,7 @@ class BatchDriver:
             self.log.write_intent(intent)
         session = df.sparkSession
         self._check_stop()  # the last moment before the batch's Spark job
-        with _engine_settings(session, self.config.num_partitions):
+        with engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage, session)
         sink_started = time.time()
         _finish(self.sink, batch_id)
@@ -311,7 +311,7 @@ class BatchDriver:
             )
             raise QueryError(msg)
         log.info("batch %d is committed; re-delivering its output", batch_id)
-        with _engine_settings(df.sparkSession, self.config.num_partitions):
+        with engine_settings(df.sparkSession, self.config.num_partitions):
             self._execute(
                 df, batch_id, intent, self._lineage(batch_id), df.sparkSession, replay=True
             )
@@ -450,7 +450,7 @@ class BatchDriver:
 
 
 @contextlib.contextmanager
-def _engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None]:
+def engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None]:
     """Session settings for the stateful stages of one batch, restored afterwards.
 
     Adaptive execution off: coalesced shuffle partitions would break "partition = store".

@@ -128,6 +128,11 @@ class StateCheckpoint:
             raise MissingVersionError(msg)
         return found
 
+    def partitions_at(self, batch_id: int) -> int:
+        """The state's partition count after batch ``batch_id`` (a rescale changes it)."""
+        counts = [len(c.checkpoint_ids) for c in self.commit(batch_id).operators.values()]
+        return max(counts, default=0) or self.num_partitions
+
     def checkpoint_id(self, op_id: int, partition: int, batch_id: int) -> str | None:
         """The attempt of the operator's partition that batch ``batch_id`` committed."""
         entry = self.commit(batch_id).operators.get(op_id)
@@ -159,7 +164,7 @@ class StateCheckpoint:
         conf = StoreConf(
             local_dir=scratch,
             keep_local_open=False,
-            num_partitions=self.num_partitions,
+            num_partitions=None,  # any count the store was written for: batches before a rescale
             block_cache_mb=32,
             write_buffer_mb=16,
         )

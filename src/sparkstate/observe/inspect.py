@@ -136,7 +136,8 @@ def _operator(chk: StateCheckpoint, op: OperatorInfo, commit: BatchCommit | None
     if op.kind == "transformWithState":
         out["time_mode"] = op.description.get("time_mode")
     entry = None if commit is None else commit.operators.get(op.id)
-    found = [_partition(chk, op, p, commit, entry) for p in range(chk.num_partitions)]
+    count = len(entry.checkpoint_ids) if entry is not None else chk.num_partitions
+    found = [_partition(chk, op, p, commit, entry) for p in range(count)]
     parts = [doc for doc, _ in found]
     sources = {source for _, source in found if source is not None}
     rows = [p["rows"] for p in parts]

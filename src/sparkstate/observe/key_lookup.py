@@ -260,10 +260,9 @@ def look_up(
     columns = key_columns(op.description, key_schema)
     key = parse_key(texts, columns)
     row = pa.table({n: pa.array([key[n].as_py()], key[n].type) for n in key_schema.names})
-    hashed = spark_partition(
-        [key[c] for c in partition_columns(op.description, key_schema)], chk.num_partitions
-    )
-    candidates = list(range(chk.num_partitions)) if hashed is None else [hashed]
+    count = chk.partitions_at(batch_id)
+    hashed = spark_partition([key[c] for c in partition_columns(op.description, key_schema)], count)
+    candidates = list(range(count)) if hashed is None else [hashed]
     found_by = "scan" if hashed is None else "hash"
     shown = {c.name: key[c.store_column].as_py() for c in columns}
     searched: list[int] = []

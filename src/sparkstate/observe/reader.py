@@ -193,7 +193,7 @@ class StateReader:
 
     @property
     def num_partitions(self) -> int:
-        return self.checkpoint.num_partitions
+        return self.checkpoint.partitions_at(self.batch_id)
 
     @property
     def schema(self) -> pa.Schema:

@@ -1,6 +1,7 @@
 """What a restarted query must share with its checkpoint's ``metadata.json``: the provider, the
-partition count, the state location and the stateful operators (state schemas may evolve
-compatibly, :mod:`sparkstate.operators.restart`); and a Spark checkpoint without sparkstate's logs
+state location and the stateful operators (state schemas may evolve
+compatibly, :mod:`sparkstate.operators.restart`; the partition count may change, which rescales
+the state: :func:`rescale_target`); and a Spark checkpoint without sparkstate's logs
 is refused, since it has no state to continue from."""
 
 from __future__ import annotations
@@ -13,7 +14,18 @@ from sparkstate.operators.restart import check_state_change, same_schema
 from sparkstate.store.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.schema_json import fields_from_json
 
-__all__ = ["check_checkpoint_location", "check_restart", "refuse_foreign_checkpoint"]
+__all__ = [
+    "PARTITIONS_ASKED",
+    "check_checkpoint_location",
+    "check_restart",
+    "partitions_asked",
+    "refuse_foreign_checkpoint",
+    "rescale_target",
+]
+
+#: Where ``metadata.json`` records what the last start asked for: the ``numPartitions`` option
+#: (None: not given) and the session's ``spark.sql.shuffle.partitions``.
+PARTITIONS_ASKED = "partitions_asked"
 
 #: Where the state of a checkpoint without a ``stateLocation`` lives, under its engine directory.
 STATE_DIR = "state"
@@ -38,7 +50,6 @@ def refuse_foreign_checkpoint(checkpoint: str) -> None:
 def check_restart(
     metadata: dict[str, Any],
     provider: str,
-    requested_partitions: str | None,
     state_location: str | None,
     described: list[dict[str, Any]],
     where: str,
@@ -54,14 +65,6 @@ def check_restart(
             f"{metadata.get('provider')!r}) or a new checkpoint location"
         )
         raise ProviderMismatchError(msg)
-    n = int(metadata["num_partitions"])
-    if requested_partitions is not None and int(requested_partitions) != n:
-        msg = (
-            f"the checkpoint has {n} state partitions but this query asks for "
-            f"{requested_partitions} ({file}); the partition count is fixed for the life of a "
-            "checkpoint: drop the numPartitions option or use a new checkpoint location"
-        )
-        raise SchemaMismatchError(msg)
     _check_state_location(metadata.get("state_location"), state_location, where, file)
     before = metadata.get("operators", [])
     kinds_before = [o.get("kind") for o in before]
@@ -91,6 +94,39 @@ def check_restart(
                 f"{new} ({file}); restore the original query or use a new checkpoint location"
             )
             raise ConfigurationError(msg)
+
+
+def partitions_asked(option: str | None, session_default: int) -> dict[str, Any]:
+    return {"numPartitions": option, "shuffle_partitions": session_default}
+
+
+def rescale_target(metadata: dict[str, Any], asked: dict[str, Any]) -> int | None:
+    """The partition count a restart rescales the state to, or None to keep the checkpoint's.
+
+    What the query asks for is the ``numPartitions`` option, else the session's shuffle
+    partitions. A rescale follows a *change* of what was asked at the last start, not a
+    difference from the checkpoint's count: a checkpoint rescaled by ``sparkstate
+    repartition`` keeps its new count while the query asks what it asked before. A checkpoint
+    that does not record the last ask rescales only for a ``numPartitions`` option that
+    differs from its count (which such a checkpoint refused before).
+    """
+    current = int(metadata["num_partitions"])
+    before = metadata.get(PARTITIONS_ASKED)
+    option = asked["numPartitions"]
+    if option is not None:
+        wanted = int(option)
+        if wanted < 1:
+            msg = f"numPartitions must be >= 1, got {wanted}"
+            raise ConfigurationError(msg)
+        changed = before is None or before.get("numPartitions") != option
+    else:
+        wanted = int(asked["shuffle_partitions"])  # dropping the option keeps the count
+        changed = (
+            before is not None
+            and before.get("numPartitions") is None
+            and before.get("shuffle_partitions") != asked["shuffle_partitions"]
+        )
+    return wanted if changed and wanted != current and wanted >= 1 else None
 
 
 def _check_state_location(

@@ -124,9 +124,15 @@ class BatchIntent:
     #: The watermark late rows are judged by: the previous batch's (Spark's
     #: ``eventTimeWatermarkForLateEvents``); None in intents written before it was recorded.
     late_watermark_ms: int | None = None
+    #: Set on a batch that rescales the state instead of reading input
+    #: (:mod:`sparkstate.runtime.rescale`): ``{"from": n, "to": m}`` partitions.
+    repartition: dict[str, int] | None = None
 
     def to_json(self) -> str:
-        return _dumps(dataclasses.asdict(self))
+        data = dataclasses.asdict(self)
+        if self.repartition is None:
+            del data["repartition"]
+        return _dumps(data)
 
     @property
     def watermark_for_late_rows_ms(self) -> int:
@@ -146,11 +152,16 @@ class BatchIntent:
             batch_timestamp_ms=int(data["batch_timestamp_ms"]),
             input_digest=data.get("input_digest"),
             late_watermark_ms=_optional_int(data.get("late_watermark_ms")),
+            repartition=_partition_counts(data.get("repartition")),
         )
 
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _partition_counts(value: Any) -> dict[str, int] | None:
+    return None if value is None else {"from": int(value["from"]), "to": int(value["to"])}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,14 +190,19 @@ class BatchCommit:
     watermark: dict[str, Any]
     committed_at: str
     operators: dict[int, OperatorCommit]
+    #: A batch that rescaled the state: ``{"from": n, "to": m}`` partitions (see
+    #: :class:`BatchIntent`).
+    repartition: dict[str, int] | None = None
 
     def lineage(self) -> dict[int, dict[int, str | None]]:
         """Checkpoint id of version ``batch_id + 1`` per operator and partition."""
         return {op: dict(c.checkpoint_ids) for op, c in self.operators.items()}
 
     def to_json(self) -> str:
+        extra = {} if self.repartition is None else {"repartition": self.repartition}
         return _dumps(
             {
+                **extra,
                 "batch_id": self.batch_id,
                 "watermark_ms": self.watermark_ms,
                 "watermark": self.watermark,
@@ -216,6 +232,7 @@ class BatchCommit:
                 )
                 for op, entry in data["operators"].items()
             },
+            repartition=_partition_counts(data.get("repartition")),
         )
 
 

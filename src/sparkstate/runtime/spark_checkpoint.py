@@ -22,7 +22,14 @@ import logging
 from sparkstate.exceptions import CorruptStateFileError, MissingVersionError, StateFileError
 from sparkstate.store.durable import DurableDir
 
-__all__ = ["input_digest", "spark_query_id"]
+__all__ = [
+    "copy_spark_batch",
+    "input_digest",
+    "skip_spark_batch",
+    "spark_batches",
+    "spark_query_id",
+    "spark_shuffle_partitions",
+]
 
 log = logging.getLogger("sparkstate.engine")
 
@@ -61,3 +68,64 @@ def input_digest(checkpoint: DurableDir, batch_id: int) -> str | None:
     lines = text.decode("utf-8", "replace").splitlines()
     sources = "\n".join(line.strip() for line in lines[2:])
     return hashlib.sha256(sources.encode("utf-8")).hexdigest()[:32]
+
+
+COMMITS_DIR = "commits"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+#: What Spark's commit log holds for a batch it skips (an empty ``CommitMetadata``).
+EMPTY_COMMIT = 'v1\n{"nextBatchWatermarkMs":0}'
+
+
+def spark_batches(checkpoint: DurableDir) -> tuple[list[int], list[int]]:
+    """The batches in Spark's offset log and in its commit log, ascending."""
+
+    def ids(name: str) -> list[int]:
+        return sorted(int(e.name) for e in checkpoint.child(name).list() if e.name.isdigit())
+
+    return ids(OFFSETS_DIR), ids(COMMITS_DIR)
+
+
+def spark_shuffle_partitions(checkpoint: DurableDir, batch_id: int) -> int | None:
+    """The shuffle partition count Spark recorded for batch ``batch_id`` (None: not recorded)."""
+    lines = checkpoint.child(OFFSETS_DIR).read(str(batch_id)).decode("utf-8").splitlines()
+    try:
+        conf = json.loads(lines[1]).get("conf", {})
+    except (IndexError, ValueError, AttributeError):
+        return None
+    value = conf.get(SHUFFLE_PARTITIONS)
+    return None if value is None else int(value)
+
+
+def copy_spark_batch(
+    checkpoint: DurableDir, source: int, target: int, shuffle_partitions: int
+) -> None:
+    """Write batch ``target`` into Spark's offset and commit logs as a copy of batch ``source``
+    with another shuffle partition count: a batch that reads no input (its offsets are where
+    ``source`` ended), as Spark's own ``StreamingCheckpointManager.repartition`` writes one."""
+    offsets = checkpoint.child(OFFSETS_DIR)
+    lines = offsets.read(str(source)).decode("utf-8").splitlines()
+    try:
+        header = json.loads(lines[1])
+    except (IndexError, ValueError) as exc:
+        msg = f"Spark's offsets of batch {source} ({offsets.where(str(source))}) are damaged: {exc}"
+        raise CorruptStateFileError(msg) from exc
+    header.setdefault("conf", {})[SHUFFLE_PARTITIONS] = str(shuffle_partitions)
+    lines[1] = json.dumps(header, separators=(",", ":"))
+    _write_spark_file(offsets, target, "\n".join(lines))
+    commits = checkpoint.child(COMMITS_DIR)
+    _write_spark_file(commits, target, commits.read(str(source)).decode("utf-8"))
+
+
+def skip_spark_batch(checkpoint: DurableDir, batch_id: int) -> None:
+    """Mark batch ``batch_id`` of Spark's offset log committed with nothing in it (Spark's
+    repartition skips a failed batch so: its input is read again by the next batch)."""
+    _write_spark_file(checkpoint.child(COMMITS_DIR), batch_id, EMPTY_COMMIT)
+
+
+def _write_spark_file(directory: DurableDir, batch_id: int, text: str) -> None:
+    """One file of a Spark log; a stale checksum file of an earlier one under the same name
+    goes first (Hadoop's local file system would check the new file against it)."""
+    crc = f".{batch_id}.crc"
+    if directory.exists(crc):
+        directory.delete(crc)
+    directory.write_atomic(str(batch_id), text.encode("utf-8"))

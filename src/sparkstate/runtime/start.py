@@ -9,22 +9,29 @@ see the checkpoint's file system at all.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.metadata import (
+    PARTITIONS_ASKED,
     check_checkpoint_location,
     check_restart,
+    partitions_asked,
     refuse_foreign_checkpoint,
+    rescale_target,
 )
+from sparkstate.runtime.rescale import settle_rescale
 from sparkstate.runtime.spark_checkpoint import spark_query_id
 from sparkstate.store.durable import DurableDir, canonical_location, join_uri
 
 __all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
 
 ENGINE_DIR = "sparkstate"
+
+log = logging.getLogger("sparkstate.engine")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +59,9 @@ class Checkpoint:
     engine_root: str
     state_root: str
     metadata: dict[str, Any]
+    #: The partition count the query asks for where it differs from the checkpoint's and the
+    #: ask changed: the state is rescaled to it before the query runs (None: no rescale).
+    rescale_to: int | None = None
 
     @property
     def query_id(self) -> str:
@@ -84,7 +94,15 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         state_option = None  # the default place, spelled out
     log_ = CheckpointLog(engine_root)
     metadata = log_.read_metadata()
+    if metadata is not None:
+        settled = settle_rescale(location)
+        if settled:
+            log.warning("%s: %s", location, settled)
+            metadata = log_.read_metadata()
+            assert metadata is not None
     requested = request.requested_partitions
+    asked = partitions_asked(requested, request.default_partitions)
+    rescale_to: int | None = None
     if metadata is None:
         refuse_foreign_checkpoint(location)
         num_partitions = int(requested or request.default_partitions)
@@ -99,15 +117,19 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
             "output_mode": request.output_mode,
             "operators": request.operators,
             "clock": request.clock,
+            PARTITIONS_ASKED: asked,
         }
         log_.write_metadata(metadata)
     else:
         operators = _recorded_ids(metadata.get("operators", []), request.operators)
-        check_restart(metadata, request.provider, requested, state_option, operators, log_.root)
+        check_restart(metadata, request.provider, state_option, operators, log_.root)
+        rescale_to = rescale_target(metadata, asked)
         recorded = {
             "operators": operators,
             "clock": metadata.get("clock"),
             "state_location": state_option,
+            # recorded once the rescale it asks for is done (a start after a failed one asks again)
+            PARTITIONS_ASKED: metadata.get(PARTITIONS_ASKED) if rescale_to else asked,
         }
         if recorded["clock"] is None:
             recorded["clock"] = request.legacy_clock
@@ -118,4 +140,4 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     if query_id != metadata["query_id"]:  # Spark's checkpoint was there first
         metadata = {**metadata, "query_id": query_id}
         log_.write_metadata(metadata)
-    return Checkpoint(location, engine_root, state_option or engine_root, metadata)
+    return Checkpoint(location, engine_root, state_option or engine_root, metadata, rescale_to)

@@ -41,9 +41,13 @@ __all__ = [
     "VersionRef",
     "check_schema_file",
     "file_name",
+    "merged_schema_record",
     "new_checkpoint_id",
     "parse_file_name",
+    "partition_counts",
     "read_schema_file",
+    "read_schema_record",
+    "write_rescaled_schema",
 ]
 
 SCHEMA_FILE = "_schema.json"
@@ -175,6 +179,51 @@ def _schema_record(data: bytes) -> dict[str, Any]:
     return found
 
 
+def partition_counts(record: dict[str, Any]) -> list[int]:
+    """The partition counts a store's ``_schema.json`` was written for: its own, and those a
+    rescale added (the state of each count is on its own lineage of versions)."""
+    first = record.get("num_partitions")
+    return sorted({*record.get("partition_counts", []), *([first] if first is not None else [])})
+
+
+def read_schema_record(directory: DurableDir) -> dict[str, Any] | None:
+    """A store's ``_schema.json`` as written (None: the store never ran)."""
+    if not directory.exists(SCHEMA_FILE):
+        return None
+    return read_json(directory, SCHEMA_FILE, RESTORE, _schema_record)
+
+
+def merged_schema_record(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``_schema.json`` for state gathered from the stores of ``records`` (one operator's
+    partitions): every column family any of them has, each with the longest value history
+    (a value schema evolves by appending to it, so the longest one reads every value)."""
+    out = {k: v for k, v in records[0].items() if k != "column_families"}
+    families: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for name, family in record.get("column_families", {}).items():
+            have = families.get(name)
+            history = len(family.get("value_history", [family["value"]]))
+            if have is None or history > len(have.get("value_history", [have["value"]])):
+                families[name] = family
+    out["column_families"] = dict(sorted(families.items()))
+    return out
+
+
+def write_rescaled_schema(
+    directory: DurableDir, record: dict[str, Any], counts: list[int], num_partitions: int
+) -> None:
+    """Let the store at ``directory`` open with ``num_partitions`` partitions as well as with
+    ``counts`` (a rescale writes a new lineage there): ``record`` with both counts recorded."""
+    existing = read_schema_record(directory)
+    before = partition_counts(existing) if existing is not None else []
+    body = {
+        **record,
+        "num_partitions": num_partitions,
+        "partition_counts": sorted({*before, *counts, num_partitions}),
+    }
+    directory.write_atomic(SCHEMA_FILE, json.dumps(body, indent=2).encode())
+
+
 def read_schema_file(directory: DurableDir) -> dict[str, tuple[pa.Schema, pa.Schema]]:
     """The column families a store's ``_schema.json`` records, with their current schemas."""
     found = read_json(directory, SCHEMA_FILE, RESTORE, _schema_record)
@@ -211,11 +260,13 @@ def check_schema_file(
             "Use the original provider, or start from a new checkpoint location."
         )
         raise ProviderMismatchError(msg)
-    if found.get("num_partitions") != expected["num_partitions"]:
+    counts = partition_counts(found)
+    if expected["num_partitions"] is not None and expected["num_partitions"] not in counts:
         msg = (
             f"{where}: the checkpoint has {found.get('num_partitions')} state partitions but "
-            f"this query uses {expected['num_partitions']} ({file}). The partition count is "
-            "fixed for the life of a checkpoint."
+            f"this query uses {expected['num_partitions']} ({file}). The partition count "
+            "changes only by rescaling the state: sparkstate repartition CHECKPOINT "
+            "--partitions N, or a restart with the new count."
         )
         raise SchemaMismatchError(msg)
     if found.get("codec_version") != expected["codec_version"]:

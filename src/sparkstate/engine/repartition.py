@@ -1,0 +1,273 @@
+"""``ss.repartition(spark, checkpoint, n)``: a checkpoint's state rescaled to ``n`` partitions.
+
+Shaped as Spark's ``StreamingCheckpointManager.repartition``: with the query stopped, it writes
+a batch holding every operator's state in the new partitioning, and the next start goes on from
+it. The batch's logs are :mod:`sparkstate.runtime.rescale`'s; the state moves in one Spark job:
+a task per old partition reads its state (:func:`~sparkstate.observe.rescale.read_partition`),
+Spark's ``repartition(n, *key columns)`` sends each key where the next batch's shuffle will
+(the same hash on the same typed columns), and a task per new partition writes what it got
+(:func:`~sparkstate.observe.rescale.write_partition`). The same runs at a start that asks for
+another partition count (:func:`rescale_at_start`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_type
+
+from sparkstate.engine.driver import engine_settings
+from sparkstate.engine.query import release_if_finished
+from sparkstate.engine.session import is_connect, run_on_server
+from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
+from sparkstate.runtime.logs import CheckpointLock
+from sparkstate.runtime.rescale import (
+    RescalePlan,
+    commit_rescale,
+    plan_rescale,
+    rescale_without_state,
+    settle_rescale,
+)
+from sparkstate.runtime.start import engine_root_of
+from sparkstate.store.durable import canonical_location
+
+__all__ = ["repartition", "rescale_at_start", "rescale_locked"]
+
+log = logging.getLogger("sparkstate.engine")
+A = TypeVar("A")
+R = TypeVar("R")
+
+_WRITTEN = "op int, partition int, checkpoint_id string, num_keys bigint"
+_JOB_GROUP = "sparkstate-repartition"
+
+
+def repartition(
+    spark: SparkSession,
+    checkpoint_location: str,
+    num_partitions: int,
+    enforce_exactly_once_sink: bool = True,
+    *,
+    progress: bool | None = None,
+) -> int:
+    """Rescale the state of the stopped query at ``checkpoint_location`` to ``num_partitions``
+    partitions; returns the id of the batch that holds it.
+
+    As Spark's ``StreamingCheckpointManager.repartition``: the last batch must have committed,
+    unless ``enforce_exactly_once_sink`` is False, which skips a failed last batch (its input
+    is read again by the next run). Refused while a query runs on the checkpoint. Safe to
+    interrupt: the checkpoint stays as it was until the new state is committed, and running it
+    again completes it. ``progress``: show a progress line (default: when stderr is a terminal).
+    """
+    if is_connect(spark):  # the server's side reaches the checkpoint; the job runs from here
+        return rescale_locked(
+            spark,
+            checkpoint_location,
+            num_partitions,
+            enforce_exactly_once_sink=enforce_exactly_once_sink,
+        )
+    location = canonical_location(checkpoint_location)
+    engine_root = engine_root_of(location)
+    release_if_finished(engine_root)
+    lock = CheckpointLock(engine_root)
+    lock.acquire()
+    try:
+        return rescale_locked(
+            spark,
+            location,
+            num_partitions,
+            enforce_exactly_once_sink=enforce_exactly_once_sink,
+            progress=sys.stderr.isatty() if progress is None else progress,
+        )
+    finally:
+        lock.release()
+
+
+def rescale_locked(
+    spark: SparkSession,
+    location: str,
+    num_partitions: int,
+    *,
+    enforce_exactly_once_sink: bool = True,
+    progress: bool = False,
+) -> int:
+    """:func:`repartition` for a caller that holds the checkpoint's lock."""
+    started = time.perf_counter()
+    plan, moves = _on_checkpoint(
+        spark, _plan, (location, num_partitions, enforce_exactly_once_sink)
+    )
+    written = _move(spark, plan, moves, progress and not is_connect(spark))
+    _on_checkpoint(spark, _commit, (plan, moves, written))
+    rows = sum(n for parts in written.values() for _, n in parts.values())
+    log.warning(
+        "%s: rescaled the state of %d operator(s) from %d to %d partitions in batch %d "
+        "(%d keys, %.1f s)",
+        plan.location,
+        len(moves),
+        plan.from_partitions,
+        plan.to_partitions,
+        plan.batch_id,
+        rows,
+        time.perf_counter() - started,
+    )
+    return plan.batch_id
+
+
+def _on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
+    """``func(arg)`` where the checkpoint is reachable: here, or over Spark Connect in a task
+    on the server's side (the client may not see the checkpoint's file system)."""
+    return run_on_server(spark, func, arg) if is_connect(spark) else func(arg)
+
+
+def _plan(arg: tuple[str, int, bool]) -> tuple[RescalePlan, list[OperatorMove]]:
+    location, num_partitions, enforce = arg
+    plan = plan_rescale(location, num_partitions, enforce_exactly_once_sink=enforce)
+    try:
+        moves = plan_moves(plan.location, plan.last_batch, plan.from_partitions, plan.to_partitions)
+    except BaseException:
+        settle_rescale(plan.location)  # drops the intent: the checkpoint is as it was
+        raise
+    return plan, moves
+
+
+def _commit(
+    arg: tuple[RescalePlan, list[OperatorMove], dict[int, dict[int, tuple[str, int]]]],
+) -> None:
+    """Give a new partition no key went to (no task ran there) an empty version; commit."""
+    plan, moves, written = arg
+    for m in moves:
+        for p in range(plan.to_partitions):
+            if p not in written[m.op_id]:
+                written[m.op_id][p] = write_partition(
+                    plan.state_root, plan.provider, m.op_id, p, plan.version, []
+                )
+    commit_rescale(plan, written)
+
+
+def _move(
+    spark: SparkSession, plan: RescalePlan, moves: list[OperatorMove], progress: bool
+) -> dict[int, dict[int, tuple[str, int]]]:
+    """Run the job that moves every operator's state; per operator and new partition, the
+    checkpoint id written and its key count."""
+    frames = [_moved(spark, plan, m) for m in moves if m.partitions]
+    written: dict[int, dict[int, tuple[str, int]]] = {m.op_id: {} for m in moves}
+    if frames:
+        job = frames[0]
+        for frame in frames[1:]:
+            job = job.unionByName(frame)
+        watcher = _Progress(spark, plan) if progress else None
+        try:
+            with engine_settings(spark, plan.to_partitions):
+                rows = job.collect()
+        finally:
+            if watcher is not None:
+                watcher.stop()
+        for r in rows:
+            written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_keys"])
+    return written
+
+
+def _moved(spark: SparkSession, plan: RescalePlan, move: OperatorMove) -> DataFrame:
+    """One operator's state, read per old partition, shuffled by key, written per new one."""
+    spark_schema = ", ".join(
+        f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in move.schema
+    )
+    old = move.partitions
+    state_root, provider, version = plan.state_root, plan.provider, plan.version
+    to = plan.to_partitions
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for p in batch.column(0).to_pylist():
+                yield from read_partition(move, old[p])
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # The job is a union of every operator's stage of ``to`` partitions, numbered on:
+        # operator k's partition p is the union's k * to + p.
+        partition = TaskContext.get().partitionId() % to  # type: ignore[union-attr]
+        ckpt, n = write_partition(state_root, provider, move.op_id, partition, version, batches)
+        yield pa.RecordBatch.from_pylist(
+            [{"op": move.op_id, "partition": partition, "checkpoint_id": ckpt, "num_keys": n}],
+            schema=pa.schema(
+                [
+                    ("op", pa.int32()),
+                    ("partition", pa.int32()),
+                    ("checkpoint_id", pa.string()),
+                    ("num_keys", pa.int64()),
+                ]
+            ),
+        )
+
+    rows = spark.range(0, len(old), 1, len(old)).mapInArrow(read, spark_schema)
+    shuffled = rows.repartition(plan.to_partitions, *move.shuffle_columns)
+    return shuffled.mapInArrow(write, _WRITTEN)
+
+
+class _Progress:
+    """A line on stderr, rewritten every second while the job runs: per stage (one reads the
+    old partitions, one writes the new ones, per operator) the tasks done."""
+
+    def __init__(self, spark: SparkSession, plan: RescalePlan, interval_s: float = 1.0) -> None:
+        self._sc = spark.sparkContext
+        self._tracker = self._sc.statusTracker()
+        self._group = f"{_JOB_GROUP}-{plan.batch_id}"
+        self._sc.setJobGroup(self._group, f"sparkstate: rescale to {plan.to_partitions}")
+        self._interval_s = interval_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparkstate-rescale", daemon=True)
+        self._thread.start()
+
+    def _line(self) -> str:
+        parts = []
+        for job_id in sorted(self._tracker.getJobIdsForGroup(self._group)):
+            job = self._tracker.getJobInfo(job_id)
+            for stage_id in sorted(job.stageIds if job else []):
+                stage = self._tracker.getStageInfo(stage_id)
+                if stage is not None and stage.numTasks:
+                    parts.append(_bar(stage.numCompletedTasks, stage.numTasks))
+        return "rescale: " + "  ".join(parts) if parts else "rescale: starting"
+
+    def _run(self) -> None:
+        while not self._done.wait(self._interval_s):
+            _show(self._line())
+        _show(self._line(), end="\n")
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self._sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        self._sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+
+
+def _bar(done: int, total: int, width: int = 12) -> str:
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def _show(line: str, end: str = "") -> None:
+    sys.stderr.write("\r" + line + end)
+    sys.stderr.flush()
+
+
+def rescale_at_start(spark: SparkSession, location: str, num_partitions: int) -> int:
+    """Rescale at a start that asks for ``num_partitions`` partitions (the caller holds the
+    checkpoint's lock): the query's first batch holds its state in the new partitioning."""
+    if _on_checkpoint(spark, _without_state, (location, num_partitions)):
+        log.warning(
+            "%s: no batch has committed: the state starts with %d partitions",
+            location,
+            num_partitions,
+        )
+        return -1
+    return rescale_locked(spark, location, num_partitions, progress=sys.stderr.isatty())
+
+
+def _without_state(arg: tuple[str, int]) -> bool:
+    return rescale_without_state(*arg)

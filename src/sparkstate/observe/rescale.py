@@ -1,0 +1,197 @@
+"""The state of one partition, taken apart for a rescale and put together in another partitioning.
+
+A rescale (:mod:`sparkstate.runtime.rescale`) reads each old partition's state as rows: every
+column family's keys and values as stored, beside the key columns the engine shuffles the
+operator's input by (:func:`~sparkstate.observe.key_lookup.partition_columns`), typed. Spark's
+``repartition(n, *those columns)`` then sends each row where the next batch's shuffle sends its
+key, and each new partition writes what it received as one changelog of a new lineage: the
+whole state of the version, from nothing (parent none), under a fresh checkpoint id.
+
+Every column family of an operator must have the shuffle's columns in its key (an index's key is
+its time, then the key); a family that does not (a join's per-side row counts) cannot be split
+by key, and its operator is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.observe.checkpoint import open_checkpoint
+from sparkstate.observe.key_lookup import partition_columns
+from sparkstate.store.base import DEFAULT_CF
+from sparkstate.store.changelog import encode_changelog
+from sparkstate.store.conf import StoreConf, StoreId
+from sparkstate.store.durable import DurableDir
+from sparkstate.store.layout import (
+    VersionRef,
+    file_name,
+    merged_schema_record,
+    new_checkpoint_id,
+    read_schema_record,
+    write_rescaled_schema,
+)
+from sparkstate.store.registry import provider_class
+from sparkstate.store.schema_json import schema_from_json
+
+__all__ = [
+    "FAMILY",
+    "KEY",
+    "VALUE",
+    "OperatorMove",
+    "plan_moves",
+    "read_partition",
+    "write_partition",
+]
+
+#: The columns of a moved row beside the shuffle's key columns (named ``__p0``, ``__p1``...).
+FAMILY = "__cf"
+KEY = "__key"
+VALUE = "__value"
+_CHUNK = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorMove:
+    """How one operator's state moves: the columns its rows are shuffled by, and their types."""
+
+    location: str
+    op_id: int
+    kind: str
+    #: The state after this batch is read.
+    batch_id: int
+    #: The shuffle's key columns, in the order the engine hashes them (names in the stores).
+    columns: list[str]
+    #: The rows a reader task gives: the shuffle's columns as ``__p<i>``, then family, key,
+    #: value.
+    schema: pa.Schema
+    #: The partitions of the old partitioning that hold state.
+    partitions: list[int]
+
+    @property
+    def shuffle_columns(self) -> list[str]:
+        return [f"__p{i}" for i in range(len(self.columns))]
+
+
+def plan_moves(
+    location: str, batch_id: int, from_partitions: int, to_partitions: int
+) -> list[OperatorMove]:
+    """How each operator of the checkpoint moves, checked before anything is written; and each
+    new partition's ``_schema.json``, with the new count added, written."""
+    chk = open_checkpoint(location)
+    moves = []
+    for op in chk.operators(named=False):
+        records = {}
+        for p in range(from_partitions):
+            record = read_schema_record(chk.store_dir(op.id, p))
+            if record is not None:
+                records[p] = record
+        if not records:  # the operator never kept state: nothing to move
+            moves.append(OperatorMove(location, op.id, op.kind, batch_id, [], pa.schema([]), []))
+            continue
+        merged = merged_schema_record(list(records.values()))
+        families = {
+            name: schema_from_json(f["key"]) for name, f in merged["column_families"].items()
+        }
+        columns = partition_columns(op.description, families[DEFAULT_CF])
+        for name, key_schema in families.items():
+            lacking = [c for c in columns if c not in key_schema.names]
+            if lacking:
+                msg = (
+                    f"operator {op.id} ({op.kind}) keeps state that is not per key (column "
+                    f"family {name!r} has no {', '.join(lacking)} in its key), so it cannot be "
+                    "split into other partitions; rescaling it is not supported"
+                )
+                raise ConfigurationError(msg)
+        key_schema = families[DEFAULT_CF]
+        fields = [
+            pa.field(f"__p{i}", key_schema.field(c).type, nullable=True)
+            for i, c in enumerate(columns)
+        ]
+        schema = pa.schema(
+            [
+                *fields,
+                pa.field(FAMILY, pa.string()),
+                pa.field(KEY, pa.binary()),
+                pa.field(VALUE, pa.binary()),
+            ]
+        )
+        for p in range(to_partitions):
+            write_rescaled_schema(chk.store_dir(op.id, p), merged, [from_partitions], to_partitions)
+        moves.append(
+            OperatorMove(location, op.id, op.kind, batch_id, columns, schema, sorted(records))
+        )
+    return moves
+
+
+def read_partition(move: OperatorMove, partition: int) -> Iterator[pa.RecordBatch]:
+    """Every key and value of the operator's old partition ``partition``, with the key columns
+    the engine shuffles by."""
+    chk = open_checkpoint(move.location)
+    with chk.read_store(move.op_id, partition, move.batch_id) as store:
+        if store is None:
+            return
+        for name in chk.families(move.op_id, partition) or {}:
+            family = store.column_family(name)
+            chunks = store.raw_scan_chunks(
+                family.prefix, family.end_of_family(), len(family.prefix), _CHUNK
+            )
+            for suffixes, values in chunks:
+                keys = family.key_codec.decode_many_arrow(suffixes)
+                n = len(suffixes)
+                columns = [keys.column(c).combine_chunks() for c in move.columns]
+                arrays = [
+                    *(c.cast(move.schema.field(i).type) for i, c in enumerate(columns)),
+                    pa.array([name] * n, pa.string()),
+                    pa.array([family.prefix + s for s in suffixes], pa.binary()),
+                    pa.array(values, pa.binary()),
+                ]
+                yield pa.RecordBatch.from_arrays(arrays, schema=move.schema)
+
+
+def write_partition(
+    state_root: str,
+    provider: str,
+    op_id: int,
+    partition: int,
+    version: int,
+    batches: Iterable[pa.RecordBatch],
+) -> tuple[str, int]:
+    """Write the rows a new partition received as version ``version`` of its store, from
+    nothing: one changelog under a fresh checkpoint id. Returns the id and the key count."""
+    keys: list[pa.Array] = []
+    values: list[pa.Array] = []
+    for batch in batches:
+        keys.append(batch.column(KEY))
+        values.append(batch.column(VALUE))
+    table = pa.table(
+        {
+            KEY: pa.concat_arrays(keys) if keys else pa.array([], pa.binary()),
+            VALUE: pa.concat_arrays(values) if values else pa.array([], pa.binary()),
+        }
+    )
+    table = table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
+    cls: Any = provider_class(provider)
+    ref = VersionRef(version, new_checkpoint_id())
+    header = {
+        "version": ref.version,
+        "checkpoint_id": ref.checkpoint_id,
+        "parent": None,
+        "count": table.num_rows,
+        "num_keys": table.num_rows,
+    }
+    data = encode_changelog(
+        cls.delta_kind,
+        header,
+        table.column(KEY).to_pylist(),
+        table.column(VALUE).to_pylist(),
+        StoreConf().compression,
+    )
+    directory = DurableDir(state_root).child(StoreId(state_root, op_id, partition).relative_dir)
+    directory.write_atomic(file_name(ref, cls.delta_ext), data)
+    return ref.checkpoint_id, table.num_rows

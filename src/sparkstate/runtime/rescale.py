@@ -1,0 +1,260 @@
+"""Rescaling a checkpoint's state to another partition count: what the logs say, and in what order.
+
+A rescale is a batch of its own, as Spark's ``StreamingCheckpointManager.repartition`` makes one:
+after the last committed batch ``L``, batch ``R`` reads no input and holds every operator's state
+as of ``L``, written into the new partitioning; the next start goes on from ``R + 1``. Written in
+this order, so that a rescale killed at any point either never happened or completes:
+
+1. ``batches/R.json``, the intent, marked as a rescale. A query that starts finds it without a
+   commit and drops it: the checkpoint is as it was.
+2. The state of version ``R + 1`` in each new partition, under fresh checkpoint ids (nothing of
+   the old lineage names them), and each store's ``_schema.json`` with the new count added.
+3. ``commits/R.json``: the commit point. The old state stays where it was until here.
+4. ``metadata.json`` with the new count; then Spark's ``offsets/R`` (a copy of ``L``'s, with
+   ``spark.sql.shuffle.partitions`` set to the new count) and ``commits/R``. A start, or the
+   rescale run again, finishes these when it finds step 3 done (:func:`settle_rescale`).
+
+Step 2 is the engine's distributed job (:mod:`sparkstate.engine.repartition`), over the
+partition reader and writer of :mod:`sparkstate.observe.rescale`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.progress import format_time
+from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit
+from sparkstate.runtime.spark_checkpoint import (
+    copy_spark_batch,
+    input_digest,
+    skip_spark_batch,
+    spark_batches,
+    spark_shuffle_partitions,
+)
+from sparkstate.store.conf import StoreId
+from sparkstate.store.durable import DurableDir, canonical_location, join_uri
+from sparkstate.store.layout import read_schema_record, write_rescaled_schema
+
+__all__ = [
+    "RescalePlan",
+    "commit_rescale",
+    "plan_rescale",
+    "rescale_without_state",
+    "settle_rescale",
+]
+
+log = logging.getLogger("sparkstate.engine")
+
+ENGINE_DIR = "sparkstate"
+
+
+@dataclasses.dataclass(frozen=True)
+class RescalePlan:
+    """One rescale: batch ``batch_id`` moves the state of batch ``last_batch`` from
+    ``from_partitions`` to ``to_partitions``."""
+
+    location: str
+    engine_root: str
+    state_root: str
+    provider: str
+    batch_id: int
+    last_batch: int
+    from_partitions: int
+    to_partitions: int
+    #: ``metadata.json``'s operator descriptions.
+    operators: list[dict[str, Any]]
+    #: Per operator, the checkpoint id of version ``last_batch + 1`` per old partition.
+    lineage: dict[int, dict[int, str | None]]
+
+    @property
+    def version(self) -> int:
+        """The state version the rescale writes (the one batch ``batch_id + 1`` loads)."""
+        return self.batch_id + 1
+
+
+def _log_of(location: str) -> tuple[str, CheckpointLog, dict[str, Any]]:
+    engine_root = join_uri(location, ENGINE_DIR)
+    log_ = CheckpointLog(engine_root)
+    metadata = log_.read_metadata()
+    if metadata is None:
+        msg = (
+            f"{location} is not a sparkstate checkpoint (it has no sparkstate/metadata.json); "
+            "rescale the state of a plain Spark query with "
+            "spark._streamingCheckpointManager.repartition"
+        )
+        raise ConfigurationError(msg)
+    return engine_root, log_, metadata
+
+
+def settle_rescale(location: str) -> str | None:
+    """Finish a rescale that committed (its last steps), or drop one that did not; called by
+    every start and by a rescale before it begins. Returns what it did, for the log."""
+    location = canonical_location(location)
+    engine_root, log_, metadata = _log_of(location)
+    latest = log_.latest_commit()
+    done: str | None = None
+    if latest is not None and latest.repartition is not None:
+        target = int(latest.repartition["to"])
+        if int(metadata["num_partitions"]) != target:
+            log_.write_metadata({**metadata, "num_partitions": target})
+            done = f"finished the rescale of batch {latest.batch_id} to {target} partitions"
+        spark = DurableDir(location)
+        offsets, commits = spark_batches(spark)
+        if latest.batch_id not in commits:
+            before = [b for b in commits if b < latest.batch_id]
+            if not before:
+                msg = (
+                    f"{location}: batch {latest.batch_id} rescaled the state, but Spark's commit "
+                    "log has no batch before it to continue from; restore the checkpoint"
+                )
+                raise ConfigurationError(msg)
+            copy_spark_batch(spark, before[-1], latest.batch_id, target)
+            done = f"finished the rescale of batch {latest.batch_id} to {target} partitions"
+    last = latest.batch_id if latest is not None else -1
+    for entry in log_.batches.list():
+        name = entry.name
+        if not (name.endswith(".json") and name[:-5].isdigit()) or int(name[:-5]) <= last:
+            continue
+        intent = log_.read_intent(int(name[:-5]))
+        if intent is not None and intent.repartition is not None:
+            log_.batches.delete(name)
+            done = f"dropped the rescale of batch {intent.batch_id}, which did not commit"
+    return done
+
+
+def rescale_without_state(location: str, num_partitions: int) -> bool:
+    """Rescale a checkpoint none of whose batches committed: there is no state to move, so the
+    new count is recorded (in ``metadata.json``, and in the ``_schema.json`` of stores a failed
+    first batch left). False where a batch committed (the state must move)."""
+    location = canonical_location(location)
+    engine_root, log_, metadata = _log_of(location)
+    if log_.latest_commit() is not None or spark_batches(DurableDir(location))[1]:
+        return False
+    root = str(metadata.get("state_location") or engine_root)
+    for op in metadata.get("operators", []):
+        for p in range(int(metadata["num_partitions"])):
+            directory = DurableDir(root).child(StoreId(root, int(op["id"]), p).relative_dir)
+            record = read_schema_record(directory)
+            if record is not None:
+                write_rescaled_schema(directory, record, [], num_partitions)
+    log_.write_metadata({**metadata, "num_partitions": num_partitions})
+    return True
+
+
+def plan_rescale(
+    location: str, num_partitions: int, *, enforce_exactly_once_sink: bool = True
+) -> RescalePlan:
+    """Check that the checkpoint can be rescaled to ``num_partitions`` and write the intent of
+    the rescale batch (step 1). The caller holds the checkpoint's lock."""
+    if not isinstance(num_partitions, int) or isinstance(num_partitions, bool):
+        msg = f"the number of partitions must be an int, got {num_partitions!r}"
+        raise ConfigurationError(msg)
+    if num_partitions < 1:
+        msg = f"the number of partitions must be at least 1, got {num_partitions}"
+        raise ConfigurationError(msg)
+    location = canonical_location(location)
+    settled = settle_rescale(location)
+    if settled:
+        log.warning("%s: %s", location, settled)
+    engine_root, log_, metadata = _log_of(location)
+    spark = DurableDir(location)
+    offsets, commits = spark_batches(spark)
+    if not commits:
+        msg = (
+            f"{location} has no committed batch: there is no state to rescale yet (run the "
+            "query for a batch first)"
+        )
+        raise ConfigurationError(msg)
+    last_committed = commits[-1]
+    last_batch = max(offsets[-1] if offsets else last_committed, last_committed)
+    if last_batch > last_committed:
+        failed = [b for b in offsets if b > last_committed]
+        if enforce_exactly_once_sink:
+            msg = (
+                f"{location}: batch {failed[0]} was planned but did not commit (the query "
+                "stopped during it). Start the query to finish it and stop it, then rescale; "
+                "or pass enforce_exactly_once_sink=False to skip it (its input is read again "
+                "by the next batch, which an exactly-once sink that keys on the batch id may "
+                "take twice)"
+            )
+            raise ConfigurationError(msg)
+        log_.roll_back(last_committed + 1)
+        for b in failed:
+            if log_.batches.exists(f"{b}.json"):
+                log_.batches.delete(f"{b}.json")
+            skip_spark_batch(spark, b)
+        log.warning("%s: skipped batches %s, which did not commit", location, failed)
+    commit = log_.read_commit(last_committed)
+    if commit is None:
+        msg = (
+            f"{location}: Spark committed batch {last_committed} but sparkstate's log has no "
+            "commit of it; the checkpoint's logs do not match: restore the checkpoint"
+        )
+        raise ConfigurationError(msg)
+    current = int(metadata["num_partitions"])
+    if num_partitions == current:
+        msg = f"{location} already has {current} state partitions: nothing to rescale"
+        raise ConfigurationError(msg)
+    recorded = spark_shuffle_partitions(spark, last_committed)
+    if recorded is not None and recorded != current:
+        log.info("Spark's offsets of batch %d record %d partitions", last_committed, recorded)
+    batch_id = last_batch + 1
+    log_.write_intent(
+        BatchIntent(
+            batch_id,
+            watermark_ms=int(commit.watermark.get("watermark_ms", commit.watermark_ms)),
+            batch_timestamp_ms=int(time.time() * 1000),
+            input_digest=input_digest(spark, last_committed),
+            late_watermark_ms=commit.watermark_ms,
+            repartition={"from": current, "to": num_partitions},
+        )
+    )
+    state_root = metadata.get("state_location") or engine_root
+    return RescalePlan(
+        location=location,
+        engine_root=engine_root,
+        state_root=str(state_root),
+        provider=str(metadata["provider"]),
+        batch_id=batch_id,
+        last_batch=last_committed,
+        from_partitions=current,
+        to_partitions=num_partitions,
+        operators=list(metadata.get("operators", [])),
+        lineage=commit.lineage(),
+    )
+
+
+def commit_rescale(plan: RescalePlan, written: dict[int, dict[int, tuple[str, int]]]) -> None:
+    """Commit the rescale batch (step 3) and finish it (step 4). ``written``: per operator, per
+    new partition, the checkpoint id of the version written and its number of keys."""
+    log_ = CheckpointLog(plan.engine_root)
+    previous = log_.read_commit(plan.last_batch)
+    assert previous is not None
+    operators = {}
+    for op in plan.operators:
+        op_id = int(op["id"])
+        parts = written.get(op_id, {})
+        missing = [p for p in range(plan.to_partitions) if p not in parts]
+        if missing:
+            msg = f"operator {op_id}: the rescale wrote no state for partitions {missing}"
+            raise ConfigurationError(msg)
+        operators[op_id] = OperatorCommit(
+            checkpoint_ids={p: parts[p][0] for p in range(plan.to_partitions)},
+            num_rows_total=sum(parts[p][1] for p in range(plan.to_partitions)),
+        )
+    log_.write_commit(
+        BatchCommit(
+            batch_id=plan.batch_id,
+            watermark_ms=previous.watermark_ms,
+            watermark=previous.watermark,
+            committed_at=format_time(time.time()),
+            operators=operators,
+            repartition={"from": plan.from_partitions, "to": plan.to_partitions},
+        )
+    )
+    settle_rescale(plan.location)

@@ -1,0 +1,389 @@
+"""Rescaling state, against Spark's own repartition.
+
+Each query runs three times with ``availableNow`` over three new files each (one batch per file):
+on 3 partitions, then 5, then 2. Spark's query is rescaled between runs by its own
+``StreamingCheckpointManager.repartition``; ours by ``ss.repartition`` (on each provider), and
+again by a restart that asks for the new count (``numPartitions``). Every batch's output must
+equal Spark's, batch ids included (each rescale is a batch of its own, in both); and Spark's
+rescaled run must give what its unchanged query gives.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+import sparkstate as ss
+from sparkstate import functions as SF
+from sparkstate.exceptions import CheckpointInUseError, ConfigurationError
+from sparkstate.testing import Collector, FileFeed
+
+from .helpers import spark_rocksdb
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = "k string, v long, ts timestamp"
+T0 = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+#: The partition count of each run.
+COUNTS = [3, 5, 2]
+KEYS = [f"k{i}" for i in range(12)]
+
+
+def _batch(run: int, batch: int) -> list[dict[str, Any]]:
+    """Rows over many keys, some repeating (a key's second row in a batch, rows of earlier
+    batches again: duplicates), event time moving 20 s a batch, one row late."""
+    n = run * 3 + batch
+    rows = []
+    for i in range(9):
+        k = KEYS[(n * 5 + i * 7) % len(KEYS)]
+        ts = T0 + datetime.timedelta(seconds=n * 20 + i)
+        rows.append({"k": k, "v": n * 10 + i, "ts": ts.isoformat()})
+    rows.append(
+        {"k": KEYS[n % 4], "v": n * 10, "ts": (T0 + datetime.timedelta(seconds=n * 20)).isoformat()}
+    )
+    rows.append({"k": "late", "v": -n, "ts": T0.isoformat()})
+    return rows
+
+
+class Counter:
+    """A ``StatefulProcessor`` with value, list and map state."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
+        self.seen = handle.getListState("seen", StructType([StructField("v", LongType())]))
+        self.named = handle.getMapState(
+            "named",
+            StructType([StructField("v", LongType())]),
+            StructType([StructField("text", StringType())]),
+        )
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Any:  # noqa: N802, N803
+        n = self.count.get()[0] if self.count.exists() else 0
+        total = 0
+        for pdf in rows:
+            n += len(pdf)
+            values = [int(v) for v in pdf["v"]]
+            self.seen.appendList([(v,) for v in values])
+            for v in values:
+                self.named.updateValue((v % 3,), (f"v{v}",))
+        for (v,) in self.seen.get():
+            total += v
+        self.count.update((n,))
+        names = sorted(t for _, (t,) in self.named.iterator())
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "total": [total], "names": [",".join(names)]})
+
+    def close(self) -> None:
+        pass
+
+
+def _processor() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    return type("CounterProcessor", (Counter, StatefulProcessor), {})()
+
+
+#: name -> (the query on a DataFrame with its functions module, output mode, watermark)
+QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
+    "aggregate": (
+        lambda df, fn: df.groupBy("k").agg(fn.count("*").alias("n"), fn.sum("v"), fn.max("ts")),
+        "update",
+        False,
+    ),
+    "dedup": (lambda df, fn: df.dropDuplicates(["k", "ts"]), "append", True),
+    "transformWithState": (
+        lambda df, fn: df.groupBy("k").transformWithStateInPandas(
+            _processor(), "k string, n long, total long, names string", "update", "None"
+        ),
+        "update",
+        False,
+    ),
+}
+#: sparkstate's runs: (query, provider, how it rescales).
+OURS = [
+    (name, provider, how)
+    for name in QUERIES
+    for provider in ("memory", "rocksdb")
+    for how in ("repartition", "restart")
+    if how == "repartition" or provider == "rocksdb" or name == "aggregate"
+]
+
+
+def _start(
+    spark: SparkSession,
+    feed: FileFeed,
+    name: str,
+    system: str,
+    chk: Path,
+    collector: Collector,
+    **options: str,
+) -> None:
+    build, mode, watermark = QUERIES[name]
+    df = feed.stream(spark, SCHEMA)
+    if watermark:
+        df = df.withWatermark("ts", "30 seconds")
+    wrapped = df if system == "spark" else ss.stream(df)
+    writer = build(wrapped, F if system == "spark" else SF).writeStream
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    q = (
+        writer.outputMode(mode)
+        .foreachBatch(collector)
+        .option("checkpointLocation", str(chk))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+
+
+@pytest.fixture(scope="module")
+def runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Any]:
+    """Every system's three runs over the same files; the collectors and checkpoints."""
+    root = tmp_path_factory.mktemp("rescale")
+    feed = FileFeed(root / "input")
+    out: dict[Any, Any] = {"feed": feed}
+    spark.conf.set("spark.sql.shuffle.partitions", str(COUNTS[0]))
+    try:
+        with spark_rocksdb(spark):
+            for run, count in enumerate(COUNTS):
+                for batch in range(3):
+                    feed.add(_batch(run, batch))
+                for name in QUERIES:
+                    for system in ("spark", "spark-unchanged"):
+                        if system == "spark-unchanged" and name != "aggregate":
+                            continue
+                        chk = root / f"{name}-{system}"
+                        collector = out.setdefault((name, system), Collector())
+                        if run and system == "spark":
+                            spark._streamingCheckpointManager.repartition(str(chk), count)
+                        _start(spark, feed, name, "spark", chk, collector)
+                        out[(name, system, "chk")] = chk
+                    for name_, provider, how in OURS:
+                        if name_ != name:
+                            continue
+                        chk = root / f"{name}-{provider}-{how}"
+                        collector = out.setdefault((name, provider, how), Collector())
+                        options = {"stateStore": provider}
+                        if how == "repartition" and run:
+                            ss.repartition(spark, str(chk), count)
+                        if how == "restart":
+                            options["numPartitions"] = str(count)
+                        _start(spark, feed, name, "ours", chk, collector, **options)
+                        out[(name, provider, how, "chk")] = chk
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+    return out
+
+
+@pytest.mark.parametrize(("name", "provider", "how"), OURS)
+def test_output_equals_sparks_after_its_repartition(
+    runs: dict[Any, Any], name: str, provider: str, how: str
+) -> None:
+    theirs = runs[(name, "spark")].batches
+    ours = runs[(name, provider, how)].batches
+    assert len(theirs) >= 9
+    assert ours == theirs
+
+
+def test_sparks_rescaled_run_equals_its_unchanged_one(runs: dict[Any, Any]) -> None:
+    """Spark's rescaled query gives what its unchanged one gives, batch for batch, but for the
+    ids the rescale batches take: so ours does too."""
+    rescaled = [rows for _, rows in sorted(runs[("aggregate", "spark")].batches.items())]
+    unchanged = [rows for _, rows in sorted(runs[("aggregate", "spark-unchanged")].batches.items())]
+    assert rescaled == unchanged
+    assert sorted(runs[("aggregate", "spark")].batches) != sorted(
+        runs[("aggregate", "spark-unchanged")].batches
+    )  # the two rescale batches took ids
+
+
+@pytest.mark.parametrize(("name", "provider", "how"), OURS)
+def test_the_state_is_in_the_new_partitions(
+    runs: dict[Any, Any], name: str, provider: str, how: str
+) -> None:
+    chk = runs[(name, provider, how, "chk")]
+    engine = chk / "sparkstate"
+    assert json.loads((engine / "metadata.json").read_text())["num_partitions"] == COUNTS[-1]
+    commits = sorted(int(p.stem) for p in (engine / "commits").glob("*.json"))
+    rescales = [
+        b
+        for b in commits
+        if json.loads((engine / "commits" / f"{b}.json").read_text()).get("repartition")
+    ]
+    assert len(rescales) == 2
+    last = json.loads((engine / "commits" / f"{commits[-1]}.json").read_text())
+    assert [len(o["checkpoint_ids"]) for o in last["operators"].values()] == [COUNTS[-1]]
+    progress = [json.loads(line) for line in (engine / "progress.jsonl").read_text().splitlines()]
+    assert progress[-1]["stateOperators"][0]["numShufflePartitions"] == COUNTS[-1]
+    offsets = chk / "offsets" / str(rescales[-1])
+    conf = json.loads(offsets.read_text().splitlines()[1])["conf"]
+    assert conf["spark.sql.shuffle.partitions"] == str(COUNTS[-1])
+
+
+def test_the_reader_reads_the_rescaled_state(spark: SparkSession, runs: dict[Any, Any]) -> None:
+    """The reader on the last batch and on a batch before the rescales: the same keys."""
+    chk = str(runs[("aggregate", "rocksdb", "repartition", "chk")])
+    ss.register(spark)
+    now = spark.read.format("sparkstate").load(chk)
+    assert {r["partition_id"] for r in now.collect()} <= set(range(COUNTS[-1]))
+    first = spark.read.format("sparkstate").option("batchId", 2).load(chk).collect()
+    assert {r["partition_id"] for r in first} <= set(range(COUNTS[0]))
+    keys_then = {r["key"]["k"] for r in first}
+    assert keys_then <= {r["key"]["k"] for r in now.collect()}
+
+
+def test_refusals(spark: SparkSession, runs: dict[Any, Any], tmp_path: Path) -> None:
+    chk = str(runs[("aggregate", "memory", "repartition", "chk")])
+    with pytest.raises(ConfigurationError, match="already has 2 state partitions"):
+        ss.repartition(spark, chk, 2)
+    with pytest.raises(ConfigurationError, match="at least 1"):
+        ss.repartition(spark, chk, 0)
+    with pytest.raises(ConfigurationError, match="not a sparkstate checkpoint"):
+        ss.repartition(spark, str(runs[("aggregate", "spark", "chk")]), 4)
+    feed = FileFeed(tmp_path / "input")
+    feed.add(_batch(0, 0))
+    df = feed.stream(spark, SCHEMA)
+    query = (
+        ss.stream(df)
+        .groupBy("k")
+        .count()
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        with pytest.raises(CheckpointInUseError):
+            ss.repartition(spark, str(tmp_path / "chk"), 3)
+    finally:
+        query.stop()
+
+
+def test_a_start_before_any_commit_takes_the_new_count(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    feed = FileFeed(tmp_path / "input")
+    df = feed.stream(spark, SCHEMA)
+    chk = tmp_path / "chk"
+
+    def start(n: str) -> Any:
+        return (
+            ss.stream(df)
+            .groupBy("k")
+            .count()
+            .writeStream.outputMode("update")
+            .format("noop")
+            .option("checkpointLocation", str(chk))
+            .option("numPartitions", n)
+            .start()
+        )
+
+    start("3").stop()
+    with caplog.at_level(logging.WARNING, "sparkstate"):
+        query = start("6")
+    try:
+        feed.add(_batch(0, 0))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert json.loads((chk / "sparkstate" / "metadata.json").read_text())["num_partitions"] == 6
+    assert "state starts with 6 partitions" in caplog.text
+
+
+#: A child process that rescales and is killed at ``POINT``: before the commit (the state
+#: written, the commit not), or after it (before Spark's logs have the batch).
+KILLED = textwrap.dedent(
+    """
+    import importlib, os, signal, sys
+    from pyspark.sql import SparkSession
+    import sparkstate as ss
+    from sparkstate.runtime import rescale
+
+    rep = importlib.import_module("sparkstate.engine.repartition")
+
+    chk, count, point = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "commit":
+        rep.commit_rescale = die
+    else:
+        rescale.copy_spark_batch = die
+    builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    spark = builder.getOrCreate()
+    ss.repartition(spark, chk, count)
+    """
+)
+
+
+def _kill_halfway(chk: Path, count: int, point: str) -> None:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED, str(chk), str(count), point],
+        env=env,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+
+
+def test_a_killed_repartition_leaves_the_checkpoint_or_completes(
+    spark: SparkSession, runs: dict[Any, Any], tmp_path: Path
+) -> None:
+    """Killed before its commit: the checkpoint is as it was (Spark's logs, the count), and
+    running it again completes it; killed after: the next start finishes it. Either way the
+    next run gives Spark's output."""
+    import shutil
+
+    source = runs[("aggregate", "rocksdb", "repartition", "chk")]
+    expected = runs[("aggregate", "spark")]
+    for batch in range(3):  # a fourth run's files, read by the checkpoints copied below
+        runs["feed"].add(_batch(len(COUNTS), batch))
+    for point in ("commit", "spark-logs"):
+        chk = tmp_path / point
+        shutil.copytree(source, chk)
+        engine = chk / "sparkstate"
+        offsets_before = sorted(os.listdir(chk / "offsets"))
+        _kill_halfway(chk, 4, point)
+        metadata = json.loads((engine / "metadata.json").read_text())
+        if point == "commit":
+            assert sorted(os.listdir(chk / "offsets")) == offsets_before
+            assert metadata["num_partitions"] == 2
+            ss.repartition(spark, str(chk), 4)
+        ours = Collector()
+        _start(spark, runs["feed"], "aggregate", "ours", chk, ours, stateStore="rocksdb")
+        assert json.loads((engine / "metadata.json").read_text())["num_partitions"] == 4
+        last = max(expected.batches)
+        new = {b: rows for b, rows in ours.batches.items() if b > last}
+        assert sorted(new) == [last + 2, last + 3, last + 4], point  # after the rescale batch
+        for j, b in enumerate(sorted(new)):
+            assert [r[:3] for r in new[b]] == _totals(len(COUNTS), j), (point, b)
+
+
+def _totals(run: int, batch: int) -> list[tuple[Any, ...]]:
+    """What ``groupBy("k").agg(count, sum(v))`` emits in update mode for batch ``batch`` of
+    run ``run``: each key of the batch with its count and sum over every batch up to it."""
+    rows = [r for n in range(run * 3 + batch + 1) for r in _batch(n // 3, n % 3)]
+    now = {r["k"] for r in _batch(run, batch)}
+    out = [
+        (k, sum(1 for r in rows if r["k"] == k), sum(r["v"] for r in rows if r["k"] == k))
+        for k in now
+    ]
+    return sorted(out)
