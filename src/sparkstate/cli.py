@@ -1,4 +1,4 @@
-"""``sparkstate`` command line: ``demo``, ``bench``."""
+"""``sparkstate`` command line: ``demo``, ``bench``, ``inspect``, ``report``, ``repartition``."""
 
 from __future__ import annotations
 
@@ -114,11 +114,41 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--join-side", choices=("left", "right"), default=None)
     inspect.add_argument("--batch", type=int, default=None, help="after this batch (default: last)")
     inspect.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+
+    rescale = sub.add_parser(
+        "repartition", help="rescale a stopped query's state to another partition count"
+    )
+    rescale.add_argument("checkpoint", help="the query's checkpointLocation (a path or a URI)")
+    rescale.add_argument(
+        "--partitions", type=_positive_int, required=True, help="the new partition count"
+    )
+    rescale.add_argument(
+        "--skip-uncommitted",
+        action="store_true",
+        help="skip a last batch that did not commit (its input is read again by the next run; "
+        "Spark's enforce_exactly_once_sink=False)",
+    )
+    rescale.add_argument("--master", default=None, help="Spark master URL (default: local[*])")
+    rescale.add_argument("--remote", default=None, help=REMOTE_HELP)
+    rescale.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "repartition":
+        from sparkstate.engine.repartition import run_repartition
+
+        return run_repartition(
+            args.checkpoint,
+            args.partitions,
+            skip_uncommitted=args.skip_uncommitted,
+            master=args.master,
+            remote=args.remote,
+            conf=args.conf,
+        )
     if getattr(args, "remote", None):
         from sparkstate.engine.session import REMOTE_ENV
 

@@ -13,10 +13,11 @@ another partition count (:func:`rescale_at_start`).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import pyarrow as pa
@@ -27,6 +28,7 @@ from pyspark.sql.pandas.types import from_arrow_type
 from sparkstate.engine.driver import engine_settings
 from sparkstate.engine.query import release_if_finished
 from sparkstate.engine.session import is_connect, run_on_server
+from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
 from sparkstate.runtime.logs import CheckpointLock
 from sparkstate.runtime.rescale import (
@@ -39,7 +41,7 @@ from sparkstate.runtime.rescale import (
 from sparkstate.runtime.start import engine_root_of
 from sparkstate.store.durable import canonical_location
 
-__all__ = ["repartition", "rescale_at_start", "rescale_locked"]
+__all__ = ["repartition", "rescale_at_start", "rescale_locked", "run_repartition"]
 
 log = logging.getLogger("sparkstate.engine")
 A = TypeVar("A")
@@ -271,3 +273,51 @@ def rescale_at_start(spark: SparkSession, location: str, num_partitions: int) ->
 
 def _without_state(arg: tuple[str, int]) -> bool:
     return rescale_without_state(*arg)
+
+
+def run_repartition(
+    checkpoint: str,
+    num_partitions: int,
+    *,
+    skip_uncommitted: bool = False,
+    master: str | None = None,
+    remote: str | None = None,
+    conf: Sequence[str] = (),
+) -> int:
+    """``sparkstate repartition CHECKPOINT --partitions N``: the rescale in a Spark session of
+    its own (``--master`` a cluster's, ``--remote`` a Spark Connect server); an error is a line
+    on stderr and exit code 1."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers with sparkstate
+    try:
+        settings = dict(_setting(c) for c in conf)
+        if remote:
+            builder = SparkSession.builder.remote(remote)
+        else:
+            builder = SparkSession.builder.master(master or "local[*]")
+            builder = builder.appName("sparkstate repartition").config("spark.ui.enabled", "false")
+        for k, v in settings.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+        try:
+            batch = repartition(
+                spark,
+                checkpoint,
+                num_partitions,
+                enforce_exactly_once_sink=not skip_uncommitted,
+                progress=sys.stderr.isatty(),
+            )
+        finally:
+            spark.stop()
+    except SparkstateError as exc:
+        print(f"sparkstate repartition: {exc}", file=sys.stderr)
+        return 1
+    print(f"rescaled {checkpoint} to {num_partitions} partitions in batch {batch}")
+    return 0
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        msg = f"--conf takes KEY=VALUE, got {text!r}"
+        raise ConfigurationError(msg)
+    return key, value
