@@ -120,6 +120,10 @@ def failure(spark: SparkSession, workdir: Path) -> dict[str, Any]:
         result[attempt]["found_by_id"] = spark.streams.get(handle.id) is not None
     state = spark.read.format("sparkstate").load(checkpoint)  # the state reader, over Connect
     result["state"] = sorted((r.key.k, r.value[0]) for r in state.collect())
+    result["rescaled_batch"] = ss.repartition(spark, checkpoint, 2)  # from the client
+    rescaled = spark.read.format("sparkstate").load(checkpoint).collect()
+    result["rescaled_state"] = sorted((r.key.k, r.value[0]) for r in rescaled)
+    result["rescaled_partitions"] = sorted({r.partition_id for r in rescaled})
     counted = ss.stream(feed.stream(spark, SCHEMA)).groupBy("k").count()
     writer = counted.writeStream.outputMode("complete").format("memory").queryName("counts")
     handle = writer.option("checkpointLocation", str(workdir / "memory")).start()

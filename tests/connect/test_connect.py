@@ -77,7 +77,8 @@ def test_failure_over_connect_commits_nothing_and_surfaces(
     """A foreachBatch function that fails in batch 1: the client catches sparkstate's
     ``UserFunctionError`` (also a ``StreamingQueryException``) with the user's traceback first;
     batch 1 is not committed; a restart with a working sink runs batches 1 and 2 on the state of
-    batch 0. Progress carries sparkstate's state operators and Spark's ids."""
+    batch 0. Progress carries sparkstate's state operators and Spark's ids. The state reader
+    and ``ss.repartition`` work from the client."""
     result = client(server, tmp_path, "failure")
     failing, restarted = result["failing"], result["restarted"]
     assert failing["user_function_error"]
@@ -97,6 +98,9 @@ def test_failure_over_connect_commits_nothing_and_surfaces(
     assert [p["numRowsTotal"] for p in restarted["progress"]] == [[3], [4]]
     assert result["memory_table"] == [["k0", 2], ["k1", 1], ["k2", 1], ["k3", 2]]
     assert result["state"] == result["memory_table"]  # the state reader from the client
+    assert result["rescaled_batch"] == 3  # ss.repartition from the client: batch 3 holds it
+    assert result["rescaled_state"] == result["state"]
+    assert set(result["rescaled_partitions"]) <= {0, 1}
 
 
 def test_demo_runs_through_connect(server: ConnectServer, tmp_path: Path) -> None:

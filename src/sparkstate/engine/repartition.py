@@ -12,13 +12,14 @@ another partition count (:func:`rescale_at_start`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -48,7 +49,6 @@ A = TypeVar("A")
 R = TypeVar("R")
 
 _WRITTEN = "op int, partition int, checkpoint_id string, num_keys bigint"
-_JOB_GROUP = "sparkstate-repartition"
 
 
 def repartition(
@@ -158,13 +158,15 @@ def _move(
 ) -> dict[int, dict[int, tuple[str, int]]]:
     """Run the job that moves every operator's state; per operator and new partition, the
     checkpoint id written and its key count."""
-    frames = [_moved(spark, plan, m) for m in moves if m.partitions]
+    moving = [m for m in moves if m.partitions]
+    counters = {m.op_id: _Counters.of(spark, m) for m in moving} if progress else {}
+    frames = [_moved(spark, plan, m, counters.get(m.op_id)) for m in moving]
     written: dict[int, dict[int, tuple[str, int]]] = {m.op_id: {} for m in moves}
     if frames:
         job = frames[0]
         for frame in frames[1:]:
             job = job.unionByName(frame)
-        watcher = _Progress(spark, plan) if progress else None
+        watcher = _Progress(plan, counters) if counters else None
         try:
             with engine_settings(spark, plan.to_partitions):
                 rows = job.collect()
@@ -176,7 +178,25 @@ def _move(
     return written
 
 
-def _moved(spark: SparkSession, plan: RescalePlan, move: OperatorMove) -> DataFrame:
+@dataclasses.dataclass
+class _Counters:
+    """What one operator's tasks have done, counted in accumulators (the driver sees a task's
+    counts when it finishes): old partitions read and rows read, new partitions written."""
+
+    move: OperatorMove
+    read: Any
+    rows: Any
+    written: Any
+
+    @classmethod
+    def of(cls, spark: SparkSession, move: OperatorMove) -> _Counters:
+        sc = spark.sparkContext
+        return cls(move, sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
+
+
+def _moved(
+    spark: SparkSession, plan: RescalePlan, move: OperatorMove, counters: _Counters | None
+) -> DataFrame:
     """One operator's state, read per old partition, shuffled by key, written per new one."""
     spark_schema = ", ".join(
         f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in move.schema
@@ -184,17 +204,28 @@ def _moved(spark: SparkSession, plan: RescalePlan, move: OperatorMove) -> DataFr
     old = move.partitions
     state_root, provider, version = plan.state_root, plan.provider, plan.version
     to = plan.to_partitions
+    read_acc: Any = counters.read if counters else None
+    rows_acc: Any = counters.rows if counters else None
+    written_acc: Any = counters.written if counters else None
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for p in batch.column(0).to_pylist():
-                yield from read_partition(move, old[p])
+                n = 0
+                for rows in read_partition(move, old[p]):
+                    n += rows.num_rows
+                    yield rows
+                if counters is not None:
+                    read_acc.add(1)
+                    rows_acc.add(n)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # The job is a union of every operator's stage of ``to`` partitions, numbered on:
         # operator k's partition p is the union's k * to + p.
         partition = TaskContext.get().partitionId() % to  # type: ignore[union-attr]
         ckpt, n = write_partition(state_root, provider, move.op_id, partition, version, batches)
+        if written_acc is not None:
+            written_acc.add(1)
         yield pa.RecordBatch.from_pylist(
             [{"op": move.op_id, "partition": partition, "checkpoint_id": ckpt, "num_keys": n}],
             schema=pa.schema(
@@ -213,49 +244,51 @@ def _moved(spark: SparkSession, plan: RescalePlan, move: OperatorMove) -> DataFr
 
 
 class _Progress:
-    """A line on stderr, rewritten every second while the job runs: per stage (one reads the
-    old partitions, one writes the new ones, per operator) the tasks done."""
+    """Bars on stderr, redrawn every second while the job runs: per operator, the old
+    partitions read (and the rows in them) and the new partitions written."""
 
-    def __init__(self, spark: SparkSession, plan: RescalePlan, interval_s: float = 1.0) -> None:
-        self._sc = spark.sparkContext
-        self._tracker = self._sc.statusTracker()
-        self._group = f"{_JOB_GROUP}-{plan.batch_id}"
-        self._sc.setJobGroup(self._group, f"sparkstate: rescale to {plan.to_partitions}")
+    def __init__(
+        self, plan: RescalePlan, counters: dict[int, _Counters], interval_s: float = 1.0
+    ) -> None:
+        self._plan = plan
+        self._counters = counters
         self._interval_s = interval_s
+        self._drawn = 0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparkstate-rescale", daemon=True)
         self._thread.start()
 
-    def _line(self) -> str:
-        parts = []
-        for job_id in sorted(self._tracker.getJobIdsForGroup(self._group)):
-            job = self._tracker.getJobInfo(job_id)
-            for stage_id in sorted(job.stageIds if job else []):
-                stage = self._tracker.getStageInfo(stage_id)
-                if stage is not None and stage.numTasks:
-                    parts.append(_bar(stage.numCompletedTasks, stage.numTasks))
-        return "rescale: " + "  ".join(parts) if parts else "rescale: starting"
+    def _lines(self) -> list[str]:
+        out = []
+        for op_id, c in sorted(self._counters.items()):
+            read = _bar(c.read.value, len(c.move.partitions))
+            written = _bar(c.written.value, self._plan.to_partitions)
+            out.append(
+                f"operator {op_id} ({c.move.kind}): read {read} ({c.rows.value:,} rows)  "
+                f"write {written}"
+            )
+        return out
+
+    def _draw(self) -> None:
+        lines = self._lines()
+        up = f"\x1b[{self._drawn}F" if self._drawn else ""
+        sys.stderr.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
+        sys.stderr.flush()
+        self._drawn = len(lines)
 
     def _run(self) -> None:
         while not self._done.wait(self._interval_s):
-            _show(self._line())
-        _show(self._line(), end="\n")
+            self._draw()
 
     def stop(self) -> None:
         self._done.set()
         self._thread.join()
-        self._sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-        self._sc.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+        self._draw()
 
 
 def _bar(done: int, total: int, width: int = 12) -> str:
     filled = width * done // max(total, 1)
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
-
-
-def _show(line: str, end: str = "") -> None:
-    sys.stderr.write("\r" + line + end)
-    sys.stderr.flush()
 
 
 def rescale_at_start(spark: SparkSession, location: str, num_partitions: int) -> int:

@@ -125,7 +125,8 @@ class BatchIntent:
     #: ``eventTimeWatermarkForLateEvents``); None in intents written before it was recorded.
     late_watermark_ms: int | None = None
     #: Set on a batch that rescales the state instead of reading input
-    #: (:mod:`sparkstate.runtime.rescale`): ``{"from": n, "to": m}`` partitions.
+    #: (:mod:`sparkstate.runtime.rescale`): ``{"from": n, "to": m}`` partitions, and ``after``:
+    #: the batch whose state it holds (and whose end of input it takes).
     repartition: dict[str, int] | None = None
 
     def to_json(self) -> str:
@@ -161,7 +162,7 @@ def _optional_int(value: Any) -> int | None:
 
 
 def _partition_counts(value: Any) -> dict[str, int] | None:
-    return None if value is None else {"from": int(value["from"]), "to": int(value["to"])}
+    return None if value is None else {k: int(v) for k, v in value.items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,8 +31,8 @@ from sparkstate.runtime.progress import format_time
 from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit
 from sparkstate.runtime.spark_checkpoint import (
     copy_spark_batch,
+    drop_spark_batch,
     input_digest,
-    skip_spark_batch,
     spark_batches,
     spark_shuffle_partitions,
 )
@@ -104,9 +104,10 @@ def settle_rescale(location: str) -> str | None:
             log_.write_metadata({**metadata, "num_partitions": target})
             done = f"finished the rescale of batch {latest.batch_id} to {target} partitions"
         spark = DurableDir(location)
-        offsets, commits = spark_batches(spark)
+        _, commits = spark_batches(spark)
         if latest.batch_id not in commits:
-            before = [b for b in commits if b < latest.batch_id]
+            after = latest.repartition.get("after")
+            before = [b for b in commits if b < latest.batch_id and after in (None, b)]
             if not before:
                 msg = (
                     f"{location}: batch {latest.batch_id} rescaled the state, but Spark's commit "
@@ -183,12 +184,17 @@ def plan_rescale(
                 "take twice)"
             )
             raise ConfigurationError(msg)
+        # Rolled back, as a user rolls a query back: their offsets go from Spark's log (newest
+        # first) and their outcome from ours, so the next batch reads their input again. Spark's
+        # own repartition marks them committed empty instead, and its restart then asks a file
+        # source for the input from their end back to the last committed batch's, and fails.
         log_.roll_back(last_committed + 1)
-        for b in failed:
+        for b in reversed(failed):
+            drop_spark_batch(spark, b)
             if log_.batches.exists(f"{b}.json"):
                 log_.batches.delete(f"{b}.json")
-            skip_spark_batch(spark, b)
-        log.warning("%s: skipped batches %s, which did not commit", location, failed)
+        log.warning("%s: rolled back batches %s, which did not commit", location, failed)
+        last_batch = last_committed
     commit = log_.read_commit(last_committed)
     if commit is None:
         msg = (
@@ -211,7 +217,7 @@ def plan_rescale(
             batch_timestamp_ms=int(time.time() * 1000),
             input_digest=input_digest(spark, last_committed),
             late_watermark_ms=commit.watermark_ms,
-            repartition={"from": current, "to": num_partitions},
+            repartition={"from": current, "to": num_partitions, "after": last_committed},
         )
     )
     state_root = metadata.get("state_location") or engine_root
@@ -254,7 +260,11 @@ def commit_rescale(plan: RescalePlan, written: dict[int, dict[int, tuple[str, in
             watermark=previous.watermark,
             committed_at=format_time(time.time()),
             operators=operators,
-            repartition={"from": plan.from_partitions, "to": plan.to_partitions},
+            repartition={
+                "from": plan.from_partitions,
+                "to": plan.to_partitions,
+                "after": plan.last_batch,
+            },
         )
     )
     settle_rescale(plan.location)

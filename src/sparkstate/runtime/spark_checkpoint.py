@@ -25,7 +25,7 @@ from sparkstate.store.durable import DurableDir
 __all__ = [
     "copy_spark_batch",
     "input_digest",
-    "skip_spark_batch",
+    "drop_spark_batch",
     "spark_batches",
     "spark_query_id",
     "spark_shuffle_partitions",
@@ -72,8 +72,6 @@ def input_digest(checkpoint: DurableDir, batch_id: int) -> str | None:
 
 COMMITS_DIR = "commits"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
-#: What Spark's commit log holds for a batch it skips (an empty ``CommitMetadata``).
-EMPTY_COMMIT = 'v1\n{"nextBatchWatermarkMs":0}'
 
 
 def spark_batches(checkpoint: DurableDir) -> tuple[list[int], list[int]]:
@@ -116,10 +114,12 @@ def copy_spark_batch(
     _write_spark_file(commits, target, commits.read(str(source)).decode("utf-8"))
 
 
-def skip_spark_batch(checkpoint: DurableDir, batch_id: int) -> None:
-    """Mark batch ``batch_id`` of Spark's offset log committed with nothing in it (Spark's
-    repartition skips a failed batch so: its input is read again by the next batch)."""
-    _write_spark_file(checkpoint.child(COMMITS_DIR), batch_id, EMPTY_COMMIT)
+def drop_spark_batch(checkpoint: DurableDir, batch_id: int) -> None:
+    """Remove a batch that did not commit from Spark's offset log (a rollback: Spark plans the
+    batch again over the input there is then)."""
+    offsets = checkpoint.child(OFFSETS_DIR)
+    for name in (f".{batch_id}.crc", str(batch_id)):
+        offsets.delete(name)
 
 
 def _write_spark_file(directory: DurableDir, batch_id: int, text: str) -> None:
