@@ -133,6 +133,16 @@ def test_canonical_location_is_one_spelling_per_directory(tmp_path, monkeypatch)
         assert (tmp_path / "f").read_bytes() == uri.encode()
 
 
+def test_files_under_an_s3_uri_are_named_with_the_query_at_the_end() -> None:
+    d = DurableDir("s3://bucket/ckpt?endpoint_override=localhost:9000&scheme=http")
+    where = d.child("state", "0").where("1_a.changelog")
+    assert (
+        where
+        == "s3://bucket/ckpt/state/0/1_a.changelog?endpoint_override=localhost:9000&scheme=http"
+    )
+    assert DurableDir("/tmp/ckpt").where("metadata.json") == "/tmp/ckpt/metadata.json"
+
+
 def test_index_resolves_newest_attempt_and_names_missing_versions(tmp_path) -> None:  # type: ignore[no-untyped-def]
     d = DurableDir(str(tmp_path))
     first, second = VersionRef(1, new_checkpoint_id()), VersionRef(1, new_checkpoint_id())

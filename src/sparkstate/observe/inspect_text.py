@@ -10,6 +10,7 @@ from typing import Any
 
 from sparkstate.observe import units
 from sparkstate.observe.key_lookup import KeyLookup
+from sparkstate.store.durable import join_uri
 
 __all__ = ["ROW_SOURCES", "key", "not_found", "summary"]
 
@@ -70,7 +71,7 @@ def summary(doc: dict[str, Any]) -> str:
         )
     )
     where = query["state_location"] or "in the checkpoint"
-    out.append(_line("location", f"{where} ({query['state_root']}/state)"))
+    out.append(_line("location", f"{where} ({join_uri(query['state_root'], 'state')})"))
     out.append(_line("batches", _batches(batches)))
     out.append(_line("watermark", _watermark(doc["watermark"])))
     for op in doc["operators"]:

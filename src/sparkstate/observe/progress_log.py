@@ -49,7 +49,7 @@ def read_progress_log(checkpoint: str | DurableDir) -> ProgressLog:
     entries += [read_json(per_batch, n, PROGRESS_ONLY, json_object) for n in names]
     if not found and not names:
         if local_path(root.uri) is None:  # an object store: a file per batch
-            where = f"{where} nor {per_batch.uri}/<batch>.json"
+            where = f"{where} nor {per_batch.where('<batch>.json')}"
         msg = (
             f"no progress log at {where}: is {root.uri} the checkpointLocation of a sparkstate "
             "query? The query writes its log from its first batch on."

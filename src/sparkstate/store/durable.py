@@ -115,8 +115,9 @@ class DurableDir:
         return DurableDir(join_uri(self.uri, sub), _fs=self.fs, _path=f"{self.path}/{sub}")
 
     def where(self, name: str) -> str:
-        """The full URI of a file, for messages."""
-        return f"{self.uri}/{name}"
+        """The full URI of a file, for messages (an S3 URI's ``?endpoint_override=...`` at the
+        end, as :func:`join_uri` puts it)."""
+        return join_uri(self.uri, name)
 
     def _full(self, name: str) -> str:
         return f"{self.path}/{name}"
