@@ -125,9 +125,16 @@ def test_ratio_is_sparks_time_over_ours() -> None:
         "spark-rocksdb": {"available": True, "repartition_s": 6.0},
         "sparkstate-rocksdb": {"available": True, "repartition_s": 2.0},
     }
-    assert repartition.ratios(results) == {"repartition:sparkstate-rocksdb/spark-rocksdb": 3.0}
+    rat = repartition.ratios(results)
+    assert rat == {"repartition:sparkstate-rocksdb/spark-rocksdb": 3.0}
+    assert repartition.targets(rat)[repartition.RATIO] == {
+        "value": 3.0,
+        "goal": ">= 1",
+        "met": True,
+    }
     results["sparkstate-rocksdb"] = {"available": False, "reason": "later"}
     assert repartition.ratios(results) == {}
+    assert repartition.targets({})[repartition.RATIO]["met"] is None
 
 
 def test_not_available_without_ss_repartition(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,3 +181,4 @@ def test_repartition_bench_tiny(tmp_path: Path) -> None:
         assert report["ratios"] == {"repartition:sparkstate-rocksdb/spark-rocksdb": ratio}
     else:
         assert report["ratios"] == {}
+    assert report["targets"][repartition.RATIO]["goal"] == ">= 1"
