@@ -19,6 +19,7 @@ BENCHES = {
     "windows": "sparkstate.bench.windows",
     "join": "sparkstate.bench.join",
     "scale": "sparkstate.bench.scale",
+    "repartition": "sparkstate.bench.repartition",
 }
 
 
@@ -40,6 +41,13 @@ BENCH_OPTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         (
             "--batches",
             {"type": _positive_int, "help": f"batches to run, the first a warm-up {_SIZE}"},
+        ),
+    ],
+    "repartition": [
+        ("--state-rows", {"type": _positive_int, "help": f"state rows to move {_SIZE}"}),
+        (
+            "--rows-per-batch",
+            {"type": _positive_int, "help": f"new keys per batch while building {_SIZE}"},
         ),
     ],
     "windows": [_WORKLOADS],
