@@ -284,3 +284,25 @@ def test_inspect_reads_the_state_from_s3(
     found = json.loads(capsys.readouterr().out)
     assert found["found"]
     assert found["stores"] == {"default": [{"value": {"count": n, "sum": total}}]}
+
+
+def test_repartition_moves_the_state_on_s3(
+    spark: SparkSession, s3: S3Endpoint, oracle: Collector, tmp_path: Path
+) -> None:
+    """``ss.repartition`` of a query whose state is on S3: its tasks read the old partitions
+    from S3 and write the new ones there; the next run goes on as Spark's unchanged query."""
+    feed = FileFeed(tmp_path / "input")
+    chk, local = tmp_path / "chk", tmp_path / "local"
+    state = s3.uri(f"engine/rescale-{tmp_path.name}")
+    outputs: dict[int, Any] = {}
+    for i, files in enumerate(RUNS[:2]):
+        if i:
+            assert ss.repartition(spark, str(chk), 6) == len(RUNS[0])
+        _add(feed, files)
+        q, collector = _start(spark, feed, chk, state, local, "rocksdb")
+        assert q.awaitTermination(120)
+        outputs.update(collector.batches)
+    rescaled = len(RUNS[0]) + 1  # the batch after the rescale's
+    assert outputs[rescaled] == oracle.batches[len(RUNS[0])]
+    assert sorted(outputs) == [0, 1, rescaled]
+    assert DurableDir(state).child("state", "0", "5").list()  # a partition only the rescale has
