@@ -66,7 +66,10 @@ def repartition(
     unless ``enforce_exactly_once_sink`` is False, which skips a failed last batch (its input
     is read again by the next run). Refused while a query runs on the checkpoint. Safe to
     interrupt: the checkpoint stays as it was until the new state is committed, and running it
-    again completes it. ``progress``: show a progress line (default: when stderr is a terminal).
+    again completes it. ``progress``: show a bar per operator (default: when stderr is a
+    terminal). From a Spark Connect client, the checkpoint is read and written on the server's
+    side, and a query running there is found when the rescale starts (the client cannot hold
+    the checkpoint's lock for the whole rescale).
     """
     if is_connect(spark):  # the server's side reaches the checkpoint; the job runs from here
         return rescale_locked(
@@ -103,7 +106,7 @@ def rescale_locked(
     """:func:`repartition` for a caller that holds the checkpoint's lock."""
     started = time.perf_counter()
     plan, moves = _on_checkpoint(
-        spark, _plan, (location, num_partitions, enforce_exactly_once_sink)
+        spark, _plan, (location, num_partitions, enforce_exactly_once_sink, is_connect(spark))
     )
     written = _move(spark, plan, moves, progress and not is_connect(spark))
     _on_checkpoint(spark, _commit, (plan, moves, written))
@@ -128,8 +131,12 @@ def _on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
     return run_on_server(spark, func, arg) if is_connect(spark) else func(arg)
 
 
-def _plan(arg: tuple[str, int, bool]) -> tuple[RescalePlan, list[OperatorMove]]:
-    location, num_partitions, enforce = arg
+def _plan(arg: tuple[str, int, bool, bool]) -> tuple[RescalePlan, list[OperatorMove]]:
+    location, num_partitions, enforce, probe_lock = arg
+    if probe_lock:  # from a Spark Connect client, which cannot hold it: refused if in use
+        lock = CheckpointLock(engine_root_of(canonical_location(location)))
+        lock.acquire()
+        lock.release()
     plan = plan_rescale(location, num_partitions, enforce_exactly_once_sink=enforce)
     try:
         moves = plan_moves(plan.location, plan.last_batch, plan.from_partitions, plan.to_partitions)

@@ -34,7 +34,6 @@ from sparkstate.runtime.spark_checkpoint import (
     drop_spark_batch,
     input_digest,
     spark_batches,
-    spark_shuffle_partitions,
 )
 from sparkstate.store.conf import StoreId
 from sparkstate.store.durable import DurableDir, canonical_location, join_uri
@@ -171,10 +170,13 @@ def plan_rescale(
             "query for a batch first)"
         )
         raise ConfigurationError(msg)
+    current = int(metadata["num_partitions"])
+    if num_partitions == current:
+        msg = f"{location} already has {current} state partitions: nothing to rescale"
+        raise ConfigurationError(msg)
     last_committed = commits[-1]
-    last_batch = max(offsets[-1] if offsets else last_committed, last_committed)
-    if last_batch > last_committed:
-        failed = [b for b in offsets if b > last_committed]
+    failed = [b for b in offsets if b > last_committed]
+    if failed:
         if enforce_exactly_once_sink:
             msg = (
                 f"{location}: batch {failed[0]} was planned but did not commit (the query "
@@ -194,7 +196,6 @@ def plan_rescale(
             if log_.batches.exists(f"{b}.json"):
                 log_.batches.delete(f"{b}.json")
         log.warning("%s: rolled back batches %s, which did not commit", location, failed)
-        last_batch = last_committed
     commit = log_.read_commit(last_committed)
     if commit is None:
         msg = (
@@ -202,14 +203,7 @@ def plan_rescale(
             "commit of it; the checkpoint's logs do not match: restore the checkpoint"
         )
         raise ConfigurationError(msg)
-    current = int(metadata["num_partitions"])
-    if num_partitions == current:
-        msg = f"{location} already has {current} state partitions: nothing to rescale"
-        raise ConfigurationError(msg)
-    recorded = spark_shuffle_partitions(spark, last_committed)
-    if recorded is not None and recorded != current:
-        log.info("Spark's offsets of batch %d record %d partitions", last_committed, recorded)
-    batch_id = last_batch + 1
+    batch_id = last_committed + 1
     log_.write_intent(
         BatchIntent(
             batch_id,

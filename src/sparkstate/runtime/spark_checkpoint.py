@@ -28,7 +28,6 @@ __all__ = [
     "drop_spark_batch",
     "spark_batches",
     "spark_query_id",
-    "spark_shuffle_partitions",
 ]
 
 log = logging.getLogger("sparkstate.engine")
@@ -81,17 +80,6 @@ def spark_batches(checkpoint: DurableDir) -> tuple[list[int], list[int]]:
         return sorted(int(e.name) for e in checkpoint.child(name).list() if e.name.isdigit())
 
     return ids(OFFSETS_DIR), ids(COMMITS_DIR)
-
-
-def spark_shuffle_partitions(checkpoint: DurableDir, batch_id: int) -> int | None:
-    """The shuffle partition count Spark recorded for batch ``batch_id`` (None: not recorded)."""
-    lines = checkpoint.child(OFFSETS_DIR).read(str(batch_id)).decode("utf-8").splitlines()
-    try:
-        conf = json.loads(lines[1]).get("conf", {})
-    except (IndexError, ValueError, AttributeError):
-        return None
-    value = conf.get(SHUFFLE_PARTITIONS)
-    return None if value is None else int(value)
 
 
 def copy_spark_batch(
