@@ -141,14 +141,15 @@ def read_partition(move: OperatorMove, partition: int) -> Iterator[pa.RecordBatc
             chunks = store.raw_scan_chunks(
                 family.prefix, family.end_of_family(), len(family.prefix), _CHUNK
             )
+            prefix = pa.scalar(family.prefix, pa.binary())
             for suffixes, values in chunks:
                 keys = family.key_codec.decode_many_arrow(suffixes)
                 n = len(suffixes)
                 columns = [keys.column(c).combine_chunks() for c in move.columns]
                 arrays = [
                     *(c.cast(move.schema.field(i).type) for i, c in enumerate(columns)),
-                    pa.array([name] * n, pa.string()),
-                    pa.array([family.prefix + s for s in suffixes], pa.binary()),
+                    pa.repeat(pa.scalar(name, pa.string()), n),
+                    pc.binary_join_element_wise(prefix, pa.array(suffixes, pa.binary()), b""),
                     pa.array(values, pa.binary()),
                 ]
                 yield pa.RecordBatch.from_arrays(arrays, schema=move.schema)
@@ -186,11 +187,7 @@ def write_partition(
         "num_keys": table.num_rows,
     }
     data = encode_changelog(
-        cls.delta_kind,
-        header,
-        table.column(KEY).to_pylist(),
-        table.column(VALUE).to_pylist(),
-        StoreConf().compression,
+        cls.delta_kind, header, table.column(KEY), table.column(VALUE), StoreConf().compression
     )
     directory = DurableDir(state_root).child(StoreId(state_root, op_id, partition).relative_dir)
     directory.write_atomic(file_name(ref, cls.delta_ext), data)

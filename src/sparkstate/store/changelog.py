@@ -59,20 +59,27 @@ def _parent(header: dict[str, Any]) -> tuple[int, str] | None:
 def encode_changelog(
     kind: bytes,
     header: dict[str, Any],
-    keys: Sequence[bytes],
-    values: Sequence[bytes | None],
+    keys: Sequence[bytes] | pa.Array | pa.ChunkedArray,
+    values: Sequence[bytes | None] | pa.Array | pa.ChunkedArray,
     compression: str,
     *,
     batch_rows: int = BATCH_ROWS,
 ) -> bytes:
-    """A changelog file: the rows in record batches of ``batch_rows``, after the header."""
-    table = pa.table([pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=_SCHEMA)
+    """A changelog file: the rows in record batches of ``batch_rows``, after the header. Keys
+    and values may come as Python bytes or as Arrow binary columns (taken as they are)."""
+    table = pa.table([_binary(keys), _binary(values)], schema=_SCHEMA)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, _SCHEMA) as writer:
         writer.write_table(table, max_chunksize=batch_rows)
     head = json.dumps(header, sort_keys=True).encode()
     payload = _LEN.pack(len(head)) + head + sink.getvalue().to_pybytes()
     return encode_frame(kind, payload, compression)
+
+
+def _binary(column: Any) -> pa.Array | pa.ChunkedArray:
+    if isinstance(column, (pa.Array, pa.ChunkedArray)):
+        return column.cast(pa.binary())
+    return pa.array(column, pa.binary())
 
 
 class ChangelogReader:
