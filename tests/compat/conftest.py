@@ -1,0 +1,72 @@
+"""Spark's own PySpark tests of stateful streaming, ported with only the query wrapped.
+
+Each module re-states one of Spark's test files (``python/pyspark/sql/tests/...`` in Apache
+Spark): the same inputs, processors and per-batch assertions, the query built through
+``ss.stream(df)`` and run on both of our providers. The session is the one running already, if
+another test module made it, set as Spark's test cases expect for the module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+_REPO = str(Path(__file__).resolve().parents[2])
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p
+)
+
+PROVIDERS = ["memory", "rocksdb"]
+
+#: What Spark's stateful test cases run with (its ReusedSQLTestCase plus the suites' own conf).
+CONF = {
+    "spark.sql.shuffle.partitions": "5",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    running = SparkSession.getActiveSession()
+    if running is None:
+        builder = SparkSession.builder.master("local[2,2]").appName("sparkstate-compat-tests")
+        for key, value in {
+            "spark.ui.enabled": "false",
+            "spark.python.worker.reuse": "true",
+            "spark.sql.streaming.schemaInference": "false",
+            **CONF,
+        }.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        yield session
+        session.stop()
+        return
+    before = {key: running.conf.get(key, None) for key in CONF}
+    for key, value in CONF.items():
+        running.conf.set(key, value)
+    try:
+        yield running
+    finally:
+        for key, value in before.items():
+            if value is None:
+                running.conf.unset(key)
+            else:
+                running.conf.set(key, value)
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request: pytest.FixtureRequest) -> str:
+    """The state store provider a wrapped query runs on: every case runs on both."""
+    return str(request.param)
