@@ -102,3 +102,44 @@ def test_delay_strings() -> None:
     assert parse_delay_ms("500 milliseconds") == 500
     with pytest.raises(ConfigurationError, match="10 minutes"):
         parse_delay_ms("soon")
+
+
+BEFORE_EPOCH: list[list[dict[str, Any]]] = [
+    # Spark's watermark is 0 from the first batch: a window ending at the epoch is late at once
+    [
+        {"k": "a", "ts": "1969-12-31T23:59:00Z", "v": 1},
+        {"k": "a", "ts": "2100-01-01T00:00:00Z", "v": 2},
+    ],
+    [{"k": "b", "ts": "2100-01-01T00:20:00Z", "v": 3}],
+]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_row_before_the_epoch_is_late_in_the_first_batch_like_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    def query(df: Any, fns: Any) -> Any:
+        return df.groupBy(fns.window("ts", "1 minute"), "k").agg(fns.count("*").alias("n"))
+
+    ours, theirs = Collector(), Collector()
+    q = (
+        query(ss.stream(source(spark, feed, SCHEMA).withWatermark("ts", "1 minute")), SF)
+        .writeStream.outputMode("append")
+        .foreachBatch(ours)
+        .option("checkpointLocation", str(tmp_path / "a"))
+        .option("stateStore", provider)
+        .start()
+    )
+    run_batches(feed, q, BEFORE_EPOCH)
+    progress = q.recentProgress
+    feed.reset()
+    spark_q = (
+        query(source(spark, feed, SCHEMA).withWatermark("ts", "1 minute"), F)
+        .writeStream.outputMode("append")
+        .foreachBatch(theirs)
+        .option("checkpointLocation", str(tmp_path / "b"))
+        .start()
+    )
+    run_batches(feed, spark_q, BEFORE_EPOCH)
+    assert ours.batches == theirs.batches
+    assert [p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress][0] == 1

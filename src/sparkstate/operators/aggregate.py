@@ -187,8 +187,8 @@ class StreamingAggregate(StatefulOperator):
                 m.num_input_rows += int(pc.sum(batch.column(ROWS_COLUMN)).as_py() or 0)
             if EVENT_TIME_COLUMN in batch.schema.names:
                 m.observe_event_time(max_event_time_ms(batch.column(EVENT_TIME_COLUMN)))
-            if evicts and ctx.watermark_for_late_rows_ms > 0:
-                assert self.watermark_key is not None
+            if self.watermark_key is not None and mode != "complete":
+                # Spark's watermark starts at 0: a row at or before the epoch is late at once
                 late = is_late(batch.column(self.watermark_key), ctx.watermark_for_late_rows_ms)
                 n_late = int(pc.sum(late.cast(pa.int64())).as_py() or 0)
                 if n_late:

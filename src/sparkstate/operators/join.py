@@ -260,8 +260,6 @@ class StreamingJoin(StatefulOperator):
             return rows
         times = rows.column(side.event_time)
         ctx.metrics.observe_input_event_time(side.name, max_event_time_ms(times))
-        if ctx.watermark_for_late_rows_ms <= 0:
-            return rows
         late = is_late(times, ctx.watermark_for_late_rows_ms)
         dropped = int(pc.sum(late).as_py() or 0)
         if not dropped:

@@ -144,7 +144,7 @@ class SessionWindowAggregate(StatefulOperator):
             table = table.filter(pc.is_valid(table.column(self.window.start)))  # no event time
         late_ms = ctx.watermark_for_late_rows_ms
         # Spark drops late sessions in every output mode (its restore step does, before the save)
-        if self.watermarked and late_ms > 0 and table.num_rows:
+        if self.watermarked and table.num_rows:  # the watermark starts at 0, as Spark's
             late = pc.less_equal(_micros(table.column(self.window.end)), late_ms * 1000)
             n_late = int(pc.sum(late.cast(pa.int64())).as_py() or 0)
             if n_late:
