@@ -385,3 +385,44 @@ def test_corrupt_state_file_surfaces_as_itself(
     first = str(info.value).splitlines()[0]
     assert str(damaged) in first
     assert isinstance(info.value, StreamingQueryException)
+
+
+def test_deleted_spark_logs_refused_as_spark_refuses(spark: SparkSession, tmp_path: Path) -> None:
+    """Spark's ``offsets/`` and ``commits/`` deleted together: Spark refuses to plan batch 0 over
+    state that is not empty, and so does the wrapped query, instead of handing the sink batch ids
+    it has seen."""
+    for wrapped in (False, True):
+        feed = FileFeed(tmp_path / f"input-{wrapped}")
+        feed.add(rows(0))
+        checkpoint = tmp_path / f"checkpoint-{wrapped}"
+
+        def run(wrapped: bool = wrapped, feed: FileFeed = feed, chk: Path = checkpoint) -> Any:
+            df = feed.stream(spark, SCHEMA)
+            counted = count_per_user(ss.stream(df) if wrapped else df)
+            writer = counted.writeStream.outputMode("update").foreachBatch(Deliveries())
+            handle = writer.option("checkpointLocation", str(chk)).trigger(availableNow=True)
+            return handle.start()
+
+        assert run().awaitTermination(180)
+        shutil.rmtree(checkpoint / "offsets")
+        shutil.rmtree(checkpoint / "commits")
+        with pytest.raises(
+            (ConfigurationError, StreamingQueryException),
+            match="STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY",
+        ):
+            run().awaitTermination(180)
+    assert not spark.streams.active
+
+
+def test_misconfigured_checkpoint_messages(spark: SparkSession, tmp_path: Path) -> None:
+    feed = FileFeed(tmp_path / "input")
+    feed.add(rows(0))
+    with pytest.raises(ConfigurationError, match="option numPartitions must be a whole number"):
+        run_count(spark, feed, str(tmp_path / "a"), numPartitions="abc")
+    with pytest.raises(ConfigurationError, match="option numPartitions .* got '0'"):
+        run_count(spark, feed, str(tmp_path / "a"), numPartitions="0")
+    run_count(spark, feed, str(tmp_path / "b"))
+    shutil.rmtree(tmp_path / "b" / "sparkstate")
+    with pytest.raises(ConfigurationError, match="was deleted"):
+        run_count(spark, feed, str(tmp_path / "b"))
+    assert not spark.streams.active

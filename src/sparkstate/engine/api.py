@@ -41,7 +41,7 @@ from sparkstate.operators.aggregate import StreamingAggregate
 from sparkstate.operators.base import OUTPUT_MODES
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
-from sparkstate.runtime.metadata import check_checkpoint_location
+from sparkstate.runtime.metadata import check_checkpoint_location, check_num_partitions
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.runtime.start import (
     Checkpoint,
@@ -482,6 +482,7 @@ class DataStreamWriter:
             msg = f"the {self._format} sink does not take complete mode (as in Spark); use update"
             raise ConfigurationError(msg)
         opts = dict(self._options)
+        check_num_partitions(opts.get("numPartitions"))
         provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
         provider = provider_name(provider_class(provider_spec))
         self._store_conf(spark)  # bad options fail before the checkpoint is touched

@@ -11,12 +11,13 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
 from sparkstate.operators.restart import check_state_change, same_schema
-from sparkstate.store.durable import DurableDir, canonical_location, local_path
+from sparkstate.store.durable import DurableDir, canonical_location, join_uri, local_path
 from sparkstate.store.schema_json import fields_from_json
 
 __all__ = [
     "PARTITIONS_ASKED",
     "check_checkpoint_location",
+    "check_num_partitions",
     "check_restart",
     "partitions_asked",
     "refuse_foreign_checkpoint",
@@ -41,8 +42,10 @@ def refuse_foreign_checkpoint(checkpoint: str) -> None:
     commits = DurableDir(checkpoint).child("commits")
     if any(e.name.isdigit() for e in commits.list()):
         msg = (
-            f"checkpoint {checkpoint} holds batches of a query that ran without sparkstate, so "
-            "there is no state to continue from; start from a new checkpoint location"
+            f"checkpoint {checkpoint} has committed batches but no sparkstate state "
+            f"({join_uri(checkpoint, 'sparkstate')} is missing): either the query ran without "
+            "sparkstate, or that directory was deleted. There is no state to continue from: "
+            "restore the directory or start from a new checkpoint location"
         )
         raise ConfigurationError(msg)
 
@@ -94,6 +97,19 @@ def check_restart(
                 f"{new} ({file}); restore the original query or use a new checkpoint location"
             )
             raise ConfigurationError(msg)
+
+
+def check_num_partitions(option: Any) -> None:
+    """The ``numPartitions`` option, when given, is a whole number of at least 1."""
+    if option is None:
+        return
+    try:
+        wanted = int(str(option).strip())
+    except ValueError:
+        wanted = 0
+    if wanted < 1:
+        msg = f"option numPartitions must be a whole number >= 1, got {option!r}"
+        raise ConfigurationError(msg)
 
 
 def partitions_asked(option: str | None, session_default: int) -> dict[str, Any]:

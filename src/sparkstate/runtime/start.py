@@ -24,7 +24,7 @@ from sparkstate.runtime.metadata import (
     rescale_target,
 )
 from sparkstate.runtime.rescale import settle_rescale
-from sparkstate.runtime.spark_checkpoint import spark_query_id
+from sparkstate.runtime.spark_checkpoint import spark_batches, spark_query_id
 from sparkstate.store.durable import DurableDir, canonical_location, join_uri
 
 __all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
@@ -121,6 +121,7 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         }
         log_.write_metadata(metadata)
     else:
+        refuse_state_without_offsets(location, log_)
         operators = _recorded_ids(metadata.get("operators", []), request.operators)
         check_restart(metadata, request.provider, state_option, operators, log_.root)
         rescale_to = rescale_target(metadata, asked)
@@ -141,3 +142,19 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         metadata = {**metadata, "query_id": query_id}
         log_.write_metadata(metadata)
     return Checkpoint(location, engine_root, state_option or engine_root, metadata, rescale_to)
+
+
+def refuse_state_without_offsets(location: str, log_: CheckpointLog) -> None:
+    """Spark's offset log is gone while our state has committed batches (Spark's ``offsets/``
+    and ``commits/`` deleted): Spark would plan batch 0 again over state that is not empty and
+    refuses, and so do we, rather than hand the sink batch ids it has already seen."""
+    offsets, _commits = spark_batches(DurableDir(location))
+    if offsets or log_.latest_commit() is None:
+        return
+    msg = (
+        f"[STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY] The checkpoint location {log_.root} should "
+        f"be empty on batch 0: Spark's offset log in {location} has no batch while sparkstate's "
+        "state has committed batches. Please either use a new checkpoint location, or delete "
+        "the existing data in the checkpoint location."
+    )
+    raise ConfigurationError(msg)
