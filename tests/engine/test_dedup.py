@@ -86,3 +86,34 @@ def test_within_watermark_needs_a_watermark(spark: SparkSession, tmp_path: Path)
         query.writeStream.foreachBatch(Collector()).option(
             "checkpointLocation", str(tmp_path / "c")
         ).start()
+
+
+def test_a_source_column_added_between_runs_like_spark(spark: SparkSession, tmp_path: Path) -> None:
+    """Spark's deduplication keeps only its key columns in state, so a column added to the
+    source between runs is accepted, and the rows after it carry it."""
+    narrow, wide = "k string, v long", "k string, v long, w string"
+    out: dict[bool, list[dict[int, list[Any]]]] = {}
+    for ours in (False, True):
+        feed = FileFeed(tmp_path / f"input-{ours}")
+        checkpoint = str(tmp_path / f"checkpoint-{ours}")
+        out[ours] = []
+        for schema, files in (
+            (narrow, [[{"k": "a", "v": 1}, {"k": "b", "v": 2}]]),
+            (wide, [[{"k": "a", "v": 3, "w": "x"}, {"k": "c", "v": 4, "w": "y"}]]),
+        ):
+            for rows in files:
+                feed.add(rows)
+            df = feed.stream(spark, schema)
+            collector = Collector()
+            q = (
+                (ss.stream(df) if ours else df)
+                .dropDuplicates(["k"])
+                .writeStream.foreachBatch(collector)
+                .option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True)
+                .start()
+            )
+            assert q.awaitTermination(180)
+            out[ours].append(dict(collector.batches))
+    assert out[True] == out[False]
+    assert [r for rows in out[True][1].values() for r in rows] == [("c", 4, "y")]

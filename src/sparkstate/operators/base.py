@@ -187,6 +187,10 @@ class StatefulOperator(ABC):
     progress_name: ClassVar[str]
     #: Output modes this operator supports.
     supported_output_modes: ClassVar[tuple[str, ...]]
+    #: Whether the output's schema is part of the state: False where the output rows are the
+    #: input rows passed through and the state keeps none of their columns (deduplication,
+    #: limit), so a source column added between runs is accepted, as Spark accepts it.
+    output_in_state: ClassVar[bool] = True
 
     input_schema: pa.Schema
     key_schema: pa.Schema

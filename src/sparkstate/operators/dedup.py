@@ -43,6 +43,7 @@ class Deduplicate(StatefulOperator):
 
     kind: ClassVar[str] = "dedup"
     progress_name: ClassVar[str] = "dedupe"
+    output_in_state: ClassVar[bool] = False
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
 
     def __init__(

@@ -35,6 +35,7 @@ class StreamingLimit(StatefulOperator):
     kind: ClassVar[str] = "limit"
     progress_name: ClassVar[str] = "globalLimit"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append",)
+    output_in_state: ClassVar[bool] = False
 
     def __init__(
         self, input_schema: pa.Schema, limit: int, *, event_time: str | None = None

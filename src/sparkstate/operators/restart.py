@@ -16,10 +16,19 @@ from __future__ import annotations
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
+from sparkstate.operators.limit import StreamingLimit
 from sparkstate.store.evolution import WHAT_TO_DO, Field, incompatibility, show_fields
 from sparkstate.store.schema_json import fields_from_json
 
 __all__ = ["check_state_change", "same_schema"]
+
+#: Kinds of operator whose state keeps none of the output's columns.
+_OUTPUT_NOT_IN_STATE = frozenset(
+    c.kind
+    for c in (Deduplicate, DeduplicateWithinWatermark, StreamingLimit)
+    if not c.output_in_state
+)
 
 
 def _fields(described: Any) -> list[Field]:
@@ -72,6 +81,8 @@ def check_state_change(old: dict[str, Any], new: dict[str, Any], where: str) -> 
     operator; returns the keys checked here (the caller compares the others for equality)."""
     op = f"operator {new.get('id')} ({new.get('kind')})"
     checked: set[str] = set()
+    if new.get("kind") in _OUTPUT_NOT_IN_STATE:
+        checked.add("output_schema")  # the input passed through: its columns may change
     if "state_schema" in old or "state_schema" in new:
         what = f"{op}: the state schema"
         _check_fields(old.get("state_schema"), new.get("state_schema"), what, where)
