@@ -92,6 +92,30 @@ def _processor() -> Any:
     return type("CounterProcessor", (Counter, StatefulProcessor), {})()
 
 
+class Reminder:
+    """A ``StatefulProcessor`` that registers an event-time timer per batch of a key, far in
+    the future (2100), at a time that depends on the key's count."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Any:  # noqa: N802, N803
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(p) for p in rows)
+        self.count.update((n,))
+        self.handle.registerTimer(4_102_444_800_000 + n)
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+def _timers() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    return type("ReminderProcessor", (Reminder, StatefulProcessor), {})()
+
+
 def _count_rows(key: Any, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
     n = state.get[0] if state.exists else 0
     n += sum(len(pdf) for pdf in pdfs)
@@ -113,6 +137,12 @@ def _aggregate(df: Any, fn: Any) -> Any:
 
 def _windows(df: Any, fn: Any) -> Any:
     return df.groupBy(fn.window("ts", "1 minute"), "k").agg(fn.count("*").alias("n"), fn.sum("v"))
+
+
+def _sessions(df: Any, fn: Any) -> Any:
+    return df.groupBy(fn.session_window("ts", "20 seconds"), "k").agg(
+        fn.count("*").alias("n"), fn.sum("v")
+    )
 
 
 def _join(df: Any, fn: Any) -> Any:
@@ -140,6 +170,8 @@ QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
     "join": (_join, "append", True),
     "applyInPandasWithState": (_group_state, "update", False),
     "windows": (_windows, "update", True),
+    "sessions": (_sessions, "append", True),
+    "limit": (lambda df, fn: df.limit(4), "append", False),
     "dedup": (lambda df, fn: df.dropDuplicates(["k"]), "append", False),
     "dedup-watermark": (lambda df, fn: df.dropDuplicates(["k", "ts"]), "append", True),
     "dedup-within": (lambda df, fn: df.dropDuplicatesWithinWatermark(["k"]), "append", True),
@@ -149,6 +181,13 @@ QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
         ),
         "update",
         False,
+    ),
+    "timers": (
+        lambda df, fn: df.groupBy("k").transformWithStateInPandas(
+            _timers(), "k string, n long", "update", "EventTime"
+        ),
+        "update",
+        True,
     ),
 }
 
@@ -168,7 +207,8 @@ def _plain(value: Any) -> Any:
 
 #: Queries whose state partitions differ from Spark's: ours shuffle a window by its end and
 #: start columns, Spark's by the window struct, so a (window, key) may sit in another partition.
-OWN_PARTITIONING = ("windows",)
+#: Spark's limit keeps its count in partition 0 (its one task), ours where the null key hashes.
+OWN_PARTITIONING = ("windows", "limit")
 
 
 def _collect(df: DataFrame, name: str = "") -> list[Any]:
@@ -238,6 +278,8 @@ READS: list[tuple[str, dict[str, Any]]] = [
     ("join", {"joinSide": "right"}),
     ("applyInPandasWithState", {}),
     ("windows", {}),
+    ("sessions", {}),
+    ("limit", {}),
     ("dedup", {}),
     ("dedup-watermark", {}),
     ("dedup-within", {}),
@@ -246,6 +288,7 @@ READS: list[tuple[str, dict[str, Any]]] = [
     ("transformWithState", {"stateVarName": "named"}),
     ("transformWithState", {"stateVarName": "seen", "flattenCollectionTypes": "false"}),
     ("transformWithState", {"stateVarName": "named", "flattenCollectionTypes": "false"}),
+    ("timers", {"readRegisteredTimers": "true"}),
 ]
 
 

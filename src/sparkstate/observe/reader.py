@@ -53,6 +53,7 @@ _OPTIONS = {
     "changestartbatchid": "change_start",
     "changeendbatchid": "change_end",
     "flattencollectiontypes": "flatten",
+    "readregisteredtimers": "timers",
 }
 
 
@@ -89,6 +90,7 @@ class ReadRequest:
     change_start: int | None = None
     change_end: int | None = None
     flatten: bool = True
+    timers: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], location: str | None = None) -> ReadRequest:
@@ -101,7 +103,8 @@ class ReadRequest:
                 msg = (
                     f"unknown option {name!r} of the sparkstate state reader; it takes "
                     "batchId, operatorId, storeName (or stateVarName), joinSide, "
-                    "flattenCollectionTypes, readChangeFeed, changeStartBatchId, "
+                    "flattenCollectionTypes, readRegisteredTimers, readChangeFeed, "
+                    "changeStartBatchId, "
                     f"changeEndBatchId ({len(known)} in all)"
                 )
                 raise ConfigurationError(msg)
@@ -115,7 +118,7 @@ class ReadRequest:
         for field, (name, raw) in given.items():
             if field in ("batch_id", "operator_id", "change_start", "change_end"):
                 kwargs[field] = _int(name, raw)
-            elif field in ("change_feed", "flatten"):
+            elif field in ("change_feed", "flatten", "timers"):
                 kwargs[field] = _bool(name, raw)
             elif field == "join_side":
                 side = str(raw).lower()
@@ -189,6 +192,7 @@ class StateReader:
             store_name=self.request.store_name,
             join_side=self.request.join_side,
             flatten=self.request.flatten,
+            timers=self.request.timers,
         )
 
     @property

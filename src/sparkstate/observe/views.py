@@ -20,10 +20,11 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.join import unpack_rows
 from sparkstate.operators.state_collections import decode_list, decode_map
 from sparkstate.operators.state_vars import elements_cf_name
+from sparkstate.operators.timers import TIMERS_CF, timer_expiries
 from sparkstate.operators.ttl import TTL_FIELD
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 from sparkstate.store.codec import KeyCodec, ValueCodec
-from sparkstate.store.schema_json import schema_from_json
+from sparkstate.store.schema_json import fields_from_json, schema_from_json
 
 __all__ = ["StateView", "view_for"]
 
@@ -101,12 +102,18 @@ class KeyValueView(StateView):
         *,
         key_shape: Any = None,
         value_shape: Any = None,
+        row_shape: Any = None,
     ) -> None:
+        """``key_shape`` and ``value_shape`` turn decoded keys or values into what the row
+        shows; ``row_shape(keys, values)`` makes the value from both, where Spark's value
+        repeats the key's columns."""
         super().__init__(family)
         self._key_shape = key_shape or (lambda t: t)
-        self._value_shape = value_shape or (lambda t: t)
+        shape = value_shape or (lambda t: t)
+        self._row_shape = row_shape or (lambda _keys, values: shape(values))
         self.key_type = _struct(self._key_shape(key_schema.empty_table())).type
-        self.value_type = _struct(self._value_shape(value_schema.empty_table())).type
+        empty = self._row_shape(key_schema.empty_table(), value_schema.empty_table())
+        self.value_type = _struct(empty).type
 
     @property
     def schema(self) -> pa.Schema:
@@ -116,9 +123,10 @@ class KeyValueView(StateView):
         self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
     ) -> pa.Table:
         fam = families[self.family]
-        key_table = self._key_shape(fam.key_codec.decode_many_arrow(keys))
+        decoded_keys = fam.key_codec.decode_many_arrow(keys)
         value_table, found = fam.value_codec.decode_many_arrow(values)
-        value = _struct(self._value_shape(value_table), found)
+        value = _struct(self._row_shape(decoded_keys, value_table), found)
+        key_table = self._key_shape(decoded_keys)
         return pa.Table.from_arrays([_struct(key_table), value], schema=self.schema)
 
 
@@ -186,6 +194,39 @@ class ListView(_CollectionView):
         elements: list[Any] = [e for items in lists for e in (items or _NOTHING)]
         return pa.Table.from_arrays(
             [key_array.take(pa.array(at, pa.int64())), pa.array(elements, self.element_type)],
+            schema=self.schema,
+        )
+
+
+class TimersView(_CollectionView):
+    """A ``StatefulProcessor``'s registered timers (Spark's ``readRegisteredTimers``): one row
+    per timer, its grouping key and ``expiration_timestamp_ms``."""
+
+    flatten = True
+
+    def __init__(self, key_schema: pa.Schema) -> None:
+        super().__init__(TIMERS_CF)
+        self.key_type = pa.struct(list(key_schema))
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([("key", self.key_type), ("expiration_timestamp_ms", pa.int64())])
+
+    def _collections(
+        self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
+    ) -> list[list[int] | None]:
+        blobs = families[self.family].value_codec.decode_many(values)
+        return [None if b is None else timer_expiries(b[0]) for b in blobs]
+
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        key_array = _struct(families[self.family].key_codec.decode_many_arrow(keys))
+        timers = self._collections(families, values)
+        at = [i for i, expiries in enumerate(timers) for _ in (expiries or _NOTHING)]
+        expiry = [e for expiries in timers for e in (expiries or _NOTHING)]
+        return pa.Table.from_arrays(
+            [key_array.take(pa.array(at, pa.int64())), pa.array(expiry, pa.int64())],
             schema=self.schema,
         )
 
@@ -339,18 +380,71 @@ def _aggregate_view(described: dict[str, Any], key: pa.Schema, value: pa.Schema)
             fields.append(pa.field(k["window"], window.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
+    return KeyValueView(
+        DEFAULT_CF, key, value, key_shape=key_shape, value_shape=_buffers_shape(described)
+    )
+
+
+def _buffers_shape(described: dict[str, Any], taken: Sequence[str] = ()) -> Any:
+    """Aggregation buffers under Spark's names (after the names in ``taken``)."""
     funcs = [a.get("func") for a in described.get("aggregates", [])]
 
     def value_shape(table: pa.Table) -> pa.Table:
         table = _avg_sums_from_zero(table, funcs)
-        names: list[str] = []
+        names: list[str] = list(taken)
         for name in table.schema.names:
             m = _BUFFER.match(name)
             suffix = m.group(1) if m else name
             names.append(_unique(_SPARK_BUFFER_NAMES.get(suffix, suffix), names))
+        return table.rename_columns(names[len(taken) :])
+
+    return value_shape
+
+
+def _session_view(described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+    """Spark's session window state: the key is the grouping keys and ``sessionStartTime``, the
+    value the whole partial row (the grouping keys in the query's order, the session window as
+    its ``start``/``end`` struct, then the buffers under Spark's names)."""
+    window = described["window"]
+    n_keys = len(key.names)  # the user's keys and the session's start
+    output = [f[0] for f in fields_from_json(described["output_schema"])]
+    grouping = output[:n_keys]  # the window and the user's keys, as grouped
+
+    def key_shape(table: pa.Table) -> pa.Table:
+        names = ["sessionStartTime" if n == window["start"] else n for n in table.schema.names]
         return table.rename_columns(names)
 
-    return KeyValueView(DEFAULT_CF, key, value, key_shape=key_shape, value_shape=value_shape)
+    buffers = _buffers_shape(described, taken=grouping)
+
+    def value_shape(keys: pa.Table, values: pa.Table) -> pa.Table:
+        arrays, fields = [], []
+        for name in grouping:
+            if name == window["window"]:
+                start = keys.column(window["start"]).combine_chunks()
+                end = values.column(window["end"]).combine_chunks()
+                column: Any = pa.StructArray.from_arrays(
+                    [start, end],
+                    fields=[pa.field("start", start.type), pa.field("end", end.type)],
+                )
+            else:
+                column = keys.column(name).combine_chunks()
+            arrays.append(column)
+            fields.append(pa.field(name, column.type))
+        rest = buffers(values.drop_columns([window["end"]]))
+        return pa.Table.from_arrays(
+            arrays + rest.columns, schema=pa.schema(fields + list(rest.schema))
+        )
+
+    return KeyValueView(DEFAULT_CF, key, value, key_shape=key_shape, row_shape=value_shape)
+
+
+def _limit_key(table: pa.Table) -> pa.Table:
+    """Spark's limit keeps its count under one null key named ``key``."""
+    return pa.table({"key": pa.nulls(table.num_rows)})
+
+
+def _limit_value(table: pa.Table) -> pa.Table:
+    return table.rename_columns(["value"])
 
 
 def _avg_sums_from_zero(table: pa.Table, funcs: list[Any]) -> pa.Table:
@@ -472,10 +566,19 @@ def view_for(
     store_name: str | None = None,
     join_side: str | None = None,
     flatten: bool = True,
+    timers: bool = False,
 ) -> StateView:
     """The view of an operator's store: ``described`` is its entry in ``metadata.json``,
     ``families`` its partition's column families, ``store_name`` a state variable or family."""
     kind = described["kind"]
+    if timers:
+        if kind != "transformWithState" or TIMERS_CF not in families:
+            msg = (
+                f"readRegisteredTimers reads the timers of a transformWithState operator with "
+                f"a time mode; operator {described['id']} ({kind}) has none"
+            )
+            raise ConfigurationError(msg)
+        return TimersView(families[TIMERS_CF][0])
     if kind == "join" and store_name is None:
         return _join_view(described, families, join_side)
     side = (store_name or "").split("-")[0]
@@ -499,6 +602,10 @@ def view_for(
     key, value = families[DEFAULT_CF]
     if kind == "aggregate":
         return _aggregate_view(described, key, value)
+    if kind == "session_window_aggregate":
+        return _session_view(described, key, value)
+    if kind == "limit":
+        return KeyValueView(DEFAULT_CF, key, value, key_shape=_limit_key, value_shape=_limit_value)
     if kind == "dedup":
         order = _dedup_key_order(described)
         return KeyValueView(DEFAULT_CF, key, value, key_shape=order, value_shape=_empty_value)

@@ -32,6 +32,7 @@ __all__ = [
     "TimerState",
     "TimerValues",
     "time_mode",
+    "timer_expiries",
 ]
 
 TIMERS_CF = "$timers"
@@ -98,6 +99,11 @@ class ExpiredTimerInfo:
 
 def _pack(expiries: list[int]) -> bytes:
     return struct.pack(f"<{len(expiries)}q", *expiries)
+
+
+def timer_expiries(blob: bytes) -> list[int]:
+    """A key's timers, as stored in :data:`TIMERS_CF`, in expiry order."""
+    return _unpack(blob)
 
 
 def _unpack(blob: bytes) -> list[int]:
