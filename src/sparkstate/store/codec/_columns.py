@@ -97,8 +97,14 @@ class Column:
             layout = ListLayout(self)
             self._set("var", 0, "", layout.encode, {list, tuple})
             self.from_phys = layout.decode
+        elif role == "value" and _is_nested_value_type(t):
+            from sparkstate.store.codec._nested import NestedLayout  # (it builds on Column)
+
+            nested = NestedLayout(field)
+            self._set("var", 0, "", nested.encode, {list, tuple, dict, np.ndarray})
+            self.from_phys = nested.decode
         else:
-            lists = ", and in values lists of those" if role == "value" else ""
+            lists = ", and in values lists, structs and maps of those" if role == "value" else ""
             msg = (
                 f"{role} column {self.name!r} has Arrow type {t}, which the {role} codec does not "
                 "support (supported: integers, float32/64, bool, string, binary, timestamp, "
@@ -339,6 +345,15 @@ class ListLayout:
 
 
 _F32 = struct.Struct("<f")
+
+
+def _is_nested_value_type(t: pa.DataType) -> bool:
+    """A struct, a map, or a list of a nested type (:mod:`._nested` lays those out)."""
+    return (
+        pa.types.is_struct(t)
+        or pa.types.is_map(t)
+        or (pa.types.is_list(t) and pa.types.is_nested(t.value_type))
+    )
 
 
 def _utf8(b: bytes) -> str:
