@@ -174,9 +174,8 @@ def _split_top_level(text: str) -> list[str]:
 def parse_ddl(ddl: str) -> pa.Schema:
     """A schema from a DDL string: ``"a long, b string not null"`` or ``"struct<a:bigint>"``."""
     text = ddl.strip()
-    if m := _COMPLEX.fullmatch(text):
-        if m.group(1).lower() == "struct":
-            text = m.group(2)
+    if (m := _COMPLEX.fullmatch(text)) and m.group(1).lower() == "struct":
+        text = m.group(2)
     return _unique(pa.schema(_fields_of(text, ddl)), ddl)
 
 
@@ -191,7 +190,8 @@ def _unique(schema: pa.Schema, shown: object) -> pa.Schema:
 
 def _from_struct_type(struct: Any) -> pa.Schema:
     fields = [
-        pa.field(f.name, arrow_type_of(f.dataType), nullable=bool(f.nullable)) for f in struct.fields
+        pa.field(f.name, arrow_type_of(f.dataType), nullable=bool(f.nullable))
+        for f in struct.fields
     ]
     return _unique(pa.schema(fields), struct)
 
@@ -231,9 +231,7 @@ def to_arrow_schema(schema: SchemaLike, what: str = "schema") -> pa.Schema:
         return _from_struct_type(schema)
     if isinstance(schema, Sequence) and all(isinstance(p, tuple) and len(p) == 2 for p in schema):
         pairs: list[tuple[str, Any]] = list(cast(Sequence[tuple[str, Any]], schema))
-        fields = [
-            pa.field(n, arrow_type_of(t), nullable=True) for n, t in pairs
-        ]
+        fields = [pa.field(n, arrow_type_of(t), nullable=True) for n, t in pairs]
         return to_arrow_schema(pa.schema(fields), what)
     msg = (
         f"{what} must be a pyarrow.Schema, a DDL string like 'count long, last string', "

@@ -100,15 +100,21 @@ class Column:
         elif role == "value" and _is_nested_value_type(t):
             from sparkstate.store.codec._nested import NestedLayout  # (it builds on Column)
 
-            nested = NestedLayout(field)
-            self._set("var", 0, "", nested.encode, {list, tuple, dict, np.ndarray})
-            self.from_phys = nested.decode
+            layout_of = NestedLayout(field)
+            self._set("var", 0, "", layout_of.encode, {list, tuple, dict, np.ndarray})
+            self.from_phys = layout_of.decode
         else:
             lists = ", and in values lists, structs and maps of those" if role == "value" else ""
+            nested = ""
+            if pa.types.is_nested(t) and role == "key":
+                nested = (
+                    "; keys of nested types (array, struct, map) are not supported: group by "
+                    "scalar columns (a struct's fields, say) instead"
+                )
             msg = (
                 f"{role} column {self.name!r} has Arrow type {t}, which the {role} codec does not "
                 "support (supported: integers, float32/64, bool, string, binary, timestamp, "
-                f"date32/64, decimal128 with a scale >= 0{lists})"
+                f"date32/64, decimal128 with a scale >= 0{lists}){nested}"
             )
             raise ConfigurationError(msg)
         if self.nullable:
@@ -349,7 +355,7 @@ _F32 = struct.Struct("<f")
 
 def _is_nested_value_type(t: pa.DataType) -> bool:
     """A struct, a map, or a list of a nested type (:mod:`._nested` lays those out)."""
-    return (
+    return bool(
         pa.types.is_struct(t)
         or pa.types.is_map(t)
         or (pa.types.is_list(t) and pa.types.is_nested(t.value_type))

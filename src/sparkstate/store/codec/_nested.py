@@ -145,10 +145,14 @@ def _payloads(t: pa.DataType, arr: pa.Array) -> pa.Array:
     return out
 
 
-def nested_payloads(t: pa.DataType, arr: pa.Array) -> pa.Array:
-    """The payload of every value of ``arr``, a column of nested type ``t``, as large_binary
-    (a null value gives empty bytes: the row's null bitmap says it is null)."""
-    return _payloads(t, arr)
+def nested_payloads(t: pa.DataType, arr: pa.Array, column: str) -> pa.Array:
+    """The payload of every value of ``arr``, the column ``column`` of nested type ``t``, as
+    large_binary (a null value gives empty bytes: the row's null bitmap says it is null)."""
+    try:
+        return _payloads(t, arr)
+    except SchemaMismatchError as exc:
+        msg = f"column {column!r} ({t}): {exc}"
+        raise SchemaMismatchError(msg) from None
 
 
 class NestedLayout:
@@ -168,7 +172,7 @@ class NestedLayout:
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
             msg = f"column {self.field.name!r} ({self.type}) cannot hold {shown}: {exc}"
             raise SchemaMismatchError(msg) from None
-        out: bytes = _payloads(self.type, arr)[0].as_py()
+        out: bytes = nested_payloads(self.type, arr, self.field.name)[0].as_py()
         return out
 
     def decode(self, data: bytes) -> Any:
@@ -183,8 +187,9 @@ def _plain(v: Any) -> Any:
     """A Python value as ``pa.array`` takes it: Rows by field name, numpy arrays as lists."""
     if isinstance(v, np.ndarray):
         return [_plain(x) for x in v.tolist()] if v.dtype == object else v.tolist()
-    if hasattr(v, "asDict") and isinstance(v, tuple):  # a PySpark Row
-        return {k: _plain(x) for k, x in v.asDict(recursive=False).items()}
+    if isinstance(v, tuple) and hasattr(v, "__fields__"):  # a PySpark Row with names
+        as_dict: dict[str, Any] = v.asDict(recursive=False)
+        return {k: _plain(x) for k, x in as_dict.items()}
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, list):

@@ -226,7 +226,7 @@ class ValueCodec:
     @staticmethod
     def _var_pieces(col: Column, arr: pa.Array) -> list[Bytes2D | pa.Array]:
         if is_nested_value_type(col.type):
-            arr = nested_payloads(col.type, arr)
+            arr = nested_payloads(col.type, arr, col.name)
         elif pa.types.is_list(col.type):
             arr = list_payloads(col, arr)
         lengths = np.asarray(pc.binary_length(arr).fill_null(0), dtype=np.int64)
