@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.operators.grouping import decode_present
 from sparkstate.operators.state_errors import (
     InvalidStateValueError,
@@ -36,7 +37,8 @@ from sparkstate.operators.ts_index import (
 )
 from sparkstate.operators.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
 from sparkstate.store.base import StateStore
-from sparkstate.store.schema_json import schema_to_json
+from sparkstate.store.evolution import show_fields
+from sparkstate.store.schema_json import fields_of, schema_to_json
 
 __all__ = [
     "LIST_VALUE_SCHEMA",
@@ -148,6 +150,19 @@ def as_state_value(value: Any, width: int, what: str) -> tuple[Any, ...]:
     return checked
 
 
+def _check_store_schema(spec: VarSpec, stored: pa.Schema) -> None:
+    """Refuse a store whose values have another schema than the variable declares (rather than
+    blame the first value written for its arity)."""
+    want = spec.element_schema
+    if [(f.name, f.type) for f in stored] != [(f.name, f.type) for f in want]:
+        msg = (
+            f"{spec.kind} state {spec.name!r} declares the value schema "
+            f"{show_fields(fields_of(want))}, but its store was opened with "
+            f"{show_fields(fields_of(stored))}"
+        )
+        raise SchemaMismatchError(msg)
+
+
 class StateVariable:
     """What all three kinds share: the spec, the key context, TTL bookkeeping, dirty keys."""
 
@@ -166,6 +181,7 @@ class StateVariable:
             self._element_codec = self._fam.value_codec
         else:
             self._element_codec = store.column_family(elements_cf_name(spec.name)).value_codec
+        _check_store_schema(spec, self._element_codec.schema)
         self._index = None if self._ttl is None else TimestampIndex(ttl_cf_name(spec.name))
         #: Earliest expiration of each loaded key as stored (what the TTL index holds).
         self._indexed: dict[bytes, int] = {}
