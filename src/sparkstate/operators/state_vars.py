@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.operators.grouping import decode_present
+from sparkstate.operators.nested_values import user_converter
 from sparkstate.operators.state_errors import (
     InvalidStateValueError,
     UnsupportedStateOperationError,
@@ -177,6 +178,8 @@ class StateVariable:
         self._ttl = spec.ttl_ms
         self._width = len(spec.schema)
         self._pickled = spec.pickled
+        #: Nested values as PySpark gives them (lists, Rows, dicts); None: no nested column.
+        self._to_user = None if spec.pickled else user_converter(spec.schema)
         if spec.kind == "value":
             self._element_codec = self._fam.value_codec
         else:
@@ -210,7 +213,9 @@ class StateVariable:
 
     def _user_value(self, value: tuple[Any, ...]) -> Any:
         """A cached value as the user sees it."""
-        return value[0] if self._pickled else value
+        if self._pickled:
+            return value[0]
+        return value if self._to_user is None else self._to_user(value)
 
     @staticmethod
     def _pickled_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -290,9 +295,7 @@ class ValueState(StateVariable):
             value = self._load(kenc)
         if self._ttl is not None and value is not None and not self._live(self._exp[kenc]):
             return None
-        if self._pickled and value is not None:
-            return value[0]
-        return value
+        return None if value is None else self._user_value(value)
 
     def update(self, newValue: Any) -> None:  # noqa: N803 - PySpark's name
         """Set the key's value (a tuple of the schema's fields); under TTL, restart its clock."""
