@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -150,3 +151,55 @@ def test_group_state_with_nested_values(tmp_path: Path, provider: str) -> None:
     with harness() as h:
         out = h.run([{"k": "a", "v": 2}])
         assert _plain(out) == [("a", 3, 2)]
+
+
+class SeededNested(StatefulProcessor):
+    """Initial state of nested columns (an array and a struct) seeds a ValueState."""
+
+    def init(self, handle: Any) -> None:
+        self.seed = handle.getValueState("seed", "vs array<long>, who struct<name: string>")
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:  # noqa: N802, N803
+        if hasattr(initialState, "iloc"):  # pandas mode: a numpy array and a dict per cell
+            vs, who = initialState["vs"].iloc[0], initialState["who"].iloc[0]
+        else:
+            vs, who = initialState.vs, initialState.who
+        self.seed.update((vs, who))
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
+        items = list(rows)
+        frames = bool(items) and hasattr(items[0], "iloc")
+        n = sum(len(r) for r in items) if frames else len(items)
+        vs, who = self.seed.get() if self.seed.exists() else ([], None)
+        vs = [*vs, n]
+        self.seed.update((vs, who))
+        out = (key[0], vs, None if who is None else who.name)
+        if frames:
+            yield pd.DataFrame([out], columns=["k", "vs", "name"])
+        else:
+            yield out
+
+
+@pytest.mark.parametrize("mode", ["rows", "pandas"])
+def test_nested_initial_state(tmp_path: Path, mode: str) -> None:
+    initial = pa.table(
+        {
+            "k": ["a", "c"],
+            "vs": pa.array([[1, 5], []], pa.list_(pa.int64())),
+            "who": pa.array([{"name": "x"}, None], pa.struct([("name", pa.string())])),
+        }
+    )
+    h = processor_harness(
+        SeededNested(),
+        key_columns=["k"],
+        output_schema="k string, vs array<bigint>, name string",
+        mode=mode,
+        input_schema=INPUT,
+        initial_state=initial,
+        initial_state_schema="k string, vs array<bigint>, who struct<name: string>",
+        directory=tmp_path,
+    )
+    with h:
+        out = h.run([{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 3}])
+        assert _plain(out) == [("a", [1, 5, 2], "x"), ("b", [1], None)]
+        assert h.value_state("seed", "c") == ([], None)

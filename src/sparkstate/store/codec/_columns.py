@@ -95,7 +95,7 @@ class Column:
         elif pa.types.is_list(t) and role == "value" and not pa.types.is_nested(t.value_type):
             self.element = Column(0, t.value_field, "list element")
             layout = ListLayout(self)
-            self._set("var", 0, "", layout.encode, {list, tuple})
+            self._set("var", 0, "", layout.encode, {list, tuple, np.ndarray})
             self.from_phys = layout.decode
         elif role == "value" and _is_nested_value_type(t):
             from sparkstate.store.codec._nested import NestedLayout  # (it builds on Column)
@@ -290,6 +290,8 @@ class ListLayout:
         self.convert = el.from_phys if not self.wide else el._decimal_from_unscaled
 
     def encode(self, v: Any) -> bytes:
+        if isinstance(v, np.ndarray) and v.ndim == 1:  # a cell of a pandas frame
+            v = v.tolist()
         if not isinstance(v, list | tuple):
             raise self.col.mismatch(v, "a list")
         el = self.element
