@@ -188,8 +188,7 @@ def _plain(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return [_plain(x) for x in v.tolist()] if v.dtype == object else v.tolist()
     if isinstance(v, tuple) and hasattr(v, "__fields__"):  # a PySpark Row with names
-        as_dict: dict[str, Any] = v.asDict()
-        return {k: _plain(x) for k, x in as_dict.items()}
+        return {k: _plain(x) for k, x in zip(v.__fields__, v, strict=True)}
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, list):
