@@ -108,8 +108,8 @@ class Column:
             nested = ""
             if pa.types.is_nested(t) and role == "key":
                 nested = (
-                    "; keys of nested types (array, struct, map) are not supported: group by "
-                    "scalar columns (a struct's fields, say) instead"
+                    "; keys of nested types (array, struct, map) are not supported, as grouping "
+                    "keys or as MapState user keys: use scalar columns (a struct's fields, say)"
                 )
             msg = (
                 f"{role} column {self.name!r} has Arrow type {t}, which the {role} codec does not "

@@ -281,6 +281,23 @@ def _list_reader(element: pa.Field) -> Reader:
                 return out, pos + count * width
 
             bulk = bulk_fixed
+        elif col.phys == "var":
+            text = pa.types.is_string(t) or pa.types.is_large_string(t)
+            u32 = _U32.unpack_from
+
+            def bulk_var(data: bytes, pos: int, count: int) -> tuple[list[Any], int]:
+                out: list[Any] = []
+                append = out.append
+                for _ in range(count):
+                    (n,) = u32(data, pos)
+                    append(data[pos + 4 : pos + 4 + n])
+                    pos += 4 + n
+                if pos > len(data):
+                    msg = "truncated variable-width field"
+                    raise ValueError(msg)
+                return ([b.decode("utf-8") for b in out] if text else out), pos
+
+            bulk = bulk_var
     one = _framed_reader(element)
 
     def read_list(data: bytes, pos: int) -> tuple[Any, int]:
@@ -302,18 +319,52 @@ def _list_reader(element: pa.Field) -> Reader:
 
 
 def _struct_reader(t: pa.StructType) -> Reader:
+    """A reader of struct payloads compiled for ``t``: scalar fields read inline (one Python
+    frame per struct instead of one per field), nested fields through their own readers."""
     fields = [t.field(i) for i in range(t.num_fields)]
-    names = [f.name for f in fields]
-    readers = [_framed_reader(f) for f in fields]
     bitmap_len = (len(fields) + 7) // 8
-
-    def read_struct(data: bytes, pos: int) -> tuple[Any, int]:
-        nulls = int.from_bytes(data[pos : pos + bitmap_len], "little")
-        pos += bitmap_len
-        out: dict[str, Any] = {}
-        for i, (name, read) in enumerate(zip(names, readers, strict=True)):
-            value, pos = read(data, pos)
-            out[name] = None if nulls >> i & 1 else value
-        return out, pos
-
-    return read_struct
+    env: dict[str, Any] = {"U32": _U32.unpack_from, "from_bytes": int.from_bytes}
+    lines = ["def read(data, pos):"]
+    if bitmap_len == 1:
+        lines.append("    nulls = data[pos]")
+    elif bitmap_len:
+        lines.append(f"    nulls = from_bytes(data[pos : pos + {bitmap_len}], 'little')")
+    else:
+        lines.append("    nulls = 0")
+    lines.append(f"    pos += {bitmap_len}")
+    out = []
+    for i, f in enumerate(fields):
+        v = f"v{i}"
+        if pa.types.is_nested(f.type):
+            env[f"R{i}"] = _framed_reader(f)
+            lines.append(f"    {v}, pos = R{i}(data, pos)")
+        else:
+            col = _scalar_column(f)
+            if col.phys == "var":
+                lines.append("    (n,) = U32(data, pos)")
+                if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+                    lines.append(f"    {v} = data[pos + 4 : pos + 4 + n].decode('utf-8')")
+                else:
+                    lines.append(f"    {v} = data[pos + 4 : pos + 4 + n]")
+                lines.append("    pos += 4 + n")
+            elif col.struct_code == "16s":
+                env[f"C{i}"] = col._decimal_from_unscaled
+                lines.append(
+                    f"    {v} = C{i}(from_bytes(data[pos : pos + 16], 'little', signed=True))"
+                )
+                lines.append("    pos += 16")
+            else:
+                env[f"U{i}"] = struct.Struct("<" + col.struct_code).unpack_from
+                if col.from_phys is None:
+                    lines.append(f"    ({v},) = U{i}(data, pos)")
+                else:
+                    env[f"C{i}"] = col.from_phys
+                    lines.append(f"    {v} = C{i}(U{i}(data, pos)[0])")
+                lines.append(f"    pos += {col.width}")
+        out.append(f"{f.name!r}: None if nulls >> {i} & 1 else {v}")
+    lines.append("    if pos > len(data):")
+    lines.append("        raise ValueError('truncated struct value')")
+    lines.append("    return {" + ", ".join(out) + "}, pos")
+    exec("\n".join(lines), env)  # noqa: S102 - generated from the schema's types only
+    read: Reader = env["read"]
+    return read
