@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
@@ -31,7 +33,9 @@ def test_ddl_forms() -> None:
 @pytest.mark.parametrize(
     ("ddl", "match"),
     [
-        ("a array<int>", "not supported"),
+        ("a interval", "not supported"),
+        ("a map<int>", "expected map<key type, value type>"),
+        ("a struct<x int, x: long>", "repeats"),
         ("a", "expected 'name type'"),
         ("a int, a long", "repeats"),
         ("", "no fields"),
@@ -73,3 +77,75 @@ def test_struct_type_pairs_and_arrow() -> None:
     assert to_arrow_schema(arrow) is arrow
     with pytest.raises(ConfigurationError, match="DDL string"):
         to_arrow_schema(42, "state schema")
+
+
+def _nested_cases() -> list[tuple[str, Any]]:
+    """DDL strings and the StructType Spark parses each to."""
+    from pyspark.sql import types as t
+
+    def one(name: str, dtype: Any) -> Any:
+        return t.StructType([t.StructField(name, dtype)])
+
+    ab = t.StructType([t.StructField("a", t.IntegerType()), t.StructField("b", t.StringType())])
+    ab_nn = t.StructType(
+        [t.StructField("a", t.IntegerType()), t.StructField("b", t.StringType(), False)]
+    )
+    x = t.StructType([t.StructField("x", t.DoubleType())])
+    lt = t.StructType(
+        [
+            t.StructField("l", t.ArrayType(t.ArrayType(t.DateType()))),
+            t.StructField("t", t.TimestampType()),
+        ]
+    )
+    return [
+        ("v array<int>", one("v", t.ArrayType(t.IntegerType()))),
+        ("s struct<a:int,b:string>", one("s", ab)),
+        ("s struct<a: int, b string not null>", one("s", ab_nn)),
+        ("m map<string,bigint>", one("m", t.MapType(t.StringType(), t.LongType()))),
+        (
+            "m MAP< string , array<struct<x: double>> >",
+            one("m", t.MapType(t.StringType(), t.ArrayType(x))),
+        ),
+        (
+            "d array<map<int, struct<l: array<array<date>>, t: timestamp>>>",
+            one("d", t.ArrayType(t.MapType(t.IntegerType(), lt))),
+        ),
+        ("e struct<>", one("e", t.StructType([]))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_nested_ddl_maps_as_pyspark_maps_it(case: int) -> None:
+    """Arrays, structs and maps (nested, with Spark's spacing variants) give the Arrow types
+    PySpark's own ``to_arrow_schema`` gives for the StructType Spark parses from the same DDL."""
+    from pyspark.sql.pandas.types import to_arrow_schema as pyspark_to_arrow
+
+    ddl, struct = _nested_cases()[case]
+    expected = pyspark_to_arrow(struct, timezone="UTC")
+    assert parse_ddl(ddl) == expected
+    assert to_arrow_schema(struct) == expected  # the StructType itself, read by duck type
+
+
+def test_nested_struct_type_keeps_nullability() -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema as pyspark_to_arrow
+    from pyspark.sql.types import (
+        ArrayType,
+        IntegerType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    inner = StructType([StructField("x", IntegerType(), False)])
+    struct = StructType(
+        [
+            StructField("v", ArrayType(IntegerType(), containsNull=False)),
+            StructField("m", MapType(StringType(), inner, valueContainsNull=False), False),
+            StructField("s", StructType([StructField("l", ArrayType(inner))]), False),
+        ]
+    )
+    schema = to_arrow_schema(struct)
+    assert schema == pyspark_to_arrow(struct)
+    assert not schema.field("v").type.value_field.nullable
+    assert not schema.field("m").type.item_field.nullable

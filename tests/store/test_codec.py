@@ -432,8 +432,6 @@ def test_prefix_of_strings_is_not_a_string_prefix() -> None:
     "arrow_type",
     [
         pa.float16(),
-        pa.list_(pa.list_(pa.int64())),  # a list of ints is a value type (test_codec_lists.py)
-        pa.struct([("a", pa.int64())]),
         pa.decimal256(40, 2),
         pa.decimal128(5, -2),
         pa.time64("us"),
@@ -443,6 +441,22 @@ def test_unsupported_type_is_a_configuration_error(arrow_type: pa.DataType) -> N
     for codec in (KeyCodec, ValueCodec):
         with pytest.raises(ConfigurationError, match=rf"'weird'.*{re.escape(str(arrow_type))}"):
             codec(pa.schema([("ok", pa.int64()), ("weird", arrow_type)]))
+
+
+@pytest.mark.parametrize(
+    "arrow_type",
+    [
+        pa.list_(pa.int64()),
+        pa.list_(pa.list_(pa.int64())),
+        pa.struct([("a", pa.int64())]),
+        pa.map_(pa.string(), pa.int64()),
+    ],
+)
+def test_nested_key_types_are_refused_by_name(arrow_type: pa.DataType) -> None:
+    """Nested types are value types (test_codec_nested.py); a key of one is refused, saying so."""
+    pattern = rf"'weird'.*{re.escape(str(arrow_type))}.*keys of nested types"
+    with pytest.raises(ConfigurationError, match=pattern):
+        KeyCodec(pa.schema([("ok", pa.int64()), ("weird", arrow_type)]))
 
 
 @pytest.mark.parametrize("codec_class", [KeyCodec, ValueCodec])

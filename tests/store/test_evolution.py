@@ -110,10 +110,13 @@ def test_values_of_unknown_schemas_fail_clearly() -> None:
             "'count' \\(int64\\) became non-nullable",
         ),
         (pa.schema([(PICKLED_FIELD, pa.binary())]), "from schema-encoded values to pickled"),
+        (pa.schema([("total", pa.string())]), "keeps none of the stored fields"),
+        (pa.schema([("total", pa.int64())]), "keeps none of the stored fields"),
     ],
 )
 def test_incompatible_changes_are_refused(new: pa.Schema, reason: str) -> None:
-    with pytest.raises(SchemaMismatchError, match=f"cf 'x'.*{reason}.*new checkpoint location"):
+    pattern = f"STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE.*cf 'x'.*{reason}.*new checkpoint location"
+    with pytest.raises(SchemaMismatchError, match=pattern):
         evolve([V0], 0, new, "cf 'x'")
 
 

@@ -138,6 +138,7 @@ def test_an_old_schema_file_opens_and_refuses_what_it_refused(factory: ProviderF
     with pytest.raises(SchemaMismatchError) as info:
         factory.open(value_schema=changed)
     assert str(info.value) == (
+        "[STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE] "
         f"{where}: column family 'default' ({file_uri}): the value schema cannot change from "
         "[count: int64, label: string] to [count: string, label: string]: field 'count' changed "
         f"type from int64 to string, so values stored before could not be read. {WHAT_TO_DO}"

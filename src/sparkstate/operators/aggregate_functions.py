@@ -217,7 +217,13 @@ class AggregateFunction:
 
 
 def _check_storable(agg: AggregateFunction, typ: pa.DataType) -> None:
+    # the value codec keeps nested values too, but the merges are not written for them
+    flat = not pa.types.is_nested(typ) or (
+        pa.types.is_list(typ) and not pa.types.is_nested(typ.value_type)
+    )
     try:
+        if not flat:
+            raise ConfigurationError(typ)
         ValueCodec(pa.schema([("v", typ)]))
     except ConfigurationError:
         msg = (

@@ -57,6 +57,7 @@ from sparkstate.operators.grouping import (
     pandas_groups,
     rows_of,
 )
+from sparkstate.operators.nested_values import user_converter
 from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import ColumnFamily, StateStore
@@ -223,7 +224,10 @@ class FlatMapGroupsWithState(StatefulOperator):
         """Stored rows (state fields, timeout, defined) of a multi-get; PICKLED: unpickled."""
         rows: list[tuple[Any, ...] | None] = decode_present(fam, raws)
         if not self.pickled:
-            return rows
+            to_user, w = user_converter(self.state_schema), self._width  # nested: Rows, dicts
+            if to_user is None:
+                return rows
+            return [None if r is None else (*to_user(r[:w]), *r[w:]) for r in rows]
         return [
             None if r is None else (pickle.loads(r[0]) if r[2] else None, r[1], r[2]) for r in rows
         ]

@@ -18,7 +18,13 @@ from typing import Any
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 from sparkstate.operators.limit import StreamingLimit
-from sparkstate.store.evolution import WHAT_TO_DO, Field, incompatibility, show_fields
+from sparkstate.store.evolution import (
+    NOT_COMPATIBLE,
+    WHAT_TO_DO,
+    Field,
+    incompatibility,
+    show_fields,
+)
 from sparkstate.store.schema_json import fields_from_json
 
 __all__ = ["check_state_change", "same_schema"]
@@ -48,8 +54,9 @@ def _check_fields(old: Any, new: Any, what: str, where: str) -> None:
     reason = incompatibility([before], after)
     if reason is not None:
         msg = (
-            f"{what} cannot change from {show_fields(before)} to {show_fields(after)} ({where}): "
-            f"{reason}, so state stored before could not be read. {WHAT_TO_DO}"
+            f"[{NOT_COMPATIBLE}] {what} cannot change from {show_fields(before)} to "
+            f"{show_fields(after)} ({where}): {reason}, so state stored before could not be "
+            f"read. {WHAT_TO_DO}"
         )
         raise SchemaMismatchError(msg)
 

@@ -24,6 +24,7 @@ __all__ = [
     "PICKLED_SCHEMA",
     "PickledState",
     "SchemaLike",
+    "arrow_type_of",
     "parse_ddl",
     "parse_type",
     "state_schema_of",
@@ -78,13 +79,18 @@ _SIMPLE: dict[str, Callable[[], pa.DataType]] = {
 _DECIMAL = re.compile(r"(?:decimal|dec|numeric)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?")
 _VARCHAR = re.compile(r"(?:var)?char\s*\(\s*\d+\s*\)")
 _NAME = re.compile(r"\s*(`(?:[^`]|``)+`|[A-Za-z_][A-Za-z0-9_]*)\s*(:)?\s*(.*)", re.DOTALL)
+_COMPLEX = re.compile(r"(array|map|struct)\s*<(.*)>", re.IGNORECASE | re.DOTALL)
 _NOT_NULL = re.compile(r"(.*?)\s+not\s+null\s*$", re.IGNORECASE | re.DOTALL)
 _COMMENT = re.compile(r"(.*?)\s+comment\s+'(?:[^']|'')*'\s*$", re.IGNORECASE | re.DOTALL)
 
 
 def parse_type(text: str) -> pa.DataType:
-    """The Arrow type of a Spark SQL type name (``"bigint"``, ``"decimal(10,2)"``, ...)."""
-    name = text.strip().lower()
+    """The Arrow type of a Spark SQL type name (``"bigint"``, ``"decimal(10,2)"``,
+    ``"array<int>"``, ``"struct<a:int,b:string>"``, ``"map<string,bigint>"``, nested), mapped as
+    PySpark's ``to_arrow_type`` maps it: an array's elements and a map's values are nullable, a
+    map's keys are not."""
+    stripped = text.strip()
+    name = stripped.lower()
     simple = _SIMPLE.get(name)
     if simple is not None:
         return simple()
@@ -94,11 +100,56 @@ def parse_type(text: str) -> pa.DataType:
         return pa.decimal128(precision, scale)
     if _VARCHAR.fullmatch(name):
         return pa.string()
+    if m := _COMPLEX.fullmatch(stripped):
+        return _complex_type(m.group(1).lower(), m.group(2), stripped)
     msg = (
-        f"state type {text.strip()!r} is not supported; use a scalar Spark SQL type "
-        f"({', '.join(sorted(_SIMPLE))}, decimal(p,s), varchar(n))"
+        f"type {stripped!r} is not supported; use a Spark SQL type "
+        f"({', '.join(sorted(_SIMPLE))}, decimal(p,s), varchar(n), array<t>, map<k,v>, "
+        "struct<name:t,...>)"
     )
     raise ConfigurationError(msg)
+
+
+def _complex_type(kind: str, inner: str, shown: str) -> pa.DataType:
+    if kind == "array":
+        return pa.list_(pa.field("element", parse_type(inner), nullable=True))
+    if kind == "map":
+        parts = _split_top_level(inner)
+        if len(parts) != 2:
+            msg = f"cannot parse {shown!r}: expected map<key type, value type>"
+            raise ConfigurationError(msg)
+        key = pa.field("key", parse_type(parts[0]), nullable=False)
+        return pa.map_(key, pa.field("value", parse_type(parts[1]), nullable=True))
+    return pa.struct(_fields_of(inner, shown, allow_empty=True))
+
+
+def _fields_of(text: str, shown: str, allow_empty: bool = False) -> list[pa.Field]:
+    """The fields of ``"a long, b string not null"`` (``name:type`` too, as Spark accepts)."""
+    fields = []
+    for part in _split_top_level(text):
+        m = _NAME.fullmatch(part)
+        if m is None or not m.group(3).strip():
+            msg = f"cannot parse {part.strip()!r} in schema {shown!r}: expected 'name type'"
+            raise ConfigurationError(msg)
+        name = m.group(1)
+        if name.startswith("`"):
+            name = name[1:-1].replace("``", "`")
+        rest = m.group(3)
+        if c := _COMMENT.fullmatch(rest):
+            rest = c.group(1)
+        nullable = True
+        if nn := _NOT_NULL.fullmatch(rest):
+            rest, nullable = nn.group(1), False
+        fields.append(pa.field(name, parse_type(rest), nullable=nullable))
+    if not fields and not allow_empty:
+        msg = f"schema {shown!r} has no fields"
+        raise ConfigurationError(msg)
+    names = [f.name for f in fields]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        msg = f"schema {shown!r} repeats the field name(s) {dupes}"
+        raise ConfigurationError(msg)
+    return fields
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -123,28 +174,9 @@ def _split_top_level(text: str) -> list[str]:
 def parse_ddl(ddl: str) -> pa.Schema:
     """A schema from a DDL string: ``"a long, b string not null"`` or ``"struct<a:bigint>"``."""
     text = ddl.strip()
-    if text.lower().startswith("struct<") and text.endswith(">"):
-        text = text[len("struct<") : -1]
-    fields = []
-    for part in _split_top_level(text):
-        m = _NAME.fullmatch(part)
-        if m is None or not m.group(3).strip():
-            msg = f"cannot parse {part.strip()!r} in schema {ddl!r}: expected 'name type'"
-            raise ConfigurationError(msg)
-        name = m.group(1)
-        if name.startswith("`"):
-            name = name[1:-1].replace("``", "`")
-        rest = m.group(3)
-        if c := _COMMENT.fullmatch(rest):
-            rest = c.group(1)
-        nullable = True
-        if nn := _NOT_NULL.fullmatch(rest):
-            rest, nullable = nn.group(1), False
-        fields.append(pa.field(name, parse_type(rest), nullable=nullable))
-    if not fields:
-        msg = f"schema {ddl!r} has no fields"
-        raise ConfigurationError(msg)
-    return _unique(pa.schema(fields), ddl)
+    if (m := _COMPLEX.fullmatch(text)) and m.group(1).lower() == "struct":
+        text = m.group(2)
+    return _unique(pa.schema(_fields_of(text, ddl)), ddl)
 
 
 def _unique(schema: pa.Schema, shown: object) -> pa.Schema:
@@ -157,12 +189,33 @@ def _unique(schema: pa.Schema, shown: object) -> pa.Schema:
 
 
 def _from_struct_type(struct: Any) -> pa.Schema:
-    fields = []
-    for f in struct.fields:
-        dtype = f.dataType
-        text = dtype.simpleString() if hasattr(dtype, "simpleString") else str(dtype)
-        fields.append(pa.field(f.name, parse_type(text), nullable=bool(f.nullable)))
+    fields = [
+        pa.field(f.name, arrow_type_of(f.dataType), nullable=bool(f.nullable))
+        for f in struct.fields
+    ]
     return _unique(pa.schema(fields), struct)
+
+
+def arrow_type_of(dtype: Any) -> pa.DataType:
+    """The Arrow type of a PySpark ``DataType`` (read through its duck type: ``elementType`` and
+    ``containsNull`` of an array, ``keyType``, ``valueType`` and ``valueContainsNull`` of a map,
+    ``fields`` of a struct, ``simpleString()`` of the rest), as PySpark's ``to_arrow_type``."""
+    if isinstance(dtype, pa.DataType):
+        return dtype
+    if isinstance(dtype, str):
+        return parse_type(dtype)
+    if hasattr(dtype, "elementType"):
+        element = arrow_type_of(dtype.elementType)
+        nullable = bool(getattr(dtype, "containsNull", True))
+        return pa.list_(pa.field("element", element, nullable=nullable))
+    if hasattr(dtype, "keyType") and hasattr(dtype, "valueType"):
+        key = pa.field("key", arrow_type_of(dtype.keyType), nullable=False)
+        nullable = bool(getattr(dtype, "valueContainsNull", True))
+        return pa.map_(key, pa.field("value", arrow_type_of(dtype.valueType), nullable=nullable))
+    if hasattr(dtype, "fields") and hasattr(dtype, "fieldNames"):
+        return pa.struct(list(_from_struct_type(dtype)))
+    text = dtype.simpleString() if hasattr(dtype, "simpleString") else str(dtype)
+    return parse_type(text)
 
 
 def to_arrow_schema(schema: SchemaLike, what: str = "schema") -> pa.Schema:
@@ -178,9 +231,7 @@ def to_arrow_schema(schema: SchemaLike, what: str = "schema") -> pa.Schema:
         return _from_struct_type(schema)
     if isinstance(schema, Sequence) and all(isinstance(p, tuple) and len(p) == 2 for p in schema):
         pairs: list[tuple[str, Any]] = list(cast(Sequence[tuple[str, Any]], schema))
-        fields = [
-            pa.field(n, parse_type(t) if isinstance(t, str) else t, nullable=True) for n, t in pairs
-        ]
+        fields = [pa.field(n, arrow_type_of(t), nullable=True) for n, t in pairs]
         return to_arrow_schema(pa.schema(fields), what)
     msg = (
         f"{what} must be a pyarrow.Schema, a DDL string like 'count long, last string', "

@@ -120,7 +120,9 @@ class ListState(_BlobState):
         """The key's live elements (tuples; PICKLED: the objects), oldest first."""
         _, elements = self._elements("get")
         live = [v for v, e in elements if self._live(e)]
-        return iter([v[0] for v in live] if self._pickled else live)
+        if self._pickled or self._to_user is not None:
+            return iter([self._user_value(v) for v in live])
+        return iter(live)
 
     def _checked(self, values: Any, what: str) -> list[tuple[tuple[Any, ...], int]]:
         if values is None or isinstance(values, str | bytes | dict | tuple):

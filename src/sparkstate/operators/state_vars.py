@@ -23,7 +23,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.operators.grouping import decode_present
+from sparkstate.operators.nested_values import user_converter
 from sparkstate.operators.state_errors import (
     InvalidStateValueError,
     UnsupportedStateOperationError,
@@ -36,7 +38,8 @@ from sparkstate.operators.ts_index import (
 )
 from sparkstate.operators.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
 from sparkstate.store.base import StateStore
-from sparkstate.store.schema_json import schema_to_json
+from sparkstate.store.evolution import show_fields
+from sparkstate.store.schema_json import fields_of, schema_to_json
 
 __all__ = [
     "LIST_VALUE_SCHEMA",
@@ -148,6 +151,19 @@ def as_state_value(value: Any, width: int, what: str) -> tuple[Any, ...]:
     return checked
 
 
+def _check_store_schema(spec: VarSpec, stored: pa.Schema) -> None:
+    """Refuse a store whose values have another schema than the variable declares (rather than
+    blame the first value written for its arity)."""
+    want = spec.element_schema
+    if [(f.name, f.type) for f in stored] != [(f.name, f.type) for f in want]:
+        msg = (
+            f"{spec.kind} state {spec.name!r} declares the value schema "
+            f"{show_fields(fields_of(want))}, but its store was opened with "
+            f"{show_fields(fields_of(stored))}"
+        )
+        raise SchemaMismatchError(msg)
+
+
 class StateVariable:
     """What all three kinds share: the spec, the key context, TTL bookkeeping, dirty keys."""
 
@@ -162,10 +178,13 @@ class StateVariable:
         self._ttl = spec.ttl_ms
         self._width = len(spec.schema)
         self._pickled = spec.pickled
+        #: Nested values as PySpark gives them (lists, Rows, dicts); None: no nested column.
+        self._to_user = None if spec.pickled else user_converter(spec.schema)
         if spec.kind == "value":
             self._element_codec = self._fam.value_codec
         else:
             self._element_codec = store.column_family(elements_cf_name(spec.name)).value_codec
+        _check_store_schema(spec, self._element_codec.schema)
         self._index = None if self._ttl is None else TimestampIndex(ttl_cf_name(spec.name))
         #: Earliest expiration of each loaded key as stored (what the TTL index holds).
         self._indexed: dict[bytes, int] = {}
@@ -194,7 +213,9 @@ class StateVariable:
 
     def _user_value(self, value: tuple[Any, ...]) -> Any:
         """A cached value as the user sees it."""
-        return value[0] if self._pickled else value
+        if self._pickled:
+            return value[0]
+        return value if self._to_user is None else self._to_user(value)
 
     @staticmethod
     def _pickled_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -274,9 +295,7 @@ class ValueState(StateVariable):
             value = self._load(kenc)
         if self._ttl is not None and value is not None and not self._live(self._exp[kenc]):
             return None
-        if self._pickled and value is not None:
-            return value[0]
-        return value
+        return None if value is None else self._user_value(value)
 
     def update(self, newValue: Any) -> None:  # noqa: N803 - PySpark's name
         """Set the key's value (a tuple of the schema's fields); under TTL, restart its clock."""

@@ -10,10 +10,12 @@ whose schemas never changed read and write exactly as before.
 
 Reading projects a value onto the current schema by field name: fields its writer did not have
 are null, fields the current schema dropped are skipped. Compatible changes: adding nullable
-fields, dropping fields, reordering fields, making a field nullable. Refused when the store opens:
-a field whose type differs from the one it had in any schema of the history (a dropped field
-cannot come back with another type), a field added or made non-nullable, and a switch between
-pickled Python objects (one ``__pickled`` binary field) and schema-encoded values. Schemas are
+fields, dropping fields, reordering fields, making a field nullable. Refused when the store opens
+(as Spark's ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``): a field whose type differs from the one
+it had in any schema of the history (a dropped field cannot come back with another type), a field
+added or made non-nullable, a schema that keeps none of the current one's fields (``n long`` to
+``s string``: every stored value would be lost), and a switch between pickled Python objects (one
+``__pickled`` binary field) and schema-encoded values. Schemas are
 compared as :mod:`.schema_json`'s ``Field`` tuples (re-exported here, with ``fields_of``).
 """
 
@@ -34,6 +36,7 @@ from sparkstate.store.schema_json import Field, fields_of
 __all__ = [
     "EVOLVED_VALUE_FORMAT",
     "MAX_SCHEMA_ID",
+    "NOT_COMPATIBLE",
     "PICKLED_FIELD",
     "EvolvingValueCodec",
     "Field",
@@ -50,6 +53,8 @@ EVOLVED_VALUE_FORMAT = 2
 MAX_SCHEMA_ID = 0xFFFF
 #: The one binary field of a value that holds a pickled Python object.
 PICKLED_FIELD = "__pickled"
+#: The error condition Spark names an incompatible state schema change with.
+NOT_COMPATIBLE = "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"
 #: What a refused change message ends with.
 WHAT_TO_DO = (
     "Compatible changes are adding nullable fields, dropping fields and reordering fields; "
@@ -76,9 +81,13 @@ def _is_pickled(fields: Sequence[Field]) -> bool:
     return any(f[0] == PICKLED_FIELD for f in fields)
 
 
-def incompatibility(history: Sequence[Sequence[Field]], new: Sequence[Field]) -> str | None:
-    """Why values stored under the schemas of ``history`` cannot be read as ``new``; None if
-    they can."""
+def incompatibility(
+    history: Sequence[Sequence[Field]], new: Sequence[Field], current: int = -1
+) -> str | None:
+    """Why values stored under the schemas of ``history`` (``current`` is the one in use) cannot
+    be read as ``new``; None if they can. A schema that keeps none of the current one's fields is
+    refused too: every stored value would read as nulls (Spark refuses it as it refuses any
+    change of the fields' number or types)."""
     names = [f[0] for f in new]
     if len(set(names)) != len(names):
         return f"its field names repeat ({names})"
@@ -97,6 +106,10 @@ def incompatibility(history: Sequence[Sequence[Field]], new: Sequence[Field]) ->
                 return f"field {name!r} changed type from {was[1]} to {typ}"
             elif nullable is False and was[2] is True:
                 return f"field {name!r} ({typ}) became non-nullable"
+    if history and history[current] and not _is_pickled(new):
+        kept = {f[0] for f in history[current]} & set(names)
+        if not kept:
+            return "it keeps none of the stored fields, so every stored value would be lost"
     return None
 
 
@@ -108,12 +121,13 @@ def evolve(
     for schema_id, schema in enumerate(history):
         if schema.equals(new):
             return list(history), schema_id
-    reason = incompatibility([fields_of(s) for s in history], fields_of(new))
+    reason = incompatibility([fields_of(s) for s in history], fields_of(new), current)
     if reason is not None:
         old = show_fields(fields_of(history[current]))
         msg = (
-            f"{what}: the value schema cannot change from {old} to {show_fields(fields_of(new))}: "
-            f"{reason}, so values stored before could not be read. {WHAT_TO_DO}"
+            f"[{NOT_COMPATIBLE}] {what}: the value schema cannot change from {old} to "
+            f"{show_fields(fields_of(new))}: {reason}, so values stored before could not be "
+            f"read. {WHAT_TO_DO}"
         )
         raise SchemaMismatchError(msg)
     if len(history) > MAX_SCHEMA_ID:

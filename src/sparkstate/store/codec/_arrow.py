@@ -65,6 +65,8 @@ def _kind(t: pa.DataType) -> str:
         ("null", pa.types.is_null),
         ("list", pa.types.is_list),
         ("list", pa.types.is_large_list),
+        ("struct", pa.types.is_struct),
+        ("map", pa.types.is_map),
     ]
     return next((kind for kind, check in checks if check(t)), str(t))
 

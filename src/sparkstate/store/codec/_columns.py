@@ -95,14 +95,26 @@ class Column:
         elif pa.types.is_list(t) and role == "value" and not pa.types.is_nested(t.value_type):
             self.element = Column(0, t.value_field, "list element")
             layout = ListLayout(self)
-            self._set("var", 0, "", layout.encode, {list, tuple})
+            self._set("var", 0, "", layout.encode, {list, tuple, np.ndarray})
             self.from_phys = layout.decode
+        elif role == "value" and _is_nested_value_type(t):
+            from sparkstate.store.codec._nested import NestedLayout  # (it builds on Column)
+
+            layout_of = NestedLayout(field)
+            self._set("var", 0, "", layout_of.encode, {list, tuple, dict, np.ndarray})
+            self.from_phys = layout_of.decode
         else:
-            lists = ", and in values lists of those" if role == "value" else ""
+            lists = ", and in values lists, structs and maps of those" if role == "value" else ""
+            nested = ""
+            if pa.types.is_nested(t) and role == "key":
+                nested = (
+                    "; keys of nested types (array, struct, map) are not supported, as grouping "
+                    "keys or as MapState user keys: use scalar columns (a struct's fields, say)"
+                )
             msg = (
                 f"{role} column {self.name!r} has Arrow type {t}, which the {role} codec does not "
                 "support (supported: integers, float32/64, bool, string, binary, timestamp, "
-                f"date32/64, decimal128 with a scale >= 0{lists})"
+                f"date32/64, decimal128 with a scale >= 0{lists}){nested}"
             )
             raise ConfigurationError(msg)
         if self.nullable:
@@ -278,6 +290,8 @@ class ListLayout:
         self.convert = el.from_phys if not self.wide else el._decimal_from_unscaled
 
     def encode(self, v: Any) -> bytes:
+        if isinstance(v, np.ndarray) and v.ndim == 1:  # a cell of a pandas frame
+            v = v.tolist()
         if not isinstance(v, list | tuple):
             raise self.col.mismatch(v, "a list")
         el = self.element
@@ -339,6 +353,15 @@ class ListLayout:
 
 
 _F32 = struct.Struct("<f")
+
+
+def _is_nested_value_type(t: pa.DataType) -> bool:
+    """A struct, a map, or a list of a nested type (:mod:`._nested` lays those out)."""
+    return bool(
+        pa.types.is_struct(t)
+        or pa.types.is_map(t)
+        or (pa.types.is_list(t) and pa.types.is_nested(t.value_type))
+    )
 
 
 def _utf8(b: bytes) -> str:

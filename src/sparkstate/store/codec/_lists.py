@@ -13,10 +13,10 @@ from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.store.codec._arrow import LB, LB_EMPTY, fsb_to_large_binary, le_bytes, validity
 from sparkstate.store.codec._columns import Column
 
-__all__ = ["list_payloads"]
+__all__ = ["element_bytes", "joined", "list_payloads"]
 
 
-def _element_bytes(el: Column, values: pa.Array) -> pa.Array:
+def element_bytes(el: Column, values: pa.Array) -> pa.Array:
     """One large_binary per element: its fixed-width bytes, or its length and bytes."""
     valid = validity(values)
     if el.phys != "var":
@@ -35,7 +35,7 @@ def _element_bytes(el: Column, values: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(prefix, data, LB_EMPTY)
 
 
-def _joined(offsets: np.ndarray, pieces: pa.Array) -> pa.Array:
+def joined(offsets: np.ndarray, pieces: pa.Array) -> pa.Array:
     """Per list, the concatenation of its pieces (``offsets`` into ``pieces``)."""
     lists = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pieces)
     return pc.binary_join(lists, LB_EMPTY)
@@ -51,7 +51,7 @@ def list_payloads(col: Column, arr: pa.Array) -> pa.Array:
     offsets = offsets - start
     counts = np.diff(offsets)
     n = len(arr)
-    body = _joined(offsets, _element_bytes(el, values))
+    body = joined(offsets, element_bytes(el, values))
     header = np.zeros((n, 2), "<u4")
     header[:, 0] = counts
     valid = validity(values)
@@ -69,7 +69,7 @@ def list_payloads(col: Column, arr: pa.Array) -> pa.Array:
         positions = (at - offsets[row]).astype("<u4").view(np.uint8).reshape(-1, 4)
         null_offsets = np.zeros(n + 1, np.int64)
         np.cumsum(header[:, 1], out=null_offsets[1:])
-        nulls = _joined(null_offsets, fsb_to_large_binary(positions))
+        nulls = joined(null_offsets, fsb_to_large_binary(positions))
         payload = pc.binary_join_element_wise(
             fsb_to_large_binary(header.view(np.uint8)), nulls, body, LB_EMPTY
         )

@@ -39,6 +39,7 @@ from sparkstate.store.codec._arrow import (
 )
 from sparkstate.store.codec._columns import Column, Row, check_arity, columns_of
 from sparkstate.store.codec._lists import list_payloads
+from sparkstate.store.codec._nested import is_nested_value_type, nested_payloads
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = ["VALUE_FORMAT_VERSION", "ValueCodec"]
@@ -224,7 +225,9 @@ class ValueCodec:
 
     @staticmethod
     def _var_pieces(col: Column, arr: pa.Array) -> list[Bytes2D | pa.Array]:
-        if pa.types.is_list(col.type):
+        if is_nested_value_type(col.type):
+            arr = nested_payloads(col.type, arr, col.name)
+        elif pa.types.is_list(col.type):
             arr = list_payloads(col, arr)
         lengths = np.asarray(pc.binary_length(arr).fill_null(0), dtype=np.int64)
         if len(lengths) and lengths.max() >= 1 << 32:
@@ -278,7 +281,7 @@ class ValueCodec:
             if len(buf) != len(present) * width:
                 return None
             m = np.frombuffer(buf, np.uint8).reshape(-1, width)
-        elif len(self._var_cols) == 1 and not pa.types.is_list(self._var_cols[0].type):
+        elif len(self._var_cols) == 1 and not pa.types.is_nested(self._var_cols[0].type):
             raw = pa.array(present, pa.binary())
             sizes = np.asarray(pc.binary_length(raw), np.int64)
             if int(sizes.min()) < head_size + 4:
