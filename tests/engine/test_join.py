@@ -264,8 +264,8 @@ def test_a_full_outer_join_on_a_watermarked_key_matches_spark(
     ]
 
 
-#: :data:`FILES` with impressions delivered more than once: in the same file, in a later one,
-#: and once behind the watermark.
+#: :data:`FILES` with impressions delivered more than once: in the same file and in a later
+#: one (the late impression of :data:`FILES` is dropped by the deduplication).
 DUPLICATED: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
     ([*FILES[0][0], imp(1, 1, 10), imp(2, 3, 12)], FILES[0][1]),
     ([*FILES[1][0], imp(1, 2, 11), imp(4, 7, 21)], FILES[1][1]),
