@@ -75,16 +75,31 @@ def feed_query(
     provider: str | None,
     build: Callable[[Any, Any], Any],
     inputs: Inputs = watermarked,
+    files: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = FILES,
 ) -> tuple[Collector, list[dict[str, Any]]]:
     """``build(left, right)`` over the two feeds as ``inputs`` shapes them, as a PySpark user
     writes it; sparkstate's with only ``left`` wrapped, unless ``provider`` is None (Spark's
     own query). The first half of the files, a stop, then the rest on the same checkpoint:
     what it delivered and its last operator's progress per batch."""
+    collector, progress = feed_all(spark, tmp, provider, build, inputs, files)
+    ops = [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
+    return collector, ops
+
+
+def feed_all(
+    spark: SparkSession,
+    tmp: Path,
+    provider: str | None,
+    build: Callable[[Any, Any], Any],
+    inputs: Inputs = watermarked,
+    files: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = FILES,
+) -> tuple[Collector, list[dict[str, Any]]]:
+    """:func:`feed_query`, with every batch's whole progress."""
     imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
     collector: Collector = SortedSetsCollector()
     progress: list[dict[str, Any]] = []
-    half = len(FILES) // 2
-    for part in (FILES[:half], FILES[half:]):
+    half = len(files) // 2
+    for part in (files[:half], files[half:]):
         for left_rows, right_rows in part:
             imps.add(left_rows)
             clicks.add(right_rows)
@@ -97,8 +112,7 @@ def feed_query(
         handle = writer.trigger(availableNow=True).start()
         assert handle.awaitTermination(180)
         progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
-    ops = [p["stateOperators"][0] for p in progress if p.get("stateOperators")]
-    return collector, ops
+    return collector, progress
 
 
 def run(
@@ -170,6 +184,21 @@ def test_outer_join_without_a_range_is_refused_as_in_spark(
         ss.stream(left).join(right, F.expr("click_ad = ad"), "anti")
 
 
+def test_a_side_with_a_stateful_step_of_sparks_own_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A side whose stateful step Spark would run (the input not wrapped) is refused, naming
+    the way that works: the step on ``ss.stream(input)``."""
+    left = FileFeed(tmp_path / "l").stream(spark, IMPRESSIONS).withWatermark("imp_ts", "5 seconds")
+    right = FileFeed(tmp_path / "r").stream(spark, CLICKS).withWatermark("click_ts", "5 seconds")
+    deduplicated = right.dropDuplicates(["click_id", "click_ts"])
+    with pytest.raises(ConfigurationError, match=r"right side runs a stateful step in Spark"):
+        ss.stream(left).join(deduplicated, F.expr(CONDITION), "inner")
+    wrapped = ss.stream(right).dropDuplicates(["click_id", "click_ts"])
+    joined = ss.stream(left).join(wrapped, F.expr(CONDITION), "inner")
+    assert joined.df.isStreaming
+
+
 def windowed_count(spark: SparkSession, tmp: Path, provider: str | None) -> Collector:
     """A left outer join, then impressions and their clicks counted per 10-second window of
     the impression's time (append mode: each window once, when the join's watermark, behind
@@ -233,3 +262,70 @@ def test_a_full_outer_join_on_a_watermarked_key_matches_spark(
     assert [[op[f] for f in fields] for op in our_ops] == [
         [op[f] for f in fields] for op in their_ops
     ]
+
+
+#: :data:`FILES` with impressions delivered more than once: in the same file and in a later
+#: one (the late impression of :data:`FILES` is dropped by the deduplication).
+DUPLICATED: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
+    ([*FILES[0][0], imp(1, 1, 10), imp(2, 3, 12)], FILES[0][1]),
+    ([*FILES[1][0], imp(1, 2, 11), imp(4, 7, 21)], FILES[1][1]),
+    ([*FILES[2][0], imp(4, 7, 21), imp(5, 9, 33)], FILES[2][1]),
+    ([*FILES[3][0], imp(5, 9, 33), imp(5, 13, 44)], FILES[3][1]),
+    ([*FILES[4][0], imp(6, 12, 45)], FILES[4][1]),
+    FILES[5],
+]
+
+
+def deduplicated_join(left: Any, right: Any) -> Any:
+    """Each impression once (dropDuplicates on its id and time, with the watermark), then
+    joined with its clicks: Spark 4 runs the join after the deduplication in append mode."""
+    return left.dropDuplicates(["imp_id", "imp_ts"]).join(right, F.expr(CONDITION), "inner")
+
+
+def joined_windows(left: Any, right: Any) -> Any:
+    """Impressions and clicks counted per 10-second window and ad, each side in append mode,
+    then the two counts of a window and ad joined (a left outer join on the watermarked
+    window: an ad's window without clicks comes out with nulls). Both inputs are wrapped in
+    sparkstate's query, each being the input of a stateful step."""
+    if isinstance(left, ss.StatefulStream):
+        right = ss.stream(right)
+    imps = left.groupBy(F.window("imp_ts", "10 seconds").alias("imp_window"), "ad").count()
+    clicks = right.groupBy(F.window("click_ts", "10 seconds").alias("click_window"), "click_ad")
+    clicks = clicks.agg(F.count("*").alias("clicks"))
+    on = F.expr("imp_window = click_window AND ad = click_ad")
+    return imps.join(clicks, on, "left_outer")
+
+
+CHAINS = {"dedup-join": (deduplicated_join, DUPLICATED), "windows-join": (joined_windows, FILES)}
+
+
+@pytest.mark.parametrize(
+    ("name", "provider"),
+    [("dedup-join", "memory"), ("dedup-join", "rocksdb"), ("windows-join", "rocksdb")],
+)
+def test_a_join_after_stateful_steps_matches_spark(
+    spark: SparkSession, tmp_path: Path, name: str, provider: str
+) -> None:
+    """Batch by batch, the same output and the same stateful operators in each batch's
+    progress as Spark's (the join first, then its left input's step, then its right's)."""
+    build, files = CHAINS[name]
+    theirs, their_progress = feed_all(spark, tmp_path / "spark", None, build, files=files)
+    ours, our_progress = feed_all(spark, tmp_path / "ours", provider, build, files=files)
+    assert sum(len(rows) for rows in theirs.batches.values()) > 3
+    assert_same_as_spark(ours, theirs)
+    fields = (
+        "operatorName",
+        "numRowsTotal",
+        "numRowsUpdated",
+        "numRowsRemoved",
+        "numRowsDroppedByWatermark",
+    )
+
+    def operators(progress: list[dict[str, Any]]) -> list[list[list[Any]]]:
+        return [
+            [[op[f] for f in fields] for op in p["stateOperators"]]
+            for p in progress
+            if p.get("stateOperators")
+        ]
+
+    assert operators(our_progress) == operators(their_progress)

@@ -1,6 +1,7 @@
 """Rescaling state, against Spark's own repartition.
 
-Each query runs three times with ``availableNow`` over three new files each (one batch per file):
+Each query (an aggregation, a deduplication, a transformWithState, a stream-stream join) runs
+three times with ``availableNow`` over three new files each (one batch per file):
 on 3 partitions, then 5, then 2. Spark's query is rescaled between runs by its own
 ``StreamingCheckpointManager.repartition``; ours by ``ss.repartition`` (on each provider), and
 again by a restart that asks for the new count (``numPartitions``). Every batch's output must
@@ -113,7 +114,12 @@ QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
         "update",
         False,
     ),
+    # A left outer stream-stream join of the input with its own rows of odd v, a key's rows in
+    # the 10 s after: both sides' buffered rows move by the join key.
+    "join": (lambda df, fn: df, "append", True),
 }
+#: The join's condition, over the input and its second stream's renamed columns.
+JOIN_CONDITION = "rk = k AND rts >= ts AND rts <= ts + interval 10 seconds"
 #: sparkstate's runs: (query, provider, how it rescales).
 #: Every query rescaled by ``ss.repartition`` on memory and by a restart on rocksdb: the two
 #: ways run the same job, which reads and writes through either provider (CI time is kept for
@@ -138,7 +144,15 @@ def _start(
     if watermark:
         df = df.withWatermark("ts", "30 seconds")
     wrapped = df if system == "spark" else ss.stream(df)
-    writer = build(wrapped, F if system == "spark" else SF).writeStream
+    query = build(wrapped, F if system == "spark" else SF)
+    if name == "join":
+        right = feed.stream(spark, SCHEMA).where("v % 2 = 1")
+        right = right.select(
+            F.col("k").alias("rk"), F.col("v").alias("rv"), F.col("ts").alias("rts")
+        )
+        right = right.withWatermark("rts", "30 seconds")
+        query = query.join(right, F.expr(JOIN_CONDITION), "left_outer")
+    writer = query.writeStream
     for k, v in options.items():
         writer = writer.option(k, v)
     q = (
@@ -418,3 +432,22 @@ def test_a_failed_last_batch_is_refused_or_skipped(
     for k in again:
         mine = [r for r in rows if r["k"] == k]
         assert latest[k] == (len(mine), sum(r["v"] for r in mine)), k
+
+
+@pytest.mark.parametrize("how", ["repartition", "restart"])
+def test_a_rescaled_join_counts_the_rows_it_holds(
+    spark: SparkSession, runs: dict[Any, Any], how: str
+) -> None:
+    """Each new partition of a join counted the rows it received: after the rescales, the
+    progress's rows in state are the rows the state reader finds on both sides."""
+    provider = "memory" if how == "repartition" else "rocksdb"
+    chk = runs[("join", provider, how, "chk")]
+    engine = chk / "sparkstate"
+    progress = [json.loads(line) for line in (engine / "progress.jsonl").read_text().splitlines()]
+    ss.register(spark)
+    rows = sum(
+        spark.read.format("sparkstate").option("joinSide", side).load(str(chk)).count()
+        for side in ("left", "right")
+    )
+    assert rows > 0
+    assert progress[-1]["stateOperators"][0]["numRowsTotal"] == rows

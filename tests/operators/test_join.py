@@ -20,7 +20,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from sparkstate.operators.join import SIDE_COLUMN, JoinSide, StreamingJoin
+from sparkstate.operators.join import (
+    COUNT_FAMILY,
+    SIDE_COLUMN,
+    SIDE_FAMILIES,
+    JoinSide,
+    StreamingJoin,
+    read_counts,
+    recount,
+)
 
 from .conftest import OperatorRunner, at
 
@@ -192,3 +200,31 @@ def test_a_preserved_sides_own_condition_emits_its_failing_rows_at_once(
         ]
     )
     assert m.num_rows_total == 2  # the odd impression and the click
+
+
+def test_a_rescale_counts_each_sides_rows_as_the_operator_does(make_runner: Runner) -> None:
+    """What a rescale writes for a join's row counts, from the rows a partition holds, is what
+    the operator wrote after its batches (rows of both sides waiting in state)."""
+    runner = make_runner(join_op("leftOuter"))
+    data = generate(11, 6)
+    for i, rows in enumerate(data):
+        runner.run(rows, "append", watermark_ms=int(at(i * 5 - 10).timestamp() * 1000))
+    store = runner.provider.get_read_store(runner.batch_id)
+    families: list[str] = []
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for name in (*SIDE_FAMILIES.values(), COUNT_FAMILY):
+        fam = store.column_family(name)
+        for suffixes, vals in store.raw_scan_chunks(fam.prefix, fam.end_of_family(), 0, 1000):
+            families += [name] * len(vals)
+            keys += suffixes
+            values += vals
+    side_rows = [f != COUNT_FAMILY for f in families]
+    counted_keys, counted_values = recount(
+        pa.array(families, pa.string()).filter(side_rows),
+        pa.array(keys, pa.binary()).filter(side_rows),
+        pa.array(values, pa.binary()).filter(side_rows),
+    )
+    stored = {k: v for f, k, v in zip(families, keys, values, strict=True) if f == COUNT_FAMILY}
+    assert dict(zip(counted_keys.to_pylist(), counted_values.to_pylist(), strict=True)) == stored
+    assert sum(read_counts(store).values()) > 0

@@ -7,12 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.initial_state import initial_state_of
-from sparkstate.engine.join_plan import plan_join
+from sparkstate.engine.join_plan import JoinInput, plan_join, plan_join_after
 from sparkstate.engine.plan import (
     ARBITRARY_FUNCTION_APIS,
     AggregateStep,
@@ -153,19 +152,35 @@ class StatefulStream:
         streaming DataFrame, ``on`` a Column condition, a SQL string or column names, ``how``
         any of PySpark's spellings of inner, left/right/full outer and left semi. Both sides'
         rows wait in state until their watermarks (Spark's state watermarks, from the
-        condition's time range) say they can no longer match."""
-        if self.steps:
-            msg = "join() after a stateful step is not supported yet; join the inputs first"
-            raise ConfigurationError(msg)
+        condition's time range) say they can no longer match.
+
+        Either side may be the output of stateful steps (a deduplication, an aggregation in
+        append mode), as in Spark 4: wrap that side's input in ``ss.stream()`` too."""
+        if self.steps or (isinstance(other, StatefulStream) and other.steps):
+            return self._join_after(other, on, how)
         right = other._with_watermarks() if isinstance(other, StatefulStream) else other
-        left = self._with_watermarks()
-        if isinstance(on, str) and not (on in left.columns and on in right.columns):
-            on = F.expr(on)  # a SQL condition rather than the name of a column of both sides
-        plan = plan_join(left, right, on, how)
+        plan = plan_join(self._with_watermarks(), right, on, how)
         watermarks = tuple(
             WatermarkSpec(column, f"{delay} milliseconds") for _, column, delay in plan.watermarks
         )
         return StatefulStream(plan.union, (JoinStep(plan),), watermarks)
+
+    def _join_after(self, other: Any, on: Any, how: str | None) -> StatefulStream:
+        """A join of which a side has stateful steps: each side's steps run first, on its
+        rows, in the same batch (engine/join_plan.py, ``plan_join_after``)."""
+        right = other if isinstance(other, StatefulStream) else stream(other)
+        sides = []
+        for name, side in (("left", self), ("right", right)):
+            if len(side.watermarks) > 1:
+                msg = (
+                    f"join: the {name} side has several withWatermark() calls; before a "
+                    "stateful step of a join's side, Spark 4 takes one (redefining a watermark "
+                    "is disallowed with several stateful operators)"
+                )
+                raise ConfigurationError(msg)
+            sides.append(JoinInput(side._with_watermarks(), side.steps, side.watermark))
+        plan, source, watermarks = plan_join_after(sides[0], sides[1], on, how)
+        return StatefulStream(source, (JoinStep(plan),), watermarks)
 
     def _with_watermarks(self) -> DataFrame:
         """The input with this stream's watermarks on it as Spark records them (those declared

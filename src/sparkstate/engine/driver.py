@@ -369,15 +369,17 @@ class BatchDriver:
         reports_dir = self.log.new_report_dir(batch_id)
         n = self.config.num_partitions
         current = df
+        outputs: dict[int, DataFrame] = {}
         specs: dict[int, TaskSpec] = {}
         for stage in self.stages:
             spec = self._spec(stage, intent, lineage, replay)
             specs[stage.op_id] = spec
-            shuffled = stage.input_of(current, batch_id).repartition(
+            source = current if stage.source is None else stage.source(df, outputs)
+            shuffled = stage.input_of(source, batch_id).repartition(
                 n, *[quote(c) for c in stage.partition_columns]
             )
             output = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
-            current = stage.output_of(output)
+            current = outputs[stage.op_id] = stage.output_of(output)
         sink_started = time.time()
         try:
             self.sink.add_batch(batch_id, current, self.config.output_mode)
@@ -412,14 +414,22 @@ class BatchDriver:
         per_op: dict[int, list[TaskReport]] = {s.op_id: [] for s in self.stages}
         for r in reports:
             per_op[r.op].append(r)
-        first = self.stages[0]
-        for r in per_op[first.op_id]:
-            if first.inputs is not None:  # each input's own event time (a join's sides)
-                for side, name in first.inputs.items():
-                    self.tracker.observe(name, r.operator.max_event_time_by_input.get(side))
-                continue
-            for name in self.tracker.delays_ms:  # every watermark is on the event-time column
-                self.tracker.observe(name, r.operator.max_event_time_ms)
+        # The operators that read the query's input observe its event times: the first one,
+        # or, for a join of stateful steps' outputs, the first step of each side and the join.
+        observers = [
+            s for s in self.stages if s.event_time_inputs or s.inputs is not None
+        ] or self.stages[:1]
+        for stage in observers:
+            for r in per_op[stage.op_id]:
+                if stage.event_time_inputs:
+                    for name in stage.event_time_inputs:
+                        self.tracker.observe(name, r.operator.max_event_time_ms)
+                elif stage.inputs is not None:  # each input's own event time (a join's sides)
+                    for side, name in stage.inputs.items():
+                        self.tracker.observe(name, r.operator.max_event_time_by_input.get(side))
+                else:  # every watermark is on the event-time column
+                    for name in self.tracker.delays_ms:
+                        self.tracker.observe(name, r.operator.max_event_time_ms)
         self.tracker.advance()
         self.log.write_commit(
             BatchCommit(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 from pyspark import TaskContext
 
+from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.records import TaskFailure
 from sparkstate.runtime.tasks import Attempt, TaskSpec, run_task
@@ -33,6 +34,12 @@ def task_function(
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition, attempt = _task_identity()
+        if partition >= spec.num_partitions:  # a task of a union's stage, numbered across it
+            msg = (
+                f"operator {spec.op_id} ran as partition {partition} of {spec.num_partitions} "
+                "state partitions: its input must be shuffled by its key right before it"
+            )
+            raise QueryError(msg)
         try:
             yield from run_task(spec, partition, batches, reports, attempt)
         except Exception as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -29,13 +30,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from sparkstate.engine.plan import arrow_schema
+from sparkstate.engine.plan import Stage, arrow_schema
 from sparkstate.engine.session import is_connect
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.join import SIDE_COLUMN, JoinSide, StreamingJoin
-from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
+from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY, WatermarkSpec
 
-__all__ = ["JoinPlan", "plan_join"]
+__all__ = ["JoinInput", "JoinPlan", "plan_join", "plan_join_after"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,74 @@ class JoinPlan:
     #: How far the join's output watermark is behind its input watermark (Spark 4: the
     #: smallest of the input watermark and the sides' state watermarks).
     output_lag_ms: int = 0
+    #: The tagged union of a left and a right DataFrame (a batch's), shaped as the sides are;
+    #: the sides named in its third argument shuffled by the join key first.
+    union_of: Callable[[DataFrame, DataFrame, tuple[str, ...]], DataFrame] | None = None
+    #: The tracker's name of each side whose event times the join itself observes.
+    tracker_inputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Per side with stateful steps before the join: their stages, in the order they run.
+    chains: dict[str, list[Stage]] = dataclasses.field(default_factory=dict)
+    #: Per side with stateful steps before the join: the tracker's names of the side's
+    #: watermark, which the first of them observes.
+    chain_inputs: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: How a batch of the query's input holds each side (with ``chains`` only).
+    side_of: dict[str, Callable[[DataFrame], DataFrame]] = dataclasses.field(default_factory=dict)
+    #: Per side, the filters Spark's optimizer moves into the side's input: the columns each
+    #: reads and its SQL (:meth:`_Planner._pushed`).
+    pushed: dict[str, list[tuple[frozenset[str], str]]] = dataclasses.field(default_factory=dict)
+
+    def _chain_ids(self, op_id: int) -> dict[str, list[int]]:
+        """Operator ids of each side's steps, in the order they run, below the join ``op_id``
+        as Spark numbers them: from the join down, its left input's steps, then its right's."""
+        out: dict[str, list[int]] = {}
+        next_id = op_id + 1
+        for side in ("left", "right"):
+            count = len(self.chains.get(side, []))
+            out[side] = list(range(next_id + count - 1, next_id - 1, -1))
+            next_id += count
+        return out
+
+    def input_stages(self, op_id: int) -> list[Stage]:
+        """The stages of the stateful steps before the join ``op_id``, the left side's then the
+        right's; the first of a side reads that side of the batch and observes its watermark."""
+        out: list[Stage] = []
+        for side, ids in self._chain_ids(op_id).items():
+            for i, (stage, new_id) in enumerate(zip(self.chains.get(side, []), ids, strict=True)):
+                first = i == 0
+                out.append(
+                    dataclasses.replace(
+                        stage,
+                        op_id=new_id,
+                        source=_reader(self.side_of[side]) if first else None,
+                        event_time_inputs=self.chain_inputs.get(side, ()) if first else (),
+                        after=list(stage.after),
+                    )
+                )
+        return out
+
+    def source(self, op_id: int) -> Callable[[DataFrame, dict[int, DataFrame]], DataFrame] | None:
+        """How the join stage ``op_id`` reads a batch: None when the query's input is the
+        tagged union itself; else the union of each side as the batch holds it or as the last
+        step before the join on that side outputs it."""
+        if not self.chains:
+            return None
+        assert self.union_of is not None
+        union_of, side_of = self.union_of, self.side_of
+        last = {side: ids[-1] if ids else None for side, ids in self._chain_ids(op_id).items()}
+
+        # A step's output is shuffled by the join key before the union: a union's tasks are
+        # numbered across its inputs, so the step's tasks, which would run in the union's
+        # stage, would not run as their own partitions.
+        shuffled = tuple(s for s in ("left", "right") if last[s] is not None)
+
+        def read(batch: DataFrame, outputs: dict[int, DataFrame]) -> DataFrame:
+            frames = [
+                side_of[s](batch) if (i := last[s]) is None else outputs[i]
+                for s in ("left", "right")
+            ]
+            return union_of(frames[0], frames[1], shuffled)
+
+        return read
 
 
 def join_type_of(how: str | None) -> str:
@@ -118,9 +187,21 @@ def join_type_of(how: str | None) -> str:
     return found
 
 
-def plan_join(left: DataFrame, right: DataFrame, on: Any, how: str | None) -> JoinPlan:
-    """Plan ``left.join(right, on, how)`` over two streaming DataFrames (watermarks applied)."""
+def plan_join(
+    left: DataFrame,
+    right: DataFrame,
+    on: Any,
+    how: str | None,
+    upstream: frozenset[str] = frozenset(),
+) -> JoinPlan:
+    """Plan ``left.join(right, on, how)`` over two streaming DataFrames (watermarks applied).
+
+    ``upstream``: the sides that are the output of a stateful step, whose watermark that step
+    observes on its own input; the join finds the side's event time (for late rows) in the
+    column that carries the watermark, a window of it included, as Spark's join does."""
     join_type = join_type_of(how)
+    if isinstance(on, str) and not (on in left.columns and on in right.columns):
+        on = F.expr(on)  # a SQL condition rather than the name of a column of both sides
     if is_connect(left.sparkSession):
         msg = "stream-stream joins do not run from a Spark Connect client yet"
         raise ConfigurationError(msg)
@@ -137,12 +218,136 @@ def plan_join(left: DataFrame, right: DataFrame, on: Any, how: str | None) -> Jo
     except Exception as exc:
         msg = f"join: {exc}"
         raise ConfigurationError(msg) from exc
-    return _Planner(left, right, joined, plan, join_type).plan()
+    return _Planner(left, right, joined, plan, join_type, upstream).plan()
+
+
+#: The query input's column telling a join's left input's rows (0) from its right's (1), when
+#: a side has a stateful step before the join.
+INPUT_COLUMN = "__ss_input"
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinInput:
+    """One side of a join as the user wrote it: its input stream (watermarks applied) and the
+    stateful steps between that input and the join."""
+
+    df: DataFrame
+    steps: tuple[Any, ...]
+    watermark: WatermarkSpec | None
+
+
+def plan_join_after(
+    left: JoinInput, right: JoinInput, on: Any, how: str | None
+) -> tuple[JoinPlan, DataFrame, tuple[WatermarkSpec, ...]]:
+    """Plan a join whose inputs have stateful steps of their own (a deduplication, a windowed
+    aggregation in append mode), as Spark 4 runs it: each side's steps run on that side's
+    rows, their output is the join's input on that side, and every operator uses the query's
+    watermark (Spark's propagation: deduplication and aggregation pass their input watermark
+    on). The query's input is the tagged union of both inputs as they come; the watermarks are
+    each side's, observed by the first step that reads that side.
+
+    Returns the plan, the query's input and its watermarks (left's first)."""
+    from sparkstate.engine.plan import plan_chain  # plan.py plans each side's steps
+
+    join_type_of(how)
+    if is_connect(left.df.sparkSession):
+        msg = "stream-stream joins do not run from a Spark Connect client yet"
+        raise ConfigurationError(msg)
+    sides = {"left": left, "right": right}
+    names: dict[str, str] = {}
+    specs: list[WatermarkSpec] = []
+    source, side_of, columns = _tagged_inputs(left.df, right.df)
+    chains: dict[str, list[Stage]] = {}
+    outputs: dict[str, DataFrame] = {}
+    for s, side in sides.items():
+        wm = side.watermark
+        if wm is not None:
+            names[s] = "input" if not specs else f"input.{len(specs)}"
+            specs.append(WatermarkSpec(columns[s][wm.column], wm.delay))
+        if side.steps:
+            column = wm.column if wm else None
+            delay = wm.delay_ms if wm else None
+            chains[s], outputs[s] = plan_chain(side.df, side.steps, "append", column, delay)
+        else:
+            outputs[s] = side.df
+    plan = plan_join(outputs["left"], outputs["right"], on, how, frozenset(chains))
+    for s, chain in chains.items():
+        chain[-1] = _with_pushed_filters(chain[-1], plan.pushed.get(s, []))
+    plan.tracker_inputs = {s: n for s, n in names.items() if s not in chains}
+    plan.chain_inputs = {s: (n,) for s, n in names.items() if s in chains}
+    plan.chains = chains
+    plan.side_of = side_of
+    return plan, source, tuple(specs)
+
+
+def _with_pushed_filters(stage: Stage, pushed: list[tuple[frozenset[str], str]]) -> Stage:
+    """An aggregation before the join with the filters Spark pushes below it: those over its
+    grouping columns alone (Spark's optimizer moves a filter over an aggregation's grouping
+    keys before it), applied to each key's partial aggregate, which has those columns. A
+    deduplication keeps them above it, as Spark does."""
+    from sparkstate.operators.aggregate import StreamingAggregate
+
+    operator = stage.operator
+    if not isinstance(operator, StreamingAggregate):
+        return stage
+    plain = {k for k in operator.output_keys if isinstance(k, str)}
+    filters = [sql for names, sql in pushed if names <= plain]
+    if not filters:
+        return stage
+    predicate = F.expr(" AND ".join(f"({sql})" for sql in filters))
+    prepare = stage.prepare
+
+    def filtered(batch: DataFrame) -> DataFrame:
+        return prepare(batch).where(predicate)
+
+    return dataclasses.replace(stage, prepare=filtered)
+
+
+def _tagged_inputs(
+    left: DataFrame, right: DataFrame
+) -> tuple[DataFrame, dict[str, Callable[[DataFrame], DataFrame]], dict[str, dict[str, str]]]:
+    """Both inputs as one stream: :data:`INPUT_COLUMN`, the left's columns, the right's (null
+    on the other side's rows); how to read each side back from a batch of it; the stream's
+    name of each side's columns."""
+    frames = {"left": left, "right": right}
+    columns = {
+        s: {f.name: f"__ss_{s[0]}in{i}" for i, f in enumerate(df.schema.fields)}
+        for s, df in frames.items()
+    }
+
+    def tagged(s: str, tag: int) -> DataFrame:
+        selected = [F.lit(tag).cast("tinyint").alias(INPUT_COLUMN)]
+        for other, df in frames.items():
+            for f in df.schema.fields:
+                name = columns[other][f.name]
+                if other == s:
+                    selected.append(F.col(_quoted(f.name)).alias(name))
+                else:
+                    selected.append(F.lit(None).cast(f.dataType).alias(name))
+        return frames[s].select(*selected)
+
+    source = tagged("left", 0).unionByName(tagged("right", 1))
+
+    def reader(s: str, tag: int) -> Callable[[DataFrame], DataFrame]:
+        back = [F.col(name).alias(original) for original, name in columns[s].items()]
+
+        def side_of(batch: DataFrame) -> DataFrame:
+            return batch.where(F.col(INPUT_COLUMN) == tag).select(*back)
+
+        return side_of
+
+    return source, {"left": reader("left", 0), "right": reader("right", 1)}, columns
 
 
 class _Planner:
     def __init__(
-        self, left: DataFrame, right: DataFrame, joined: DataFrame, plan: Any, join_type: str
+        self,
+        left: DataFrame,
+        right: DataFrame,
+        joined: DataFrame,
+        plan: Any,
+        join_type: str,
+        upstream: frozenset[str],
     ) -> None:
         self.left, self.right, self.joined = left, right, joined
         self.join_type = join_type
@@ -155,6 +360,16 @@ class _Planner:
             node = node.children().apply(0)
         self.top = plan
         self.node = node
+        self.upstream = upstream
+        for side, child in (("left", node.left()), ("right", node.right())):
+            stateful = None if side in upstream else _spark_stateful(child)
+            if stateful is not None:
+                msg = (
+                    f"join: the {side} side runs a stateful step in Spark ({stateful}); wrap "
+                    f"that side's input in ss.stream() and write the step on it, so that "
+                    "sparkstate runs it before the join"
+                )
+                raise ConfigurationError(msg)
         self.left_attrs = _seq(node.left().output())
         self.right_attrs = _seq(node.right().output())
         self.left_set = node.left().outputSet()
@@ -234,11 +449,15 @@ class _Planner:
 
     # --- watermarks ------------------------------------------------------------------------------
 
-    def _watermark_attr(self, attrs: list[Any]) -> Any | None:
+    def _watermark_attr(self, attrs: list[Any], upstream: bool) -> Any | None:
         """The side's event-time column: its watermarked timestamp. A window of it carries the
-        watermark too; the time itself must be there, since the watermark is its maximum."""
+        watermark too; the time itself must be there, since the watermark is its maximum,
+        unless a stateful step before the join observes it (``upstream``): then the window
+        is the side's event time, as Spark's join finds it."""
         marked = [a for a in attrs if a.metadata().contains(WATERMARK_DELAY_KEY)]
         times = [a for a in marked if _struct_fields(a) is None]
+        if upstream:
+            return (times or marked or [None])[0]
         if marked and not times:
             msg = (
                 f"join: the side with columns {[str(a.name()) for a in attrs]} carries its "
@@ -272,8 +491,8 @@ class _Planner:
     ) -> JoinPlan:
         jt = self.join_type
         wm: dict[str, Any] = {
-            "left": self._watermark_attr(self.left_attrs),
-            "right": self._watermark_attr(self.right_attrs),
+            "left": self._watermark_attr(self.left_attrs, "left" in self.upstream),
+            "right": self._watermark_attr(self.right_attrs, "right" in self.upstream),
         }
         key_wm = next((i for i, (a, b) in enumerate(keys) if _marked(a) or _marked(b)), None)
         offsets = {
@@ -302,6 +521,7 @@ class _Planner:
             "right": jt in ("rightOuter", "fullOuter"),
         }
         frames: dict[str, DataFrame] = {}
+        shapes: dict[str, Callable[[DataFrame], DataFrame]] = {}
         parts: dict[str, tuple[list[StructField], str | None, pc.Expression | None]] = {}
         for s, df, attrs in (
             ("left", self.left, self.left_attrs),
@@ -312,14 +532,13 @@ class _Planner:
                 cols += _side_columns(f"__ss_{s[0]}{i}", F.col(_quoted(a.name())), a)
             extra_cols = [c.alias(n) for n, c in self.extras[s]]
             side_only = None
-            filtered = df
+            pred = None
             if only[s]:
                 pred = F.expr(" AND ".join(f"({c.sql()})" for c in only[s]))
                 if preserved[s]:
                     extra_cols.append(F.coalesce(pred, F.lit(False)).alias(f"__ss_{s[0]}only"))
                     side_only = pc.field(f"__ss_{s[0]}only")
-                else:
-                    filtered = df.where(pred)
+                    pred = None
             event_time = None
             if wm[s] is not None:
                 event_time = f"__ss_{s[0]}wm"
@@ -332,7 +551,8 @@ class _Planner:
                 for i, (a, b) in enumerate(keys)
                 for col in _key_columns(i, a if s == "left" else b)
             ]
-            frames[s] = filtered.select(*key_cols, *cols, *extra_cols)
+            shapes[s] = _shape(pred, [*key_cols, *cols, *extra_cols])
+            frames[s] = shapes[s](df)
             fields = [f for f in frames[s].schema.fields if not f.name.startswith("__ss_k")]
             parts[s] = (fields, event_time, side_only)
         # Key types: the left side's; the right side's keys are cast to them.
@@ -359,7 +579,8 @@ class _Planner:
             condition,
             self._column_names(keys),
         )
-        union = self._union(frames, key_struct)
+        union_of = self._union(frames, key_struct, shapes)
+        union = union_of(self.left, self.right, ())
         output_struct = StructType(
             [
                 StructField(f.name, _spark_type(f, frames), True, _metadata(f.name, frames))
@@ -380,27 +601,70 @@ class _Planner:
             self._output_columns(),
             watermarks,
             max([0, *[lag for lag in lags if lag is not None]]),
+            union_of,
+            {side: "input" if i == 0 else f"input.{i}" for i, (side, *_) in enumerate(watermarks)},
+            pushed=self._pushed(keys, only, preserved),
         )
 
-    def _union(self, frames: dict[str, DataFrame], key_struct: StructType) -> DataFrame:
+    def _pushed(
+        self, keys: list[tuple[Any, Any]], only: dict[str, list[Any]], preserved: dict[str, bool]
+    ) -> dict[str, list[tuple[frozenset[str], str]]]:
+        """Per side the row filters Spark's optimizer moves into the side's input (its columns
+        and the SQL): a key column is not null (inferred from the equality), and the
+        condition's conjuncts over the side alone; none on an outer join's preserved side."""
+        out: dict[str, list[tuple[frozenset[str], str]]] = {"left": [], "right": []}
+        for i, s in enumerate(("left", "right")):
+            if preserved[s]:
+                continue
+            for pair in keys:
+                key = pair[i]
+                if _name(key) == "AttributeReference":
+                    name = str(key.name())
+                    out[s].append((frozenset([name]), f"{_quoted(name)} IS NOT NULL"))
+            for c in only[s]:
+                names = frozenset(str(a.name()) for a in _seq(c.references().toSeq()))
+                out[s].append((names, c.sql()))
+        return out
+
+    def _union(
+        self,
+        frames: dict[str, DataFrame],
+        key_struct: StructType,
+        shapes: dict[str, Callable[[DataFrame], DataFrame]],
+    ) -> Callable[[DataFrame, DataFrame, tuple[str, ...]], DataFrame]:
+        """The tagged union of a left and a right DataFrame (shaped as the sides are), the
+        sides named in its third argument shuffled by the join key (into the session's
+        shuffle partitions, the state partitions while a batch runs)."""
         left_fields = frames["left"].schema.fields
         right_fields = frames["right"].schema.fields
         lcols = [f for f in left_fields if not f.name.startswith("__ss_k")]
         rcols = [f for f in right_fields if not f.name.startswith("__ss_k")]
         keys = [F.col(f.name).cast(f.dataType).alias(f.name) for f in key_struct.fields]
-        left = frames["left"].select(
+        left_select = [
             F.lit(0).cast("tinyint").alias(SIDE_COLUMN),
             *keys,
             *[F.col(f.name) for f in lcols],
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in rcols],
-        )
-        right = frames["right"].select(
+        ]
+        right_select = [
             F.lit(1).cast("tinyint").alias(SIDE_COLUMN),
             *keys,
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in lcols],
             *[F.col(f.name) for f in rcols],
-        )
-        return left.unionByName(right)
+        ]
+
+        by_key = [F.col(f.name) for f in key_struct.fields]
+
+        def union_of(left: DataFrame, right: DataFrame, shuffled: tuple[str, ...]) -> DataFrame:
+            frames = {
+                "left": shapes["left"](left).select(*left_select),
+                "right": shapes["right"](right).select(*right_select),
+            }
+            for s in shuffled:
+                frames[s] = frames[s].repartition(*by_key)
+            return frames["left"].unionByName(frames["right"])
+
+        return union_of
 
     def _column_names(self, keys: list[tuple[Any, Any]]) -> dict[str, str]:
         """The query's names of the operator's key and side columns (for the state reader)."""
@@ -457,6 +721,24 @@ class _Planner:
                 "nullable side and an appropriate range condition"
             )
             raise ConfigurationError(msg)
+
+
+def _shape(pred: Column | None, columns: list[Column]) -> Callable[[DataFrame], DataFrame]:
+    """A side's DataFrame as the join reads it: filtered by ``pred``, then ``columns``."""
+
+    def shape(df: DataFrame) -> DataFrame:
+        return (df if pred is None else df.where(pred)).select(*columns)
+
+    return shape
+
+
+def _reader(
+    side_of: Callable[[DataFrame], DataFrame],
+) -> Callable[[DataFrame, dict[int, DataFrame]], DataFrame]:
+    def read(batch: DataFrame, outputs: dict[int, DataFrame]) -> DataFrame:
+        return side_of(batch)
+
+    return read
 
 
 def _time_of(col: Column, expr: Any) -> Column:
@@ -533,6 +815,33 @@ def _marked(expr: Any) -> bool:
     return _name(expr) == "AttributeReference" and bool(
         expr.metadata().contains(WATERMARK_DELAY_KEY)
     )
+
+
+#: Spark's logical plan nodes of stateful streaming operators.
+_SPARK_STATEFUL = (
+    "Aggregate",
+    "Deduplicate",
+    "DeduplicateWithinWatermark",
+    "Join",
+    "FlatMapGroupsWithState",
+    "FlatMapGroupsInPandasWithState",
+    "TransformWithState",
+    "TransformWithStateInPySpark",
+    "GlobalLimit",
+)
+
+
+def _spark_stateful(plan: Any) -> str | None:
+    """The name of a stateful streaming operator in Spark's ``plan``, if it has one."""
+    if not plan.isStreaming():
+        return None
+    if _name(plan) in _SPARK_STATEFUL:
+        return _name(plan)
+    for child in _seq(plan.children()):
+        found = _spark_stateful(child)
+        if found is not None:
+            return found
+    return None
 
 
 def _conjuncts(expr: Any) -> list[Any]:

@@ -63,6 +63,7 @@ __all__ = [
     "Stage",
     "StatelessStep",
     "Step",
+    "plan_chain",
     "plan_stages",
     "quote",
 ]
@@ -176,6 +177,13 @@ class Stage:
     #: How far this operator's input watermark is behind the query's (Spark 4 propagates a
     #: join's state watermark to the steps after it).
     watermark_lag_ms: int = 0
+    #: Where the stage reads a batch, from the query's input and the outputs of the stages
+    #: that ran before it, by operator id (a join of stateful steps' outputs); None: the
+    #: output of the stage before it, or the input for the first.
+    source: Callable[[DataFrame, dict[int, DataFrame]], DataFrame] | None = None
+    #: The tracker's names of the watermarks whose event times this operator observes, when
+    #: it is not the first stage (the first step of a join's side).
+    event_time_inputs: tuple[str, ...] = ()
 
     def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The operator's input in batch ``batch_id``."""
@@ -600,9 +608,6 @@ def _plan_join(op_id: int, step: JoinStep) -> tuple[Stage, DataFrame]:
     """The join's stage: its input is the stream itself (the tagged union of both sides); its
     output is renamed to Spark's columns of the join."""
     plan = step.plan
-    inputs = {
-        side: "input" if i == 0 else f"input.{i}" for i, (side, _, _) in enumerate(plan.watermarks)
-    }
     rename = StatelessStep("select", tuple(plan.output_columns))
     stage = Stage(
         op_id,
@@ -611,7 +616,8 @@ def _plan_join(op_id: int, step: JoinStep) -> tuple[Stage, DataFrame]:
         plan.partition_columns,
         lambda batch: batch,
         after=[rename],
-        inputs=inputs,
+        inputs=dict(plan.tracker_inputs),
+        source=plan.source(op_id),
     )
     names = [f.name for f in plan.output_struct.fields]
     return stage, plan.union.select(*names).select(*plan.output_columns)
@@ -637,6 +643,17 @@ def plan_stages(
     watermark_delay_ms: int | None = None,
 ) -> list[Stage]:
     """The stages of a query, checked against ``output_mode`` as Spark would check them."""
+    return plan_chain(df, steps, output_mode, event_time, watermark_delay_ms)[0]
+
+
+def plan_chain(
+    df: DataFrame,
+    steps: Sequence[Step],
+    output_mode: str,
+    event_time: str | None,
+    watermark_delay_ms: int | None = None,
+) -> tuple[list[Stage], DataFrame]:
+    """:func:`plan_stages`, and the DataFrame that stands for the last step's output."""
     if not steps:
         msg = (
             "the query has no stateful step; add groupBy().agg() or dropDuplicates(), or use "
@@ -670,6 +687,7 @@ def plan_stages(
                 )
                 raise ConfigurationError(msg)
             stage, current = _plan_join(op_id, step)
+            stages += step.plan.input_stages(op_id)  # its sides' stateful steps, if any
             lag = step.plan.output_lag_ms
         elif isinstance(step, ArbitraryStep):
             stage, current = _plan_arbitrary(
@@ -724,7 +742,7 @@ def plan_stages(
         if not has_agg or isinstance(stage.operator, AGGREGATIONS):
             stage.operator.check_output_mode(output_mode)
         _check_storable(stage)
-    return stages
+    return stages, current
 
 
 #: Spark's error for a stateful step after one that may emit rows behind the watermark.

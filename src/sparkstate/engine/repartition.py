@@ -155,7 +155,7 @@ def _commit(
         for p in range(plan.to_partitions):
             if p not in written[m.op_id]:
                 written[m.op_id][p] = write_partition(
-                    plan.state_root, plan.provider, m.op_id, p, plan.version, []
+                    plan.state_root, plan.provider, m.op_id, p, plan.version, [], m.derive
                 )
     commit_rescale(plan, written)
 
@@ -230,7 +230,9 @@ def _moved(
         # The job is a union of every operator's stage of ``to`` partitions, numbered on:
         # operator k's partition p is the union's k * to + p.
         partition = TaskContext.get().partitionId() % to  # type: ignore[union-attr]
-        ckpt, n = write_partition(state_root, provider, move.op_id, partition, version, batches)
+        ckpt, n = write_partition(
+            state_root, provider, move.op_id, partition, version, batches, move.derive
+        )
         if written_acc is not None:
             written_acc.add(1)
         yield pa.RecordBatch.from_pylist(

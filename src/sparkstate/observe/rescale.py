@@ -8,14 +8,16 @@ key, and each new partition writes what it received as one changelog of a new li
 whole state of the version, from nothing (parent none), under a fresh checkpoint id.
 
 Every column family of an operator must have the shuffle's columns in its key (an index's key is
-its time, then the key); a family that does not (a join's per-side row counts) cannot be split
-by key, and its operator is refused.
+its time, then the key), or be derived from the others, as a join's per-side row counts are:
+those are not moved, each new partition counts the rows it received
+(:func:`sparkstate.operators.join.recount`). Any other family that is not per key cannot be
+split, and its operator is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +26,7 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.checkpoint import open_checkpoint
 from sparkstate.observe.key_lookup import partition_columns
+from sparkstate.operators.join import COUNT_FAMILY, recount
 from sparkstate.store.base import DEFAULT_CF
 from sparkstate.store.changelog import encode_changelog
 from sparkstate.store.conf import StoreConf, StoreId
@@ -54,6 +57,11 @@ FAMILY = "__cf"
 KEY = "__key"
 VALUE = "__value"
 _CHUNK = 65536
+#: Computes a partition's derived column families from its other families' rows: the
+#: families, physical keys and values in; the derived entries' physical keys and values out.
+Derive = Callable[[pa.Array, pa.Array, pa.Array], tuple[pa.Array, pa.Array]]
+#: Per operator kind, its families that are derived from the others, and how.
+_DERIVED: dict[str, tuple[tuple[str, ...], Derive]] = {"join": ((COUNT_FAMILY,), recount)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +80,9 @@ class OperatorMove:
     schema: pa.Schema
     #: The partitions of the old partitioning that hold state.
     partitions: list[int]
+    #: The families not moved but computed in each new partition (by ``derive``).
+    derived: tuple[str, ...] = ()
+    derive: Derive | None = None
 
     @property
     def shuffle_columns(self) -> list[str]:
@@ -99,8 +110,9 @@ def plan_moves(
             name: schema_from_json(f["key"]) for name, f in merged["column_families"].items()
         }
         columns = partition_columns(op.description, families[DEFAULT_CF])
+        derived, derive = _DERIVED.get(op.kind, ((), None))
         for name, key_schema in families.items():
-            lacking = [c for c in columns if c not in key_schema.names]
+            lacking = [c for c in columns if c not in key_schema.names and name not in derived]
             if lacking:
                 msg = (
                     f"operator {op.id} ({op.kind}) keeps state that is not per key (column "
@@ -124,7 +136,17 @@ def plan_moves(
         for p in range(to_partitions):
             write_rescaled_schema(chk.store_dir(op.id, p), merged, [from_partitions], to_partitions)
         moves.append(
-            OperatorMove(location, op.id, op.kind, batch_id, columns, schema, sorted(records))
+            OperatorMove(
+                location,
+                op.id,
+                op.kind,
+                batch_id,
+                columns,
+                schema,
+                sorted(records),
+                derived,
+                derive,
+            )
         )
     return moves
 
@@ -137,6 +159,8 @@ def read_partition(move: OperatorMove, partition: int) -> Iterator[pa.RecordBatc
         if store is None:
             return
         for name in chk.families(move.op_id, partition) or {}:
+            if name in move.derived:
+                continue
             family = store.column_family(name)
             chunks = store.raw_scan_chunks(
                 family.prefix, family.end_of_family(), len(family.prefix), _CHUNK
@@ -162,14 +186,25 @@ def write_partition(
     partition: int,
     version: int,
     batches: Iterable[pa.RecordBatch],
+    derive: Derive | None = None,
 ) -> tuple[str, int]:
     """Write the rows a new partition received as version ``version`` of its store, from
-    nothing: one changelog under a fresh checkpoint id. Returns the id and the key count."""
+    nothing: one changelog under a fresh checkpoint id, with the families ``derive`` computes
+    from them. Returns the id and the key count."""
+    families: list[pa.Array] = []
     keys: list[pa.Array] = []
     values: list[pa.Array] = []
     for batch in batches:
+        families.append(batch.column(FAMILY))
         keys.append(batch.column(KEY))
         values.append(batch.column(VALUE))
+    if derive is not None:
+        all_families = pa.concat_arrays(families) if families else pa.array([], pa.string())
+        all_keys = pa.concat_arrays(keys) if keys else pa.array([], pa.binary())
+        all_values = pa.concat_arrays(values) if values else pa.array([], pa.binary())
+        derived_keys, derived_values = derive(all_families, all_keys, all_values)
+        keys.append(derived_keys)
+        values.append(derived_values)
     table = pa.table(
         {
             KEY: pa.concat_arrays(keys) if keys else pa.array([], pa.binary()),

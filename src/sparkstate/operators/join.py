@@ -33,11 +33,21 @@ from sparkstate.operators._arrow import is_late, max_event_time_ms, to_epoch_mic
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA, TS_SCHEMA, index_key_schema
 from sparkstate.operators.ts_index import encode_ts as _ts_prefix
-from sparkstate.store.base import StateStore
+from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
 from sparkstate.store.schema_json import schema_to_json
 
-__all__ = ["JOIN_TYPES", "MATCHED", "JoinSide", "StreamingJoin", "read_counts", "unpack_rows"]
+__all__ = [
+    "COUNT_FAMILY",
+    "JOIN_TYPES",
+    "MATCHED",
+    "SIDE_FAMILIES",
+    "JoinSide",
+    "StreamingJoin",
+    "read_counts",
+    "recount",
+    "unpack_rows",
+]
 
 #: Spark's names of the join types a stream-stream join supports.
 JOIN_TYPES = ("inner", "leftOuter", "rightOuter", "fullOuter", "leftSemi")
@@ -171,8 +181,8 @@ class StreamingJoin(StatefulOperator):
         m.num_input_rows += table.num_rows
         side = table.column(SIDE_COLUMN)
         states = {
-            "left": _SideState(store, "default", self.left),
-            "right": _SideState(store, "right", self.right),
+            "left": _SideState(store, SIDE_FAMILIES["left"], self.left),
+            "right": _SideState(store, SIDE_FAMILIES["right"], self.right),
         }
         counts = read_counts(store)
         out: list[pa.RecordBatch] = []
@@ -452,6 +462,29 @@ def read_counts(store: StateStore) -> dict[str, int]:
         row = store.get((code,), _COUNT_CF)
         out[name] = int(row[0]) if row is not None else 0
     return out
+
+
+#: The column family of each side's row count in a partition: not per key, so a rescale does
+#: not split it but counts the rows each new partition receives (:func:`recount`).
+COUNT_FAMILY = _COUNT_CF
+#: The column family of each side's rows, by side.
+SIDE_FAMILIES = {"left": DEFAULT_CF, "right": "right"}
+
+
+def recount(families: pa.Array, keys: pa.Array, values: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """The :data:`COUNT_FAMILY` entries (physical keys and values) of a partition whose state
+    is the physical ``keys`` and ``values`` of the column families named in ``families``: each
+    side's rows, counted from its family's values (a key's rows in one value)."""
+    codec = ValueCodec(ROWS_SCHEMA)
+    count_family = ColumnFamily(_COUNT_CF, _COUNT_KEY_SCHEMA, _COUNT_SCHEMA)
+    out_keys, out_values = [], []
+    for code, (_, family) in enumerate(SIDE_FAMILIES.items()):
+        blobs = values.filter(pc.equal(families, family)).to_pylist()
+        packed = [row[0] for row in codec.decode_many(blobs) if row is not None]
+        rows = len(unpack_rows(packed)[0])
+        out_keys.append(count_family.physical_key((code,)))
+        out_values.append(count_family.value_codec.encode((rows,)))
+    return pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary())
 
 
 def _write_counts(store: StateStore, counts: dict[str, int]) -> None:
