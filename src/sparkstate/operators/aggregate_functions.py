@@ -467,8 +467,8 @@ def _merge_extremum_by(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> 
     state's stays only when its ordering is strictly better."""
     better = _greater if agg.func == "max_by" else _less
     order_s, order_b = s[1], b[1].cast(s[1].type)
-    keep = pc.and_(pc.is_valid(order_s), pc.or_(pc.is_null(order_b), better(order_s, order_b)))
-    keep = pc.fill_null(keep, False)
+    keep = pc.or_kleene(pc.is_null(order_b), better(order_s, order_b))
+    keep = pc.and_(pc.is_valid(order_s), pc.fill_null(keep, False))
     return [pc.if_else(keep, s[0], b[0]), pc.if_else(keep, order_s, order_b)]
 
 
