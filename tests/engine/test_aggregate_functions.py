@@ -448,7 +448,7 @@ class KeyedCollector(RawCollector):
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self.schema = df.schema
         rows = [tuple(r) for r in df.collect()]
-        nkeys = 2 if "window" in df.schema.names else 1
+        nkeys = 2 if {"window", "session_window"} & set(df.schema.names) else 1
         self.batches[batch_id] = sorted(rows, key=lambda r: repr(r[:nkeys]))
 
 
@@ -507,3 +507,44 @@ def test_window_time_groups_a_windowed_aggregation_into_wider_windows(
     mine, _ = case.run(spark, tmp_path, "memory")
     assert_same(mine, expected)
     assert [r[1] for batch in expected.batches.values() for r in batch] == [11, 11, 11]
+
+
+def test_more_aggregates_in_session_windows_that_merge_across_batches(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path
+) -> None:
+    """Session windows (a 6 s gap; ``j``'s session starts in the first file, grows in the second
+    and closes after the restart) whose buffers of each kind of new aggregate merge across
+    batches."""
+
+    def aggs(fn: Any) -> list[Any]:
+        return [
+            fn.any_value("s", True),
+            fn.max_by("s", "d"),
+            fn.bool_or("b"),
+            fn.count_if("b"),
+            fn.bit_or("w"),
+            fn.corr("d", "e"),
+            fn.kurtosis("d"),
+            fn.percentile("v", [0.5]),
+            fn.mode("v", True),
+        ]
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        fn = SF if ours else F
+        df = df.withWatermark("ts", "5 seconds")
+        keys = [fn.session_window("ts", "6 seconds"), "k"]
+        return (ss.stream(df) if ours else df).groupBy(*keys).agg(*aggs(fn))
+
+    joined = [
+        [more_row("j", 78, 1, 1, 1.0, 2.0, True, "j0")],
+        [more_row("j", 82, 2, 2, 3.0, 1.0, False, "j1"), more_row("j", 85, 2, 4, 2.5, 0.5)],
+    ]
+    files = [rows + (joined[i] if i < 2 else []) for i, rows in enumerate(MORE_FILES)]
+    case = Differential("sessions", MORE_SCHEMA, files, "append", build, 2, KeyedCollector)
+    expected = spark_runs.of(case)
+    for provider in ("memory", "rocksdb"):
+        mine, _ = case.run(spark, tmp_path / provider, provider)
+        assert_same(mine, expected)
+    (joined_session,) = [r for rows in expected.batches.values() for r in rows if r[1] == "j"]
+    assert (joined_session[0].end - joined_session[0].start).total_seconds() == 13
+    assert joined_session[2:5] == ("j0", "j1", True)
