@@ -23,6 +23,7 @@ __all__ = [
     "any",
     "any_value",
     "approx_count_distinct",
+    "approx_percentile",
     "avg",
     "bit_and",
     "bit_or",
@@ -48,6 +49,7 @@ __all__ = [
     "min_by",
     "mode",
     "percentile",
+    "percentile_approx",
     "session_window",
     "skewness",
     "some",
@@ -73,7 +75,8 @@ class AggregateExpression:
     column: Any
     name: str | None = None
     #: ``first``/``last``/``any_value``: ``ignorenulls``; ``approx_count_distinct``: ``rsd``;
-    #: ``percentile``: ``percentage``; ``mode``: ``deterministic``.
+    #: ``percentile``: ``percentage``; ``percentile_approx``: ``percentage``, ``accuracy``;
+    #: ``mode``: ``deterministic``.
     options: tuple[tuple[str, Any], ...] = ()
     #: The ``pyspark.sql.functions`` column this aggregate was taken from, if any: Spark names
     #: the result after it.
@@ -331,6 +334,30 @@ def percentile(col: Any, percentage: Any, frequency: int = 1) -> AggregateExpres
         raise ValueError(msg)
     options = (("percentage", _percentage(percentage)),)
     return AggregateExpression("percentile", _column(col, "percentile"), options=options)
+
+
+def percentile_approx(
+    col: Any, percentage: Any = 0.5, accuracy: int = 10000
+) -> AggregateExpression:
+    """Spark's approximate percentile (or a list of them) of the non-null values, of the
+    column's type: its Greenwald-Khanna summary (relative error ``1 / accuracy``) is kept in
+    state and each batch's values merge into it as Spark merges them."""
+    return _approx("percentile_approx", col, percentage, accuracy)
+
+
+def approx_percentile(
+    col: Any, percentage: Any = 0.5, accuracy: int = 10000
+) -> AggregateExpression:
+    """:func:`percentile_approx` under Spark's other name."""
+    return _approx("approx_percentile", col, percentage, accuracy)
+
+
+def _approx(func: str, col: Any, percentage: Any, accuracy: Any) -> AggregateExpression:
+    if isinstance(accuracy, bool) or not isinstance(accuracy, int) or accuracy <= 0:
+        msg = f"{func}(): accuracy is a positive integer, got {accuracy!r}"
+        raise ValueError(msg)
+    options = (("percentage", _percentage(percentage)), ("accuracy", accuracy))
+    return AggregateExpression(func, _column(col, func), options=options)
 
 
 def median(col: Any) -> AggregateExpression:

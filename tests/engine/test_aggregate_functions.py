@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import decimal
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -306,7 +307,14 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
         (lambda: F.sum_distinct("v"), r"sum\(DISTINCT \.\.\.\).*SF\.collect_set\('v'\)"),
         (lambda: F.sum(F.col("v") + 1), r"plain column only.*SF\.sum\(<the expression>\)"),
         (lambda: F.first(F.upper("s")), r"plain column only.*SF\.first\("),
-        (lambda: F.percentile_approx("v", 0.5), r"percentile_approx\(\).*SF\.percentile\('v', "),
+        (
+            lambda: F.hll_sketch_agg("v"),
+            r"hll_sketch_agg\(\) cannot be merged.*SF\.percentile_approx",
+        ),
+        (
+            lambda: F.percentile_approx("v", F.col("d")),
+            r"percentile_approx\(\) with a literal percentage",
+        ),
         (lambda: F.regr_slope("v", "d"), r"regr_slope\(\) cannot be merged.*SF\.count, SF\.sum"),
         (lambda: F.product("v"), r"product\(\) cannot be merged.*SF\.mode"),
         (
@@ -548,3 +556,49 @@ def test_more_aggregates_in_session_windows_that_merge_across_batches(
     (joined_session,) = [r for rows in expected.batches.values() for r in rows if r[1] == "j"]
     assert (joined_session[0].end - joined_session[0].start).total_seconds() == 13
     assert joined_session[2:5] == ("j0", "j1", True)
+
+
+def approx_rows(i: int) -> list[dict[str, Any]]:
+    """:func:`more_rows` and 3000 rows of key ``big`` a file: past 1 / (2 * relative error)
+    values, where Spark's summary starts to compress."""
+    rnd = random.Random(i)
+    base = 20 * i + 60
+    big = [
+        more_row("big", base + j % 20, rnd.randint(-500, 500), None, rnd.gauss(0, 50))
+        for j in range(3000)
+    ]
+    return more_rows(i) + big
+
+
+@pytest.mark.parametrize("mode", ["update", "append"])
+def test_percentile_approx_matches_spark_on_both_providers(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path, mode: str
+) -> None:
+    """Spark's summary of each batch's values (one file, one partition), merged into the state's
+    as Spark merges them: the same answers, of the column's type (integers, doubles,
+    timestamps), compressed summaries included."""
+
+    def aggs(fn: Any) -> list[Any]:
+        return [
+            fn.percentile_approx("v", 0.5),
+            fn.percentile_approx("d", [0.1, 0.5, 0.99], 100),
+            F.approx_percentile("ts", 0.25),
+            F.percentile_approx("e", 0.9, 1000).alias("e90"),
+        ]
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        fn = SF if ours else F
+        keys: list[Any] = ["k"]
+        if mode == "append":
+            df = df.withWatermark("ts", "5 seconds")
+            keys = [fn.window("ts", "10 seconds"), "k"]
+        return (ss.stream(df) if ours else df).groupBy(*keys).agg(*aggs(fn))
+
+    files = [approx_rows(i) for i in range(4)]
+    case = Differential(f"approx-{mode}", MORE_SCHEMA, files, mode, build, 2, KeyedCollector)
+    expected = spark_runs.of(case)
+    for provider in ("memory", "rocksdb"):
+        mine, _ = case.run(spark, tmp_path / provider, provider)
+        assert_same(mine, expected)
+    big = [r for rows in expected.batches.values() for r in rows if "big" in r]
+    assert big and all(-500 <= r[-4] <= 500 for r in big)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators import hll
+from sparkstate.operators import _quantiles, hll
 from sparkstate.operators.aggregate import (
     ROWS_COLUMN,
     AggregateFunction,
@@ -728,3 +728,87 @@ def test_percentile_of_doubles_sorts_nan_last() -> None:
 def test_percentile_needs_its_percentage() -> None:
     with pytest.raises(ConfigurationError, match="needs its percentage"):
         AggregateFunction("percentile", "p", pa.float64(), pa.int64())
+
+
+# --- percentile_approx ----------------------------------------------------------------------------
+
+
+def exact_rank_value(values: list[float], q: float, eps: float) -> float:
+    """Spark's answer while its summary still holds every value: the extremes within ``eps`` of
+    0 and 1, else the value of rank ``ceil(q * n)``."""
+    ordered = sorted(values)
+    if q <= eps:
+        return ordered[0]
+    if q >= 1 - eps:
+        return ordered[-1]
+    return ordered[math.ceil(q * len(ordered)) - 1]
+
+
+def test_percentile_approx_is_exact_while_the_summary_holds_every_value(
+    make_runner: Runner,
+) -> None:
+    aggs = [
+        AggregateFunction(
+            "percentile_approx", "p", pa.int32(), pa.int32(), percentage=0.37, accuracy=10000
+        ),
+        AggregateFunction(
+            "approx_percentile",
+            "ps",
+            pa.list_(pa.float64()),
+            pa.float64(),
+            percentage=(0.0, 0.5, 1.0),
+            accuracy=100,
+        ),
+    ]
+    runner = make_runner(op_of(*aggs))
+    rnd = random.Random(4)
+    seen: Rows = []
+    for _ in range(6):
+        rows: Rows = [(k, rnd.choice([None, rnd.randint(-50, 50)])) for k in rnd.choices("ab", k=9)]
+        seen += rows
+        partials = []
+        for k, vs in grouped(rows).items():
+            present = [float(v) for v in vs if v is not None]
+            partials.append(
+                {
+                    "k": k,
+                    ROWS_COLUMN: len(vs),
+                    buffer_column(0, "percentile_approx", 0): present,
+                    buffer_column(1, "approx_percentile", 0): present,
+                }
+            )
+        got = run(runner, partials, "complete")
+        for k, vs in grouped(seen).items():
+            xs = [float(v) for v in vs if v is not None]
+            want = {
+                "p": int(exact_rank_value(xs, 0.37, 1e-4)) if xs else None,
+                "ps": [exact_rank_value(xs, q, 0.01) for q in (0.0, 0.5, 1.0)] if xs else None,
+            }
+            assert got[k] == want, (k, vs)
+
+
+def test_merged_quantile_summaries_stay_within_their_relative_error() -> None:
+    """Summaries past compression, merged batch after batch (and two sessions' merged), answer
+    within Spark's bound: the rank of the answer within ``eps * n`` of the asked rank."""
+    eps = 0.01
+    rnd = random.Random(9)
+    batches = [[rnd.gauss(0, 1) for _ in range(rnd.randint(500, 4000))] for _ in range(6)]
+    summary = _quantiles.EMPTY
+    for values in batches:
+        summary = _quantiles.merge(summary, _quantiles.from_values(values, eps), eps)
+    everything = sorted(x for values in batches for x in values)
+    n = len(everything)
+    assert summary[3] == n and len(summary[0]) < n / 10  # compressed
+    for q in (0.05, 0.25, 0.5, 0.75, 0.95):
+        answer = _quantiles.query(summary, q, eps)
+        rank = everything.index(answer) + 1
+        assert abs(rank - q * n) <= 2 * eps * n, (q, rank, q * n)
+    sessions = AggregateFunction(
+        "percentile_approx", "p", pa.float64(), pa.float64(), percentage=0.5, accuracy=100
+    )
+    halves = [_quantiles.from_values(batches[0], eps), _quantiles.from_values(batches[1], eps)]
+    state, other = ([pa.array([[*h[i]]] if i < 3 else [h[3]]) for i in range(4)] for h in halves)
+    merged = sessions.merge_states(state, other)
+    answer = sessions.result(merged).to_pylist()[0]
+    both = sorted(batches[0] + batches[1])
+    assert abs(both.index(answer) + 1 - 0.5 * len(both)) <= 2 * eps * len(both)

@@ -21,7 +21,16 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import DataType, DecimalType, DoubleType, FloatType, StructField, StructType
+from pyspark.sql.types import (
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from sparkstate import functions as SF
 from sparkstate.exceptions import ConfigurationError
@@ -56,6 +65,8 @@ _SAME_NAME = (
     "percentile",
     "median",
     "mode",
+    "percentile_approx",
+    "approx_percentile",
     *_PAIRS,
 )
 #: PySpark's aggregate functions (as Spark names them) taken as the sparkstate function.
@@ -81,8 +92,6 @@ _TWINS = {
 _INSTEAD = {
     "count_distinct": "SF.approx_count_distinct({col}) for an estimate",
     "sum_distinct": "SF.collect_set({col}) and sum the set after the aggregation",
-    "approx_percentile": "SF.percentile({col}, ...) for the exact percentile",
-    "percentile_approx": "SF.percentile({col}, ...) for the exact percentile",
 }
 _SUPPORTED = ", ".join(
     f"SF.{name}"
@@ -241,7 +250,8 @@ def _twin_of(agg: Any) -> AggregateExpression:
             )
             raise ConfigurationError(msg)
         rest, others = rest[1:], (other,)
-    if func == "percentile" and rest and rest[0].kind == "function" and rest[0].name == "array":
+    is_list = rest and rest[0].kind == "function" and rest[0].name == "array"
+    if func in ("percentile", "percentile_approx", "approx_percentile") and is_list:
         items = [node_of(a) for a in rest[0].args]  # a list of percentages
         if all(i.kind == "literal" for i in items):
             rest = [_Node("literal", value=[i.value for i in items]), *rest[1:]]
@@ -263,6 +273,8 @@ def _column_of(node: _Node, column_class: type) -> Any:
 def _options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
     if func == "percentile":
         return _percentile_options(rest, shown)
+    if func in ("percentile_approx", "approx_percentile"):
+        return _approx_options(func, rest, shown)
     if not rest:
         return (("percentage", 0.5),) if func == "median" else ()
     if len(rest) == 1 and rest[0].kind == "literal":
@@ -289,6 +301,22 @@ def _percentile_options(rest: list[_Node], shown: str) -> tuple[tuple[str, Any],
         raise ConfigurationError(msg)
     try:
         return SF.percentile("_", values).options
+    except ValueError as exc:
+        msg = f"{shown}: {exc}"
+        raise ConfigurationError(msg) from None
+
+
+def _approx_options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+    """``percentile_approx(col, percentage, accuracy)`` with literals."""
+    literals = [r.value for r in rest if r.kind == "literal"]
+    if len(literals) != len(rest) or len(rest) > 2:
+        msg = (
+            f"{shown}: sparkstate takes {func}() with a literal percentage (or list of them) "
+            "and accuracy only"
+        )
+        raise ConfigurationError(msg)
+    try:
+        return getattr(SF, func)("_", *literals).options  # type: ignore[no-any-return]
     except ValueError as exc:
         msg = f"{shown}: {exc}"
         raise ConfigurationError(msg) from None
@@ -340,6 +368,10 @@ def spark_twin(agg: AggregateExpression) -> Column:
         percentage = agg.option("percentage")
         p = list(percentage) if isinstance(percentage, tuple) else percentage
         out = F.percentile(_as_column(agg.column), p)
+    elif agg.func in ("percentile_approx", "approx_percentile"):
+        percentage = agg.option("percentage")
+        p = list(percentage) if isinstance(percentage, tuple) else percentage
+        out = getattr(F, agg.func)(_as_column(agg.column), p, agg.option("accuracy"))
     elif agg.func == "mode":
         out = F.mode(_as_column(agg.column), agg.option("deterministic", False))
     elif agg.func == "any":  # Spark's SQL name, not in pyspark.sql.functions
@@ -369,6 +401,7 @@ def aggregate_function(
         rsd=agg.option("rsd"),
         legacy_statistics=legacy_statistics,
         percentage=agg.option("percentage"),
+        accuracy=agg.option("accuracy"),
     )
 
 
@@ -420,6 +453,8 @@ def _partials(agg: AggregateExpression, typ: DataType | None) -> list[Column]:
         return [F.collect_list(col.cast("double"))]
     if func == "mode":
         return [F.collect_list(col)]
+    if func in ("percentile_approx", "approx_percentile"):
+        return [F.collect_list(_as_double(col, typ))]
     if func in ("bool_and", "every"):
         return [F.bool_and(col)]
     if func in ("bool_or", "some", "any"):
@@ -429,6 +464,16 @@ def _partials(agg: AggregateExpression, typ: DataType | None) -> list[Column]:
     if func == "approx_count_distinct":
         return [F.collect_set(_hll_pair(col, typ, hll.precision(agg.option("rsd"))))]
     return [getattr(F, func)(col)]  # min, max, collect_list, collect_set
+
+
+def _as_double(col: Column, typ: DataType | None) -> Column:
+    """A value as Spark's approximate percentile keeps it: a date as its day number, a timestamp
+    as its microseconds."""
+    if isinstance(typ, DateType):
+        return F.unix_date(col).cast("double")
+    if isinstance(typ, TimestampType):
+        return F.unix_micros(col.cast("timestamp")).cast("double")
+    return col.cast("double")
 
 
 def _central_partials(x: Column, fourth: bool) -> list[Column]:

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, SparkstateError
-from sparkstate.operators import _distribution, _moments, hll
+from sparkstate.operators import _distribution, _moments, _quantiles, hll
 from sparkstate.operators._decimals import add_within, average
 from sparkstate.operators._lists import concat_lists, distinct_lists, no_null_lists
 from sparkstate.store.codec import ValueCodec
@@ -64,6 +64,7 @@ _BOOL_OR = ("bool_or", "some", "any")
 _BITS = ("bit_and", "bit_or", "bit_xor")
 _COMOMENTS = ("covar_pop", "covar_samp", "corr")
 _PERCENTILES = ("percentile", "median")
+_APPROX = ("percentile_approx", "approx_percentile")
 
 #: Buffer names of each function, by position (a function may use the first ones only).
 _SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -92,6 +93,7 @@ _SUFFIXES: dict[str, tuple[str, ...]] = {
     "kurtosis": ("n", "avg", "m2", "m3", "m4"),
     **{name: ("values",) for name in _PERCENTILES},
     "mode": ("values",),
+    **{name: ("sampled", "g", "delta", "count") for name in _APPROX},
 }
 #: Functions computed as another is (the name is Spark's; the merge is the other's).
 _SAME_AS = {
@@ -105,6 +107,7 @@ _SAME_AS = {
     "skewness": "central",
     "kurtosis": "central",
     "median": "percentile",
+    "approx_percentile": "percentile_approx",
 }
 AGGREGATE_FUNCTIONS = tuple(_SUFFIXES)
 
@@ -138,6 +141,8 @@ class AggregateFunction:
     rsd: float | None = None
     legacy_statistics: bool = False
     percentage: float | tuple[float, ...] | None = None
+    #: ``percentile_approx``'s accuracy (Spark's default 10000): its relative error is 1/accuracy.
+    accuracy: int | None = None
 
     def __post_init__(self) -> None:
         if self.func not in _SUFFIXES:
@@ -148,7 +153,7 @@ class AggregateFunction:
             raise ConfigurationError(msg)
         if self.func == "approx_count_distinct":
             hll.precision(self.rsd)
-        if self.func in _PERCENTILES and self.percentage is None:
+        if self.func in _PERCENTILES + _APPROX and self.percentage is None:
             msg = f"{self.func}() into column {self.output_name!r} needs its percentage"
             raise ConfigurationError(msg)
         for _, typ in self.buffers():
@@ -181,6 +186,8 @@ class AggregateFunction:
             types = [pa.list_(_F64)]
         elif func == "mode":
             types = [pa.list_(out)]
+        elif func in _APPROX:
+            types = [pa.list_(_F64), pa.list_(pa.int64()), pa.list_(pa.int64()), pa.int64()]
         elif func in ("max_by", "min_by"):
             types = [out, _ordering_type(self)]
         elif func in ("count_if", "bool_and", "every", "bool_or", "some", "any"):
@@ -202,6 +209,8 @@ class AggregateFunction:
             return kept[:1]
         if self.func == "approx_count_distinct":
             return [(kept[0][0], pa.list_(pa.int64()))]
+        if self.func in _APPROX:
+            return [(kept[0][0], pa.list_(_F64))]  # the batch's values, in their order
         return kept
 
     def buffer_types(self) -> list[pa.DataType]:
@@ -220,7 +229,12 @@ class AggregateFunction:
         if self.percentage is not None:
             p = self.percentage
             out["percentage"] = list(p) if isinstance(p, tuple) else p
+        if self.func in _APPROX:
+            out["accuracy"] = self._accuracy()
         return out
+
+    def _accuracy(self) -> int:
+        return 10000 if self.accuracy is None else int(self.accuracy)
 
     def _decimal_avg(self) -> bool:
         return self.func == "avg" and pa.types.is_decimal(self.output_type)
@@ -248,6 +262,8 @@ class AggregateFunction:
         o = [b.combine_chunks() if isinstance(b, pa.ChunkedArray) else b for b in other]
         if self.func == "approx_count_distinct":
             return [hll.union(s[0], o[0], hll.precision(self.rsd))]
+        if self.func in _APPROX:
+            return _merge_summaries(self, s, o, from_values=False)
         if self.func in ("first", "last", "any_value"):
             s_set, o_set = pc.fill_null(s[1], False), pc.fill_null(o[1], False)
             keep = pc.invert(o_set) if self.func == "last" else s_set
@@ -480,6 +496,35 @@ def _merge_comoments(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bu
     return _moments.merge_comoments(s, b)
 
 
+def _summaries(bufs: Bufs) -> list[_quantiles.Summary]:
+    values, gs, deltas, counts = (b.to_pylist() for b in bufs)
+    return [
+        (v or [], g or [], d or [], c or 0)
+        for v, g, d, c in zip(values, gs, deltas, counts, strict=True)
+    ]
+
+
+def _merge_summaries(agg: AggregateFunction, s: Bufs, b: Bufs, *, from_values: bool) -> Bufs:
+    """Each row's quantile summary merged with the batch's (built from its values in order) or,
+    between sessions, with another summary."""
+    eps = 1.0 / agg._accuracy()
+    if from_values:
+        batch = [_quantiles.from_values(v or [], eps) for v in b[0].to_pylist()]
+    else:
+        batch = _summaries(b)
+    merged = [_quantiles.merge(x, y, eps) for x, y in zip(_summaries(s), batch, strict=True)]
+    return [
+        pa.array([m[0] for m in merged], pa.list_(_F64)),
+        pa.array([m[1] for m in merged], pa.list_(pa.int64())),
+        pa.array([m[2] for m in merged], pa.list_(pa.int64())),
+        pa.array([m[3] for m in merged], pa.int64()),
+    ]
+
+
+def _merge_quantiles(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    return _merge_summaries(agg, s, b, from_values=True)
+
+
 def _merge_registers(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [hll.fold(s[0], b[0], hll.precision(agg.rsd))]
 
@@ -508,6 +553,7 @@ _MERGES: dict[str, Merge] = {
     "comoments": _merge_comoments,
     "percentile": _merge_collect_list,
     "mode": _merge_collect_list,
+    "percentile_approx": _merge_quantiles,
 }
 
 
@@ -583,6 +629,39 @@ def _mode(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
     return _distribution.mode(bufs[0])
 
 
+def _approx_percentile(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    """Spark's answers from each summary, as the column's type (a list of them for a list of
+    percentages); null without values."""
+    eps = 1.0 / agg._accuracy()
+    percentage = agg.percentage
+    assert percentage is not None
+    several = isinstance(percentage, tuple)
+    shares = percentage if isinstance(percentage, tuple) else (percentage,)
+    rows: list[Any] = []
+    for summary in _summaries(bufs):
+        got = [_quantiles.query(summary, p, eps) for p in shares]
+        rows.append(None if not summary[0] else (got if several else got[0]))
+    out = agg.output_type
+    element = out.value_type if several else out
+    doubles = pa.array(rows, pa.list_(_F64) if several else _F64)
+    if several:
+        values = _as_output(doubles.flatten(), element)
+        return pa.ListArray.from_arrays(doubles.offsets, values, mask=doubles.is_null())
+    return _as_output(doubles, element)
+
+
+def _as_output(doubles: pa.Array, typ: pa.DataType) -> pa.Array:
+    """Spark's conversion of a summary's double back to the column's type (integers, dates and
+    timestamps truncate toward zero)."""
+    if pa.types.is_floating(typ) or pa.types.is_decimal(typ):
+        return doubles.cast(typ)
+    if pa.types.is_date32(typ):
+        return pc.trunc(doubles).cast(pa.int32()).cast(typ)
+    if pa.types.is_timestamp(typ):
+        return pc.trunc(doubles).cast(pa.int64()).cast(typ)
+    return pc.trunc(doubles).cast(typ, safe=False)
+
+
 _RESULTS: dict[str, Result] = {
     "count": _count,
     "sum": _first_buffer,
@@ -607,4 +686,5 @@ _RESULTS: dict[str, Result] = {
     "comoments": _comoments,
     "percentile": _percentile,
     "mode": _mode,
+    "percentile_approx": _approx_percentile,
 }
