@@ -365,6 +365,8 @@ def test_spark_connect_columns_are_read_without_a_session() -> None:
     assert several.options == (("percentage", (0.25, 0.5)),)
     assert recognise(connect.median("d")).options == (("percentage", 0.5),)
     assert recognise(connect.mode("v", True)).options == (("deterministic", True),)
+    approx = recognise(connect.percentile_approx("v", [0.25, 0.5], 100))
+    assert approx.options == (("percentage", (0.25, 0.5)), ("accuracy", 100))
 
 
 # --- the aggregates beyond the basic ones, by group -----------------------------------------------
