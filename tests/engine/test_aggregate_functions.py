@@ -1,7 +1,9 @@
 """The aggregate functions of a streaming ``agg()`` against Spark's built-in streaming aggregation:
 the same file feed, batch by batch, in update and complete mode (on memory; test_windows runs them
-on rocksdb), with a restart on the same checkpoint in the middle; and PySpark's own aggregates
-taken as their twins or refused naming the ``SF`` function to use."""
+on rocksdb), with a restart on the same checkpoint in the middle; the later ones by group (logical
+and bitwise, moments, percentiles, percentile_approx) in update and windowed append mode on both
+providers, and in session windows; and PySpark's own aggregates taken as their twins or refused
+naming the ``SF`` function to use."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The merges and results of the aggregate functions (first, last, collect_list/set, the stddev
-and variance family, approx_count_distinct, decimal sum and avg) against plain-Python models of
-Spark's semantics, batch after batch through the operator and a real store."""
+and variance family, approx_count_distinct, decimal sum and avg, count_if, the boolean and
+bitwise ones, any_value, max_by/min_by, skewness, kurtosis, corr and covariances, percentile,
+median, mode, percentile_approx) against plain-Python models of Spark's semantics, batch after
+batch through the operator and a real store."""
 
 from __future__ import annotations
 

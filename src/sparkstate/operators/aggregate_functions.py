@@ -26,7 +26,9 @@ nulls and NaN included:
 * ``corr``, ``covar_pop``, ``covar_samp``, ``skewness`` and ``kurtosis`` keep Spark's moments
   (:mod:`sparkstate.operators._moments`);
 * ``percentile``, ``median`` and ``mode`` keep every value as ``collect_list`` does
-  (:mod:`sparkstate.operators._distribution`).
+  (:mod:`sparkstate.operators._distribution`);
+* ``percentile_approx``/``approx_percentile`` keep Spark's Greenwald-Khanna summary, each
+  batch's values inserted in their order (:mod:`sparkstate.operators._quantiles`).
 """
 
 from __future__ import annotations
