@@ -7,7 +7,8 @@ the operator that merges it with the state; results, their names and types are S
 does not import pyspark: a column may be a name or a ``pyspark.sql.Column``. PySpark's own
 aggregates of a plain column (``F.sum("v")``) are taken too, as their twin here.
 ``SF.window`` and ``SF.session_window`` are grouping keys, Spark's ``window`` and
-``session_window`` (passing those from ``pyspark.sql.functions`` works the same).
+``session_window`` (passing those from ``pyspark.sql.functions`` works the same);
+``SF.window_time`` is Spark's own ``window_time``.
 """
 
 from __future__ import annotations
@@ -19,17 +20,39 @@ __all__ = [
     "AggregateExpression",
     "SessionWindow",
     "TimeWindow",
+    "any",
+    "any_value",
     "approx_count_distinct",
+    "approx_percentile",
     "avg",
+    "bit_and",
+    "bit_or",
+    "bit_xor",
+    "bool_and",
+    "bool_or",
     "collect_list",
     "collect_set",
+    "corr",
     "count",
+    "count_if",
+    "covar_pop",
+    "covar_samp",
+    "every",
     "first",
+    "kurtosis",
     "last",
     "max",
+    "max_by",
     "mean",
+    "median",
     "min",
+    "min_by",
+    "mode",
+    "percentile",
+    "percentile_approx",
     "session_window",
+    "skewness",
+    "some",
     "std",
     "stddev",
     "stddev_pop",
@@ -39,6 +62,7 @@ __all__ = [
     "var_samp",
     "variance",
     "window",
+    "window_time",
 ]
 
 
@@ -50,11 +74,15 @@ class AggregateExpression:
     #: A column name, ``"*"`` (count only) or a ``pyspark.sql.Column``.
     column: Any
     name: str | None = None
-    #: ``first``/``last``: ``ignorenulls``; ``approx_count_distinct``: ``rsd``.
+    #: ``first``/``last``/``any_value``: ``ignorenulls``; ``approx_count_distinct``: ``rsd``;
+    #: ``percentile``: ``percentage``; ``percentile_approx``: ``percentage``, ``accuracy``;
+    #: ``mode``: ``deterministic``.
     options: tuple[tuple[str, Any], ...] = ()
     #: The ``pyspark.sql.functions`` column this aggregate was taken from, if any: Spark names
     #: the result after it.
     source: Any = None
+    #: The function's second column (``max_by``'s ordering, ``corr``'s ``col2``), if it has one.
+    others: tuple[Any, ...] = ()
 
     def option(self, key: str, default: Any = None) -> Any:
         return dict(self.options).get(key, default)
@@ -67,7 +95,9 @@ class AggregateExpression:
     name_as = alias
 
     def __repr__(self) -> str:
-        col = repr(self.column) if isinstance(self.column, str) else "<Column>"
+        col = ", ".join(
+            repr(c) if isinstance(c, str) else "<Column>" for c in (self.column, *self.others)
+        )
         options = "".join(f", {k}={v!r}" for k, v in self.options)
         alias = f".alias({self.name!r})" if self.name else ""
         return f"{self.func}({col}{options}){alias}"
@@ -187,6 +217,162 @@ def approx_count_distinct(col: Any, rsd: float | None = None) -> AggregateExpres
     )
 
 
+def count_if(col: Any) -> AggregateExpression:
+    """Number of rows where the boolean ``col`` is true; a long, never null."""
+    return AggregateExpression("count_if", _column(col, "count_if"))
+
+
+def bool_and(col: Any) -> AggregateExpression:
+    """Whether every non-null value of the boolean ``col`` is true; null when there are none."""
+    return AggregateExpression("bool_and", _column(col, "bool_and"))
+
+
+def every(col: Any) -> AggregateExpression:
+    """:func:`bool_and` under Spark's other name."""
+    return AggregateExpression("every", _column(col, "every"))
+
+
+def bool_or(col: Any) -> AggregateExpression:
+    """Whether some non-null value of the boolean ``col`` is true; null when there are none."""
+    return AggregateExpression("bool_or", _column(col, "bool_or"))
+
+
+def some(col: Any) -> AggregateExpression:
+    """:func:`bool_or` under Spark's other name."""
+    return AggregateExpression("some", _column(col, "some"))
+
+
+def any(col: Any) -> AggregateExpression:  # noqa: A001 - Spark's SQL function any()
+    """:func:`bool_or` under Spark's SQL name ``any``."""
+    return AggregateExpression("any", _column(col, "any"))
+
+
+def any_value(col: Any, ignoreNulls: bool | None = None) -> AggregateExpression:  # noqa: N803
+    """Some value of the group: the first one it saw, as :func:`first` (with ``ignoreNulls``,
+    the first non-null one)."""
+    options = () if ignoreNulls is None else (("ignorenulls", bool(ignoreNulls)),)
+    return AggregateExpression("any_value", _column(col, "any_value"), options=options)
+
+
+def max_by(col: Any, ord: Any) -> AggregateExpression:  # noqa: A002 - PySpark's name
+    """The value of ``col`` on the row of the largest ``ord`` (rows of a null ``ord`` are
+    skipped; of equal ones, the later batch's); null when there are none."""
+    return AggregateExpression("max_by", _column(col, "max_by"), others=(_column(ord, "max_by"),))
+
+
+def min_by(col: Any, ord: Any) -> AggregateExpression:  # noqa: A002 - PySpark's name
+    """The value of ``col`` on the row of the smallest ``ord``, as :func:`max_by`."""
+    return AggregateExpression("min_by", _column(col, "min_by"), others=(_column(ord, "min_by"),))
+
+
+def bit_and(col: Any) -> AggregateExpression:
+    """Bitwise AND of the non-null values of an integral ``col``, of its type; null without
+    values."""
+    return AggregateExpression("bit_and", _column(col, "bit_and"))
+
+
+def bit_or(col: Any) -> AggregateExpression:
+    """Bitwise OR of the non-null values, as :func:`bit_and`."""
+    return AggregateExpression("bit_or", _column(col, "bit_or"))
+
+
+def bit_xor(col: Any) -> AggregateExpression:
+    """Bitwise XOR of the non-null values, as :func:`bit_and`."""
+    return AggregateExpression("bit_xor", _column(col, "bit_xor"))
+
+
+def _pair(func: str, col1: Any, col2: Any) -> AggregateExpression:
+    return AggregateExpression(func, _column(col1, func), others=(_column(col2, func),))
+
+
+def corr(col1: Any, col2: Any) -> AggregateExpression:
+    """Pearson correlation of the pairs where neither value is null, as a double; null without
+    pairs and for one pair (NaN under ``spark.sql.legacy.statisticalAggregate``)."""
+    return _pair("corr", col1, col2)
+
+
+def covar_pop(col1: Any, col2: Any) -> AggregateExpression:
+    """Population covariance of the pairs where neither value is null; null without pairs."""
+    return _pair("covar_pop", col1, col2)
+
+
+def covar_samp(col1: Any, col2: Any) -> AggregateExpression:
+    """Sample covariance of the pairs where neither value is null; null without pairs and for
+    one pair (NaN in legacy mode)."""
+    return _pair("covar_samp", col1, col2)
+
+
+def skewness(col: Any) -> AggregateExpression:
+    """Skewness of the non-null values as a double; null without values or when they are all
+    equal (NaN in legacy mode)."""
+    return AggregateExpression("skewness", _column(col, "skewness"))
+
+
+def kurtosis(col: Any) -> AggregateExpression:
+    """Excess kurtosis of the non-null values as a double; null as :func:`skewness`."""
+    return AggregateExpression("kurtosis", _column(col, "kurtosis"))
+
+
+def _percentage(value: Any) -> float | tuple[float, ...]:
+    def one(p: Any) -> float:
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+            msg = f"percentile's percentage is a number in [0, 1] or a list of them, got {p!r}"
+            raise ValueError(msg)
+        return float(p)
+
+    if isinstance(value, list | tuple):
+        return tuple(one(p) for p in value)
+    return one(value)
+
+
+def percentile(col: Any, percentage: Any, frequency: int = 1) -> AggregateExpression:
+    """The exact percentile (or a list of them, for a list of percentages) of the non-null
+    numeric values, interpolated as Spark's; a double (a list of doubles); null without values.
+    Every value is kept in state, as ``collect_list`` keeps them. ``frequency`` is 1."""
+    if frequency != 1:
+        msg = f"percentile(): sparkstate takes frequency 1 only, got {frequency!r}"
+        raise ValueError(msg)
+    options = (("percentage", _percentage(percentage)),)
+    return AggregateExpression("percentile", _column(col, "percentile"), options=options)
+
+
+def percentile_approx(
+    col: Any, percentage: Any = 0.5, accuracy: int = 10000
+) -> AggregateExpression:
+    """Spark's approximate percentile (or a list of them) of the non-null values, of the
+    column's type: its Greenwald-Khanna summary (relative error ``1 / accuracy``) is kept in
+    state and each batch's values merge into it as Spark merges them."""
+    return _approx("percentile_approx", col, percentage, accuracy)
+
+
+def approx_percentile(
+    col: Any, percentage: Any = 0.5, accuracy: int = 10000
+) -> AggregateExpression:
+    """:func:`percentile_approx` under Spark's other name."""
+    return _approx("approx_percentile", col, percentage, accuracy)
+
+
+def _approx(func: str, col: Any, percentage: Any, accuracy: Any) -> AggregateExpression:
+    if isinstance(accuracy, bool) or not isinstance(accuracy, int) or accuracy <= 0:
+        msg = f"{func}(): accuracy is a positive integer, got {accuracy!r}"
+        raise ValueError(msg)
+    options = (("percentage", _percentage(percentage)), ("accuracy", accuracy))
+    return AggregateExpression(func, _column(col, func), options=options)
+
+
+def median(col: Any) -> AggregateExpression:
+    """The exact median of the non-null numeric values (:func:`percentile` at 0.5)."""
+    return AggregateExpression("median", _column(col, "median"), options=(("percentage", 0.5),))
+
+
+def mode(col: Any, deterministic: bool = False) -> AggregateExpression:
+    """The most frequent non-null value; null without values. Of equally frequent values,
+    the smallest (Spark's choice with ``deterministic``; without it Spark may return any of
+    them). Every value is kept in state, as ``collect_list`` keeps them."""
+    options = (("deterministic", bool(deterministic)),)
+    return AggregateExpression("mode", _column(col, "mode"), options=options)
+
+
 @dataclasses.dataclass(frozen=True)
 class TimeWindow:
     """``window(timeColumn, windowDuration, slideDuration, startTime)`` as a grouping key: a struct
@@ -253,3 +439,12 @@ def session_window(timeColumn: Any, gapDuration: Any) -> SessionWindow:  # noqa:
     else:
         _column(gapDuration, "session_window")
     return SessionWindow(timeColumn, gapDuration)
+
+
+def window_time(windowColumn: Any) -> Any:  # noqa: N803 - PySpark's name
+    """The event time of a window (its end minus one microsecond): Spark's own
+    ``pyspark.sql.functions.window_time`` (a Column), e.g. to group a windowed aggregation's
+    output into the windows of a next one."""
+    from pyspark.sql import functions as F  # noqa: PLC0415 - this module imports no pyspark
+
+    return F.window_time(windowColumn)

@@ -1,12 +1,15 @@
 """The aggregate functions of a streaming ``agg()`` against Spark's built-in streaming aggregation:
 the same file feed, batch by batch, in update and complete mode (on memory; test_windows runs them
-on rocksdb), with a restart on the same checkpoint in the middle; and PySpark's own aggregates
-taken as their twins or refused naming the ``SF`` function to use."""
+on rocksdb), with a restart on the same checkpoint in the middle; the later ones by group (logical
+and bitwise, moments, percentiles, percentile_approx) in update and windowed append mode on both
+providers, and in session windows; and PySpark's own aggregates taken as their twins or refused
+naming the ``SF`` function to use."""
 
 from __future__ import annotations
 
 import decimal
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ from .helpers import (
     Collector,
     Differential,
     SparkRuns,
+    at,
     same_schema,
     source,
     start_ours,
@@ -259,6 +263,9 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
             F.approx_count_distinct(F.col("s"), 0.1),
             F.std("v"),
             F.collect_list("s"),
+            F.max_by("s", "d"),
+            F.percentile("v", [0.25, 0.5]),
+            F.any_value("s", True),
         ),
     )
     (stage,) = plan_stages(df, [step], "update", None)
@@ -281,6 +288,14 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
             "name": "collect_list(s)",
             "type": "list<element: string>",
         },
+        {"func": "max_by", "name": "max_by(s, d)", "type": "string"},
+        {
+            "func": "percentile",
+            "name": "percentile(v, array(0.25, 0.5), 1)",
+            "type": "list<element: double>",
+            "percentage": [0.25, 0.5],
+        },
+        {"func": "any_value", "name": "any_value(s)", "type": "string", "ignorenulls": True},
     ]
 
 
@@ -294,8 +309,25 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
         (lambda: F.sum_distinct("v"), r"sum\(DISTINCT \.\.\.\).*SF\.collect_set\('v'\)"),
         (lambda: F.sum(F.col("v") + 1), r"plain column only.*SF\.sum\(<the expression>\)"),
         (lambda: F.first(F.upper("s")), r"plain column only.*SF\.first\("),
-        (lambda: F.percentile_approx("v", 0.5), r"percentile_approx\(\).*SF\.collect_list\('v'\)"),
-        (lambda: F.kurtosis("v"), r"kurtosis\(\) cannot be merged.*SF\.count, SF\.sum"),
+        (
+            lambda: F.hll_sketch_agg("v"),
+            r"hll_sketch_agg\(\) cannot be merged.*SF\.percentile_approx",
+        ),
+        (
+            lambda: F.percentile_approx("v", F.col("d")),
+            r"percentile_approx\(\) with a literal percentage",
+        ),
+        (lambda: F.regr_slope("v", "d"), r"regr_slope\(\) cannot be merged.*SF\.count, SF\.sum"),
+        (lambda: F.product("v"), r"product\(\) cannot be merged.*SF\.mode"),
+        (
+            lambda: F.max_by("s", F.col("v") + 1),
+            r"plain columns only.*SF\.max_by\(<col1>, <col2>\)",
+        ),
+        (
+            lambda: F.percentile("v", 0.5, 2),
+            r"percentile\(\) with literal percentages and frequency 1",
+        ),
+        (lambda: F.expr("percentile(v, 0.5)"), r"percentile\(v, 0\.5\).*a SQL expression string"),
         (lambda: F.col("v"), r"not an aggregate function.*SF\.count"),
         (lambda: F.count(F.lit(None)), r"count\(NULL\) is always 0"),
         (lambda: "v", r"takes aggregates such as SF\.count"),
@@ -329,3 +361,248 @@ def test_spark_connect_columns_are_read_without_a_session() -> None:
         recognise(connect.countDistinct("v"))
     with pytest.raises(ConfigurationError, match=r"plain column only.*SF\.sum"):
         recognise(connect.sum(connect.col("v") * 2))
+    pairs = recognise(connect.max_by("s", "v"))
+    assert (pairs.func, pairs.column, pairs.others) == ("max_by", "s", ("v",))
+    several = recognise(connect.percentile("v", [0.25, 0.5]))
+    assert several.options == (("percentage", (0.25, 0.5)),)
+    assert recognise(connect.median("d")).options == (("percentage", 0.5),)
+    assert recognise(connect.mode("v", True)).options == (("deterministic", True),)
+    approx = recognise(connect.percentile_approx("v", [0.25, 0.5], 100))
+    assert approx.options == (("percentage", (0.25, 0.5)), ("accuracy", 100))
+
+
+# --- the aggregates beyond the basic ones, by group -----------------------------------------------
+
+MORE_SCHEMA = "k string, ts timestamp, v int, w int, d double, e double, b boolean, s string"
+
+
+def more_row(
+    k: str,
+    t: int,
+    v: int | None = None,
+    w: int | None = None,
+    d: float | None = None,
+    e: float | None = None,
+    b: bool | None = None,
+    s: str | None = None,
+) -> dict[str, Any]:
+    return {"k": k, "ts": at(t), "v": v, "w": w, "d": d, "e": e, "b": b, "s": s}
+
+
+def more_rows(i: int) -> list[dict[str, Any]]:
+    """File ``i``: 20 s of event time (a 10 s window closes with each file). ``p`` has nulls
+    among its values and the same most frequent ``v`` in every window and batch, ``q`` one row
+    per window, ``r`` two equal rows (no spread: null moments), ``n`` NaN in ``d`` then in
+    ``e``, ``z`` nothing but nulls; no two orderings of a key tie where their values differ."""
+    base = 20 * i + 60
+    return [
+        more_row("p", base + 1, 7, 3, 1.5 + i, 2.0 * i + 0.25, True, "a"),
+        more_row("p", base + 3, 7, 5, -0.5 * i, 1.0, None, "b"),
+        more_row("p", base + 5, i + 1, None, None, 3.5, i % 2 == 1, "a"),
+        more_row("p", base + 12, 7, 12 + i, 4.25 + i, -1.5, True, "c"),
+        more_row("p", base + 14, None, 6, 0.75 * i + 0.1, None, False, None),
+        more_row("q", base + 2, 4, 9 - i, 2.0 + i / 4, i * 1.5, i != 1, f"x{i}"),
+        more_row("r", base + 4, 5, 5, 3.0, 3.0, True, "y"),
+        more_row("r", base + 6, 5, 5, 3.0, 3.0, True, "y"),
+        more_row("n", base + 7, 1, 2, NAN, 1.0, False, "m"),
+        more_row("n", base + 9, 2, 3, 2.0, NAN, None, "o"),
+        more_row("z", base + 8),
+    ]
+
+
+MORE_FILES = [more_rows(i) for i in range(4)]
+
+
+def any_of(fn: Any, col: str) -> Any:
+    """``any(col)``: Spark's SQL name of ``bool_or``, which pyspark.sql.functions lacks."""
+    return fn.any(col) if fn is SF else F.call_function("any", F.col(col))
+
+
+#: Each group's aggregates, spelled with ``fn`` (ours mixes in PySpark's own on purpose).
+MORE_GROUPS: dict[str, Any] = {
+    "logical": lambda fn: [
+        fn.count_if("b"),
+        fn.bool_and("b"),
+        fn.every("b"),
+        F.bool_or("b"),
+        fn.some("b"),
+        any_of(fn, "b"),
+        fn.any_value("s", True),
+        F.any_value("v"),
+        fn.max_by("s", "d"),
+        F.min_by("v", "e").alias("v_at_min_e"),
+        fn.bit_and("v"),
+        fn.bit_or("w"),
+        F.bit_xor("v"),
+    ],
+    "moments": lambda fn: [
+        fn.corr("d", "e"),
+        F.covar_pop("d", "e"),
+        fn.covar_samp("v", "w"),
+        fn.kurtosis("d"),
+        F.skewness("e"),
+        fn.skewness(F.col("v") * 2).alias("skew2v"),
+    ],
+    "percentiles": lambda fn: [
+        fn.percentile("v", 0.3),
+        F.percentile("d", [0.25, 0.5, 0.9]),
+        fn.median("e"),
+        F.median("w"),
+        fn.mode("v"),
+        fn.mode("s", True),
+    ],
+}
+
+
+class KeyedCollector(RawCollector):
+    """Each batch's rows as they are, sorted by their grouping keys (a window, then ``k``)."""
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        self.schema = df.schema
+        rows = [tuple(r) for r in df.collect()]
+        nkeys = 2 if {"window", "session_window"} & set(df.schema.names) else 1
+        self.batches[batch_id] = sorted(rows, key=lambda r: repr(r[:nkeys]))
+
+
+def more_case(group: str, mode: str) -> Differential:
+    aggs = MORE_GROUPS[group]
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        if mode == "append":
+            df = df.withWatermark("ts", "5 seconds")
+        keys = (lambda fn: [fn.window("ts", "10 seconds"), "k"]) if mode == "append" else None
+        if ours:
+            grouped = ss.stream(df).groupBy(*(keys(SF) if keys else ["k"]))
+            return grouped.agg(*aggs(SF))
+        return df.groupBy(*(keys(F) if keys else ["k"])).agg(*aggs(F))
+
+    return Differential(f"{group}-{mode}", MORE_SCHEMA, MORE_FILES, mode, build, 2, KeyedCollector)
+
+
+@pytest.mark.parametrize("mode", ["update", "append"])
+@pytest.mark.parametrize("group", list(MORE_GROUPS))
+def test_more_aggregates_match_spark_on_both_providers(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path, group: str, mode: str
+) -> None:
+    """Update mode grouped by ``k``, append mode by a tumbling window and ``k``: the same batches
+    as Spark's on memory and on rocksdb, across a restart; values a user would look at (not all
+    null) come out."""
+    case = more_case(group, mode)
+    expected = spark_runs.of(case)
+    for provider in ("memory", "rocksdb"):
+        mine, _ = case.run(spark, tmp_path / provider, provider)
+        assert_same(mine, expected)
+    rows = [r for batch in expected.batches.values() for r in batch]
+    # update: five keys a batch; append: the six windows of a key of each file the last closes
+    assert len(rows) == (4 * 5 if mode == "update" else 3 * 6)
+    nkeys = 2 if mode == "append" else 1
+    for column in range(nkeys, len(expected.schema.names)):
+        assert any(r[column] not in (None, 0) for r in rows), expected.schema.names[column]
+
+
+def test_window_time_groups_a_windowed_aggregation_into_wider_windows(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path
+) -> None:
+    """``SF.window_time`` (Spark's own) in a chain of two windowed aggregations, as the README
+    writes it with SF: the same batches as Spark's query written with F."""
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        fn = SF if ours else F
+        df = df.withWatermark("ts", "5 seconds")
+        first = (ss.stream(df) if ours else df).groupBy(fn.window("ts", "10 seconds"), "k")
+        counts = first.agg(fn.count("*").alias("n"), fn.max_by("s", "d").alias("top"))
+        wider = counts.groupBy(fn.window(fn.window_time("window"), "20 seconds"))
+        return wider.agg(fn.sum("n").alias("rows"), fn.count_if(F.col("top") == "c"))
+
+    case = Differential("window-time", MORE_SCHEMA, MORE_FILES, "append", build, 2, KeyedCollector)
+    expected = spark_runs.of(case)
+    mine, _ = case.run(spark, tmp_path, "memory")
+    assert_same(mine, expected)
+    assert [r[1] for batch in expected.batches.values() for r in batch] == [11, 11, 11]
+
+
+def test_more_aggregates_in_session_windows_that_merge_across_batches(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path
+) -> None:
+    """Session windows (a 6 s gap; ``j``'s session starts in the first file, grows in the second
+    and closes after the restart) whose buffers of each kind of new aggregate merge across
+    batches."""
+
+    def aggs(fn: Any) -> list[Any]:
+        return [
+            fn.any_value("s", True),
+            fn.max_by("s", "d"),
+            fn.bool_or("b"),
+            fn.count_if("b"),
+            fn.bit_or("w"),
+            fn.corr("d", "e"),
+            fn.kurtosis("d"),
+            fn.percentile("v", [0.5]),
+            fn.mode("v", True),
+        ]
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        fn = SF if ours else F
+        df = df.withWatermark("ts", "5 seconds")
+        keys = [fn.session_window("ts", "6 seconds"), "k"]
+        return (ss.stream(df) if ours else df).groupBy(*keys).agg(*aggs(fn))
+
+    joined = [
+        [more_row("j", 78, 1, 1, 1.0, 2.0, True, "j0")],
+        [more_row("j", 82, 2, 2, 3.0, 1.0, False, "j1"), more_row("j", 85, 2, 4, 2.5, 0.5)],
+    ]
+    files = [rows + (joined[i] if i < 2 else []) for i, rows in enumerate(MORE_FILES)]
+    case = Differential("sessions", MORE_SCHEMA, files, "append", build, 2, KeyedCollector)
+    expected = spark_runs.of(case)
+    for provider in ("memory", "rocksdb"):
+        mine, _ = case.run(spark, tmp_path / provider, provider)
+        assert_same(mine, expected)
+    (joined_session,) = [r for rows in expected.batches.values() for r in rows if r[1] == "j"]
+    assert (joined_session[0].end - joined_session[0].start).total_seconds() == 13
+    assert joined_session[2:5] == ("j0", "j1", True)
+
+
+def approx_rows(i: int) -> list[dict[str, Any]]:
+    """:func:`more_rows` and 3000 rows of key ``big`` a file: past 1 / (2 * relative error)
+    values, where Spark's summary starts to compress."""
+    rnd = random.Random(i)
+    base = 20 * i + 60
+    big = [
+        more_row("big", base + j % 20, rnd.randint(-500, 500), None, rnd.gauss(0, 50))
+        for j in range(3000)
+    ]
+    return more_rows(i) + big
+
+
+@pytest.mark.parametrize("mode", ["update", "append"])
+def test_percentile_approx_matches_spark_on_both_providers(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path, mode: str
+) -> None:
+    """Spark's summary of each batch's values (one file, one partition), merged into the state's
+    as Spark merges them: the same answers, of the column's type (integers, doubles,
+    timestamps), compressed summaries included."""
+
+    def aggs(fn: Any) -> list[Any]:
+        return [
+            fn.percentile_approx("v", 0.5),
+            fn.percentile_approx("d", [0.1, 0.5, 0.99], 100),
+            F.approx_percentile("ts", 0.25),
+            F.percentile_approx("e", 0.9, 1000).alias("e90"),
+        ]
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        fn = SF if ours else F
+        keys: list[Any] = ["k"]
+        if mode == "append":
+            df = df.withWatermark("ts", "5 seconds")
+            keys = [fn.window("ts", "10 seconds"), "k"]
+        return (ss.stream(df) if ours else df).groupBy(*keys).agg(*aggs(fn))
+
+    files = [approx_rows(i) for i in range(4)]
+    case = Differential(f"approx-{mode}", MORE_SCHEMA, files, mode, build, 2, KeyedCollector)
+    expected = spark_runs.of(case)
+    for provider in ("memory", "rocksdb"):
+        mine, _ = case.run(spark, tmp_path / provider, provider)
+        assert_same(mine, expected)
+    big = [r for rows in expected.batches.values() for r in rows if "big" in r]
+    assert big and all(-500 <= r[-4] <= 500 for r in big)

@@ -215,7 +215,7 @@ def test_watermark_key_drops_late_rows_and_evicts_in_update_mode(make_runner: Ru
 
 def test_unmergeable_aggregate_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="cannot be merged"):
-        AggregateFunction("percentile", "x", pa.int64())
+        AggregateFunction("regr_slope", "x", pa.int64())
     with pytest.raises(ConfigurationError, match="at least one"):
         StreamingAggregate(pa.schema([("k", pa.int64())]), [])
 

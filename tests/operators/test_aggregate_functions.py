@@ -1,9 +1,12 @@
 """The merges and results of the aggregate functions (first, last, collect_list/set, the stddev
-and variance family, approx_count_distinct, decimal sum and avg) against plain-Python models of
-Spark's semantics, batch after batch through the operator and a real store."""
+and variance family, approx_count_distinct, decimal sum and avg, count_if, the boolean and
+bitwise ones, any_value, max_by/min_by, skewness, kurtosis, corr and covariances, percentile,
+median, mode, percentile_approx) against plain-Python models of Spark's semantics, batch after
+batch through the operator and a real store."""
 
 from __future__ import annotations
 
+import collections
 import decimal
 import math
 import random
@@ -16,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators import hll
+from sparkstate.operators import _quantiles, hll
 from sparkstate.operators.aggregate import (
     ROWS_COLUMN,
     AggregateFunction,
@@ -417,3 +420,397 @@ def test_hll_precision_is_sparks() -> None:
         pa.array([None], pa.binary()), pa.array([[1 << 6 | 3]], pa.list_(pa.int64())), 4
     )
     assert np.frombuffer(regs[0].as_py(), np.uint8).tolist() == [0, 3] + [0] * 14
+
+
+# --- count_if, bool_and/or, bit_and/or/xor, any_value ---------------------------------------------
+
+
+def _all(op: Callable[[Any, Any], Any], values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    out = present[0] if present else None
+    for v in present[1:]:
+        out = op(out, v)
+    return out
+
+
+LOGICAL: list[tuple[str, pa.DataType, Callable[[list[Any]], Any], int]] = [
+    ("count_if", pa.int64(), lambda bs: sum(1 for b in bs if b is True), 0),
+    ("bool_and", pa.bool_(), lambda bs: _all(lambda a, b: a and b, bs), 0),
+    ("every", pa.bool_(), lambda bs: _all(lambda a, b: a and b, bs), 0),
+    ("bool_or", pa.bool_(), lambda bs: _all(lambda a, b: a or b, bs), 0),
+    ("some", pa.bool_(), lambda bs: _all(lambda a, b: a or b, bs), 0),
+    ("any", pa.bool_(), lambda bs: _all(lambda a, b: a or b, bs), 0),
+    ("bit_and", pa.int32(), lambda vs: _all(lambda a, b: a & b, vs), 1),
+    ("bit_or", pa.int32(), lambda vs: _all(lambda a, b: a | b, vs), 1),
+    ("bit_xor", pa.int32(), lambda vs: _all(lambda a, b: a ^ b, vs), 1),
+    ("any_value", pa.int32(), lambda vs: next((v for v in vs if v is not None), None), 1),
+]
+
+
+def test_logical_bitwise_and_any_value_merge_batch_after_batch(make_runner: Runner) -> None:
+    """Each batch's partial (Spark's own function over the batch) merged into the state equals
+    the function over every value seen; null without values, count_if 0."""
+    aggs = [
+        AggregateFunction(f, f, typ, pa.bool_() if column == 0 else pa.int32(), ignore_nulls=True)
+        for f, typ, _, column in LOGICAL
+    ]
+    runner = make_runner(op_of(*aggs))
+    rnd = random.Random(5)
+    seen: list[tuple[str, bool | None, int | None]] = []
+    for batch in range(8):
+        rows = [
+            (k, rnd.choice([None, True, False]), rnd.choice([None, -1, 0, 5, 6, 1 << 20]))
+            for k in rnd.choices("abc", k=rnd.randint(0, 6))
+        ]
+        if batch == 0:
+            rows.append(("n", None, None))
+        seen += rows
+        partials = []
+        for k in {r[0] for r in rows}:
+            columns = [[r[1] for r in rows if r[0] == k], [r[2] for r in rows if r[0] == k]]
+            row: dict[str, Any] = {"k": k, ROWS_COLUMN: len(columns[0])}
+            for i, (f, _, model, column) in enumerate(LOGICAL):
+                row[buffer_column(i, f, 0)] = model(columns[column])
+            partials.append(row)
+        got = run(runner, partials, "complete")
+        for k in {r[0] for r in seen}:
+            columns = [[r[1] for r in seen if r[0] == k], [r[2] for r in seen if r[0] == k]]
+            want = {f: model(columns[column]) for f, _, model, column in LOGICAL}
+            assert got[k] == want, (batch, k)
+    assert got["n"] == {f: 0 if f == "count_if" else None for f, *_ in LOGICAL}
+
+
+# --- max_by and min_by ----------------------------------------------------------------------------
+
+
+def _extremum_by(rows: list[tuple[str | None, float | None]], largest: bool) -> str | None:
+    """Spark's max_by/min_by over rows in arrival order: a null ordering is skipped, NaN is the
+    largest, and of equal orderings the later row wins (its merge keeps the right side)."""
+
+    def key(x: float) -> tuple[bool, float]:
+        return (math.isnan(x), 0.0 if math.isnan(x) else x)
+
+    best: tuple[str | None, float] | None = None
+    for value, order in rows:
+        if order is None:
+            continue
+        if best is None or (key(order) >= key(best[1]) if largest else key(order) <= key(best[1])):
+            best = (value, order)
+    return None if best is None else best[0]
+
+
+def test_max_by_and_min_by_keep_the_value_of_the_extreme_ordering(make_runner: Runner) -> None:
+    struct = pa.struct([("value", pa.string()), ("ordering", pa.float64())])
+    aggs = [
+        AggregateFunction("max_by", "hi", pa.string(), struct),
+        AggregateFunction("min_by", "lo", pa.string(), struct),
+    ]
+    runner = make_runner(op_of(*aggs))
+    rnd = random.Random(8)
+    seen: list[tuple[str, str | None, float | None]] = []
+    for batch in range(10):
+        pool: list[float | None] = [None, 1.0, 2.0, -3.5, rnd.uniform(-4, 4)]
+        if batch == 7:
+            pool.append(NAN)
+        rows = [
+            (k, rnd.choice([None, f"v{batch}.{i}"]), rnd.choice(pool))
+            for i, k in enumerate(rnd.choices("abc", k=rnd.randint(0, 6)))
+        ]
+        seen += rows
+        partials = []
+        for k in {r[0] for r in rows}:
+            mine = [(v, o) for kk, v, o in rows if kk == k]
+            orders = [o for _, o in mine if o is not None]
+            row: dict[str, Any] = {"k": k, ROWS_COLUMN: len(mine)}
+            for i, (f, largest) in enumerate((("max_by", True), ("min_by", False))):
+                extreme = _extremum_by([(str(o), o) for o in orders], largest)
+                row[buffer_column(i, f, 0)] = _extremum_by(mine, largest)
+                row[buffer_column(i, f, 1)] = None if extreme is None else float(extreme)
+            partials.append(row)
+        got = run(runner, partials, "complete")
+        for k in {r[0] for r in seen}:
+            mine = [(v, o) for kk, v, o in seen if kk == k]
+            want = {"hi": _extremum_by(mine, True), "lo": _extremum_by(mine, False)}
+            assert got[k] == want, (batch, k, mine)
+
+
+def test_merging_two_sessions_keeps_the_later_extreme_and_the_first_value() -> None:
+    """``merge_states`` (sessions that join): max_by as Spark's merge, any_value the earlier
+    session's once it has one."""
+    struct = pa.struct([("value", pa.string()), ("ordering", pa.int64())])
+    max_by = AggregateFunction("max_by", "hi", pa.string(), struct)
+    merged = max_by.merge_states(
+        [pa.array(["a", "b", None, "d"]), pa.array([5, 5, None, 1])],
+        [pa.array(["x", "y", "z", None]), pa.array([5, 4, 2, None])],
+    )
+    assert merged[0].to_pylist() == ["x", "b", "z", "d"]
+    assert merged[1].to_pylist() == [5, 5, 2, 1]
+    any_value = AggregateFunction("any_value", "v", pa.int64(), pa.int64())
+    merged = any_value.merge_states(
+        [pa.array([1, None, None]), pa.array([True, True, False])],
+        [pa.array([2, 3, 4]), pa.array([True, True, True])],
+    )
+    assert merged[0].to_pylist() == [1, None, 4]
+
+
+# --- skewness, kurtosis, corr, covar_pop, covar_samp ----------------------------------------------
+
+
+def central(xs: list[float]) -> list[float]:
+    """``(n, avg, m2, m3, m4)`` of ``xs``, two passes (what Spark's batch partial stands for)."""
+    if not xs:
+        return [0.0, 0.0, 0.0, 0.0, 0.0]
+    avg = statistics.fmean(xs)
+    return [float(len(xs)), avg, *(math.fsum((x - avg) ** p for x in xs) for p in (2, 3, 4))]
+
+
+def comoments(pairs: list[tuple[float, float]]) -> list[float]:
+    """``(n, xAvg, yAvg, ck, xMk, yMk)`` of the pairs."""
+    if not pairs:
+        return [0.0] * 6
+    xa = statistics.fmean(x for x, _ in pairs)
+    ya = statistics.fmean(y for _, y in pairs)
+    return [
+        float(len(pairs)),
+        xa,
+        ya,
+        math.fsum((x - xa) * (y - ya) for x, y in pairs),
+        math.fsum((x - xa) ** 2 for x, _ in pairs),
+        math.fsum((y - ya) ** 2 for _, y in pairs),
+    ]
+
+
+def statistic(func: str, xs: list[float], ys: list[float], legacy: bool) -> float | None:
+    """Spark's evaluation of each function over every value seen (a two-pass model)."""
+    undefined = NAN if legacy else None
+    if func in ("skewness", "kurtosis"):
+        n, _, m2, m3, m4 = central(xs)
+        if n == 0:
+            return None
+        if m2 == 0:
+            return undefined
+        return math.sqrt(n) * m3 / m2**1.5 if func == "skewness" else n * m4 / (m2 * m2) - 3.0
+    n, _, _, ck, xmk, ymk = comoments(list(zip(xs, ys, strict=True)))
+    if n == 0:
+        return None
+    if func == "covar_pop":
+        return ck / n
+    if n == 1:
+        return undefined
+    if func == "covar_samp":
+        return ck / (n - 1)
+    return None if xmk * ymk == 0 else ck / math.sqrt(xmk * ymk)
+
+
+STATISTICS = ("skewness", "kurtosis", "covar_pop", "covar_samp", "corr")
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_higher_moments_and_comoments_merge_as_spark(make_runner: Runner, legacy: bool) -> None:
+    """Batches' exact moments merged with Spark's parallel formulas equal the statistics over
+    every value seen (nulls skipped, a pair with a null skipped); a key of one value or of
+    equal values gets null (NaN in legacy mode), a key of nothing but nulls null."""
+    pair = pa.struct([("x", pa.float64()), ("y", pa.float64())])
+    aggs = [
+        AggregateFunction(
+            f,
+            f,
+            pa.float64(),
+            pair if f in STATISTICS[2:] else pa.float64(),
+            legacy_statistics=legacy,
+        )
+        for f in STATISTICS
+    ]
+    runner = make_runner(op_of(*aggs))
+    rnd = random.Random(13)
+    seen: list[tuple[str, float | None, float | None]] = []
+    for batch in range(8):
+        rows = [
+            (k, rnd.choice([None, rnd.uniform(-3, 9), 2.0]), rnd.choice([None, rnd.gauss(1, 4)]))
+            for k in rnd.choices("abc", k=rnd.randint(0, 7))
+        ]
+        if batch == 0:
+            rows += [("one", 1.5, 2.5), ("flat", 4.0, 1.0), ("flat", 4.0, 2.0), ("n", None, 3.0)]
+        if batch == 3:
+            rows += [("flat", 4.0, 7.0)]
+        seen += rows
+        partials = []
+        for k in {r[0] for r in rows}:
+            xs = [x for kk, x, _ in rows if kk == k and x is not None]
+            pairs = [(x, y) for kk, x, y in rows if kk == k and x is not None and y is not None]
+            row: dict[str, Any] = {"k": k, ROWS_COLUMN: 1}
+            for i, f in enumerate(STATISTICS):
+                parts = central(xs)[: 4 if f == "skewness" else 5]
+                if f in STATISTICS[2:]:
+                    parts = comoments(pairs)[: 6 if f == "corr" else 4]
+                row |= {buffer_column(i, f, p): v for p, v in enumerate(parts)}
+            partials.append(row)
+        got = run(runner, partials, "complete")
+        for k in {r[0] for r in seen}:
+            xs = [x for kk, x, _ in seen if kk == k and x is not None]
+            pairs = [(x, y) for kk, x, y in seen if kk == k and x is not None and y is not None]
+            for f in STATISTICS:
+                if f in STATISTICS[2:]:
+                    want = statistic(f, [x for x, _ in pairs], [y for _, y in pairs], legacy)
+                else:
+                    want = statistic(f, xs, [], legacy)
+                assert (got[k][f] is None) == (want is None), (batch, k, f, got[k][f], want)
+                if want is not None:
+                    assert same(got[k][f], want, rel=1e-9), (batch, k, f, got[k][f], want)
+    assert got["one"]["covar_pop"] == 0.0 and got["n"]["skewness"] is None
+    undefined = [got["flat"][f] for f in ("skewness", "kurtosis")] + [got["one"]["corr"]]
+    assert all(math.isnan(v) for v in undefined) if legacy else undefined == [None] * 3
+
+
+# --- percentile, median and mode ------------------------------------------------------------------
+
+
+def spark_percentile(values: list[float], p: float) -> float | None:
+    """Spark's Percentile: position ``(n - 1) * p`` in the sorted values, interpolated."""
+    if not values:
+        return None
+    ordered = sorted(values, key=lambda x: (math.isnan(x), x))
+    position = (len(ordered) - 1) * p
+    lower, higher = math.floor(position), math.ceil(position)
+    low, high = ordered[lower], ordered[higher]
+    if lower == higher or low == high:
+        return low
+    return (higher - position) * low + (position - lower) * high
+
+
+def test_percentiles_and_mode_over_every_value_seen(make_runner: Runner) -> None:
+    aggs = [
+        AggregateFunction("percentile", "p30", pa.float64(), pa.int64(), percentage=0.3),
+        AggregateFunction(
+            "percentile", "ps", pa.list_(pa.float64()), pa.int64(), percentage=(0.0, 0.5, 1.0)
+        ),
+        AggregateFunction("median", "med", pa.float64(), pa.int64(), percentage=0.5),
+        AggregateFunction("mode", "mode", pa.int64(), pa.int64()),
+    ]
+    runner = make_runner(op_of(*aggs))
+    rnd = random.Random(21)
+    seen: Rows = []
+    for batch in range(8):
+        rows: Rows = [
+            (k, rnd.choice([None, -2, 0, 3, 3, 17, 1 << 40]))
+            for k in rnd.choices("abc", k=rnd.randint(0, 7))
+        ]
+        if batch == 0:
+            rows += [("n", None), ("tie", 9), ("tie", 4)]
+        seen += rows
+        partials = []
+        for k, vs in grouped(rows).items():
+            present = [v for v in vs if v is not None]
+            row: dict[str, Any] = {"k": k, ROWS_COLUMN: len(vs)}
+            for i, f in enumerate(("percentile", "percentile", "median")):
+                row[buffer_column(i, f, 0)] = [float(v) for v in present]
+            row[buffer_column(3, "mode", 0)] = present
+            partials.append(row)
+        got = run(runner, partials, "complete")
+        for k, vs in grouped(seen).items():
+            xs = [float(v) for v in vs if v is not None]
+            counts = collections.Counter(v for v in vs if v is not None)
+            want = {
+                "p30": spark_percentile(xs, 0.3),
+                "ps": [spark_percentile(xs, p) for p in (0.0, 0.5, 1.0)] if xs else None,
+                "med": spark_percentile(xs, 0.5),
+                "mode": min(counts, key=lambda v: (-counts[v], v)) if counts else None,
+            }
+            assert got[k] == want, (batch, k, vs)
+    assert got["tie"]["mode"] == 4 and got["n"] == dict.fromkeys(("p30", "ps", "med", "mode"))
+
+
+def test_percentile_of_doubles_sorts_nan_last() -> None:
+    agg = AggregateFunction("percentile", "p", pa.float64(), pa.float64(), percentage=0.5)
+    lists = pa.array([[NAN, 1.0, 3.0], [2.0, NAN], [], None], pa.list_(pa.float64()))
+    got = agg.result([lists]).to_pylist()
+    assert got[0] == 3.0 and math.isnan(got[1]) and got[2:] == [None, None]
+
+
+def test_percentile_needs_its_percentage() -> None:
+    with pytest.raises(ConfigurationError, match="needs its percentage"):
+        AggregateFunction("percentile", "p", pa.float64(), pa.int64())
+
+
+# --- percentile_approx ----------------------------------------------------------------------------
+
+
+def exact_rank_value(values: list[float], q: float, eps: float) -> float:
+    """Spark's answer while its summary still holds every value: the extremes within ``eps`` of
+    0 and 1, else the value of rank ``ceil(q * n)``."""
+    ordered = sorted(values)
+    if q <= eps:
+        return ordered[0]
+    if q >= 1 - eps:
+        return ordered[-1]
+    return ordered[math.ceil(q * len(ordered)) - 1]
+
+
+def test_percentile_approx_is_exact_while_the_summary_holds_every_value(
+    make_runner: Runner,
+) -> None:
+    aggs = [
+        AggregateFunction(
+            "percentile_approx", "p", pa.int32(), pa.int32(), percentage=0.37, accuracy=10000
+        ),
+        AggregateFunction(
+            "approx_percentile",
+            "ps",
+            pa.list_(pa.float64()),
+            pa.float64(),
+            percentage=(0.0, 0.5, 1.0),
+            accuracy=100,
+        ),
+    ]
+    runner = make_runner(op_of(*aggs))
+    rnd = random.Random(4)
+    seen: Rows = []
+    for _ in range(6):
+        rows: Rows = [(k, rnd.choice([None, rnd.randint(-50, 50)])) for k in rnd.choices("ab", k=9)]
+        seen += rows
+        partials = []
+        for k, vs in grouped(rows).items():
+            present = [float(v) for v in vs if v is not None]
+            partials.append(
+                {
+                    "k": k,
+                    ROWS_COLUMN: len(vs),
+                    buffer_column(0, "percentile_approx", 0): present,
+                    buffer_column(1, "approx_percentile", 0): present,
+                }
+            )
+        got = run(runner, partials, "complete")
+        for k, vs in grouped(seen).items():
+            xs = [float(v) for v in vs if v is not None]
+            want = {
+                "p": int(exact_rank_value(xs, 0.37, 1e-4)) if xs else None,
+                "ps": [exact_rank_value(xs, q, 0.01) for q in (0.0, 0.5, 1.0)] if xs else None,
+            }
+            assert got[k] == want, (k, vs)
+
+
+def test_merged_quantile_summaries_stay_within_their_relative_error() -> None:
+    """Summaries past compression, merged batch after batch (and two sessions' merged), answer
+    within Spark's bound: the rank of the answer within ``eps * n`` of the asked rank."""
+    eps = 0.01
+    rnd = random.Random(9)
+    batches = [[rnd.gauss(0, 1) for _ in range(rnd.randint(500, 4000))] for _ in range(6)]
+    summary = _quantiles.EMPTY
+    for values in batches:
+        summary = _quantiles.merge(summary, _quantiles.from_values(values, eps), eps)
+    everything = sorted(x for values in batches for x in values)
+    n = len(everything)
+    assert summary[3] == n and len(summary[0]) < n / 10  # compressed
+    for q in (0.05, 0.25, 0.5, 0.75, 0.95):
+        answer = _quantiles.query(summary, q, eps)
+        rank = everything.index(answer) + 1
+        assert abs(rank - q * n) <= 2 * eps * n, (q, rank, q * n)
+    sessions = AggregateFunction(
+        "percentile_approx", "p", pa.float64(), pa.float64(), percentage=0.5, accuracy=100
+    )
+    halves = [_quantiles.from_values(batches[0], eps), _quantiles.from_values(batches[1], eps)]
+    state, other = ([pa.array([[*h[i]]] if i < 3 else [h[3]]) for i in range(4)] for h in halves)
+    merged = sessions.merge_states(state, other)
+    answer = sessions.result(merged).to_pylist()[0]
+    both = sorted(batches[0] + batches[1])
+    assert abs(both.index(answer) + 1 - 0.5 * len(both)) <= 2 * eps * len(both)

@@ -21,8 +21,18 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import DataType, DecimalType, DoubleType, FloatType
+from pyspark.sql.types import (
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
+from sparkstate import functions as SF
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
 from sparkstate.operators import hll
@@ -37,6 +47,28 @@ __all__ = [
 ]
 
 _MOMENTS = ("stddev", "std", "stddev_samp", "stddev_pop", "variance", "var_samp", "var_pop")
+#: Functions of two columns: the second is the aggregate's ``others[0]``.
+_PAIRS = ("max_by", "min_by", "corr", "covar_pop", "covar_samp")
+_SAME_NAME = (
+    "count_if",
+    "bool_and",
+    "every",
+    "bool_or",
+    "some",
+    "any",
+    "any_value",
+    "bit_and",
+    "bit_or",
+    "bit_xor",
+    "skewness",
+    "kurtosis",
+    "percentile",
+    "median",
+    "mode",
+    "percentile_approx",
+    "approx_percentile",
+    *_PAIRS,
+)
 #: PySpark's aggregate functions (as Spark names them) taken as the sparkstate function.
 _TWINS = {
     "count": "count",
@@ -47,7 +79,6 @@ _TWINS = {
     "max": "max",
     "first": "first",
     "first_value": "first",
-    "any_value": "first",
     "last": "last",
     "last_value": "last",
     "collect_list": "collect_list",
@@ -55,21 +86,34 @@ _TWINS = {
     "collect_set": "collect_set",
     "approx_count_distinct": "approx_count_distinct",
     **{name: name for name in _MOMENTS},
+    **{name: name for name in _SAME_NAME},
 }
 #: What to use instead of an aggregate that cannot be merged across batches.
 _INSTEAD = {
     "count_distinct": "SF.approx_count_distinct({col}) for an estimate",
     "sum_distinct": "SF.collect_set({col}) and sum the set after the aggregation",
-    "median": "SF.collect_list({col}) and take the median of the list after the aggregation",
-    "percentile": "SF.collect_list({col}) and take the percentile after the aggregation",
-    "percentile_approx": "SF.collect_list({col}) and take the percentile after the aggregation",
-    "approx_percentile": "SF.collect_list({col}) and take the percentile after the aggregation",
-    "count_if": "SF.sum(F.when(<condition>, 1).otherwise(0))",
 }
-_SUPPORTED = (
-    "SF.count, SF.sum, SF.avg, SF.min, SF.max, SF.first, SF.last, SF.collect_list, "
-    "SF.collect_set, SF.stddev, SF.stddev_samp, SF.stddev_pop, SF.variance, SF.var_samp, "
-    "SF.var_pop, SF.approx_count_distinct"
+_SUPPORTED = ", ".join(
+    f"SF.{name}"
+    for name in (
+        "count",
+        "sum",
+        "avg",
+        "min",
+        "max",
+        "first",
+        "last",
+        "collect_list",
+        "collect_set",
+        "stddev",
+        "stddev_samp",
+        "stddev_pop",
+        "variance",
+        "var_samp",
+        "var_pop",
+        "approx_count_distinct",
+        *_SAME_NAME,
+    )
 )
 
 
@@ -165,7 +209,13 @@ def _twin_of(agg: Any) -> AggregateExpression:
         name = name or node.parts[0]
         node = node_of(node.args[0])
     if node.kind != "function":
-        msg = f"{shown} is not an aggregate function sparkstate can merge; use one of {_SUPPORTED}"
+        what = (
+            "a SQL expression string (F.expr): write the aggregate with pyspark.sql.functions "
+            "or SF instead"
+            if node.name in ("SqlExpression", "SQLExpression")
+            else "not an aggregate function sparkstate can merge"
+        )
+        msg = f"{shown} is {what}; use one of {_SUPPORTED}"
         raise ConfigurationError(msg)
     args = [node_of(a) for a in node.args]
     func = _TWINS.get(node.name)
@@ -189,8 +239,24 @@ def _twin_of(agg: Any) -> AggregateExpression:
             f"expression use SF.{func}(<the expression>), e.g. {example}"
         )
         raise ConfigurationError(msg)
-    options = _options(func, args[1:], shown)
-    return AggregateExpression(func, column, name, options, source=agg)
+    others: tuple[Any, ...] = ()
+    rest = args[1:]
+    if func in _PAIRS:
+        other = _column_of(rest[0], type(agg)) if rest else None
+        if other is None:
+            msg = (
+                f"{shown}: sparkstate takes PySpark's {node.name}() over plain columns only; "
+                f"for expressions use SF.{func}(<col1>, <col2>)"
+            )
+            raise ConfigurationError(msg)
+        rest, others = rest[1:], (other,)
+    is_list = rest and rest[0].kind == "function" and rest[0].name == "array"
+    if func in ("percentile", "percentile_approx", "approx_percentile") and is_list:
+        items = [node_of(a) for a in rest[0].args]  # a list of percentages
+        if all(i.kind == "literal" for i in items):
+            rest = [_Node("literal", value=[i.value for i in items]), *rest[1:]]
+    options = _options(func, rest, shown)
+    return AggregateExpression(func, column, name, options, source=agg, others=others)
 
 
 def _column_of(node: _Node, column_class: type) -> Any:
@@ -205,16 +271,55 @@ def _column_of(node: _Node, column_class: type) -> Any:
 
 
 def _options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+    if func == "percentile":
+        return _percentile_options(rest, shown)
+    if func in ("percentile_approx", "approx_percentile"):
+        return _approx_options(func, rest, shown)
     if not rest:
-        return ()
+        return (("percentage", 0.5),) if func == "median" else ()
     if len(rest) == 1 and rest[0].kind == "literal":
         value = rest[0].value
-        if func in ("first", "last") and isinstance(value, bool):
+        if func in ("first", "last", "any_value") and isinstance(value, bool):
             return (("ignorenulls", value),)
         if func == "approx_count_distinct" and isinstance(value, int | float):
             return (("rsd", float(value)),)
+        if func == "mode" and isinstance(value, bool):
+            return (("deterministic", value),)
     msg = f"{shown}: sparkstate takes {func}() with these arguments only as SF.{func}(...)"
     raise ConfigurationError(msg)
+
+
+def _percentile_options(rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+    """``percentile(col, percentage[, frequency])`` with literal percentages and frequency 1."""
+    values = rest[0].value if rest and rest[0].kind == "literal" else None
+    frequency = rest[1].value if len(rest) > 1 and rest[1].kind == "literal" else None
+    if values is None or len(rest) > 2 or (len(rest) == 2 and frequency != 1):
+        msg = (
+            f"{shown}: sparkstate takes percentile() with literal percentages and frequency 1 "
+            "only (SF.percentile(col, 0.5) or SF.percentile(col, [0.25, 0.75]))"
+        )
+        raise ConfigurationError(msg)
+    try:
+        return SF.percentile("_", values).options
+    except ValueError as exc:
+        msg = f"{shown}: {exc}"
+        raise ConfigurationError(msg) from None
+
+
+def _approx_options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+    """``percentile_approx(col, percentage, accuracy)`` with literals."""
+    literals = [r.value for r in rest if r.kind == "literal"]
+    if len(literals) != len(rest) or len(rest) > 2:
+        msg = (
+            f"{shown}: sparkstate takes {func}() with a literal percentage (or list of them) "
+            "and accuracy only"
+        )
+        raise ConfigurationError(msg)
+    try:
+        return getattr(SF, func)("_", *literals).options  # type: ignore[no-any-return]
+    except ValueError as exc:
+        msg = f"{shown}: {exc}"
+        raise ConfigurationError(msg) from None
 
 
 # --- the Spark functions --------------------------------------------------------------------------
@@ -225,17 +330,25 @@ def _as_column(col: Any) -> Column:
 
 
 def input_types(df: DataFrame, aggs: Sequence[AggregateExpression]) -> list[DataType | None]:
-    """The Spark type of each aggregate's column (None for ``count('*')``), in one analysis."""
+    """The Spark type of each aggregate's column (None for ``count('*')``), in one analysis; of
+    a function of two columns, a struct of both types."""
     columns = [
-        _as_column(a.column).alias(f"__ss_in{i}")
+        _as_column(c).alias(f"__ss_in{i}_{j}")
         for i, a in enumerate(aggs)
         if not (isinstance(a.column, str) and a.column == "*")
+        for j, c in enumerate((a.column, *a.others))
     ]
     fields = iter(df.select(*columns).schema.fields if columns else [])
-    return [
-        None if isinstance(a.column, str) and a.column == "*" else next(fields).dataType
-        for a in aggs
-    ]
+    out: list[DataType | None] = []
+    for a in aggs:
+        if isinstance(a.column, str) and a.column == "*":
+            out.append(None)
+        elif a.others:
+            parts = [next(fields) for _ in range(1 + len(a.others))]
+            out.append(StructType([StructField(f"_{j}", f.dataType) for j, f in enumerate(parts)]))
+        else:
+            out.append(next(fields).dataType)
+    return out
 
 
 def spark_twin(agg: AggregateExpression) -> Column:
@@ -249,6 +362,22 @@ def spark_twin(agg: AggregateExpression) -> Column:
         out = getattr(F, agg.func)(_as_column(agg.column), agg.option("ignorenulls", False))
     elif agg.func == "approx_count_distinct":
         out = F.approx_count_distinct(_as_column(agg.column), agg.option("rsd"))
+    elif agg.func == "any_value":
+        out = F.any_value(_as_column(agg.column), agg.option("ignorenulls"))
+    elif agg.func == "percentile":
+        percentage = agg.option("percentage")
+        p = list(percentage) if isinstance(percentage, tuple) else percentage
+        out = F.percentile(_as_column(agg.column), p)
+    elif agg.func in ("percentile_approx", "approx_percentile"):
+        percentage = agg.option("percentage")
+        p = list(percentage) if isinstance(percentage, tuple) else percentage
+        out = getattr(F, agg.func)(_as_column(agg.column), p, agg.option("accuracy"))
+    elif agg.func == "mode":
+        out = F.mode(_as_column(agg.column), agg.option("deterministic", False))
+    elif agg.func == "any":  # Spark's SQL name, not in pyspark.sql.functions
+        out = F.call_function("any", _as_column(agg.column))
+    elif agg.others:
+        out = getattr(F, agg.func)(_as_column(agg.column), *map(_as_column, agg.others))
     else:
         out = getattr(F, agg.func)(_as_column(agg.column))
     return out.alias(agg.name) if agg.name else out
@@ -271,6 +400,8 @@ def aggregate_function(
         ignore_nulls=bool(agg.option("ignorenulls", False)),
         rsd=agg.option("rsd"),
         legacy_statistics=legacy_statistics,
+        percentage=agg.option("percentage"),
+        accuracy=agg.option("accuracy"),
     )
 
 
@@ -305,14 +436,67 @@ def _partials(agg: AggregateExpression, typ: DataType | None) -> list[Column]:
         return [F.sum(col), F.count(col) == 0] if decimal else [F.sum(col)]
     if func == "avg":
         return [F.sum(col if decimal else col.cast("double")), F.count(col)]
-    if func in ("first", "last"):
+    if func in ("first", "last", "any_value"):
         return [getattr(F, func)(col, agg.option("ignorenulls", False))]
     if func in _MOMENTS:
         x = col.cast("double")
         return [F.count(x).cast("double"), F.avg(x), F.var_pop(x) * F.count(x)]
+    if func in ("skewness", "kurtosis"):
+        return _central_partials(col.cast("double"), func == "kurtosis")
+    if func in ("corr", "covar_pop", "covar_samp"):
+        return _comoment_partials(col, _as_column(agg.others[0]), func == "corr")
+    if func in ("max_by", "min_by"):
+        by = _as_column(agg.others[0])
+        extremum = F.max(by) if func == "max_by" else F.min(by)
+        return [getattr(F, func)(col, by), extremum]
+    if func in ("percentile", "median"):
+        return [F.collect_list(col.cast("double"))]
+    if func == "mode":
+        return [F.collect_list(col)]
+    if func in ("percentile_approx", "approx_percentile"):
+        return [F.collect_list(_as_double(col, typ))]
+    if func in ("bool_and", "every"):
+        return [F.bool_and(col)]
+    if func in ("bool_or", "some", "any"):
+        return [F.bool_or(col)]
+    if func in ("count_if", "bit_and", "bit_or", "bit_xor"):
+        return [getattr(F, func)(col)]
     if func == "approx_count_distinct":
         return [F.collect_set(_hll_pair(col, typ, hll.precision(agg.option("rsd"))))]
     return [getattr(F, func)(col)]  # min, max, collect_list, collect_set
+
+
+def _as_double(col: Column, typ: DataType | None) -> Column:
+    """A value as Spark's approximate percentile keeps it: a date as its day number, a timestamp
+    as its microseconds."""
+    if isinstance(typ, DateType):
+        return F.unix_date(col).cast("double")
+    if isinstance(typ, TimestampType):
+        return F.unix_micros(col.cast("timestamp")).cast("double")
+    return col.cast("double")
+
+
+def _central_partials(x: Column, fourth: bool) -> list[Column]:
+    """A batch's ``(n, avg, m2, m3[, m4])``: Spark's own skewness and kurtosis of the batch
+    turned back into its third and fourth central moments (0 where every value is the same)."""
+    n, m2 = F.count(x).cast("double"), F.var_pop(x) * F.count(x)
+    flat = F.coalesce(m2, F.lit(0.0)) == 0.0
+    m3 = F.when(flat, F.lit(0.0)).otherwise(F.skewness(x) * F.pow(m2, 1.5) / F.sqrt(n))
+    out = [n, F.avg(x), m2, m3]
+    if fourth:
+        out.append(F.when(flat, F.lit(0.0)).otherwise((F.kurtosis(x) + 3.0) * m2 * m2 / n))
+    return out
+
+
+def _comoment_partials(x: Column, y: Column, marginals: bool) -> list[Column]:
+    """A batch's ``(n, xAvg, yAvg, ck[, xMk, yMk])`` over the pairs where neither is null."""
+    both = x.isNotNull() & y.isNotNull()
+    xs, ys = F.when(both, x.cast("double")), F.when(both, y.cast("double"))
+    n = F.count(xs)
+    out = [n.cast("double"), F.avg(xs), F.avg(ys), F.covar_pop(xs, ys) * n]
+    if marginals:
+        out += [F.var_pop(xs) * n, F.var_pop(ys) * n]
+    return out
 
 
 def _hll_pair(col: Column, typ: DataType | None, p: int) -> Column:

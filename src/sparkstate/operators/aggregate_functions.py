@@ -17,7 +17,18 @@ nulls and NaN included:
 * the ``stddev`` and ``variance`` family merges ``(n, avg, m2)`` as Chan et al.'s parallel
   algorithm does, in doubles; a sample statistic of one value is null (NaN under Spark's
   ``spark.sql.legacy.statisticalAggregate``);
-* ``approx_count_distinct`` keeps HyperLogLog registers (:mod:`sparkstate.operators.hll`).
+* ``approx_count_distinct`` keeps HyperLogLog registers (:mod:`sparkstate.operators.hll`);
+* ``count_if`` is a count; ``bool_and``/``every`` and ``bool_or``/``some``/``any`` a boolean
+  (null without values), ``bit_and``/``bit_or``/``bit_xor`` a value of the column's type;
+  ``any_value`` is ``first``;
+* ``max_by``/``min_by`` keep the value and its ordering; of equal orderings the batch's wins,
+  as Spark's merge keeps the right side;
+* ``corr``, ``covar_pop``, ``covar_samp``, ``skewness`` and ``kurtosis`` keep Spark's moments
+  (:mod:`sparkstate.operators._moments`);
+* ``percentile``, ``median`` and ``mode`` keep every value as ``collect_list`` does
+  (:mod:`sparkstate.operators._distribution`);
+* ``percentile_approx``/``approx_percentile`` keep Spark's Greenwald-Khanna summary, each
+  batch's values inserted in their order (:mod:`sparkstate.operators._quantiles`).
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, SparkstateError
-from sparkstate.operators import hll
+from sparkstate.operators import _distribution, _moments, _quantiles, hll
 from sparkstate.operators._decimals import add_within, average
 from sparkstate.operators._lists import concat_lists, distinct_lists, no_null_lists
 from sparkstate.store.codec import ValueCodec
@@ -50,6 +61,12 @@ _SAMPLE = ("stddev", "std", "stddev_samp", "variance", "var_samp")
 _POPULATION = ("stddev_pop", "var_pop")
 _ROOTS = ("stddev", "std", "stddev_samp", "stddev_pop")
 _MOMENTS = _SAMPLE + _POPULATION
+_BOOL_AND = ("bool_and", "every")
+_BOOL_OR = ("bool_or", "some", "any")
+_BITS = ("bit_and", "bit_or", "bit_xor")
+_COMOMENTS = ("covar_pop", "covar_samp", "corr")
+_PERCENTILES = ("percentile", "median")
+_APPROX = ("percentile_approx", "approx_percentile")
 
 #: Buffer names of each function, by position (a function may use the first ones only).
 _SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -64,6 +81,35 @@ _SUFFIXES: dict[str, tuple[str, ...]] = {
     "collect_set": ("values",),
     **{name: ("n", "avg", "m2") for name in _MOMENTS},
     "approx_count_distinct": ("registers",),
+    "count_if": ("count",),
+    **{name: ("min",) for name in _BOOL_AND},
+    **{name: ("max",) for name in _BOOL_OR},
+    "any_value": ("first", "set"),
+    "max_by": ("valueWithExtremumOrdering", "extremumOrdering"),
+    "min_by": ("valueWithExtremumOrdering", "extremumOrdering"),
+    **{name: ("value",) for name in _BITS},
+    "covar_pop": ("n", "xAvg", "yAvg", "ck"),
+    "covar_samp": ("n", "xAvg", "yAvg", "ck"),
+    "corr": ("n", "xAvg", "yAvg", "ck", "xMk", "yMk"),
+    "skewness": ("n", "avg", "m2", "m3"),
+    "kurtosis": ("n", "avg", "m2", "m3", "m4"),
+    **{name: ("values",) for name in _PERCENTILES},
+    "mode": ("values",),
+    **{name: ("sampled", "g", "delta", "count") for name in _APPROX},
+}
+#: Functions computed as another is (the name is Spark's; the merge is the other's).
+_SAME_AS = {
+    "count_if": "count",
+    "any_value": "first",
+    **{name: "bool_and" for name in _BOOL_AND},
+    **{name: "bool_or" for name in _BOOL_OR},
+    "min_by": "max_by",
+    **{name: "moments" for name in _MOMENTS},
+    **{name: "comoments" for name in _COMOMENTS},
+    "skewness": "central",
+    "kurtosis": "central",
+    "median": "percentile",
+    "approx_percentile": "percentile_approx",
 }
 AGGREGATE_FUNCTIONS = tuple(_SUFFIXES)
 
@@ -82,8 +128,10 @@ class AggregateFunction:
     """One aggregate of the query: its function, output column and types, and options.
 
     ``input_type`` is the type of the aggregated column (None for ``count(*)``); ``output_type`` is
-    the result type Spark gives it; buffer types follow from both. ``ignore_nulls`` is ``first``
-    and ``last``'s, ``rsd`` ``approx_count_distinct``'s; ``legacy_statistics`` is Spark's
+    the result type Spark gives it; buffer types follow from both (for ``max_by``/``min_by``,
+    a struct of the value's and the ordering's types). ``ignore_nulls`` is ``first``, ``last``
+    and ``any_value``'s, ``rsd`` ``approx_count_distinct``'s, ``percentage`` ``percentile``'s
+    (a number, or a tuple of them for a list result); ``legacy_statistics`` is Spark's
     ``spark.sql.legacy.statisticalAggregate`` (a result setting: it is not part of the state).
     """
 
@@ -94,6 +142,9 @@ class AggregateFunction:
     ignore_nulls: bool = False
     rsd: float | None = None
     legacy_statistics: bool = False
+    percentage: float | tuple[float, ...] | None = None
+    #: ``percentile_approx``'s accuracy (Spark's default 10000): its relative error is 1/accuracy.
+    accuracy: int | None = None
 
     def __post_init__(self) -> None:
         if self.func not in _SUFFIXES:
@@ -104,6 +155,9 @@ class AggregateFunction:
             raise ConfigurationError(msg)
         if self.func == "approx_count_distinct":
             hll.precision(self.rsd)
+        if self.func in _PERCENTILES + _APPROX and self.percentage is None:
+            msg = f"{self.func}() into column {self.output_name!r} needs its percentage"
+            raise ConfigurationError(msg)
         for _, typ in self.buffers():
             _check_storable(self, typ)
 
@@ -126,12 +180,22 @@ class AggregateFunction:
                     pa.int64(),
                 ]
             )
-        elif func in ("first", "last"):
+        elif func in ("first", "last", "any_value"):
             types = [out, pa.bool_()]
         elif func in ("collect_list", "collect_set"):
             types = [pa.list_(_element_type(out))]
-        elif func in _MOMENTS:
-            types = [_F64, _F64, _F64]
+        elif func in _PERCENTILES:
+            types = [pa.list_(_F64)]
+        elif func == "mode":
+            types = [pa.list_(out)]
+        elif func in _APPROX:
+            types = [pa.list_(_F64), pa.list_(pa.int64()), pa.list_(pa.int64()), pa.int64()]
+        elif func in ("max_by", "min_by"):
+            types = [out, _ordering_type(self)]
+        elif func in ("count_if", "bool_and", "every", "bool_or", "some", "any"):
+            types = [pa.int64() if func == "count_if" else pa.bool_()]
+        elif func in _MOMENTS or func in _COMOMENTS or func in ("skewness", "kurtosis"):
+            types = [_F64] * len(suffixes)
         elif func == "approx_count_distinct":
             types = [pa.binary()]
         else:  # min, max
@@ -143,10 +207,12 @@ class AggregateFunction:
         that ``first``/``last`` send the value only and ``approx_count_distinct`` its packed
         (index, rank) pairs."""
         kept = self.buffers()
-        if self.func in ("first", "last"):
+        if self.func in ("first", "last", "any_value"):
             return kept[:1]
         if self.func == "approx_count_distinct":
             return [(kept[0][0], pa.list_(pa.int64()))]
+        if self.func in _APPROX:
+            return [(kept[0][0], pa.list_(_F64))]  # the batch's values, in their order
         return kept
 
     def buffer_types(self) -> list[pa.DataType]:
@@ -162,7 +228,15 @@ class AggregateFunction:
             out["ignorenulls"] = True
         if self.func == "approx_count_distinct":
             out["rsd"] = 0.05 if self.rsd is None else float(self.rsd)
+        if self.percentage is not None:
+            p = self.percentage
+            out["percentage"] = list(p) if isinstance(p, tuple) else p
+        if self.func in _APPROX:
+            out["accuracy"] = self._accuracy()
         return out
+
+    def _accuracy(self) -> int:
+        return 10000 if self.accuracy is None else int(self.accuracy)
 
     def _decimal_avg(self) -> bool:
         return self.func == "avg" and pa.types.is_decimal(self.output_type)
@@ -190,9 +264,11 @@ class AggregateFunction:
         o = [b.combine_chunks() if isinstance(b, pa.ChunkedArray) else b for b in other]
         if self.func == "approx_count_distinct":
             return [hll.union(s[0], o[0], hll.precision(self.rsd))]
-        if self.func in ("first", "last"):
+        if self.func in _APPROX:
+            return _merge_summaries(self, s, o, from_values=False)
+        if self.func in ("first", "last", "any_value"):
             s_set, o_set = pc.fill_null(s[1], False), pc.fill_null(o[1], False)
-            keep = s_set if self.func == "first" else pc.invert(o_set)
+            keep = pc.invert(o_set) if self.func == "last" else s_set
             return [pc.if_else(keep, s[0], o[0]), pc.or_(s_set, o_set)]
         return self.merge(s, o, ansi=ansi)
 
@@ -202,8 +278,8 @@ class AggregateFunction:
         return _RESULTS[self._kind()](self, bufs, ansi)
 
     def _kind(self) -> str:
-        if self.func in _MOMENTS:
-            return "moments"
+        if self.func in _SAME_AS:
+            return _SAME_AS[self.func]
         if self.func in ("sum", "avg") and pa.types.is_decimal(self.output_type):
             return "decimal_" + self.func
         return self.func
@@ -232,6 +308,16 @@ def _check_storable(agg: AggregateFunction, typ: pa.DataType) -> None:
             "and decimals can, and lists of those)"
         )
         raise ConfigurationError(msg) from None
+
+
+def _ordering_type(agg: AggregateFunction) -> pa.DataType:
+    """``max_by``/``min_by``'s ordering type: the second field of its input's struct."""
+    typ = agg.input_type
+    if typ is None or not pa.types.is_struct(typ) or typ.num_fields != 2:
+        msg = f"{agg.func}() into column {agg.output_name!r} needs its value and ordering types"
+        raise ConfigurationError(msg)
+    ordering: pa.DataType = typ.field(1).type
+    return ordering
 
 
 def _element_type(list_type: pa.DataType) -> pa.DataType:
@@ -389,6 +475,64 @@ def _merge_moments(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs
     return [pa.array(n, _F64), pa.array(avg, _F64), pa.array(m2, _F64)]
 
 
+def _merge_bool(op: Callable[[pa.Array, pa.Array], pa.Array]) -> Merge:
+    """Spark's ``bool_and``/``bool_or`` (and ``bit_*``): a null side (no value yet) gives the
+    other side."""
+
+    def merge(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+        state, batch = s[0], b[0].cast(s[0].type)
+        return [pc.coalesce(op(state, batch), state, batch)]
+
+    return merge
+
+
+def _merge_extremum_by(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    """Spark's ``max_by``/``min_by`` merge: a null ordering gives the other side; else the
+    state's stays only when its ordering is strictly better."""
+    better = _greater if agg.func == "max_by" else _less
+    order_s, order_b = s[1], b[1].cast(s[1].type)
+    keep = pc.or_kleene(pc.is_null(order_b), better(order_s, order_b))
+    keep = pc.and_(pc.is_valid(order_s), pc.fill_null(keep, False))
+    return [pc.if_else(keep, s[0], b[0]), pc.if_else(keep, order_s, order_b)]
+
+
+def _merge_central(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    return _moments.merge_central(s, b)
+
+
+def _merge_comoments(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    return _moments.merge_comoments(s, b)
+
+
+def _summaries(bufs: Bufs) -> list[_quantiles.Summary]:
+    values, gs, deltas, counts = (b.to_pylist() for b in bufs)
+    return [
+        (v or [], g or [], d or [], c or 0)
+        for v, g, d, c in zip(values, gs, deltas, counts, strict=True)
+    ]
+
+
+def _merge_summaries(agg: AggregateFunction, s: Bufs, b: Bufs, *, from_values: bool) -> Bufs:
+    """Each row's quantile summary merged with the batch's (built from its values in order) or,
+    between sessions, with another summary."""
+    eps = 1.0 / agg._accuracy()
+    if from_values:
+        batch = [_quantiles.from_values(v or [], eps) for v in b[0].to_pylist()]
+    else:
+        batch = _summaries(b)
+    merged = [_quantiles.merge(x, y, eps) for x, y in zip(_summaries(s), batch, strict=True)]
+    return [
+        pa.array([m[0] for m in merged], pa.list_(_F64)),
+        pa.array([m[1] for m in merged], pa.list_(pa.int64())),
+        pa.array([m[2] for m in merged], pa.list_(pa.int64())),
+        pa.array([m[3] for m in merged], pa.int64()),
+    ]
+
+
+def _merge_quantiles(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    return _merge_summaries(agg, s, b, from_values=True)
+
+
 def _merge_registers(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [hll.fold(s[0], b[0], hll.precision(agg.rsd))]
 
@@ -407,6 +551,17 @@ _MERGES: dict[str, Merge] = {
     "collect_set": _merge_collect_set,
     "moments": _merge_moments,
     "approx_count_distinct": _merge_registers,
+    "bool_and": _merge_bool(pc.and_),
+    "bool_or": _merge_bool(pc.or_),
+    "bit_and": _merge_bool(pc.bit_wise_and),
+    "bit_or": _merge_bool(pc.bit_wise_or),
+    "bit_xor": _merge_bool(pc.bit_wise_xor),
+    "max_by": _merge_extremum_by,
+    "central": _merge_central,
+    "comoments": _merge_comoments,
+    "percentile": _merge_collect_list,
+    "mode": _merge_collect_list,
+    "percentile_approx": _merge_quantiles,
 }
 
 
@@ -465,6 +620,56 @@ def _approx_count(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
     return hll.estimate(bufs[0], hll.precision(agg.rsd))
 
 
+def _central(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    return _moments.moment_result(agg.func, bufs, legacy=agg.legacy_statistics)
+
+
+def _comoments(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    return _moments.comoments_result(agg.func, bufs, legacy=agg.legacy_statistics)
+
+
+def _percentile(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    assert agg.percentage is not None
+    return _distribution.percentiles(bufs[0], agg.percentage)
+
+
+def _mode(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    return _distribution.mode(bufs[0])
+
+
+def _approx_percentile(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    """Spark's answers from each summary, as the column's type (a list of them for a list of
+    percentages); null without values."""
+    eps = 1.0 / agg._accuracy()
+    percentage = agg.percentage
+    assert percentage is not None
+    several = isinstance(percentage, tuple)
+    shares = percentage if isinstance(percentage, tuple) else (percentage,)
+    rows: list[Any] = []
+    for summary in _summaries(bufs):
+        got = [_quantiles.query(summary, p, eps) for p in shares]
+        rows.append(None if not summary[0] else (got if several else got[0]))
+    out = agg.output_type
+    element = out.value_type if several else out
+    doubles = pa.array(rows, pa.list_(_F64) if several else _F64)
+    if several:
+        values = _as_output(doubles.flatten(), element)
+        return pa.ListArray.from_arrays(doubles.offsets, values, mask=doubles.is_null())
+    return _as_output(doubles, element)
+
+
+def _as_output(doubles: pa.Array, typ: pa.DataType) -> pa.Array:
+    """Spark's conversion of a summary's double back to the column's type (integers, dates and
+    timestamps truncate toward zero)."""
+    if pa.types.is_floating(typ) or pa.types.is_decimal(typ):
+        return doubles.cast(typ)
+    if pa.types.is_date32(typ):
+        return pc.trunc(doubles).cast(pa.int32()).cast(typ)
+    if pa.types.is_timestamp(typ):
+        return pc.trunc(doubles).cast(pa.int64()).cast(typ)
+    return pc.trunc(doubles).cast(typ, safe=False)
+
+
 _RESULTS: dict[str, Result] = {
     "count": _count,
     "sum": _first_buffer,
@@ -479,4 +684,15 @@ _RESULTS: dict[str, Result] = {
     "collect_set": _collected,
     "moments": _moment,
     "approx_count_distinct": _approx_count,
+    "bool_and": _first_buffer,
+    "bool_or": _first_buffer,
+    "bit_and": _first_buffer,
+    "bit_or": _first_buffer,
+    "bit_xor": _first_buffer,
+    "max_by": _first_buffer,
+    "central": _central,
+    "comoments": _comoments,
+    "percentile": _percentile,
+    "mode": _mode,
+    "percentile_approx": _approx_percentile,
 }
