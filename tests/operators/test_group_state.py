@@ -424,10 +424,9 @@ def test_pandas_output_types_nan_and_column_order() -> None:
                     "x": [float("nan"), 1.5],
                     "at": pd.to_datetime(["2024-01-01 00:00:01", None]),
                     "k": [key[0], key[0]],
-                    "extra": [0, 0],
                 }
             )
-        yield pd.DataFrame({"a": [key[0]], "b": [2.0], "c": [pd.Timestamp("2024-01-02")]})
+        yield pd.DataFrame([[key[0], 2.0, pd.Timestamp("2024-01-02")]])  # labels 0, 1, 2
 
     h = group_state_harness(
         f,

@@ -499,6 +499,11 @@ def _plan_limit(
     return Stage(op_id, operator, df.schema, [LIMIT_KEY], prepare), df
 
 
+def session_time_zone(df: DataFrame) -> str:
+    """``spark.sql.session.timeZone``: the zone user functions see timestamps in."""
+    return str(df.sparkSession.conf.get("spark.sql.session.timeZone"))
+
+
 def _struct_of(schema: Any, what: str) -> StructType:
     """A Spark ``StructType`` from a StructType or a DDL string (``"key long, count long"``)."""
     if isinstance(schema, StructType):
@@ -573,6 +578,7 @@ def _plan_arbitrary(
             initial_state_key_columns=None if initial is None else initial.keys,
             initial_state_columns=None if initial is None else initial.columns,
             output_event_time_column=step.output_event_time or None,
+            time_zone=session_time_zone(df),
         )
     else:
         state_struct = step.state_schema
@@ -590,6 +596,7 @@ def _plan_arbitrary(
             step.timing,
             watermark_present=watermark_present,
             event_time_column=event_col,
+            time_zone=session_time_zone(df),
             **extra,
         )
     add_initial = None if initial is None else initial.add_to
