@@ -30,6 +30,7 @@ from sparkstate.engine.aggregate_plan import (
     spark_twin,
 )
 from sparkstate.engine.initial_state import InitialState, plan_initial_state
+from sparkstate.engine.user_state import SPARK_GROUP_STATES
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow
 from sparkstate.operators.aggregate import (
@@ -597,6 +598,7 @@ def _plan_arbitrary(
             watermark_present=watermark_present,
             event_time_column=event_col,
             time_zone=session_time_zone(df),
+            state_classes=SPARK_GROUP_STATES,
             **extra,
         )
     add_initial = None if initial is None else initial.add_to

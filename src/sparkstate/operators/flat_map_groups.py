@@ -124,6 +124,7 @@ class FlatMapGroupsWithState(StatefulOperator):
         event_time_column: str | None = None,
         row_format: str = "tuple",
         time_zone: str = DEFAULT_TIME_ZONE,
+        state_classes: tuple[type[GroupState], type[GroupState]] | None = None,
     ) -> None:
         api = self.kind
         #: The session time zone (``spark.sql.session.timeZone``) user functions see times in.
@@ -133,7 +134,9 @@ class FlatMapGroupsWithState(StatefulOperator):
         self.key_schema = key_schema_of(input_schema, key_columns, api)
         self.output_schema = to_arrow_schema(output_schema, f"{api} output schema")
         self.state_schema, self.pickled = state_schema_of(state_schema, f"{api} state schema")
-        self._state_class = PickledGroupState if self.pickled else GroupState
+        plain, pickled = state_classes or (GroupState, PickledGroupState)
+        #: What the function's ``state`` is (the engine's are PySpark's ``GroupState`` too).
+        self._state_class = pickled if self.pickled else plain
         self.output_mode = output_mode.lower()
         self.check_output_mode(self.output_mode)
         self.timeout = timeout_conf(timeout)
@@ -401,6 +404,7 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
         watermark_present: bool = False,
         event_time_column: str | None = None,
         time_zone: str = DEFAULT_TIME_ZONE,
+        state_classes: tuple[type[GroupState], type[GroupState]] | None = None,
     ) -> None:
         super().__init__(
             func,
@@ -413,6 +417,7 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
             watermark_present=watermark_present,
             event_time_column=event_time_column,
             time_zone=time_zone,
+            state_classes=state_classes,
         )
 
     def _collector(self) -> OutputCollector:
