@@ -161,6 +161,18 @@ def _run(feed: FileFeed, start: Callable[[Collector], Any], batches: list[Any]) 
     return collector
 
 
+def first_difference(ours: Collector, theirs: Collector) -> str:
+    """The first output row that differs, in full (the reports are long strings)."""
+    for batch in sorted(set(ours.batches) | set(theirs.batches)):
+        mine, spark = ours.batches.get(batch, []), theirs.batches.get(batch, [])
+        for a, b in zip(mine, spark, strict=False):
+            if a != b:
+                return f"batch {batch}:\n ours:  {a}\n spark: {b}"
+        if len(mine) != len(spark):
+            return f"batch {batch}: {len(mine)} rows, Spark's {len(spark)}"
+    return ""
+
+
 def _writer(df: Any, checkpoint: Path, collector: Collector) -> Any:
     return (
         df.writeStream.outputMode("update")
@@ -194,7 +206,7 @@ def test_apply_in_pandas_with_state_sees_and_returns_what_spark_does(
 
     theirs = _run(feed, query(lambda df: df, "spark"), BATCHES)
     ours = _run(feed, query(ss.stream, "ours"), BATCHES)
-    assert ours.batches == theirs.batches
+    assert ours.batches == theirs.batches, first_difference(ours, theirs)
     first = dict((r[0], r) for r in theirs.batches[0])
     assert "ts:datetime64[ns]:Timestamp" in first["a"][1]
     assert "n:int64" in first["a"][1] and "n:float64" in first["b"][1]
@@ -220,7 +232,7 @@ def test_transform_with_state_in_pandas_sees_what_spark_does_initial_state_inclu
     with spark_rocksdb(spark):
         theirs = _run(feed, query(lambda df: df, "spark"), BATCHES)
     ours = _run(feed, query(ss.stream, "ours"), BATCHES)
-    assert ours.batches == theirs.batches
+    assert ours.batches == theirs.batches, first_difference(ours, theirs)
     assert any("|k:object:str;ts:datetime64[ns]" in r[1] for r in theirs.batches[0])
 
 
@@ -240,5 +252,112 @@ def test_transform_with_state_rows_see_what_spark_does(
     with spark_rocksdb(spark):
         theirs = _run(feed, query(lambda df: df, "spark"), BATCHES)
     ours = _run(feed, query(ss.stream, "ours"), BATCHES)
-    assert ours.batches == theirs.batches
+    assert ours.batches == theirs.batches, first_difference(ours, theirs)
     assert any(f"ts:datetime:{ZONE}" in r[1] for r in theirs.batches[0])
+
+
+def count_with_state_class(key: Any, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[Any]:
+    n = sum(len(pdf) for pdf in pdfs) + (int(state.get[0]) if state.exists else 0)
+    state.update((n,))
+    yield pd.DataFrame({"k": [key[0]], "count": [n], "pyspark": [isinstance(state, GroupState)]})
+
+
+def test_group_by_a_column_and_the_state_is_pysparks_group_state(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    def query(wrap: Callable[[Any], Any], name: str) -> Callable[[Collector], Any]:
+        def start(c: Collector) -> Any:
+            df = feed.stream(spark, SCHEMA)
+            planned = (
+                wrap(df)
+                .groupBy(df["k"])
+                .applyInPandasWithState(
+                    count_with_state_class,
+                    "k string, count long, pyspark boolean",
+                    "n long",
+                    "update",
+                    GroupStateTimeout.NoTimeout,
+                )
+            )
+            return _writer(planned, tmp_path / name, c)
+
+        return start
+
+    theirs = _run(feed, query(lambda df: df, "spark"), BATCHES)
+    ours = _run(feed, query(ss.stream, "ours"), BATCHES)
+    assert ours.batches == theirs.batches
+    assert theirs.batches[1] == [("a", 2, True)]
+
+
+def extra_column(key: Any, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[Any]:
+    for pdf in pdfs:
+        yield pd.DataFrame({"k": [key[0]], "count": [len(pdf)], "extra": [1]})
+
+
+def text_count(key: Any, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[Any]:
+    for _pdf in pdfs:
+        yield pd.DataFrame({"k": [key[0]], "count": ["many"]})
+
+
+def _failure(feed: FileFeed, start: Callable[[Collector], Any]) -> str:
+    with pytest.raises(Exception) as info:  # noqa: PT011 - Spark's and ours differ in class
+        _run(feed, start, BATCHES[:1])
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("func", "expected"),
+    [
+        (extra_column, "RESULT_COLUMN_SCHEMA_MISMATCH"),
+        (text_count, "column 'count'"),
+    ],
+)
+def test_returned_frames_that_do_not_fit_fail_the_batch_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, func: Any, expected: str
+) -> None:
+    def query(wrap: Callable[[Any], Any], name: str) -> Callable[[Collector], Any]:
+        def start(c: Collector) -> Any:
+            grouped = wrap(feed.stream(spark, SCHEMA)).groupBy("k")
+            planned = grouped.applyInPandasWithState(
+                func, "k string, count long", "n long", "update", GroupStateTimeout.NoTimeout
+            )
+            return _writer(planned, tmp_path / name, c)
+
+        return start
+
+    assert expected in _failure(feed, query(lambda df: df, "spark"))
+    assert expected in _failure(feed, query(ss.stream, "ours"))
+
+
+class StaleAfterDelete(StatefulProcessor):
+    """Keeps a ValueState obtained before ``deleteIfExists`` deleted it."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", "n long")
+        handle.deleteIfExists("count")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        current = self.count.get()
+        yield pd.DataFrame({"k": [key[0]], "count": [0 if current is None else current[0]]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_state_variable_used_after_delete_if_exists_fails_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    def query(wrap: Callable[[Any], Any], name: str) -> Callable[[Collector], Any]:
+        def start(c: Collector) -> Any:
+            grouped = wrap(feed.stream(spark, SCHEMA)).groupBy("k")
+            planned = grouped.transformWithStateInPandas(
+                StaleAfterDelete(), "k string, count long", "Update", "None"
+            )
+            return _writer(planned, tmp_path / name, c)
+
+        return start
+
+    expected = "Error getting value state: Value state count is not initialized."
+    with spark_rocksdb(spark):
+        assert expected in _failure(feed, query(lambda df: df, "spark"))
+    assert expected in _failure(feed, query(ss.stream, "ours"))

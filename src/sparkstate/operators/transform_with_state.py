@@ -297,7 +297,10 @@ class TransformWithState(StatefulOperator):
 
     def _data_of(self, groups: KeyGroups) -> Callable[[int, int], Any]:
         if self.mode == "pandas":
-            cut = GroupFrames(groups.table, groups.starts, self.time_zone).frame
+            frames = GroupFrames(
+                groups.table, groups.starts, self.time_zone, per_group_integers=False
+            )
+            cut = frames.frame
             return lambda s, e: iter((rebuilt_from_rows(cut(s, e)),))
         rows = rows_of(groups.table, self.row_format, self.time_zone)
         return lambda s, e: iter(rows[s:e])
@@ -314,7 +317,11 @@ class TransformWithState(StatefulOperator):
         groups = group_by_key(initial, init_keys, codec)
         handler, ctx = self.processor.handleInitialState, session.ctx
         pandas = self.mode == "pandas"
-        frames = GroupFrames(groups.table, groups.starts, self.time_zone) if pandas else None
+        frames = None
+        if pandas:
+            frames = GroupFrames(
+                groups.table, groups.starts, self.time_zone, per_group_integers=False
+            )
         rows = None if pandas else rows_of(groups.table, self.row_format, self.time_zone)
         for i, (kenc, key) in enumerate(zip(groups.key_bytes, groups.keys, strict=True)):
             ctx.kenc, ctx.key = kenc, key

@@ -190,10 +190,20 @@ def _null_sensitive(t: pa.DataType) -> bool:
 
 class GroupFrames:
     """Each group's rows as a DataFrame cut from one conversion of the whole input, with the dtype
-    PySpark gives that group alone (an integer or boolean column keeps its dtype in a group
-    without nulls even if another group has some)."""
+    PySpark gives that group: a boolean column keeps ``bool`` in a group without nulls even if
+    another group has some; so does an integer column with ``per_group_integers``
+    (``applyInPandasWithState`` converts each group alone; ``transformWithStateInPandas``
+    converts a whole Arrow batch, and its integers stay ``float64`` once the batch has a null,
+    while its booleans come back as ``bool`` when the frame is rebuilt from rows)."""
 
-    def __init__(self, table: pa.Table, starts: Sequence[int], time_zone: str) -> None:
+    def __init__(
+        self,
+        table: pa.Table,
+        starts: Sequence[int],
+        time_zone: str,
+        *,
+        per_group_integers: bool = True,
+    ) -> None:
         frame = frame_of(table, time_zone)
         self._iloc = frame.iloc
         self._detach = hasattr(frame.iloc[0:0], "_is_copy")
@@ -202,6 +212,8 @@ class GroupFrames:
         for i, field in enumerate(table.schema):
             col = table.column(i)
             if not _null_sensitive(field.type) or col.null_count == 0 or not len(bounds):
+                continue
+            if pa.types.is_integer(field.type) and not per_group_integers:
                 continue
             nulls = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=np.int64)
             per_group = np.add.reduceat(nulls, bounds)
