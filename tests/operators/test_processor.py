@@ -513,3 +513,23 @@ def test_a_variable_obtained_again_after_delete_if_exists_works() -> None:
     h = processor_harness(Fresh(), key_columns=["k"], output_schema="k string, n long")
     with h:
         assert h.run(rows(("a", 1), ("a", 2))).rows == [{"k": "a", "n": 2}]
+
+
+def test_rows_are_matched_to_the_output_by_field_name_as_pyspark_does() -> None:
+    from pyspark.sql import Row
+
+    class Named(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
+            n = sum(1 for _ in rows)
+            yield Row(n=n, k=key[0])  # not the output's order
+            yield Row(k=key[0], extra="ignored")  # missing n: null; extra: dropped
+
+    h = processor_harness(Named(), key_columns=["k"], output_schema="k string, n long")
+    with h:
+        assert h.run(rows(("a", 1), ("a", 2))).rows == [
+            {"k": "a", "n": 2},
+            {"k": "a", "n": None},
+        ]

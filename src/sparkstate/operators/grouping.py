@@ -327,6 +327,8 @@ class OutputCollector:
         first = rows[0]
         if not isinstance(first, tuple):
             rows = [self._as_tuple(r) for r in rows]
+        elif hasattr(first, "__fields__"):
+            rows = self._rows_by_name(rows)
         width = len(self._names)
         try:
             columns = list(zip(*rows, strict=True))
@@ -354,6 +356,21 @@ class OutputCollector:
                 )
                 raise InvalidOutputError(msg) from exc
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _rows_by_name(self, rows: list[Any]) -> list[Any]:
+        """``Row`` objects matched to the output by field name, as PySpark's row-mode
+        ``transformWithState`` does (``asDict`` then Arrow by name: a missing field is null,
+        an extra one ignored); rows whose fields are the output's stay as they are."""
+        names = tuple(self._names)
+        out = []
+        for row in rows:
+            fields = getattr(row, "__fields__", None)
+            if fields is None or tuple(fields) == names:
+                out.append(row)
+            else:
+                values = dict(zip(fields, row, strict=True))
+                out.append(tuple(values.get(n) for n in names))
+        return out
 
     def _as_tuple(self, row: Any) -> tuple[Any, ...]:
         if isinstance(row, dict):
