@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 DEFAULT_TIME_ZONE = "UTC"
+#: Zone names whose wall clock is UTC's (no conversion needed).
+_UTC_NAMES = frozenset({"UTC", "Etc/UTC", "GMT", "Z", "+00:00", "Etc/GMT"})
 #: ``Table.to_pandas`` options of PySpark's converter for nested types.
 _NESTED_OPTIONS = {
     "date_as_object": True,
@@ -82,9 +84,9 @@ def in_session_zone(table: pa.Table, time_zone: str) -> pa.Table:
 def _local_ns(col: pa.ChunkedArray | pa.Array, time_zone: str) -> Any:
     """A timestamp column as naive nanoseconds: wall clock in ``time_zone`` if zone-aware."""
     t = col.type
-    if t.tz is not None:
+    if t.tz is not None and time_zone not in _UTC_NAMES:
         col = pc.local_timestamp(col.cast(pa.timestamp(t.unit, tz=time_zone)))
-    return col.cast(pa.timestamp("ns"))
+    return col.cast(pa.timestamp("ns"))  # a zone-aware column in UTC: its UTC wall clock
 
 
 def _nested_converter(t: pa.DataType, time_zone: str) -> Callable[[Any], Any] | None:
@@ -157,29 +159,33 @@ def _is_nested(t: pa.DataType) -> bool:
     )
 
 
-def _series(col: pa.ChunkedArray, time_zone: str) -> Any:
-    t = col.type
-    if pa.types.is_timestamp(t):
-        return _local_ns(col, time_zone).to_pandas()
-    if _is_nested(t):
-        series = col.to_pandas(**_NESTED_OPTIONS)
-        conv = _nested_converter(t, time_zone)
-        if conv is not None:
-            series = series.apply(lambda v: conv(v) if v is not None else None)
-        return series
-    return col.to_pandas()
+def _nested_series(col: pa.ChunkedArray, time_zone: str) -> Any:
+    series = col.to_pandas(**_NESTED_OPTIONS)
+    conv = _nested_converter(col.type, time_zone)
+    if conv is not None:
+        series = series.apply(lambda v: conv(v) if v is not None else None)
+    return series
 
 
 def frame_of(table: pa.Table, time_zone: str) -> Any:
-    """``table`` as the pandas DataFrame PySpark hands a pandas function (index from 0)."""
-    import pandas as pd
-
-    names = table.column_names
-    if not any(pa.types.is_timestamp(t) or _is_nested(t) for t in table.schema.types):
+    """``table`` as the pandas DataFrame PySpark hands a pandas function (index from 0): one
+    ``to_pandas`` of the table with its timestamps made naive in Arrow first; nested columns
+    converted apart and put back in their places."""
+    types = table.schema.types
+    if not any(pa.types.is_timestamp(t) or _is_nested(t) for t in types):
         return table.to_pandas()
-    columns = {i: _series(table.column(i), time_zone) for i in range(len(names))}
-    frame = pd.DataFrame(columns, index=pd.RangeIndex(table.num_rows))
-    frame.columns = pd.Index(names, dtype=object)
+    nested = [i for i, t in enumerate(types) if _is_nested(t)]
+    flat = table
+    for i, t in enumerate(types):
+        if pa.types.is_timestamp(t):
+            naive = _local_ns(table.column(i), time_zone)
+            flat = flat.set_column(i, pa.field(table.schema.names[i], naive.type), naive)
+    if nested:
+        flat = flat.select([i for i in range(len(types)) if i not in nested])
+    frame = flat.to_pandas()
+    for i in nested:
+        name = table.schema.names[i]
+        frame.insert(i, name, _nested_series(table.column(i), time_zone), allow_duplicates=True)
     return frame
 
 
@@ -205,34 +211,50 @@ class GroupFrames:
         per_group_integers: bool = True,
     ) -> None:
         frame = frame_of(table, time_zone)
-        self._iloc = frame.iloc
         self._detach = hasattr(frame.iloc[0:0], "_is_copy")
+        self._starts = np.asarray(starts[:-1], dtype=np.int64)
+        self._ilocs = [frame.iloc]
+        #: Per group: which frame its rows are cut from (0: as converted; 1: the fixable columns
+        #: without nulls; -1: some of them fixed one by one, ``_fixes``).
+        self._choice: np.ndarray | None = None
         self._fixes: list[tuple[int, Any, np.ndarray]] = []
-        bounds = np.asarray(starts[:-1], dtype=np.int64)
+        clean_in: list[np.ndarray] = []
+        filled = table
         for i, field in enumerate(table.schema):
             col = table.column(i)
-            if not _null_sensitive(field.type) or col.null_count == 0 or not len(bounds):
+            if not _null_sensitive(field.type) or col.null_count == 0 or not len(self._starts):
                 continue
             if pa.types.is_integer(field.type) and not per_group_integers:
                 continue
             nulls = np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=np.int64)
-            per_group = np.add.reduceat(nulls, bounds)
-            clean = np.flatnonzero(per_group == 0)
-            if len(clean):
+            clean = np.add.reduceat(nulls, self._starts) == 0
+            if clean.any():
+                clean_in.append(clean)
                 dtype = pa.schema([field]).empty_table().to_pandas().dtypes.iloc[0]
-                self._fixes.append((i, dtype, bounds[clean]))
+                self._fixes.append((i, dtype, clean))
+                filler = pa.scalar(False if pa.types.is_boolean(field.type) else 0, field.type)
+                filled = filled.set_column(i, field, col.fill_null(filler))
+        if clean_in:
+            stacked = np.vstack(clean_in)
+            self._choice = np.where(stacked.all(axis=0), 1, np.where(stacked.any(axis=0), -1, 0))
+            # a group without nulls in those columns takes their values where they were filled
+            self._ilocs.append(frame_of(filled, time_zone).iloc)
 
     def frame(self, start: int, end: int) -> Any:
         import pandas as pd
 
-        frame = self._iloc[start:end]
+        choice, group = 0, -1
+        if self._choice is not None:
+            group = int(np.searchsorted(self._starts, start))
+            choice = int(self._choice[group])
+        frame = self._ilocs[max(choice, 0)][start:end]
         frame.index = pd.RangeIndex(end - start)
         if self._detach:  # the user owns it: no SettingWithCopyWarning (groups never overlap)
             frame._is_copy = None
-        for i, dtype, clean_starts in self._fixes:
-            pos = np.searchsorted(clean_starts, start)
-            if pos < len(clean_starts) and clean_starts[pos] == start:
-                frame.isetitem(i, frame.iloc[:, i].astype(dtype))
+        if choice < 0:
+            for i, dtype, clean in self._fixes:
+                if clean[group]:
+                    frame.isetitem(i, frame.iloc[:, i].astype(dtype))
         return frame
 
     def iterators(self) -> Callable[[int, int], Iterator[Any]]:
