@@ -216,7 +216,7 @@ class GroupFrames:
         self._ilocs = [frame.iloc]
         #: Per group: which frame its rows are cut from (0: as converted; 1: the fixable columns
         #: without nulls; -1: some of them fixed one by one, ``_fixes``).
-        self._choice: np.ndarray | None = None
+        self._choice: dict[int, int] = {}
         self._fixes: list[tuple[int, Any, np.ndarray]] = []
         clean_in: list[np.ndarray] = []
         filled = table
@@ -236,22 +236,21 @@ class GroupFrames:
                 filled = filled.set_column(i, field, col.fill_null(filler))
         if clean_in:
             stacked = np.vstack(clean_in)
-            self._choice = np.where(stacked.all(axis=0), 1, np.where(stacked.any(axis=0), -1, 0))
+            choice = np.where(stacked.all(axis=0), 1, np.where(stacked.any(axis=0), -1, 0))
+            self._choice = dict(zip(self._starts.tolist(), choice.tolist(), strict=True))
             # a group without nulls in those columns takes their values where they were filled
             self._ilocs.append(frame_of(filled, time_zone).iloc)
 
     def frame(self, start: int, end: int) -> Any:
         import pandas as pd
 
-        choice, group = 0, -1
-        if self._choice is not None:
-            group = int(np.searchsorted(self._starts, start))
-            choice = int(self._choice[group])
+        choice = self._choice.get(start, 0) if self._choice else 0
         frame = self._ilocs[max(choice, 0)][start:end]
         frame.index = pd.RangeIndex(end - start)
         if self._detach:  # the user owns it: no SettingWithCopyWarning (groups never overlap)
             frame._is_copy = None
         if choice < 0:
+            group = int(np.searchsorted(self._starts, start))
             for i, dtype, clean in self._fixes:
                 if clean[group]:
                     frame.isetitem(i, frame.iloc[:, i].astype(dtype))
