@@ -424,10 +424,9 @@ def test_pandas_output_types_nan_and_column_order() -> None:
                     "x": [float("nan"), 1.5],
                     "at": pd.to_datetime(["2024-01-01 00:00:01", None]),
                     "k": [key[0], key[0]],
-                    "extra": [0, 0],
                 }
             )
-        yield pd.DataFrame({"a": [key[0]], "b": [2.0], "c": [pd.Timestamp("2024-01-02")]})
+        yield pd.DataFrame([[key[0], 2.0, pd.Timestamp("2024-01-02")]])  # labels 0, 1, 2
 
     h = group_state_harness(
         f,
@@ -442,3 +441,45 @@ def test_pandas_output_types_nan_and_column_order() -> None:
             {"k": "a", "x": 1.5, "at": None},
             {"k": "a", "x": 2.0, "at": datetime.datetime(2024, 1, 2)},  # by position
         ]
+
+
+def test_each_key_frame_is_typed_as_pyspark_types_it_in_the_session_time_zone() -> None:
+    def f(key: Any, frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[Any]:
+        for frame in frames:
+            kinds = ",".join(f"{c}:{t}" for c, t in frame.dtypes.items())
+            yield pd.DataFrame(
+                {
+                    "k": [key[0]],
+                    "kinds": [kinds],
+                    "secs": [int(frame["ts"].astype("int64").iloc[0] // 10**9)],
+                    "later": [frame["ts"].iloc[0] + pd.Timedelta(hours=1)],
+                }
+            )
+
+    h = group_state_harness(
+        f,
+        key_columns=["k"],
+        output_schema="k string, kinds string, secs long, later timestamp",
+        state_schema="n long",
+        pandas=True,
+        input_schema="k string, ts timestamp, n int, flag boolean",
+        time_zone="America/Los_Angeles",
+    )
+    utc = datetime.UTC
+    noon = datetime.datetime(2024, 7, 1, 19, 0, tzinfo=utc)  # 12:00 in Los Angeles
+    data = pa.table(
+        {
+            "k": ["a", "b", "b"],
+            "ts": pa.array([noon, noon, noon], pa.timestamp("us", tz="UTC")),
+            "n": pa.array([1, None, 2], pa.int32()),
+            "flag": [True, None, False],
+        }
+    )
+    with h:
+        out = {r["k"]: r for r in h.run(data).rows}
+    assert out["a"]["kinds"] == "k:object,ts:datetime64[ns],n:int32,flag:bool"
+    assert out["b"]["kinds"] == "k:object,ts:datetime64[ns],n:float64,flag:object"
+    wall_clock = datetime.datetime(2024, 7, 1, 12, 0, tzinfo=utc)
+    assert out["a"]["secs"] == int(wall_clock.timestamp())
+    # a naive timestamp returned is wall clock in the session zone: 13:00 there, 20:00 UTC
+    assert out["a"]["later"].astimezone(utc) == datetime.datetime(2024, 7, 1, 20, 0, tzinfo=utc)

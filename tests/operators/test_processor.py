@@ -15,6 +15,7 @@ from sparkstate.operators.processor import StatefulProcessor
 from sparkstate.operators.state_errors import (
     InvalidOutputError,
     InvalidStateValueError,
+    StateVariableDeletedError,
     UnsupportedStateOperationError,
 )
 from sparkstate.operators.state_vars import ValueState
@@ -443,3 +444,92 @@ def test_which_queries_need_batches_without_data() -> None:
     assert make("ProcessingTime").time_trigger() == "processing"  # a batch when a timer is due
     assert requested("EventTime", True)
     assert not requested("EventTime", False)
+
+
+def test_a_variable_obtained_before_delete_if_exists_fails_as_in_pyspark() -> None:
+    class Stale(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.count = handle.getValueState("count", "n long")
+            self.seen = handle.getListState("seen", "v long")
+            self.names = handle.getMapState("names", "name string", "n long")
+            for name in ("count", "seen", "names"):
+                handle.deleteIfExists(name)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
+            assert list(self.seen.get()) == []  # PySpark's iterators just end
+            assert list(self.names.keys()) == []
+            self.count.get()
+            return iter(())
+
+    h = processor_harness(Stale(), key_columns=["k"], output_schema="k string, n long")
+    message = r"^Error getting value state: Value state count is not initialized\."
+    with h, pytest.raises(StateVariableDeletedError, match=message) as info:
+        h.run(rows(("a", 1)))
+    assert isinstance(info.value, RuntimeError)  # PySpark raises PySparkRuntimeError
+
+
+def test_each_use_of_a_deleted_variable_names_its_operation() -> None:
+    calls = {
+        "update": lambda p: p.count.update((1,)),
+        "exists": lambda p: p.seen.exists(),
+        "append": lambda p: p.seen.appendValue((1,)),
+        "map-get": lambda p: p.names.getValue("x"),
+        "map-clear": lambda p: p.names.clear(),
+    }
+    expected = {
+        "update": "Error updating value state: Value state count is not initialized.",
+        "exists": "Error checking value state exists: List state seen is not initialized.",
+        "append": "Error updating value state: List state seen is not initialized.",
+        "map-get": "Error getting value: Map state names is not initialized.",
+        "map-clear": "Error clearing map state: Map state names is not initialized.",
+    }
+    for name, call in calls.items():
+
+        class Stale(StatefulProcessor):
+            def init(self, handle: Any) -> None:
+                self.count = handle.getValueState("count", "n long")
+                self.seen = handle.getListState("seen", "v long")
+                self.names = handle.getMapState("names", "name string", "n long")
+                for var in ("count", "seen", "names"):
+                    handle.deleteIfExists(var)
+
+            def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
+                call(self)  # noqa: B023 - run within the loop's iteration
+                return iter(())
+
+        h = processor_harness(Stale(), key_columns=["k"], output_schema="k string, n long")
+        with h, pytest.raises(StateVariableDeletedError) as info:
+            h.run(rows(("a", 1)))
+        assert str(info.value) == expected[name]
+
+
+def test_a_variable_obtained_again_after_delete_if_exists_works() -> None:
+    class Fresh(Count):
+        def init(self, handle: Any) -> None:
+            handle.getValueState("count", "n long")
+            handle.deleteIfExists("count")
+            super().init(handle)
+
+    h = processor_harness(Fresh(), key_columns=["k"], output_schema="k string, n long")
+    with h:
+        assert h.run(rows(("a", 1), ("a", 2))).rows == [{"k": "a", "n": 2}]
+
+
+def test_rows_are_matched_to_the_output_by_field_name_as_pyspark_does() -> None:
+    from pyspark.sql import Row
+
+    class Named(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            pass
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
+            n = sum(1 for _ in rows)
+            yield Row(n=n, k=key[0])  # not the output's order
+            yield Row(k=key[0], extra="ignored")  # missing n: null; extra: dropped
+
+    h = processor_harness(Named(), key_columns=["k"], output_schema="k string, n long")
+    with h:
+        assert h.run(rows(("a", 1), ("a", 2))).rows == [
+            {"k": "a", "n": 2},
+            {"k": "a", "n": None},
+        ]

@@ -73,6 +73,18 @@ def stream(df: DataFrame) -> StatefulStream:
     return StatefulStream(df, watermarks=declared_watermarks(df))
 
 
+def column_name_of(df: DataFrame, key: Any) -> Any:
+    """A grouping ``Column`` that is a plain reference to one of ``df``'s columns, as that
+    column's name (as Spark resolves ``groupBy(df["k"])``); anything else as it is."""
+    if isinstance(key, str):
+        return key
+    try:
+        name = df.select(key).columns[0]
+    except Exception:  # noqa: BLE001 - not a column of df: the planner explains
+        return key
+    return name if name in df.columns else key
+
+
 def declared_watermarks(df: DataFrame) -> tuple[WatermarkSpec, ...]:
     """The watermark declared on ``df`` itself (``df.withWatermark(...)`` before wrapping).
 
@@ -295,6 +307,8 @@ class GroupedStream:
         if not callable(step.func) and step.api in ARBITRARY_FUNCTION_APIS:
             msg = f"{step.api}: func must be callable, got {step.func!r}"
             raise ConfigurationError(msg)
+        keys = tuple(column_name_of(self.parent.df, k) for k in step.keys)
+        step = dataclasses.replace(step, keys=keys)
         return dataclasses.replace(self.parent, steps=(*self.parent.steps, step))
 
     def applyInPandasWithState(  # noqa: N802 - PySpark's names

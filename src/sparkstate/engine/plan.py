@@ -30,6 +30,7 @@ from sparkstate.engine.aggregate_plan import (
     spark_twin,
 )
 from sparkstate.engine.initial_state import InitialState, plan_initial_state
+from sparkstate.engine.user_state import SPARK_GROUP_STATES
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow
 from sparkstate.operators.aggregate import (
@@ -507,6 +508,11 @@ def _plan_limit(
     return Stage(op_id, operator, df.schema, [LIMIT_KEY], prepare), df
 
 
+def session_time_zone(df: DataFrame) -> str:
+    """``spark.sql.session.timeZone``: the zone user functions see timestamps in."""
+    return str(df.sparkSession.conf.get("spark.sql.session.timeZone"))
+
+
 def _struct_of(schema: Any, what: str) -> StructType:
     """A Spark ``StructType`` from a StructType or a DDL string (``"key long, count long"``)."""
     if isinstance(schema, StructType):
@@ -581,6 +587,7 @@ def _plan_arbitrary(
             initial_state_key_columns=None if initial is None else initial.keys,
             initial_state_columns=None if initial is None else initial.columns,
             output_event_time_column=step.output_event_time or None,
+            time_zone=session_time_zone(df),
         )
     else:
         state_struct = step.state_schema
@@ -598,6 +605,8 @@ def _plan_arbitrary(
             step.timing,
             watermark_present=watermark_present,
             event_time_column=event_col,
+            time_zone=session_time_zone(df),
+            state_classes=SPARK_GROUP_STATES,
             **extra,
         )
     add_initial = None if initial is None else initial.add_to

@@ -60,6 +60,7 @@ from sparkstate.operators.grouping import (
 from sparkstate.operators.nested_values import user_converter
 from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
+from sparkstate.operators.user_types import DEFAULT_TIME_ZONE, empty_timed_out_frame
 from sparkstate.store.base import ColumnFamily, StateStore
 from sparkstate.store.schema_json import schema_to_json
 
@@ -123,14 +124,20 @@ class FlatMapGroupsWithState(StatefulOperator):
         watermark_present: bool = False,
         event_time_column: str | None = None,
         row_format: str = "tuple",
+        time_zone: str = DEFAULT_TIME_ZONE,
+        state_classes: tuple[type[GroupState], type[GroupState]] | None = None,
     ) -> None:
         api = self.kind
+        #: The session time zone (``spark.sql.session.timeZone``) user functions see times in.
+        self.time_zone = time_zone
         self.func = func
         self.input_schema = input_schema
         self.key_schema = key_schema_of(input_schema, key_columns, api)
         self.output_schema = to_arrow_schema(output_schema, f"{api} output schema")
         self.state_schema, self.pickled = state_schema_of(state_schema, f"{api} state schema")
-        self._state_class = PickledGroupState if self.pickled else GroupState
+        plain, pickled = state_classes or (GroupState, PickledGroupState)
+        #: What the function's ``state`` is (the engine's are PySpark's ``GroupState`` too).
+        self._state_class = pickled if self.pickled else plain
         self.output_mode = output_mode.lower()
         self.check_output_mode(self.output_mode)
         self.timeout = timeout_conf(timeout)
@@ -194,7 +201,7 @@ class FlatMapGroupsWithState(StatefulOperator):
             watermark_present=self.watermark_present,
             api=self.kind,
         )
-        out = OutputCollector(self.output_schema, f"{self.kind} function")
+        out = self._collector()
         fam = store.column_family()
         groups = group_by_key(table, self.key_schema, fam.key_codec)
         if len(groups):
@@ -278,8 +285,11 @@ class FlatMapGroupsWithState(StatefulOperator):
             exc.add_note(f"sparkstate: raised by the {self.kind} function for key {keys[i]!r}")
             raise
 
+    def _collector(self) -> OutputCollector:
+        return OutputCollector(self.output_schema, f"{self.kind} function", self.time_zone)
+
     def _group_data(self, groups: KeyGroups) -> Callable[[int, int], Any]:
-        rows = rows_of(groups.table, self.row_format)
+        rows = rows_of(groups.table, self.row_format, self.time_zone)
         return lambda start, end: rows[start:end]
 
     def _empty_data(self) -> Any:
@@ -397,6 +407,8 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
         *,
         watermark_present: bool = False,
         event_time_column: str | None = None,
+        time_zone: str = DEFAULT_TIME_ZONE,
+        state_classes: tuple[type[GroupState], type[GroupState]] | None = None,
     ) -> None:
         super().__init__(
             func,
@@ -408,13 +420,19 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
             timeout,
             watermark_present=watermark_present,
             event_time_column=event_time_column,
+            time_zone=time_zone,
+            state_classes=state_classes,
         )
 
+    def _collector(self) -> OutputCollector:
+        where = f"{self.kind} function"
+        return OutputCollector(self.output_schema, where, self.time_zone, exact_width=True)
+
     def _group_data(self, groups: KeyGroups) -> Callable[[int, int], Any]:
-        return pandas_groups(groups)
+        return pandas_groups(groups, self.time_zone)
 
     def _empty_data(self) -> Any:
-        return iter([self.input_schema.empty_table().to_pandas()])
+        return iter([empty_timed_out_frame(self.input_schema.names)])
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
         return out.frame_sink()

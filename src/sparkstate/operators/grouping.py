@@ -24,6 +24,12 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import is_late, max_event_time_ms
 from sparkstate.operators.base import OperatorMetrics
 from sparkstate.operators.state_errors import InvalidOutputError
+from sparkstate.operators.user_types import (
+    DEFAULT_TIME_ZONE,
+    GroupFrames,
+    in_session_zone,
+    to_utc,
+)
 from sparkstate.store.base import ColumnFamily
 from sparkstate.store.codec import KeyCodec
 
@@ -133,23 +139,12 @@ def group_by_key(table: pa.Table, key_schema: pa.Schema, codec: KeyCodec) -> Key
     return KeyGroups(table, key_bytes, keys, [*idx, n])
 
 
-def pandas_groups(groups: KeyGroups) -> Callable[[int, int], Iterator[Any]]:
-    """``data(start, end)``: an iterator of one DataFrame with the group's rows (index from 0),
-    cut from a single conversion of the whole input."""
-    import pandas as pd
-
-    iloc = groups.table.to_pandas().iloc
-    range_index = pd.RangeIndex
-    detach = hasattr(iloc[0:0], "_is_copy")
-
-    def data(start: int, end: int) -> Iterator[Any]:
-        frame = iloc[start:end]
-        frame.index = range_index(end - start)
-        if detach:  # the user owns it: no SettingWithCopyWarning (groups never overlap)
-            frame._is_copy = None
-        return iter((frame,))
-
-    return data
+def pandas_groups(
+    groups: KeyGroups, time_zone: str = DEFAULT_TIME_ZONE
+) -> Callable[[int, int], Iterator[Any]]:
+    """``data(start, end)``: an iterator of one DataFrame with the group's rows (index from 0)
+    typed as PySpark types them (:mod:`.user_types`), cut from one conversion of the input."""
+    return GroupFrames(groups.table, groups.starts, time_zone).iterators()
 
 
 def decode_present(fam: ColumnFamily, raws: Sequence[bytes | None]) -> list[Any]:
@@ -200,8 +195,10 @@ def make_row_class(names: Sequence[str]) -> type[tuple[Any, ...]]:
     return type("Row", (tuple,), namespace)
 
 
-def rows_of(table: pa.Table, fmt: str) -> list[Any]:
-    """All rows of ``table`` as tuples, dicts or ``Row`` objects (``fmt`` in ``ROW_FORMATS``)."""
+def rows_of(table: pa.Table, fmt: str, time_zone: str = DEFAULT_TIME_ZONE) -> list[Any]:
+    """All rows of ``table`` as tuples, dicts or ``Row`` objects (``fmt`` in ``ROW_FORMATS``),
+    timestamps aware in the session ``time_zone`` as PySpark's row-mode functions get them."""
+    table = in_session_zone(table, time_zone)
     if fmt == "dict":
         dicts: list[Any] = table.to_pylist()
         return dicts
@@ -214,21 +211,32 @@ def rows_of(table: pa.Table, fmt: str) -> list[Any]:
     return rows
 
 
-def _frame_columns(frame: Any, positions: list[int]) -> list[list[Any]]:
+def _frame_columns(frame: Any, positions: list[int], zoned: set[int], time_zone: str) -> list[Any]:
     """Python values of some columns of a DataFrame, by position (a hot path: frames returned
-    per key are tiny, so this avoids building a Series per column where pandas allows)."""
+    per key are tiny, so this avoids building a Series per column where pandas allows).
+    Columns at ``zoned`` positions of the output are zone-aware timestamps: a naive
+    ``datetime64`` there is wall clock in ``time_zone``."""
     iter_arrays = getattr(frame, "_iter_column_arrays", None)
-    if iter_arrays is None:  # not pandas 2: the public, slower way
-        return [frame.iloc[:, i].tolist() for i in positions]
-    arrays = list(iter_arrays())
+    arrays = list(iter_arrays()) if iter_arrays is not None else None
     out = []
-    for i in positions:
-        arr = arrays[i]
-        if getattr(arr.dtype, "kind", "O") in "mM":  # numpy datetimes: tolist() gives ints
-            out.append(frame.iloc[:, i].tolist())
+    for n, i in enumerate(positions):
+        arr = arrays[i] if arrays is not None else None
+        if arr is None or getattr(arr.dtype, "kind", "O") in "mM":  # tolist() gives ints
+            series = frame.iloc[:, i]
+            out.append((to_utc(series, time_zone) if n in zoned else series).tolist())
         else:
             out.append(arr.tolist())
     return out
+
+
+def _first_misfit(values: Sequence[Any], typ: pa.DataType, from_pandas: bool) -> Any:
+    """The first of ``values`` that does not convert to ``typ`` (for an error message)."""
+    for v in values:
+        try:
+            pa.array([v], type=typ, from_pandas=from_pandas)
+        except Exception:  # noqa: BLE001 - any failure is the one to show
+            return v
+    return None
 
 
 class OutputCollector:
@@ -236,9 +244,18 @@ class OutputCollector:
 
     ``sink()`` takes iterables of tuples (positional), dicts (by name) or objects with
     ``asDict()``; ``add_frame`` takes a pandas DataFrame. ``where`` names the function in errors.
+    ``time_zone`` is the session time zone naive timestamps of returned frames are read in;
+    ``exact_width``: a frame must have as many columns as the schema (``applyInPandasWithState``).
     """
 
-    def __init__(self, schema: pa.Schema, where: str) -> None:
+    def __init__(
+        self,
+        schema: pa.Schema,
+        where: str,
+        time_zone: str = DEFAULT_TIME_ZONE,
+        *,
+        exact_width: bool = False,
+    ) -> None:
         self.schema = schema
         self.where = where
         self.num_rows = 0
@@ -246,25 +263,47 @@ class OutputCollector:
         self._batches: list[pa.RecordBatch] = []
         self._names = schema.names
         self._from_pandas = False
+        self._time_zone = time_zone
+        self._exact_width = exact_width
+        self._zoned = {
+            n for n, t in enumerate(schema.types) if pa.types.is_timestamp(t) and t.tz is not None
+        }
 
     def add_frame(self, frame: Any) -> None:
-        """A pandas DataFrame: columns by name if all output fields are there, else by position.
+        """A pandas DataFrame, its columns matched as PySpark matches them: by name when any
+        label is a string, else by position. NaN and NaT become nulls, as PySpark converts them.
 
         Its values join the pending rows (``tolist`` per column: far cheaper than an Arrow
-        conversion per small frame); NaN and NaT become nulls, as PySpark converts them.
+        conversion per small frame).
         """
         if not hasattr(frame, "columns"):
             msg = f"{self.where} must yield pandas.DataFrame objects, got {type(frame).__name__}"
             raise InvalidOutputError(msg)
-        if len(frame) == 0:
-            return
         labels = list(frame.columns)
         names = self._names
+        if self._exact_width and len(labels) != len(names) and not (not labels and frame.empty):
+            msg = (
+                "[RESULT_COLUMN_SCHEMA_MISMATCH] Number of columns of the returned data doesn't "
+                f"match specified schema. Expected: {len(names)} Actual: {len(labels)} "
+                f"({self.where} returned columns {[str(c) for c in labels]}; the output "
+                f"schema has {names})"
+            )
+            raise InvalidOutputError(msg)
+        if len(frame) == 0:
+            return
         if labels == names:
             positions = list(range(len(names)))
-        elif frame.columns.is_unique and all(n in labels for n in names):
+        elif any(isinstance(c, str) for c in labels):
+            missing = [n for n in names if n not in labels]
+            if missing:
+                msg = (
+                    f"{self.where} returned a DataFrame without column(s) {missing}: it has "
+                    f"{[str(c) for c in labels]}; the output schema has {names} (columns are "
+                    "matched by name when the DataFrame's labels are strings, as in PySpark)"
+                )
+                raise InvalidOutputError(msg)
             positions = [labels.index(n) for n in names]
-        elif len(labels) == len(names):
+        elif len(labels) >= len(names):
             positions = list(range(len(names)))
         else:
             msg = (
@@ -272,7 +311,7 @@ class OutputCollector:
                 f"the output schema has {len(names)} fields {names}"
             )
             raise InvalidOutputError(msg)
-        columns = _frame_columns(frame, positions)
+        columns = _frame_columns(frame, positions, self._zoned, self._time_zone)
         self._from_pandas = True
         self._rows.extend(zip(*columns, strict=True))
         if len(self._rows) >= OUTPUT_CHUNK:
@@ -288,6 +327,8 @@ class OutputCollector:
         first = rows[0]
         if not isinstance(first, tuple):
             rows = [self._as_tuple(r) for r in rows]
+        elif hasattr(first, "__fields__"):
+            rows = self._rows_by_name(rows)
         width = len(self._names)
         try:
             columns = list(zip(*rows, strict=True))
@@ -296,15 +337,40 @@ class OutputCollector:
         if len(columns) != width:
             rows = [self._as_tuple(r) for r in rows]
             columns = list(zip(*rows, strict=True)) or [()] * width
-        try:
-            arrays = [
-                pa.array(c, type=f.type, from_pandas=self._from_pandas)
-                for c, f in zip(columns, self.schema, strict=True)
-            ]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-            msg = f"{self.where} returned rows that do not fit the output {self.schema}: {exc}"
-            raise InvalidOutputError(msg) from exc
+        arrays = []
+        for c, f in zip(columns, self.schema, strict=True):
+            try:
+                arrays.append(pa.array(c, type=f.type, from_pandas=self._from_pandas))
+            except (
+                pa.ArrowInvalid,
+                pa.ArrowTypeError,
+                TypeError,
+                ValueError,
+                OverflowError,
+            ) as exc:
+                sample = _first_misfit(c, f.type, self._from_pandas)
+                msg = (
+                    f"{self.where} returned a value for the output column {f.name!r} that does "
+                    f"not convert to its type {f.type} (e.g. {sample!r} of type "
+                    f"{type(sample).__name__}): {exc}"
+                )
+                raise InvalidOutputError(msg) from exc
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _rows_by_name(self, rows: list[Any]) -> list[Any]:
+        """``Row`` objects matched to the output by field name, as PySpark's row-mode
+        ``transformWithState`` does (``asDict`` then Arrow by name: a missing field is null,
+        an extra one ignored); rows whose fields are the output's stay as they are."""
+        names = tuple(self._names)
+        out = []
+        for row in rows:
+            fields = getattr(row, "__fields__", None)
+            if fields is None or tuple(fields) == names:
+                out.append(row)
+            else:
+                values = dict(zip(fields, row, strict=True))
+                out.append(tuple(values.get(n) for n in names))
+        return out
 
     def _as_tuple(self, row: Any) -> tuple[Any, ...]:
         if isinstance(row, dict):

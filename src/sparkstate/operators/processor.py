@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
+from sparkstate.operators.deleted_vars import retire
 from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.state_collections import ListState, MapState
 from sparkstate.operators.state_errors import UnsupportedStateOperationError
@@ -111,6 +112,8 @@ class _HandleBase:
         self.time_mode = time_mode
         self.stage = CREATED
         self.specs: dict[str, VarSpec] = {}
+        #: Variables ``deleteIfExists`` deleted in this ``init``: created again, they are new.
+        self.deleted: set[str] = set()
 
     def _declare(self, spec: VarSpec) -> VarSpec:
         if self.stage != CREATED:
@@ -119,10 +122,11 @@ class _HandleBase:
                 f"{_STAGE_NAMES[self.stage]}: create state variables in init()"
             )
             raise UnsupportedStateOperationError(msg)
-        if spec.name in self.specs:
+        if spec.name in self.specs and spec.name not in self.deleted:
             msg = f"state variable {spec.name!r} is defined twice in init()"
             raise UnsupportedStateOperationError(msg)
         self.specs[spec.name] = spec
+        self.deleted.discard(spec.name)
         return spec
 
     def getValueState(  # noqa: N802
@@ -196,7 +200,8 @@ class _DeclaringHandle(_HandleBase):
         return iter(())
 
     def deleteIfExists(self, stateName: str) -> None:  # noqa: N802, N803
-        """Nothing to delete while planning."""
+        """Nothing to delete while planning (the variable may be created again)."""
+        self.deleted.add(stateName)
 
 
 def declare_state(processor: Any, time_mode: str) -> dict[str, VarSpec]:
@@ -247,7 +252,11 @@ class ProcessorSession:
         return sum(var.evict_expired() for var in self.vars.values())
 
     def purge(self, name: str) -> int:
-        """Delete every entry of a column family (``deleteIfExists``); 0 if there is none."""
+        """Delete every entry of a column family (``deleteIfExists``); 0 if there is none.
+        A variable object of that name obtained before fails from now on, as in Spark."""
+        var = self.vars.pop(name, None)
+        if var is not None:
+            retire(var)
         try:
             self.store.column_family(name)
         except ValueError:
@@ -306,3 +315,4 @@ class StatefulProcessorHandle(_HandleBase):
             msg = f"cannot delete state variable {stateName!r} outside init()"
             raise UnsupportedStateOperationError(msg)
         self._session.purge(stateName)
+        self.deleted.add(stateName)

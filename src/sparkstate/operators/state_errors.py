@@ -8,9 +8,10 @@ same misuse derives from, so ``except ValueError`` in a ported function keeps wo
         ├── StateNotExistsError (ValueError)            GroupState.get on an absent state
         ├── InvalidStateValueError (ValueError)         None state, non-positive duration, ...
         ├── InvalidOutputError (ValueError)             returned rows that do not fit the output
-        └── UnsupportedStateOperationError (RuntimeError)
-                                                        not allowed in this timeout/time mode
-                                                        or at this point of the processor's life
+        ├── UnsupportedStateOperationError (RuntimeError)
+        │                                               not allowed in this timeout/time mode
+        │                                               or at this point of the processor's life
+        └── StateVariableDeletedError (RuntimeError)    use of a variable after deleteIfExists
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = [
     "InvalidStateValueError",
     "StateApiError",
     "StateNotExistsError",
+    "StateVariableDeletedError",
     "UnsupportedStateOperationError",
 ]
 
@@ -44,3 +46,7 @@ class InvalidOutputError(StateApiError, ValueError):
 
 class UnsupportedStateOperationError(StateApiError, RuntimeError):
     """An operation the configured timeout / time mode or the handle's life stage forbids."""
+
+
+class StateVariableDeletedError(StateApiError, RuntimeError):
+    """A state variable object used after ``handle.deleteIfExists`` deleted its variable."""

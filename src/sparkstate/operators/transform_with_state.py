@@ -36,7 +36,6 @@ from sparkstate.operators.grouping import (
     group_by_key,
     key_schema_of,
     on_time_rows,
-    pandas_groups,
     rows_of,
 )
 from sparkstate.operators.processor import (
@@ -60,6 +59,7 @@ from sparkstate.operators.timers import (
 )
 from sparkstate.operators.timers import time_mode as parse_time_mode
 from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
+from sparkstate.operators.user_types import DEFAULT_TIME_ZONE, GroupFrames, rebuilt_from_rows
 from sparkstate.store.base import StateStore
 
 __all__ = ["INITIAL_STATE_MARKER", "MODES", "TransformWithState"]
@@ -101,8 +101,11 @@ class TransformWithState(StatefulOperator):
         initial_state_key_columns: Sequence[str] | None = None,
         initial_state_columns: Sequence[str] | None = None,
         output_event_time_column: str | None = None,
+        time_zone: str = DEFAULT_TIME_ZONE,
     ) -> None:
         api = self.kind
+        #: The session time zone (``spark.sql.session.timeZone``) user functions see times in.
+        self.time_zone = time_zone
         if not hasattr(processor, "handleInputRows") or not hasattr(processor, "init"):
             msg = f"{api}: {processor!r} is not a StatefulProcessor (no init/handleInputRows)"
             raise ConfigurationError(msg)
@@ -225,7 +228,7 @@ class TransformWithState(StatefulOperator):
         self.processor.init(handle)
         handle.stage = INITIALIZED
         values = self._timer_values(ctx)
-        out = OutputCollector(self.output_schema, f"{self.kind} processor")
+        out = OutputCollector(self.output_schema, f"{self.kind} processor", self.time_zone)
         emit = self._emitter(out)
         if initial is not None and initial.num_rows and ctx.batch_id == 0:
             self._initial_state(initial, fam.key_codec, session, values)
@@ -294,8 +297,12 @@ class TransformWithState(StatefulOperator):
 
     def _data_of(self, groups: KeyGroups) -> Callable[[int, int], Any]:
         if self.mode == "pandas":
-            return pandas_groups(groups)
-        rows = rows_of(groups.table, self.row_format)
+            frames = GroupFrames(
+                groups.table, groups.starts, self.time_zone, per_group_integers=False
+            )
+            cut = frames.frame
+            return lambda s, e: iter((rebuilt_from_rows(cut(s, e)),))
+        rows = rows_of(groups.table, self.row_format, self.time_zone)
         return lambda s, e: iter(rows[s:e])
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
@@ -310,14 +317,18 @@ class TransformWithState(StatefulOperator):
         groups = group_by_key(initial, init_keys, codec)
         handler, ctx = self.processor.handleInitialState, session.ctx
         pandas = self.mode == "pandas"
-        frame = groups.table.to_pandas() if pandas else None
-        rows = None if pandas else rows_of(groups.table, self.row_format)
+        frames = None
+        if pandas:
+            frames = GroupFrames(
+                groups.table, groups.starts, self.time_zone, per_group_integers=False
+            )
+        rows = None if pandas else rows_of(groups.table, self.row_format, self.time_zone)
         for i, (kenc, key) in enumerate(zip(groups.key_bytes, groups.keys, strict=True)):
             ctx.kenc, ctx.key = kenc, key
             s, e = groups.starts[i], groups.starts[i + 1]
             try:
-                if frame is not None:
-                    handler(key, frame.iloc[s:e].reset_index(drop=True), values)
+                if frames is not None:
+                    handler(key, rebuilt_from_rows(frames.frame(s, e)), values)
                 else:
                     for row in rows[s:e]:  # type: ignore[index]
                         handler(key, row, values)

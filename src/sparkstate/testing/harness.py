@@ -344,11 +344,14 @@ def group_state_harness(
     watermark: bool = False,
     watermark_delay_ms: int | None = None,
     output_mode: str = "update",
+    time_zone: str = "UTC",
     **options: Any,
 ) -> OperatorHarness:
     """A harness for an ``applyInPandasWithState`` (``pandas=True``) or row-based function.
 
-    ``watermark=True`` (implied by ``watermark_delay_ms``) tells the function a watermark exists.
+    ``watermark=True`` (implied by ``watermark_delay_ms``) tells the function a watermark exists;
+    ``time_zone`` is the session time zone (``spark.sql.session.timeZone``) the function sees
+    timestamps in.
     """
     present = watermark or watermark_delay_ms is not None
 
@@ -364,6 +367,7 @@ def group_state_harness(
                 timeout,
                 watermark_present=present,
                 event_time_column=event_time_column,
+                time_zone=time_zone,
             )
         return FlatMapGroupsWithState(
             func,
@@ -376,6 +380,7 @@ def group_state_harness(
             watermark_present=present,
             event_time_column=event_time_column,
             row_format=row_format,
+            time_zone=time_zone,
         )
 
     return OperatorHarness(
