@@ -243,9 +243,7 @@ def test_apply_in_pandas_with_state_python_worker_random_failure(
         yield pd.DataFrame({"value": [key[0]], "count": [count]})
 
     def run_query() -> Any:
-        df = spark.readStream.format("text").option("maxFilesPerTrigger", "1").load(
-            str(input_path)
-        )
+        df = spark.readStream.format("text").option("maxFilesPerTrigger", "1").load(str(input_path))
         assert df.isStreaming
         return (
             wrap(df)
