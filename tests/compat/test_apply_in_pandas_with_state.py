@@ -1,10 +1,11 @@
 """Spark's ``test_pandas_grouped_map_with_state.py`` (``applyInPandasWithState``), ported.
 
 Re-stated from ``python/pyspark/sql/tests/pandas/test_pandas_grouped_map_with_state.py`` in
-Apache Spark (the version at commit 08b1495dc235, the newest stored: the mixin with seven
-cases). Every case keeps Spark's input files, function, output and state schemas, output mode,
-timeout and per-batch assertions; only the query's input is wrapped (``ss.stream(df)``) and a
-checkpoint added where Spark's test has none. Each runs on both providers.
+Apache Spark (the version at commit 08b1495dc235: of the stored versions, the mixin with the
+most cases, seven). Every case keeps Spark's input files, function, output and state schemas,
+output mode, timeout and per-batch assertions; only the query's input is wrapped
+(``ss.stream(df)``) and a checkpoint added where Spark's test has none. Each runs on both
+providers.
 
 ================================================================  ========================
 Spark's case                                                      here

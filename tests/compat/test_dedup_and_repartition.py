@@ -4,10 +4,11 @@ Re-stated from Apache Spark's ``python/pyspark/sql/tests/streaming/test_streamin
 of the stored ``StreamingTestsMixin`` with ``test_streaming_drop_duplicate_within_watermark``;
 its other cases run no stateful operator) and
 ``python/pyspark/sql/tests/streaming/test_streaming_offline_state_repartition.py`` (commit
-6417a9390373, the newest stored). Only the query's input is wrapped; Spark's
-``spark._streamingCheckpointManager.repartition(checkpoint, n)`` is ``ss.repartition(spark,
-checkpoint, n)``. The repartition cases run with their suite's three shuffle partitions; the
-stream-running cases run on both providers, the three refusals (no query, no state) once.
+6417a9390373 as stored, with the multiple-state-variable cases). Only the query's input is
+wrapped; Spark's ``spark._streamingCheckpointManager.repartition(checkpoint, n)`` is
+``ss.repartition(spark, checkpoint, n)``. The repartition cases run with their suite's three
+shuffle partitions; the stream-running cases run on both providers, the three refusals (no
+query, no state) once.
 
 =========================================================  ====================================
 Spark's case                                               here

@@ -2,7 +2,7 @@
 
 Re-stated from Apache Spark's
 ``python/pyspark/sql/tests/pandas/streaming/test_pandas_transform_with_state_state_variable.py``
-(commit ea1eae76bd3a, the newest stored) and its row-mode twin
+(commit ea1eae76bd3a as stored) and its row-mode twin
 ``.../streaming/test_transform_with_state_state_variable.py`` (commit 611b1b43cfd4), which runs
 the same mixin with ``use_pandas() == False``; the processors are those of
 ``.../helper/helper_pandas_transform_with_state.py`` (``state_variable_processors.py`` here).
