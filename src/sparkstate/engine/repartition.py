@@ -71,6 +71,7 @@ def repartition(
     side, and a query running there is found when the rescale starts (the client cannot hold
     the checkpoint's lock for the whole rescale).
     """
+    _check_arguments(checkpoint_location, num_partitions)
     if is_connect(spark):  # the server's side reaches the checkpoint; the job runs from here
         return rescale_locked(
             spark,
@@ -93,6 +94,24 @@ def repartition(
         )
     finally:
         lock.release()
+
+
+def _check_arguments(checkpoint_location: Any, num_partitions: Any) -> None:
+    """Spark's refusals of a missing location or a count below one, under its error classes
+    (a user's handler that matches on them keeps working)."""
+    if checkpoint_location is None:
+        msg = "[STATE_REPARTITION_INVALID_PARAMETER.IS_NULL] the checkpoint location is None"
+        raise ConfigurationError(msg)
+    if isinstance(checkpoint_location, str) and not checkpoint_location.strip():
+        msg = "[STATE_REPARTITION_INVALID_PARAMETER.IS_EMPTY] the checkpoint location is empty"
+        raise ConfigurationError(msg)
+    counted = isinstance(num_partitions, int) and not isinstance(num_partitions, bool)
+    if counted and num_partitions < 1:
+        msg = (
+            "[STATE_REPARTITION_INVALID_PARAMETER.IS_NOT_GREATER_THAN_ZERO] the number of "
+            f"partitions must be at least 1, got {num_partitions}"
+        )
+        raise ConfigurationError(msg)
 
 
 def rescale_locked(
