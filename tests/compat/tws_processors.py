@@ -8,6 +8,7 @@ state variables, schemas, TTLs, timers and in-processor assertions as Spark's.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import sys
@@ -27,6 +28,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 INT_VALUE = StructType([StructField("value", IntegerType(), True)])
@@ -506,3 +508,217 @@ class UpcastState(_Evolving):
             id_val += self.state.get()[0] + 1
         self.state.update((id_val, name))
         return {"id": id_val, "name": name}
+
+
+# The processors of Spark's state-variable tests
+# (python/pyspark/sql/tests/pandas/streaming/test_pandas_transform_with_state_state_variable.py).
+
+
+class ViolationsCountTTL(ViolationsCount):
+    """ViolationsCount with a 30 s TTL on its count (Spark's SimpleTTLStatefulProcessor)."""
+
+    def init(self, handle: Any) -> None:
+        self.violations = handle.getValueState("numViolations", INT_VALUE, 30000)
+        self.temp_state = handle.getValueState("tempState", INT_VALUE)
+        handle.deleteIfExists("tempState")
+        self.seen_batch = 0
+
+
+class NeverSetValue(Base):
+    """Reads, and clears, a value state it never sets (Spark's InvalidSimpleStatefulProcessor)."""
+
+    def init(self, handle: Any) -> None:
+        self.violations = handle.getValueState("numViolations", INT_VALUE)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        assert not self.violations.exists()
+        assert self.violations.get() is None
+        self.violations.clear()
+        yield _out(self.pandas, id=key[0], countAsString="0")
+
+
+TEMPERATURE = StructType([StructField("temperature", IntegerType(), True)])
+TIME = StructType([StructField("time", TimestampType(), True)])
+
+
+class ListStates(Base):
+    """Two list states written with put/appendValue/appendList and read through interleaved
+    iterators, plus a list of timestamps (Spark's ListStateProcessor; ``ttl``: its
+    ListStateLargeTTLProcessor)."""
+
+    first, second = 120, 20
+
+    def __init__(self, pandas: bool, ttl: bool = False) -> None:
+        super().__init__(pandas)
+        self.ttl = ttl
+
+    def init(self, handle: Any) -> None:
+        ttl = (30000,) if self.ttl else ()
+        self.list_state1 = handle.getListState("listState1", TEMPERATURE, *ttl)
+        self.list_state2 = handle.getListState("listState2", TEMPERATURE, *ttl)
+        self.list_state_timestamp = handle.getListState("listStateTimestamp", TIME)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        count = 0
+        times = []
+        for item in rows:  # a frame (pandas) or a Row: the lists are rewritten for each
+            pair = [(self.first,), (self.second,)]
+            self.list_state1.put(pair)
+            self.list_state2.put(pair)
+            self.list_state1.appendValue((111,))
+            self.list_state2.appendValue((222,))
+            self.list_state1.appendList(pair)
+            self.list_state2.appendList(pair)
+            if self.pandas:
+                count += int(item["temperature"].count())
+            elif item.temperature is not None:
+                count += 1
+            now = datetime.datetime.fromtimestamp(timerValues.getCurrentProcessingTimeInMs() / 1000)
+            times.append((now + datetime.timedelta(minutes=1),))
+        iter1, iter2 = self.list_state1.get(), self.list_state2.get()
+        assert next(iter1)[0] == self.first
+        assert next(iter2)[0] == self.first
+        assert next(iter1)[0] == self.second
+        assert next(iter2)[0] == self.second
+        iter3 = self.list_state1.get()  # a second iterator of one list, independent of the first
+        assert next(iter3)[0] == self.first
+        assert next(iter3)[0] == self.second
+        assert next(iter1)[0] == 111
+        assert next(iter2)[0] == 222
+        assert next(iter3)[0] == 111
+        for expected in (self.first, self.second):
+            assert next(iter1)[0] == expected
+            assert next(iter2)[0] == expected
+            assert next(iter3)[0] == expected
+        if times:
+            self.list_state_timestamp.put(times)
+        yield _out(self.pandas, id=key[0], countAsString=str(count))
+
+
+class LargeList(Base):
+    """A list of 100 (value, null) pairs, grown by 90 each batch by put (key "0") or appendList
+    (others), its size kept beside it (Spark's ListStateLargeListProcessor)."""
+
+    def init(self, handle: Any) -> None:
+        element = StructType(
+            [
+                StructField("value", IntegerType(), True),
+                StructField("valueNull", IntegerType(), True),
+            ]
+        )
+        self.list_state = handle.getListState("listState", element)
+        size = StructType([StructField("size", IntegerType(), True)])
+        self.list_size_state = handle.getValueState("listSizeState", size)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        elements = list(self.list_state.get())
+        if not elements:
+            assert self.list_size_state.get() is None
+            new = [(i, None) for i in range(100)]
+            if key == ("0",):
+                self.list_state.put(new)
+            else:
+                self.list_state.appendList(new)
+            self.list_size_state.update((len(new),))
+        else:
+            size = self.list_size_state.get()
+            assert size is not None
+            size = size[0]
+            assert size == len(elements), f"size {size} != {len(elements)} elements"
+            expected = [(i, None) for i in range(size)]
+            assert elements == expected, f"expected {expected}, got {elements}"
+            if key == ("0",):
+                new = [(i, None) for i in range(size + 90)]
+                self.list_state.put(new)
+                self.list_size_state.update((len(new),))
+            else:
+                new = [(i, None) for i in range(size, size + 90)]
+                self.list_state.appendList(new)
+                self.list_size_state.update((size + len(new),))
+        yield _out(
+            self.pandas,
+            id=key[0],
+            prevElements=",".join(str(e[0]) for e in elements),
+            updatedElements=",".join(str(e[0]) for e in self.list_state.get()),
+        )
+
+
+class MapStateCounts(Base):
+    """Counts into two map keys, then reads keys/values/iterator, removes and clears (Spark's
+    MapStateProcessor; ``ttl``: its MapStateLargeTTLProcessor, one-year TTL and struct schemas
+    plus an unused list state)."""
+
+    def __init__(self, pandas: bool, ttl: bool = False) -> None:
+        super().__init__(pandas)
+        self.ttl = ttl
+
+    def init(self, handle: Any) -> None:
+        if self.ttl:
+            name = StructType([StructField("name", StringType(), True)])
+            count = StructType([StructField("count", IntegerType(), True)])
+            self.map_state = handle.getMapState("mapState", name, count, 31536000000)
+            self.list_state = handle.getListState("listState", name)
+        else:
+            self.map_state = handle.getMapState("mapState", "name string", "count int")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        count = _non_null_count(list(rows), "temperature", self.pandas)
+        key1, key2 = ("key1",), ("key2",)
+        value1 = value2 = count
+        if self.map_state.exists():
+            if self.map_state.containsKey(key1):
+                value1 += self.map_state.getValue(key1)[0]
+            if self.map_state.containsKey(key2):
+                value2 += self.map_state.getValue(key2)[0]
+        self.map_state.updateValue(key1, (value1,))
+        self.map_state.updateValue(key2, (value2,))
+        keys = self.map_state.keys()
+        assert next(keys)[0] == "key1"
+        assert next(keys)[0] == "key2"
+        values = self.map_state.values()
+        assert next(values)[0] == value1
+        assert next(values)[0] == value2
+        entries = self.map_state.iterator()
+        assert next(entries)[0] == key1
+        assert next(entries)[1] == (value2,)
+        self.map_state.removeKey(key1)
+        assert not self.map_state.containsKey(key1)
+        assert self.map_state.exists()
+        self.map_state.clear()
+        assert not self.map_state.exists()
+        yield _out(self.pandas, id=key[0], countAsString=str(count))
+
+
+class SumWithInitialStateTimers(SumWithInitialState):
+    """SumWithInitialState whose initial state registers a processing-time timer already due
+    (Spark's StatefulProcessorWithInitialStateTimers)."""
+
+    def init(self, handle: Any) -> None:
+        super().init(handle)
+        self.handle = handle
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:  # noqa: N802,N803
+        self.handle.deleteTimer(expiredTimerInfo.getExpiryTimeInMs())
+        yield _out(
+            self.pandas, id=f"{key[0]}-expired", value=str(expiredTimerInfo.getExpiryTimeInMs())
+        )
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:  # noqa: N802,N803
+        super().handleInitialState(key, initialState, timerValues)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() - 1)
+
+
+class SumWithListInitialState(SumWithInitialState):
+    """SumWithInitialState whose initial rows (several a key) go to a list state (Spark's
+    StatefulProcessorWithListStateInitialState)."""
+
+    def init(self, handle: Any) -> None:
+        super().init(handle)
+        self.list_state = handle.getListState("list_state", INT_VALUE)
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:  # noqa: N802,N803
+        if self.pandas:
+            for value in initialState["initVal"].tolist():
+                self.list_state.appendValue((value,))
+        else:
+            self.list_state.appendValue((initialState.initVal,))
