@@ -39,17 +39,12 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from .porting import wrap, xfail_on
+from .porting import wrap
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.spark
 
-#: Spark's tests group by ``df["value"]`` and assert ``isinstance(state, GroupState)``.
-COLUMN_GROUPING = (
-    "applyInPandasWithState grouped by a Column (groupBy(df['value'])) is refused, and the "
-    "state handed to the function is not an instance of PySpark's GroupState"
-)
 
 OUTPUT = StructType([StructField("key", StringType()), StructField("countAsString", StringType())])
 STATE = StructType([StructField("c", LongType())])
@@ -99,7 +94,6 @@ def _run_basic(
 def test_apply_in_pandas_with_state_basic(
     spark: SparkSession, tmp_path: Path, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, COLUMN_GROUPING)
 
     def func(key: Any, pdf_iter: Any, state: Any) -> Iterator[pd.DataFrame]:
         assert isinstance(state, GroupState)
@@ -122,7 +116,6 @@ def test_apply_in_pandas_with_state_basic(
 def test_apply_in_pandas_with_state_basic_no_state(
     spark: SparkSession, tmp_path: Path, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, COLUMN_GROUPING)
 
     def func(key: Any, pdf_iter: Any, state: Any) -> Iterator[pd.DataFrame]:
         assert isinstance(state, GroupState)
@@ -141,7 +134,6 @@ def test_apply_in_pandas_with_state_basic_no_state(
 def test_apply_in_pandas_with_state_basic_no_state_no_data(
     spark: SparkSession, tmp_path: Path, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, COLUMN_GROUPING)
 
     def func(key: Any, pdf_iter: Any, state: Any) -> Iterator[pd.DataFrame]:
         assert isinstance(state, GroupState)
@@ -156,7 +148,6 @@ def test_apply_in_pandas_with_state_basic_no_state_no_data(
 def test_apply_in_pandas_with_state_basic_more_data(
     spark: SparkSession, tmp_path: Path, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, COLUMN_GROUPING)
 
     def func(key: Any, pdf_iter: Any, state: Any) -> Iterator[pd.DataFrame]:
         state.update((1,))
@@ -180,7 +171,6 @@ def test_apply_in_pandas_with_state_basic_more_data(
 def test_apply_in_pandas_with_state_basic_fewer_data(
     spark: SparkSession, tmp_path: Path, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, COLUMN_GROUPING)
 
     def func(key: Any, pdf_iter: Any, state: Any) -> Iterator[pd.DataFrame]:
         state.update((1,))
@@ -196,7 +186,6 @@ def test_apply_in_pandas_with_state_basic_fewer_data(
 def test_apply_in_pandas_with_state_basic_with_null(
     spark: SparkSession, tmp_path: Path, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, COLUMN_GROUPING)
 
     def func(key: Any, pdf_iter: Any, state: Any) -> Iterator[pd.DataFrame]:
         assert isinstance(state, GroupState)
@@ -218,7 +207,6 @@ def test_apply_in_pandas_with_state_python_worker_random_failure(
 ) -> None:
     """The user function kills its Python worker now and then (one call in 30); a killed query
     is started again on its checkpoint until the output holds every word's count."""
-    xfail_on(request, provider, COLUMN_GROUPING)
     input_path = tmp_path / "in"
     input_path.mkdir()
     output_path = str(tmp_path / "out")

@@ -55,14 +55,10 @@ pytestmark = pytest.mark.spark
 
 NUM_SHUFFLE_PARTITIONS = 3
 
-COLUMN_GROUPING = "applyInPandasWithState grouped by a Column (groupBy(df['value'])) is refused"
 NOT_OURS = (
     "ss.repartition refuses a directory without sparkstate/metadata.json as not a sparkstate "
     "checkpoint (runtime/rescale.py _log_of) before it looks for a committed batch, and does not "
     "name Spark's error class (STATE_REPARTITION_INVALID_CHECKPOINT.*)"
-)
-COMPOSITE_STATE = (
-    "non-scalar state types (arrays, structs, maps in value, list and map state) are refused"
 )
 
 
@@ -241,7 +237,6 @@ WORDS = ("a\nb\na\nc\n", "a\nb\nd\n", "a\nc\ne\n")
 def test_repartition_with_apply_in_pandas_with_state(
     spark: SparkSession, tmp_path: Path, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, COLUMN_GROUPING)
 
     def stateful_count_func(key: Any, pdf_iter: Any, state: Any) -> Iterator[pd.DataFrame]:
         existing = state.getOption
@@ -372,7 +367,6 @@ def test_repartition_with_streaming_tws_multiple_state_vars(
 ) -> None:
     """``..._tws_multiple_state_vars`` (row) and ``..._tws_in_pandas_multiple_state_vars``
     (pandas): value, list and map state holding arrays, structs and maps."""
-    xfail_on(request, provider, COMPOSITE_STATE)
     output = StructType(
         [
             StructField("id", StringType(), True),

@@ -57,14 +57,10 @@ from .tws_support import (
     CHUNK_OUTPUT,
     CHUNKS,
     COUNT_OUTPUT,
-    DELETE_IF_EXISTS,
     LAST_PROGRESS,
     MODES,
     NO_DATA_BATCHES,
-    NON_SCALAR_OUTPUT,
-    NON_SCALAR_STATE,
     NOT_NULLABLE_ACCEPTED,
-    PANDAS_TIMESTAMPS,
     SPARK_ONLY,
     STEP_AFTER_TWS,
     SUITE_CONF,
@@ -108,7 +104,6 @@ def mode(request: pytest.FixtureRequest) -> str:
 def test_transform_with_state_basic(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, DELETE_IF_EXISTS)
 
     def check(batch_id: int, rows: list[Any]) -> None:
         if batch_id == 0:
@@ -123,7 +118,7 @@ def test_transform_with_state_basic(
 def test_transform_with_state_query_restarts(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, DELETE_IF_EXISTS, UPDATE_UNDER_APPEND, LAST_PROGRESS)
+    expect_failure(request, UPDATE_UNDER_APPEND, LAST_PROGRESS)
     feed = TextFeed(tmp_path / "input")
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "output"
     feed.resource1()
@@ -268,14 +263,12 @@ def event_time_run(spark: Any, tmp_path: Path, provider: str, mode: str) -> None
 def test_transform_with_state_event_time(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, PANDAS_TIMESTAMPS)
     event_time_run(spark, tmp_path, provider, mode)
 
 
 def test_transform_with_state_with_wmark_and_non_event_time(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, PANDAS_TIMESTAMPS)
 
     def check(batch_id: int, rows: list[Any]) -> None:
         # min event time; the watermark filters nothing in these time modes
@@ -421,7 +414,6 @@ COMPOSITE_STATE_OUTPUT = schema(
 def test_transform_with_state_in_pandas_composite_type(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, NON_SCALAR_STATE)
 
     def dumps(value: Any) -> str:
         return json.dumps(value, sort_keys=True)
@@ -500,7 +492,6 @@ def composite_row(key: str, count: int) -> Row:
 def test_composite_output_schema(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, NON_SCALAR_OUTPUT)
 
     def check(batch_id: int, rows: list[Any]) -> None:
         got = sorted(rows, key=lambda r: r.primitiveValue)
@@ -516,7 +507,7 @@ def test_composite_output_schema(
 def test_transform_with_state_with_timers_single_partition(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, PANDAS_TIMESTAMPS, NO_DATA_BATCHES)
+    expect_failure(request, NO_DATA_BATCHES)
     with sql_conf(spark, {"spark.sql.shuffle.partitions": "1"}):
         event_time_run(spark, tmp_path / "event", provider, mode)
         proc_timer_run(spark, tmp_path / "proc", provider, mode)
@@ -548,7 +539,7 @@ def evolution_run(
 def test_schema_evolution_scenarios(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, NON_SCALAR_OUTPUT, UPCAST_REFUSED)
+    expect_failure(request, UPCAST_REFUSED)
     pandas = mode == "pandas"
     checkpoint = tmp_path / "checkpoint"
     feed = TextFeed(tmp_path / "input")
@@ -593,7 +584,7 @@ def test_schema_evolution_scenarios(
 def test_schema_evolution_fails(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, NON_SCALAR_OUTPUT, UPCAST_REFUSED)
+    expect_failure(request, UPCAST_REFUSED)
     """A long narrowed back to an int is refused on restart (Spark's case expects
     STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION)."""
     pandas = mode == "pandas"
@@ -630,7 +621,7 @@ def test_schema_evolution_fails(
 def test_not_nullable_fails(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, NON_SCALAR_OUTPUT, NOT_NULLABLE_ACCEPTED)
+    expect_failure(request, NOT_NULLABLE_ACCEPTED)
     """A state schema with a non-nullable field is refused (Spark's case expects
     TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE)."""
     feed = TextFeed(tmp_path / "input")

@@ -49,26 +49,11 @@ class Known:
 
 
 # Causes the team is fixing.
-NON_SCALAR_STATE = Known("non-scalar state types (array/struct/map) are refused")
-PANDAS_TIMESTAMPS = Known(
-    "timestamps reach pandas as datetime64[us, UTC], not PySpark's datetime64[ns] in the "
-    "session time zone",
-    modes=("pandas",),
-)
-DELETE_IF_EXISTS = Known(
-    "deleteIfExists leaves the state variable usable (exists() does not raise)"
-)
 NO_DATA_BATCHES = Known("spark.sql.streaming.noDataMicroBatches.enabled=false is ignored")
 UPDATE_UNDER_APPEND = Known("an Update-mode transformWithState under append output mode is refused")
 LAST_PROGRESS = Known("q.lastProgress is a dict, not a StreamingQueryProgress")
 STEP_AFTER_TWS = Known("a stateful step after transformWithState is refused")
-SELECT_AFTER_TWS = Known("a select after transformWithState fails")
-METADATA_TIMERS = Known("the state metadata source misses $procTimers_keyToTimestamp")
 # Causes found by this module.
-NON_SCALAR_OUTPUT = Known(
-    "array/map/struct output columns are refused: operators/schemas.py parse_type, which checks "
-    "state types, also builds the output schema ('state type ... is not supported')"
-)
 UPCAST_REFUSED = Known(
     "a state field widened from int to long is refused on restart: store/evolution.py "
     "incompatibility refuses every type change, where Spark's Avro encoding allows widening"

@@ -40,6 +40,11 @@ def test_spark_option_names_in_any_case() -> None:
         ({"path": "/c", "joinSide": "both"}, "joinSide must be 'left' or 'right'"),
         ({"path": "/c", "readChangeFeed": "yes"}, "must be true or false"),
         ({"path": "/c", "readChangeFeed": "true"}, "needs changeStartBatchId"),
+        ({"path": "/c", "snapshotPartitionId": "0"}, "go together"),
+        (
+            {"path": "/c", "snapshotPartitionId": "0", "snapshotStartBatchId": "3", "batchId": "2"},
+            "snapshotStartBatchId 3 is after batchId 2",
+        ),
         (
             {"path": "/c", "readChangeFeed": "true", "changeStartBatchId": "1", "batchId": "2"},
             "batchId does not go with readChangeFeed",

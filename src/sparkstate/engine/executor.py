@@ -11,12 +11,15 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 from pyspark import TaskContext
 
+from sparkstate.engine.user_state import use_spark_errors
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.records import TaskFailure
 from sparkstate.runtime.tasks import Attempt, TaskSpec, run_task
 
 __all__ = ["task_function"]
+
+use_spark_errors()  # this module runs in the Python workers
 
 
 def _task_identity() -> tuple[int, Attempt]:

@@ -8,11 +8,19 @@ package that imports pyspark; the operator is given them when the query is plann
 
 from __future__ import annotations
 
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.streaming.state import GroupState as PySparkGroupState
 
 from sparkstate.operators.group_state import GroupState, PickledGroupState
+from sparkstate.operators.state_errors import StateVariableDeletedError, raise_deleted_as
 
-__all__ = ["SPARK_GROUP_STATES", "SparkGroupState", "SparkPickledGroupState"]
+__all__ = [
+    "SPARK_GROUP_STATES",
+    "SparkGroupState",
+    "SparkPickledGroupState",
+    "SparkStateVariableDeletedError",
+    "use_spark_errors",
+]
 
 
 class SparkGroupState(GroupState, PySparkGroupState):  # type: ignore[misc]
@@ -32,3 +40,16 @@ SPARK_GROUP_STATES: tuple[type[GroupState], type[GroupState]] = (
     SparkGroupState,
     SparkPickledGroupState,
 )
+
+
+class SparkStateVariableDeletedError(StateVariableDeletedError, PySparkRuntimeError):  # type: ignore[misc]
+    """A deleted state variable's use, raised as PySpark raises it (``PySparkRuntimeError``)."""
+
+    def __init__(self, msg: str) -> None:
+        StateVariableDeletedError.__init__(self, msg)
+        PySparkRuntimeError.__init__(self, message=msg)
+
+
+def use_spark_errors() -> None:
+    """In a Python worker: the state API's errors are PySpark's classes too."""
+    raise_deleted_as(SparkStateVariableDeletedError)

@@ -54,6 +54,8 @@ _OPTIONS = {
     "changeendbatchid": "change_end",
     "flattencollectiontypes": "flatten",
     "readregisteredtimers": "timers",
+    "snapshotpartitionid": "snapshot_partition",
+    "snapshotstartbatchid": "snapshot_start",
 }
 
 
@@ -91,6 +93,11 @@ class ReadRequest:
     change_end: int | None = None
     flatten: bool = True
     timers: bool = False
+    #: Spark's ``snapshotPartitionId`` / ``snapshotStartBatchId``: the state of one partition,
+    #: rebuilt from the snapshot of a batch. Ours reads a version from whatever snapshot and
+    #: changelogs lead to it, so the start is checked and the rows are the same.
+    snapshot_partition: int | None = None
+    snapshot_start: int | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], location: str | None = None) -> ReadRequest:
@@ -103,8 +110,8 @@ class ReadRequest:
                 msg = (
                     f"unknown option {name!r} of the sparkstate state reader; it takes "
                     "batchId, operatorId, storeName (or stateVarName), joinSide, "
-                    "flattenCollectionTypes, readRegisteredTimers, readChangeFeed, "
-                    "changeStartBatchId, "
+                    "flattenCollectionTypes, readRegisteredTimers, snapshotPartitionId, "
+                    "snapshotStartBatchId, readChangeFeed, changeStartBatchId, "
                     f"changeEndBatchId ({len(known)} in all)"
                 )
                 raise ConfigurationError(msg)
@@ -116,7 +123,14 @@ class ReadRequest:
             raise ConfigurationError(msg)
         kwargs: dict[str, Any] = {}
         for field, (name, raw) in given.items():
-            if field in ("batch_id", "operator_id", "change_start", "change_end"):
+            if field in (
+                "batch_id",
+                "operator_id",
+                "change_start",
+                "change_end",
+                "snapshot_partition",
+                "snapshot_start",
+            ):
                 kwargs[field] = _int(name, raw)
             elif field in ("change_feed", "flatten", "timers"):
                 kwargs[field] = _bool(name, raw)
@@ -133,6 +147,19 @@ class ReadRequest:
         return request
 
     def check(self) -> None:
+        if (self.snapshot_partition is None) != (self.snapshot_start is None):
+            msg = "snapshotPartitionId and snapshotStartBatchId go together: give both or neither"
+            raise ConfigurationError(msg)
+        if self.snapshot_start is not None:
+            if self.change_feed:
+                msg = "snapshotStartBatchId does not go with readChangeFeed"
+                raise ConfigurationError(msg)
+            if self.batch_id is not None and self.snapshot_start > self.batch_id:
+                msg = (
+                    f"snapshotStartBatchId {self.snapshot_start} is after batchId "
+                    f"{self.batch_id}"
+                )
+                raise ConfigurationError(msg)
         if self.change_feed:
             if self.batch_id is not None:
                 msg = "batchId does not go with readChangeFeed: use changeStartBatchId instead"
@@ -174,6 +201,13 @@ class StateReader:
         else:
             self.batch_id = chk.last_batch() if request.batch_id is None else request.batch_id
             chk.commit(self.batch_id)  # fails clearly when the batch is not committed
+            only = request.snapshot_partition
+            if only is not None and only >= chk.partitions_at(self.batch_id):
+                msg = (
+                    f"snapshotPartitionId {only} is not a state partition of batch "
+                    f"{self.batch_id} ({chk.partitions_at(self.batch_id)} partitions)"
+                )
+                raise ConfigurationError(msg)
         self.view = self._view()
 
     def _view(self) -> StateView:
@@ -207,7 +241,11 @@ class StateReader:
         return pa.schema([*fields, PARTITION_FIELD])
 
     def read(self, partition: int) -> Iterator[pa.RecordBatch]:
-        """The rows of one state partition."""
+        """The rows of one state partition (none but the one ``snapshotPartitionId`` asks
+        for, when it is given)."""
+        only = self.request.snapshot_partition
+        if only is not None and partition != only:
+            return
         if self.request.change_feed:
             yield from self._changes(partition)
         else:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from sparkstate.operators.state_collections import ListState, MapState
-from sparkstate.operators.state_errors import StateVariableDeletedError
+from sparkstate.operators.state_errors import deleted_variable_error
 from sparkstate.operators.state_vars import StateVariable, ValueState
 
 __all__ = ["retire"]
@@ -21,7 +21,7 @@ __all__ = ["retire"]
 
 def _fail(var: StateVariable, kind: str, operation: str) -> NoReturn:
     msg = f"{operation}: {kind} state {var._name} is not initialized."
-    raise StateVariableDeletedError(msg)
+    raise deleted_variable_error(msg)
 
 
 class DeletedValueState(ValueState):

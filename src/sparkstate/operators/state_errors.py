@@ -50,3 +50,18 @@ class UnsupportedStateOperationError(StateApiError, RuntimeError):
 
 class StateVariableDeletedError(StateApiError, RuntimeError):
     """A state variable object used after ``handle.deleteIfExists`` deleted its variable."""
+
+
+#: What a deleted variable's use raises: the engine makes it a subclass that is PySpark's
+#: ``PySparkRuntimeError`` too, which users' code (and Spark's own tests) catch.
+_deleted_error: list[type[StateVariableDeletedError]] = [StateVariableDeletedError]
+
+
+def deleted_variable_error(msg: str) -> StateVariableDeletedError:
+    """The error of an operation on a variable ``deleteIfExists`` deleted."""
+    return _deleted_error[0](msg)
+
+
+def raise_deleted_as(cls: type[StateVariableDeletedError]) -> None:
+    """Make :func:`deleted_variable_error` raise ``cls`` (a subclass of the error)."""
+    _deleted_error[0] = cls
