@@ -404,6 +404,15 @@ class GroupedStream:
         return self._arbitrary(step)
 
 
+#: Spark's switch for the no-data batches stateful operators ask for (read at start, as Spark).
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+def _conf_flag(spark: Any, name: str, *, default: bool) -> bool:
+    value = spark.conf.get(name, None)
+    return default if value is None else str(value).strip().lower() == "true"
+
+
 def needs_clock(stages: list[Stage], *, legacy: bool = False) -> bool:
     """Whether the query takes the clock source (engine/clock.py): an operator needs batches
     without data. ``legacy``: the rule of checkpoints written before aggregation and
@@ -586,6 +595,7 @@ class DataStreamWriter:
             store=store,
             watermark_delays_ms=tuple(w.delay_ms for w in self._stream.watermarks),
             clock=bool(metadata["clock"]),
+            no_data_batches=_conf_flag(spark, NO_DATA_BATCHES, default=True),
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             ).lower(),
