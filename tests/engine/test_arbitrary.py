@@ -394,6 +394,48 @@ def test_event_time_timeout_matches_spark_aipws(
         assert _per_batch(ours, groups) == _per_batch(theirs, spark_groups), provider
 
 
+def test_processor_in_update_mode_runs_under_append_output_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """Spark checks a *GroupsWithState operator's outputMode against the query's, not a
+    transformWithState's: ``outputMode="Update"`` runs in an append-mode query."""
+
+    def start(stream: Any, checkpoint: Path, c: Collector, **options: str) -> Any:
+        writer = stream.writeStream.outputMode("append").foreachBatch(c)
+        for k, v in {"checkpointLocation": str(checkpoint), **options}.items():
+            writer = writer.option(k, v)
+        return writer.start()
+
+    def tws(df: Any) -> Any:
+        return df.groupBy("k").transformWithStateInPandas(
+            statefulProcessor=CountProcessor(),
+            outputStructType=OUTPUT,
+            outputMode="Update",
+            timeMode="None",
+        )
+
+    def spark_query(c: Collector) -> Any:
+        return start(tws(source(spark, feed, SCHEMA)), tmp_path / "spark", c)
+
+    def ours_query(c: Collector) -> Any:
+        stream = tws(ss.stream(source(spark, feed, SCHEMA)))
+        return start(stream, tmp_path / "ours", c, stateStore=PROVIDERS[0])
+
+    previous = spark.conf.get(PROVIDER_CONF, None)
+    spark.conf.set(PROVIDER_CONF, RocksDB)
+    try:
+        theirs, _ = _run(feed, spark_query, COUNT_BATCHES[:2])
+    finally:
+        if previous is None:
+            spark.conf.unset(PROVIDER_CONF)
+        else:
+            spark.conf.set(PROVIDER_CONF, previous)
+    ours, _ = _run(feed, ours_query, COUNT_BATCHES[:2])
+    assert theirs.batches[1] == [("b", 2, False), ("c", 1, False)]
+    assert same_schema(ours.schema, theirs.schema)
+    assert ours.batches == theirs.batches
+
+
 def test_unsupported_combinations_fail_at_start(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:

@@ -541,7 +541,9 @@ def _plan_arbitrary(
     if mode not in ("append", "update"):
         msg = f"{api}: outputMode is 'append' or 'update' (as in Spark), not {step.output_mode!r}"
         raise ConfigurationError(msg)
-    if query_mode != mode:
+    if query_mode != mode and api in ARBITRARY_FUNCTION_APIS:
+        # Spark checks the *GroupsWithState operators' mode against the query's; a
+        # transformWithState's outputMode is not checked (any pairing runs).
         msg = (
             f"{api} in {mode} mode is not supported with {query_mode} output mode on a "
             f"streaming DataFrame (as in Spark): use .writeStream.outputMode({mode!r})"
