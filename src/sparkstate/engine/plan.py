@@ -595,7 +595,19 @@ def _plan_arbitrary(
             **extra,
         )
     add_initial = None if initial is None else initial.add_to
-    return Stage(op_id, operator, out_struct, keys, lambda batch: batch, add_initial), df
+    stage = Stage(op_id, operator, out_struct, keys, lambda batch: batch, add_initial)
+    return stage, _output_shape(df, out_struct)
+
+
+def _output_shape(df: DataFrame, struct: StructType) -> DataFrame:
+    """A DataFrame of the operator's output schema, as the driver's ``mapInArrow`` makes it
+    each batch, for Spark to analyse the steps after it against (it never runs)."""
+    return df.mapInArrow(_planned_only, struct)
+
+
+def _planned_only(batches: Any) -> Any:
+    msg = "a planning placeholder ran: the driver replaces it with the operator's task"
+    raise AssertionError(msg)
 
 
 def _plan_join(op_id: int, step: JoinStep) -> tuple[Stage, DataFrame]:
