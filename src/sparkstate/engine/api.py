@@ -253,9 +253,10 @@ class GroupedStream:
 
     # --- arbitrary state (PySpark's names and arguments) ----------------------------------------
     #
-    # Grouping keys are column names; the arbitrary-state step is the last stateful step (a
-    # dropDuplicates before it is fine); the operator's outputMode must equal the query's
-    # ("append" or "update"), as Spark checks. Schemas are StructTypes or DDL strings.
+    # Grouping keys are column names; an applyInPandasWithState step is the last stateful step
+    # (a dropDuplicates before it is fine); a *GroupsWithState operator's outputMode must equal
+    # the query's ("append" or "update"), as Spark checks (a processor's is not checked).
+    # Schemas are StructTypes or DDL strings.
     #
     # Time: as in Spark, a no-data batch runs after a batch that moved the watermark (event-time
     # timeouts and timers fire there) and when a processing-time timeout or timer comes due on an
@@ -274,7 +275,9 @@ class GroupedStream:
     # keys without input included; a restart from a checkpoint does not apply it again. Spark
     # takes it with every timeMode, and so do we (engine/initial_state.py).
     # eventTimeColumnName: as in Spark, the batch fails when the processor emits a row older than
-    # the watermark in that column. Not supported yet: a stateful step after this one.
+    # the watermark in that column, and (as Spark 4) a stateful step after this one finds the
+    # watermark there: a window() of it, or a dropDuplicates over it, closes by the watermark.
+    # After applyInPandasWithState / flatMapGroupsWithState no stateful step is supported.
 
     def _arbitrary(self, step: ArbitraryStep) -> StatefulStream:
         if not callable(step.func) and step.api in ARBITRARY_FUNCTION_APIS:

@@ -673,6 +673,10 @@ def plan_stages(
         watermark = event_time if position == 0 else None
         if position > 0 and isinstance(step, DedupStep) and event_time is not None:
             watermark = _event_time_of(current)  # late rows and expiry as the first step's
+        if position > 0 and _is_processor(stateful[position - 1]) and event_time is not None:
+            # Spark 4 carries the watermark through transformWithState (its output watermark
+            # is its input's) on the output column named by eventTimeColumnName.
+            watermark = _event_time_of(current)
         if isinstance(step, JoinStep):
             if position:
                 msg = "a stream-stream join after another stateful step is not supported yet"
@@ -751,14 +755,20 @@ CORRECTNESS_ERROR = (
 )
 
 
+def _is_processor(step: Step) -> bool:
+    """A transformWithState(InPandas) step: Spark 4 lets stateful steps follow it."""
+    return isinstance(step, ArbitraryStep) and step.api in PROCESSOR_APIS
+
+
 def _check_chain(before: Sequence[Step], step: Step, mode: str) -> None:
     """Spark 4's rules for a stateful ``step`` after the stateful steps ``before``: in append
     mode, anything after a deduplication or an aggregation but ``applyInPandasWithState`` /
     ``flatMapGroupsWithState`` after an aggregation; in update mode, nothing after an
-    aggregation (its updates are "late rows" downstream). After an arbitrary-state step the
-    output has no watermark Spark could carry: not supported here yet."""
+    aggregation (its updates are "late rows" downstream). After transformWithState anything
+    (the watermark goes on in its eventTimeColumnName); after applyInPandasWithState /
+    flatMapGroupsWithState the output has no watermark Spark could carry: not supported here."""
     previous = before[-1]
-    if isinstance(previous, ArbitraryStep):
+    if isinstance(previous, ArbitraryStep) and not _is_processor(previous):
         msg = (
             f"a stateful step after {previous.api} is not supported yet; "
             "make the arbitrary-state step the last one"
