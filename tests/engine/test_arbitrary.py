@@ -21,13 +21,14 @@ import pandas as pd
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 import sparkstate as ss
 from sparkstate.exceptions import ConfigurationError
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, same_schema, source
+from .helpers import Collector, same_schema, source, spark_rocksdb
 
 # The user functions below are shipped to the Python workers by value (the workers cannot import
 # this test module by its pytest name).
@@ -392,6 +393,86 @@ def test_event_time_timeout_matches_spark_aipws(
         assert same_schema(ours.schema, theirs.schema)
         # the same rows in the same batches: the timed-out ones in a no-data batch of their own
         assert _per_batch(ours, groups) == _per_batch(theirs, spark_groups), provider
+
+
+def test_processor_in_update_mode_runs_under_append_output_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """Spark checks a *GroupsWithState operator's outputMode against the query's, not a
+    transformWithState's: ``outputMode="Update"`` runs in an append-mode query."""
+
+    def start(stream: Any, checkpoint: Path, c: Collector, **options: str) -> Any:
+        writer = stream.writeStream.outputMode("append").foreachBatch(c)
+        for k, v in {"checkpointLocation": str(checkpoint), **options}.items():
+            writer = writer.option(k, v)
+        return writer.start()
+
+    def tws(df: Any) -> Any:
+        return df.groupBy("k").transformWithStateInPandas(
+            statefulProcessor=CountProcessor(),
+            outputStructType=OUTPUT,
+            outputMode="Update",
+            timeMode="None",
+        )
+
+    def spark_query(c: Collector) -> Any:
+        return start(tws(source(spark, feed, SCHEMA)), tmp_path / "spark", c)
+
+    def ours_query(c: Collector) -> Any:
+        stream = tws(ss.stream(source(spark, feed, SCHEMA)))
+        return start(stream, tmp_path / "ours", c, stateStore=PROVIDERS[0])
+
+    previous = spark.conf.get(PROVIDER_CONF, None)
+    spark.conf.set(PROVIDER_CONF, RocksDB)
+    try:
+        theirs, _ = _run(feed, spark_query, COUNT_BATCHES[:2])
+    finally:
+        if previous is None:
+            spark.conf.unset(PROVIDER_CONF)
+        else:
+            spark.conf.set(PROVIDER_CONF, previous)
+    ours, _ = _run(feed, ours_query, COUNT_BATCHES[:2])
+    assert theirs.batches[1] == [("b", 2, False), ("c", 1, False)]
+    assert same_schema(ours.schema, theirs.schema)
+    assert ours.batches == theirs.batches
+
+
+def test_stateless_steps_after_arbitrary_state_apply_to_its_output_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """``select`` / ``where`` / ``withColumn`` after the operator name its output's columns."""
+
+    def after(df: Any) -> Any:
+        out = df.where(F.col("count") > 1).withColumn("twice", F.col("count") * 2)
+        return out.select("k", "twice", F.col("removed").alias("gone"))
+
+    queries: dict[str, Callable[[Any], Any]] = {
+        "aipws": lambda g: g.applyInPandasWithState(
+            count_pandas, OUTPUT, STATE, "Update", GroupStateTimeout.NoTimeout
+        ),
+        "tws": lambda g: g.transformWithStateInPandas(
+            statefulProcessor=CountProcessor(),
+            outputStructType=OUTPUT,
+            outputMode="Update",
+            timeMode="None",
+        ),
+    }
+    for name, apply in queries.items():
+
+        def spark_query(c: Collector, apply: Any = apply, name: str = name) -> Any:
+            planned = after(apply(source(spark, feed, SCHEMA).groupBy("k")))
+            return _spark_writer(planned, tmp_path / f"spark-{name}", c)
+
+        def ours_query(c: Collector, apply: Any = apply, name: str = name) -> Any:
+            planned = after(apply(ss.stream(source(spark, feed, SCHEMA)).groupBy("k")))
+            return _ours_writer(planned, tmp_path / f"ours-{name}", PROVIDERS[0], c)
+
+        with spark_rocksdb(spark):
+            theirs, _ = _run(feed, spark_query, COUNT_BATCHES[:2])
+        ours, _ = _run(feed, ours_query, COUNT_BATCHES[:2])
+        assert theirs.batches[0] == [("a", 4, False)], name
+        assert same_schema(ours.schema, theirs.schema), name
+        assert ours.batches == theirs.batches, name
 
 
 def test_unsupported_combinations_fail_at_start(

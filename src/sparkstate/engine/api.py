@@ -280,9 +280,10 @@ class GroupedStream:
 
     # --- arbitrary state (PySpark's names and arguments) ----------------------------------------
     #
-    # Grouping keys are column names; the arbitrary-state step is the last stateful step (a
-    # dropDuplicates before it is fine); the operator's outputMode must equal the query's
-    # ("append" or "update"), as Spark checks. Schemas are StructTypes or DDL strings.
+    # Grouping keys are column names; an applyInPandasWithState step is the last stateful step
+    # (a dropDuplicates before it is fine); a *GroupsWithState operator's outputMode must equal
+    # the query's ("append" or "update"), as Spark checks (a processor's is not checked).
+    # Schemas are StructTypes or DDL strings.
     #
     # Time: as in Spark, a no-data batch runs after a batch that moved the watermark (event-time
     # timeouts and timers fire there) and when a processing-time timeout or timer comes due on an
@@ -301,7 +302,9 @@ class GroupedStream:
     # keys without input included; a restart from a checkpoint does not apply it again. Spark
     # takes it with every timeMode, and so do we (engine/initial_state.py).
     # eventTimeColumnName: as in Spark, the batch fails when the processor emits a row older than
-    # the watermark in that column. Not supported yet: a stateful step after this one.
+    # the watermark in that column, and (as Spark 4) a stateful step after this one finds the
+    # watermark there: a window() of it, or a dropDuplicates over it, closes by the watermark.
+    # After applyInPandasWithState / flatMapGroupsWithState no stateful step is supported.
 
     def _arbitrary(self, step: ArbitraryStep) -> StatefulStream:
         if not callable(step.func) and step.api in ARBITRARY_FUNCTION_APIS:
@@ -431,6 +434,15 @@ class GroupedStream:
             event_time_column,
         )
         return self._arbitrary(step)
+
+
+#: Spark's switch for the no-data batches stateful operators ask for (read at start, as Spark).
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+def _conf_flag(spark: Any, name: str, *, default: bool) -> bool:
+    value = spark.conf.get(name, None)
+    return default if value is None else str(value).strip().lower() == "true"
 
 
 def needs_clock(stages: list[Stage], *, legacy: bool = False) -> bool:
@@ -616,6 +628,7 @@ class DataStreamWriter:
             store=store,
             watermark_delays_ms=tuple(w.delay_ms for w in self._stream.watermarks),
             clock=bool(metadata["clock"]),
+            no_data_batches=_conf_flag(spark, NO_DATA_BATCHES, default=True),
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             ).lower(),

@@ -72,6 +72,9 @@ class DriverConfig:
     watermark_delays_ms: tuple[int, ...] = ()
     #: Whether the query takes the clock source, through which the driver asks for batches.
     clock: bool = False
+    #: ``spark.sql.streaming.noDataMicroBatches.enabled``: off, the driver asks for no batch
+    #: (timers, timeouts and eviction wait for the next data, as in Spark).
+    no_data_batches: bool = True
     watermark_policy: str = "min"
     #: Spark's checkpoint location (its ``offsets/`` say what each batch read); "" for none.
     checkpoint: str = ""
@@ -119,7 +122,11 @@ class BatchDriver:
         #: Whether this is the copy in the Spark Connect server's process (unpickled there).
         self._in_server = False
         self.last_batch: int | None = None
-        self.triggers = {s.op_id: s.operator.time_trigger() for s in stages if config.clock}
+        self.triggers = {
+            s.op_id: s.operator.time_trigger()
+            for s in stages
+            if config.clock and config.no_data_batches
+        }
         self._clock: dict[str, Any] = {}
         self.spark_checkpoint: DurableDir | None = None
         if not remote:
@@ -134,6 +141,14 @@ class BatchDriver:
         #: Spark's checkpoint, where the driver reads what each batch read (None: unreachable).
         self.spark_checkpoint = _spark_checkpoint(self.config.checkpoint)
         self._clock = self.log.read_clock() if any(self.triggers.values()) else {}
+        if self.config.clock and not self.config.no_data_batches:
+            self._withdraw_clock_request()
+
+    def _withdraw_clock_request(self) -> None:
+        """No-data batches are off: a request an earlier run left for the clock is withdrawn."""
+        left = self.log.read_clock()
+        if any(v is not None for v in left.values()):
+            self.log.write_clock({"requested_at_ms": None, "due_ms": None})
 
     def _tracker_after(self, commit: BatchCommit | None) -> WatermarkTracker:
         """The watermark tracker as batch ``commit`` left it (fresh for None)."""

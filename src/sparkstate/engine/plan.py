@@ -555,7 +555,9 @@ def _plan_arbitrary(
     if mode not in ("append", "update"):
         msg = f"{api}: outputMode is 'append' or 'update' (as in Spark), not {step.output_mode!r}"
         raise ConfigurationError(msg)
-    if query_mode != mode:
+    if query_mode != mode and api in ARBITRARY_FUNCTION_APIS:
+        # Spark checks the *GroupsWithState operators' mode against the query's; a
+        # transformWithState's outputMode is not checked (any pairing runs).
         msg = (
             f"{api} in {mode} mode is not supported with {query_mode} output mode on a "
             f"streaming DataFrame (as in Spark): use .writeStream.outputMode({mode!r})"
@@ -610,7 +612,19 @@ def _plan_arbitrary(
             **extra,
         )
     add_initial = None if initial is None else initial.add_to
-    return Stage(op_id, operator, out_struct, keys, lambda batch: batch, add_initial), df
+    stage = Stage(op_id, operator, out_struct, keys, lambda batch: batch, add_initial)
+    return stage, _output_shape(df, out_struct)
+
+
+def _output_shape(df: DataFrame, struct: StructType) -> DataFrame:
+    """A DataFrame of the operator's output schema, as the driver's ``mapInArrow`` makes it
+    each batch, for Spark to analyse the steps after it against (it never runs)."""
+    return df.mapInArrow(_planned_only, struct)
+
+
+def _planned_only(batches: Any) -> Any:
+    msg = "a planning placeholder ran: the driver replaces it with the operator's task"
+    raise AssertionError(msg)
 
 
 def _plan_join(op_id: int, step: JoinStep) -> tuple[Stage, DataFrame]:
@@ -685,6 +699,10 @@ def plan_chain(
         watermark = event_time if position == 0 else None
         if position > 0 and isinstance(step, DedupStep) and event_time is not None:
             watermark = _event_time_of(current)  # late rows and expiry as the first step's
+        if position > 0 and _is_processor(stateful[position - 1]) and event_time is not None:
+            # Spark 4 carries the watermark through transformWithState (its output watermark
+            # is its input's) on the output column named by eventTimeColumnName.
+            watermark = _event_time_of(current)
         if isinstance(step, JoinStep):
             if position:
                 msg = "a stream-stream join after another stateful step is not supported yet"
@@ -764,14 +782,20 @@ CORRECTNESS_ERROR = (
 )
 
 
+def _is_processor(step: Step) -> bool:
+    """A transformWithState(InPandas) step: Spark 4 lets stateful steps follow it."""
+    return isinstance(step, ArbitraryStep) and step.api in PROCESSOR_APIS
+
+
 def _check_chain(before: Sequence[Step], step: Step, mode: str) -> None:
     """Spark 4's rules for a stateful ``step`` after the stateful steps ``before``: in append
     mode, anything after a deduplication or an aggregation but ``applyInPandasWithState`` /
     ``flatMapGroupsWithState`` after an aggregation; in update mode, nothing after an
-    aggregation (its updates are "late rows" downstream). After an arbitrary-state step the
-    output has no watermark Spark could carry: not supported here yet."""
+    aggregation (its updates are "late rows" downstream). After transformWithState anything
+    (the watermark goes on in its eventTimeColumnName); after applyInPandasWithState /
+    flatMapGroupsWithState the output has no watermark Spark could carry: not supported here."""
     previous = before[-1]
-    if isinstance(previous, ArbitraryStep):
+    if isinstance(previous, ArbitraryStep) and not _is_processor(previous):
         msg = (
             f"a stateful step after {previous.api} is not supported yet; "
             "make the arbitrary-state step the last one"

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from pyspark import SparkContext
 from pyspark.errors import StreamingQueryException
+from pyspark.sql.streaming.listener import QueryProgressEvent, StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.driver import BatchDriver
@@ -27,15 +29,17 @@ __all__ = [
     "add_listener",
     "notify_progress",
     "remove_listener",
+    "spark_progress",
 ]
 
 log = logging.getLogger("sparkstate.engine")
 
 
 class ProgressListener(Protocol):
-    """Receives every batch's progress dict (the same dict ``lastProgress`` shows)."""
+    """Receives every batch's progress as PySpark's listeners do: ``event.progress`` is the
+    ``StreamingQueryProgress`` that ``lastProgress`` shows."""
 
-    def onQueryProgress(self, progress: dict[str, Any]) -> None: ...  # noqa: N802 - PySpark's name
+    def onQueryProgress(self, event: QueryProgressEvent) -> None: ...  # noqa: N802 - PySpark's name
 
 
 _listeners: list[Any] = []
@@ -43,7 +47,8 @@ _listeners_lock = threading.Lock()
 
 
 def add_listener(listener: Any) -> None:
-    """Register a listener: an object with ``onQueryProgress(progress)``, or a callable."""
+    """Register a listener: an object with ``onQueryProgress(event)`` (a PySpark
+    ``StreamingQueryListener``), or a callable given each batch's ``StreamingQueryProgress``."""
     with _listeners_lock:
         _listeners.append(listener)
 
@@ -60,7 +65,10 @@ def notify_progress(progress: dict[str, Any]) -> None:
     for listener in targets:
         try:
             hook = getattr(listener, "onQueryProgress", None)
-            (hook or listener)(progress)
+            if hook is not None:
+                hook(QueryProgressEvent(spark_progress(progress)))
+            else:
+                listener(spark_progress(progress))
         except Exception:  # a broken listener must not fail the query
             log.exception("progress listener %r failed", listener)
 
@@ -207,15 +215,18 @@ class StreamingQuery:
         return dict(self._query.status)
 
     @property
-    def recentProgress(self) -> list[dict[str, Any]]:  # noqa: N802 - PySpark's name
+    def recentProgress(self) -> list[StreamingQueryProgress]:  # noqa: N802 - PySpark's name
+        """PySpark's progress objects (dicts too): Spark's progress of each batch with
+        sparkstate's state operators, sink and event time on it."""
         spark = {}
         for p in self._query.recentProgress or []:
             d = progress_as_dict(p)
             spark[d.get("batchId")] = d
-        return [_merge(ours, spark.get(ours["batchId"])) for ours in self._our_progress(spark)]
+        merged = [_merge(ours, spark.get(ours["batchId"])) for ours in self._our_progress(spark)]
+        return [spark_progress(p, self.runId) for p in merged]
 
     @property
-    def lastProgress(self) -> dict[str, Any] | None:  # noqa: N802 - PySpark's name
+    def lastProgress(self) -> StreamingQueryProgress | None:  # noqa: N802 - PySpark's name
         recent = self.recentProgress
         return recent[-1] if recent else None
 
@@ -251,6 +262,18 @@ class StreamingQuery:
         if self._lock is not None:
             self._lock.release()
         self._sink.stop()
+
+
+def spark_progress(progress: dict[str, Any], run_id: str = "") -> StreamingQueryProgress:
+    """A progress dict as PySpark's ``StreamingQueryProgress`` (attribute and key access,
+    ``json``, ``prettyJson``); fields Spark always has are filled in where ours lack them."""
+    data = dict(progress)
+    data["runId"] = data.get("runId") or run_id or str(uuid.UUID(int=0))
+    data.setdefault("name", None)
+    data.setdefault("batchDuration", data.get("durationMs", {}).get("triggerExecution", 0))
+    data.setdefault("sources", [])
+    data["sink"] = {"description": "", "numOutputRows": -1, "metrics": {}, **data.get("sink", {})}
+    return StreamingQueryProgress.fromJson(data)
 
 
 def _merge(ours: dict[str, Any], spark: dict[str, Any] | None) -> dict[str, Any]:

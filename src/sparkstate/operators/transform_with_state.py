@@ -178,6 +178,10 @@ class TransformWithState(StatefulOperator):
         return out
 
     def time_trigger(self) -> str | None:
+        """As Spark's: every trigger in ProcessingTime; otherwise after a batch that moved the
+        watermark, where the query has one (time mode None included)."""
+        if self.time_mode != TimeMode.PROCESSING_TIME and self.watermark_present:
+            return "event"
         return _TIME_TRIGGERS.get(self.time_mode)
 
     def describe(self) -> dict[str, Any]:
