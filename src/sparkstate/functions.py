@@ -8,7 +8,7 @@ does not import pyspark: a column may be a name or a ``pyspark.sql.Column``. PyS
 aggregates of a plain column (``F.sum("v")``) are taken too, as their twin here.
 ``SF.window`` and ``SF.session_window`` are grouping keys, Spark's ``window`` and
 ``session_window`` (passing those from ``pyspark.sql.functions`` works the same);
-``SF.window_time`` is Spark's own ``window_time``.
+``SF.window_time`` is ``window_time`` as the time column of ``SF.window``/``SF.session_window``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ __all__ = [
     "AggregateExpression",
     "SessionWindow",
     "TimeWindow",
+    "WindowTime",
     "any",
     "any_value",
     "approx_count_distinct",
@@ -441,10 +442,17 @@ def session_window(timeColumn: Any, gapDuration: Any) -> SessionWindow:  # noqa:
     return SessionWindow(timeColumn, gapDuration)
 
 
-def window_time(windowColumn: Any) -> Any:  # noqa: N803 - PySpark's name
-    """The event time of a window (its end minus one microsecond): Spark's own
-    ``pyspark.sql.functions.window_time`` (a Column), e.g. to group a windowed aggregation's
-    output into the windows of a next one."""
-    from pyspark.sql import functions as F  # noqa: PLC0415 - this module imports no pyspark
+def window_time(windowColumn: Any) -> WindowTime:  # noqa: N803 - PySpark's name
+    """The event time of a window (its end minus one microsecond), as
+    ``pyspark.sql.functions.window_time``: the time column of an ``SF.window`` or
+    ``SF.session_window`` that groups a windowed aggregation's output into the windows of a next
+    one. Elsewhere, use ``pyspark.sql.functions.window_time`` itself."""
+    _column(windowColumn, "window_time")
+    return WindowTime(windowColumn)
 
-    return F.window_time(windowColumn)
+
+@dataclasses.dataclass(frozen=True)
+class WindowTime:
+    """``window_time(windowColumn)``, made Spark's column when the query is planned."""
+
+    window_column: Any

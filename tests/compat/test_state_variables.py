@@ -59,7 +59,7 @@ from pyspark.sql.functions import array_sort, col, explode, split
 from pyspark.sql.types import StringType, StructField, StructType
 
 from . import state_variable_processors as procs
-from .porting import ORACLE, TextFiles, wrap, xfail_on
+from .porting import ORACLE, TextFiles, wrap
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -360,18 +360,9 @@ def test_transform_with_state_init_state(run: Run) -> None:
     run.init_state(procs.SimpleStatefulProcessorWithInitialState, _init_state_check)
 
 
-SELECT_AFTER_OPERATOR = (
-    "a select() after transformWithState(InPandas) is analysed against the operator's input "
-    "columns (id, temperature): engine/plan.py _plan_arbitrary returns its input DataFrame as "
-    "the stage's output frame instead of one of outputStructType, so _plan_stateless refuses "
-    "the output column `value` at start()"
-)
-
-
 def test_transform_with_state_init_state_with_extra_transformation(
     run: Run, provider: str, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, provider, SELECT_AFTER_OPERATOR)
 
     def check(batch_df: Any, batch_id: int) -> None:
         batch_df.collect()
@@ -532,17 +523,10 @@ def test_transform_with_map_state_metadata_with_init_state(run: Run) -> None:
     _map_state_metadata(run, initial)
 
 
-TIMER_VARIABLE = (
-    "the sparkstate-metadata reader lists a processor's state variables without Spark's "
-    "'$procTimers_keyToTimestamp' TimerState entry (observe/reader.py _operator_properties)"
-)
-
-
 def test_transform_with_list_state_metadata(
     run: Run, provider: str, request: pytest.FixtureRequest
 ) -> None:
     """Several list state variables, read back flattened and not."""
-    xfail_on(request, provider, TIMER_VARIABLE)
     checkpoint = str(run.tmp / "chk-list-metadata")
 
     def check(batch_df: Any, batch_id: int) -> None:
@@ -596,7 +580,6 @@ def test_transform_with_value_state_metadata(
     run: Run, provider: str, request: pytest.FixtureRequest
 ) -> None:
     """Value state read back as a change feed and from a snapshot batch."""
-    xfail_on(request, provider, TIMER_VARIABLE)
     checkpoint = str(run.tmp / "chk-value-metadata")
 
     def check(batch_df: Any, batch_id: int) -> None:

@@ -57,15 +57,11 @@ from .tws_support import (
     CHUNK_OUTPUT,
     CHUNKS,
     COUNT_OUTPUT,
-    LAST_PROGRESS,
     MODES,
-    NO_DATA_BATCHES,
     NOT_NULLABLE_ACCEPTED,
     SPARK_ONLY,
-    STEP_AFTER_TWS,
     SUITE_CONF,
     UPCAST_REFUSED,
-    UPDATE_UNDER_APPEND,
     Batches,
     TextFeed,
     basic_run,
@@ -118,7 +114,6 @@ def test_transform_with_state_basic(
 def test_transform_with_state_query_restarts(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, UPDATE_UNDER_APPEND, LAST_PROGRESS)
     feed = TextFeed(tmp_path / "input")
     checkpoint, output = tmp_path / "checkpoint", tmp_path / "output"
     feed.resource1()
@@ -216,7 +211,6 @@ def proc_timer_run(spark: Any, tmp_path: Path, provider: str, mode: str) -> None
 def test_transform_with_state_proc_timer(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, NO_DATA_BATCHES)
     proc_timer_run(spark, tmp_path, provider, mode)
 
 
@@ -340,7 +334,6 @@ def test_transform_with_state_non_contiguous_grouping_cols_with_init_state(
 def test_transform_with_state_chaining_ops(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, STEP_AFTER_TWS)
     output = StructType(
         [
             StructField("id", StringType(), True),
@@ -507,7 +500,6 @@ def test_composite_output_schema(
 def test_transform_with_state_with_timers_single_partition(
     spark: Any, tmp_path: Path, provider: str, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    expect_failure(request, NO_DATA_BATCHES)
     with sql_conf(spark, {"spark.sql.shuffle.partitions": "1"}):
         event_time_run(spark, tmp_path / "event", provider, mode)
         proc_timer_run(spark, tmp_path / "proc", provider, mode)

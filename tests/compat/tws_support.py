@@ -49,10 +49,6 @@ class Known:
 
 
 # Causes the team is fixing.
-NO_DATA_BATCHES = Known("spark.sql.streaming.noDataMicroBatches.enabled=false is ignored")
-UPDATE_UNDER_APPEND = Known("an Update-mode transformWithState under append output mode is refused")
-LAST_PROGRESS = Known("q.lastProgress is a dict, not a StreamingQueryProgress")
-STEP_AFTER_TWS = Known("a stateful step after transformWithState is refused")
 # Causes found by this module.
 UPCAST_REFUSED = Known(
     "a state field widened from int to long is refused on restart: store/evolution.py "

@@ -503,7 +503,7 @@ def test_more_aggregates_match_spark_on_both_providers(
 def test_window_time_groups_a_windowed_aggregation_into_wider_windows(
     spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path
 ) -> None:
-    """``SF.window_time`` (Spark's own) in a chain of two windowed aggregations, as the README
+    """``SF.window_time`` in a chain of two windowed aggregations, as the README
     writes it with SF: the same batches as Spark's query written with F."""
 
     def build(df: DataFrame, ours: bool) -> Any:

@@ -32,7 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sparkstate import functions as SF
+import sparkstate.functions as SF
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
 from sparkstate.operators import hll

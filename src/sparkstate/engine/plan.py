@@ -32,7 +32,7 @@ from sparkstate.engine.aggregate_plan import (
 from sparkstate.engine.initial_state import InitialState, plan_initial_state
 from sparkstate.engine.user_state import SPARK_GROUP_STATES
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow
+from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow, WindowTime
 from sparkstate.operators.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
@@ -219,6 +219,8 @@ def arrow_schema(struct: StructType, *, nullable: bool | None = None) -> pa.Sche
 
 
 def _as_column(col: Any) -> Column:
+    if isinstance(col, WindowTime):
+        return F.window_time(_as_column(col.window_column))
     return quote(col) if isinstance(col, str) else col
 
 
