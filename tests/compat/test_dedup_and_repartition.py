@@ -47,19 +47,13 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from . import state_variable_processors as procs
-from .porting import ORACLE, wrap, xfail_on
+from .porting import ORACLE, wrap
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.spark
 
 NUM_SHUFFLE_PARTITIONS = 3
-
-NOT_OURS = (
-    "ss.repartition refuses a directory without sparkstate/metadata.json as not a sparkstate "
-    "checkpoint (runtime/rescale.py _log_of) before it looks for a committed batch, and does not "
-    "name Spark's error class (STATE_REPARTITION_INVALID_CHECKPOINT.*)"
-)
 
 
 def _repartition(spark: SparkSession, checkpoint: str, n: Any) -> Any:
@@ -139,7 +133,6 @@ def three_partitions(spark: SparkSession) -> Iterator[None]:
 def test_fail_if_empty_checkpoint_directory(
     spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, "", NOT_OURS)
     with pytest.raises(Exception, match="STATE_REPARTITION_INVALID_CHECKPOINT.NO_COMMITTED_BATCH"):
         _repartition(spark, str(tmp_path), 5)
 
@@ -147,7 +140,6 @@ def test_fail_if_empty_checkpoint_directory(
 def test_fail_if_no_batch_found_in_checkpoint_directory(
     spark: SparkSession, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    xfail_on(request, "", NOT_OURS)
     commits = tmp_path / "commits"
     commits.mkdir()
     (commits / "0").write_text("v1\n{}")  # a commit of batch 0 and no offsets

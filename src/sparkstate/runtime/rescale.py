@@ -81,6 +81,7 @@ def _log_of(location: str) -> tuple[str, CheckpointLog, dict[str, Any]]:
     log_ = CheckpointLog(engine_root)
     metadata = log_.read_metadata()
     if metadata is None:
+        _refuse_without_batches(location)
         msg = (
             f"{location} is not a sparkstate checkpoint (it has no sparkstate/metadata.json); "
             "rescale the state of a plain Spark query with "
@@ -88,6 +89,25 @@ def _log_of(location: str) -> tuple[str, CheckpointLog, dict[str, Any]]:
         )
         raise ConfigurationError(msg)
     return engine_root, log_, metadata
+
+
+def _refuse_without_batches(location: str) -> None:
+    """Spark's refusals of a checkpoint with nothing to rescale, in Spark's order: no committed
+    batch, then no offsets for the last one."""
+    offsets, commits = spark_batches(DurableDir(location))
+    invalid = "STATE_REPARTITION_INVALID_CHECKPOINT"
+    if not commits:
+        msg = (
+            f"[{invalid}.NO_COMMITTED_BATCH] The checkpoint location {location} is in an "
+            "invalid state: there is no committed microbatch."
+        )
+        raise ConfigurationError(msg)
+    if commits[-1] not in offsets:
+        msg = (
+            f"[{invalid}.NO_BATCH_FOUND] The checkpoint location {location} is in an invalid "
+            f"state: no microbatch has been found (batch {commits[-1]} has no offsets)."
+        )
+        raise ConfigurationError(msg)
 
 
 def settle_rescale(location: str) -> str | None:
