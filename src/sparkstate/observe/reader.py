@@ -155,10 +155,7 @@ class ReadRequest:
                 msg = "snapshotStartBatchId does not go with readChangeFeed"
                 raise ConfigurationError(msg)
             if self.batch_id is not None and self.snapshot_start > self.batch_id:
-                msg = (
-                    f"snapshotStartBatchId {self.snapshot_start} is after batchId "
-                    f"{self.batch_id}"
-                )
+                msg = f"snapshotStartBatchId {self.snapshot_start} is after batchId {self.batch_id}"
                 raise ConfigurationError(msg)
         if self.change_feed:
             if self.batch_id is not None:

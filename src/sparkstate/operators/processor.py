@@ -105,6 +105,20 @@ def _spec(
     )
 
 
+#: The counts of Spark's ``transformWithState`` progress (``customMetrics``) that the handle keeps.
+HANDLE_METRICS = (
+    "numValueStateVars",
+    "numListStateVars",
+    "numMapStateVars",
+    "numValueStateWithTTLVars",
+    "numListStateWithTTLVars",
+    "numMapStateWithTTLVars",
+    "numDeletedStateVars",
+    "numRegisteredTimers",
+    "numDeletedTimers",
+)
+
+
 class _HandleBase:
     """The parts of the handle shared by declaring and live handles."""
 
@@ -274,9 +288,15 @@ class StatefulProcessorHandle(_HandleBase):
         super().__init__(session.time_mode)
         self._session = session
         self._declared = declared
+        #: Spark's ``customMetrics`` of the handle's calls in this task (summed over partitions).
+        self.counts: dict[str, int] = dict.fromkeys(HANDLE_METRICS, 0)
 
     def _make(self, spec: VarSpec) -> Any:
         spec = self._declare(spec)
+        kind = spec.kind.capitalize()
+        self.counts[f"num{kind}StateVars"] += 1
+        if spec.ttl_ms is not None:
+            self.counts[f"num{kind}StateWithTTLVars"] += 1
         planned = self._declared.get(spec.name)
         if planned is None or planned.describe() != spec.describe():
             msg = (
@@ -299,10 +319,12 @@ class StatefulProcessorHandle(_HandleBase):
         """Fire ``handleExpiredTimer`` for the current key at ``expiryTimestampMs``."""
         kenc = self._key("register a timer")
         self._session.timers.register(self._session.store, kenc, expiryTimestampMs)
+        self.counts["numRegisteredTimers"] += 1
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802, N803
         kenc = self._key("delete a timer")
         self._session.timers.delete(self._session.store, kenc, expiryTimestampMs)
+        self.counts["numDeletedTimers"] += 1
 
     def listTimers(self) -> Iterator[int]:  # noqa: N802
         """The current key's timers, earliest first."""
@@ -316,3 +338,4 @@ class StatefulProcessorHandle(_HandleBase):
             raise UnsupportedStateOperationError(msg)
         self._session.purge(stateName)
         self.deleted.add(stateName)
+        self.counts["numDeletedStateVars"] += 1

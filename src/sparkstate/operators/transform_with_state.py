@@ -263,6 +263,8 @@ class TransformWithState(StatefulOperator):
         m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
         self.processor.close()
         handle.stage = CLOSED
+        for name, count in handle.counts.items():
+            m.custom[name] = m.custom.get(name, 0.0) + count
         yield from out.drain(final=True)
         m.num_output_rows += out.num_rows
 
@@ -383,9 +385,11 @@ class TransformWithState(StatefulOperator):
             threshold = ctx.watermark_ms
         store = session.store
         due = session.timers.due(store, threshold)
+        ctx.metrics.custom["numExpiredTimers"] = ctx.metrics.custom.get("numExpiredTimers", 0.0)
         if not due:
             self._flush(session, ctx.metrics)
             return
+        ctx.metrics.custom["numExpiredTimers"] += len(due)
         kencs = [k for _, k in due]
         keys = store.column_family().key_codec.decode_many(kencs)
         session.prefetch(list(dict.fromkeys(kencs)))
