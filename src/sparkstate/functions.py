@@ -414,6 +414,11 @@ def _duration(value: Any, what: str) -> str:
     return value
 
 
+def _time_column(col: Any, func: str) -> Any:
+    """A window's time column: a name, a Column, or ``SF.window_time(...)``."""
+    return col if isinstance(col, WindowTime) else _column(col, func)
+
+
 def window(
     timeColumn: Any,  # noqa: N803 - PySpark's names
     windowDuration: str,  # noqa: N803
@@ -422,7 +427,7 @@ def window(
 ) -> TimeWindow:
     """Tumbling (no ``slideDuration``) or sliding time windows of ``timeColumn``, as
     ``pyspark.sql.functions.window``; Spark checks the durations when the query starts."""
-    _column(timeColumn, "window")
+    _time_column(timeColumn, "window")
     _duration(windowDuration, "windowDuration")
     if slideDuration is not None:
         _duration(slideDuration, "slideDuration")
@@ -434,7 +439,7 @@ def window(
 def session_window(timeColumn: Any, gapDuration: Any) -> SessionWindow:  # noqa: N803
     """Session windows of ``timeColumn`` closed by ``gapDuration`` of inactivity, as
     ``pyspark.sql.functions.session_window`` (a string, or a Column for a per-row gap)."""
-    _column(timeColumn, "session_window")
+    _time_column(timeColumn, "session_window")
     if isinstance(gapDuration, str):
         _duration(gapDuration, "gapDuration")
     else:
