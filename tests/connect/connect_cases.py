@@ -4,7 +4,9 @@ classic session or a Spark Connect client's, not both) as
 
 ``differential``: every case of ``tests/engine/test_port.py`` through Spark's own operators and
 through sparkstate on both providers, two ``availableNow`` runs on one checkpoint each, over the
-server. ``failure``: a ``foreachBatch`` function that fails in batch 1, then a restart.
+server. ``joins``: stream-stream joins of ``tests/engine/test_join.py`` the same way, their
+conditions written each way a PySpark user writes them. ``failure``: a ``foreachBatch``
+function that fails in batch 1, then a restart.
 """
 
 from __future__ import annotations
@@ -17,10 +19,20 @@ from typing import Any
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from tests.engine.test_join import (
+    CLICKS,
+    CONDITION,
+    DUPLICATED,
+    FILES,
+    IMPRESSIONS,
+    deduplicated_join,
+    joined_windows,
+)
 from tests.engine.test_port import CASES, SCHEMA, Case, rows, run_twice
 
 import sparkstate as ss
-from sparkstate.exceptions import UserFunctionError
+from sparkstate.exceptions import ConfigurationError, UserFunctionError
 from sparkstate.testing import FileFeed, normalize
 
 #: What runs over Connect: the path (the driver pickled into the server's foreachBatch process,
@@ -77,6 +89,92 @@ def run_system(spark: SparkSession, tmp: Path, case: Case, system: str) -> dict[
     else:
         wrapped = lambda df: case.query(ss.stream(df))  # noqa: E731
         run_twice(spark, tmp, wrapped, case, system, collector)
+    return collector.batches()
+
+
+def sql_condition(left: Any, right: Any) -> Any:
+    """The condition as SQL (F.expr), a left outer join (nulls for impressions never clicked)."""
+    return left.join(right, F.expr(CONDITION), "left_outer")
+
+
+def column_condition(left: Any, right: Any) -> Any:
+    """The condition as Columns of both DataFrames, as PySpark's join examples write it."""
+    imps = left.df if isinstance(left, ss.StatefulStream) else left
+    on = (
+        (imps["ad"] == right["click_ad"])
+        & (right["click_ts"] >= imps["imp_ts"])
+        & (right["click_ts"] <= imps["imp_ts"] + F.expr("INTERVAL 10 SECONDS"))
+    )
+    return left.join(right, on, "inner")
+
+
+def aliased_condition(left: Any, right: Any) -> Any:
+    """The sides aliased ``i`` and ``c`` (:data:`ALIASED`) and the condition over qualified
+    names, a full outer join."""
+    on = (F.col("i.ad") == F.col("c.click_ad")) & F.col("c.click_ts").between(
+        F.col("i.imp_ts"), F.expr("i.imp_ts + INTERVAL 10 SECONDS")
+    )
+    return left.join(right, on, "full_outer")
+
+
+#: The joins whose inputs the user aliased ``i`` and ``c`` before wrapping the left one.
+ALIASED = ("aliased-condition",)
+#: Per join: how it is written and its input files.
+JOINS = {
+    "sql-condition": (sql_condition, FILES),
+    "column-condition": (column_condition, FILES),
+    "aliased-condition": (aliased_condition, FILES),
+    "dedup-join": (deduplicated_join, DUPLICATED),
+    "windows-join": (joined_windows, FILES),
+}
+
+
+def joins(spark: SparkSession, workdir: Path) -> dict[str, Any]:
+    """Each join through Spark's own operator and through sparkstate, at once."""
+    out: dict[str, Any] = {}
+    for name, (build, files) in JOINS.items():
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            runs = {
+                system: pool.submit(
+                    run_join, spark, workdir / name / system, build, files, system, name
+                )
+                for system in ("spark", *PROVIDERS)
+            }
+            out[name] = {system: run.result() for system, run in runs.items()}
+    imps = FileFeed(workdir / "refused" / "imps").stream(spark, IMPRESSIONS)
+    clicks = FileFeed(workdir / "refused" / "clicks").stream(spark, CLICKS)
+    deduplicated = imps.withWatermark("imp_ts", "5 seconds").dropDuplicates(["imp_id"])
+    try:
+        ss.stream(deduplicated).join(clicks, F.expr(CONDITION))
+        out["refused"] = None
+    except ConfigurationError as exc:
+        out["refused"] = str(exc)
+    return out
+
+
+def run_join(  # noqa: PLR0913
+    spark: SparkSession, tmp: Path, build: Any, files: list[Any], system: str, name: str
+) -> dict[str, Any]:
+    """``build(left, right)`` over both feeds, half the files, a stop, then the rest on the
+    same checkpoint; sparkstate's with the left input wrapped: each batch's rows."""
+    imps, clicks = FileFeed(tmp / "imps"), FileFeed(tmp / "clicks")
+    collector = FileCollector(tmp / "out")
+    half = len(files) // 2
+    for part in (files[:half], files[half:]):
+        for left_rows, right_rows in part:
+            imps.add(left_rows)
+            clicks.add(right_rows)
+        left = imps.stream(spark, IMPRESSIONS).withWatermark("imp_ts", "5 seconds")
+        right = clicks.stream(spark, CLICKS).withWatermark("click_ts", "5 seconds")
+        if name in ALIASED:
+            left, right = left.alias("i"), right.alias("c")
+        query = build(left if system == "spark" else ss.stream(left), right)
+        writer = query.writeStream.outputMode("append").foreachBatch(collector)
+        writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
+        if system != "spark":
+            writer = writer.option("stateStore", system)
+        handle = writer.trigger(availableNow=True).start()
+        handle.awaitTermination(300)
     return collector.batches()
 
 
@@ -138,7 +236,8 @@ def main() -> None:
     spark = SparkSession.builder.remote(url).getOrCreate()
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    result = {"differential": differential, "failure": failure}[what](spark, workdir)
+    runs = {"differential": differential, "joins": joins, "failure": failure}
+    result = runs[what](spark, workdir)
     print(json.dumps(result, default=str))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.connect.connect_cases import CONNECT_CASES, PROVIDERS
+from tests.connect.connect_cases import CONNECT_CASES, JOINS, PROVIDERS
 
 from sparkstate.testing.connect_server import ConnectServer
 
@@ -69,6 +69,28 @@ def test_query_over_connect_matches_spark(differential: Any, case: str, provider
     ours = differential[case][provider]
     assert len(theirs) >= 8  # a batch per file at least, over both runs
     assert ours == theirs
+
+
+@pytest.fixture(scope="module")
+def joins(server: ConnectServer, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return client(server, tmp_path_factory.mktemp("joins"), "joins")
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("case", list(JOINS))
+def test_join_over_connect_matches_spark(joins: Any, case: str, provider: str) -> None:
+    """Stream-stream joins from a Connect client, batch by batch through a restart: the
+    condition as SQL, as Columns of both DataFrames, over aliased sides; a join after a
+    deduplication and after windowed aggregations on both sides."""
+    theirs = joins[case]["spark"]
+    ours = joins[case][provider]
+    assert sum(len(batch["rows"]) for batch in theirs.values()) > 3
+    assert ours == theirs
+
+
+def test_a_side_with_sparks_own_stateful_step_is_refused_over_connect(joins: Any) -> None:
+    """As in a classic session: a deduplication Spark would run before the join."""
+    assert "the left side runs a stateful step in Spark (Deduplicate)" in joins["refused"]
 
 
 def test_failure_over_connect_commits_nothing_and_surfaces(

@@ -30,6 +30,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from sparkstate.engine.join_connect import ConnectJoin, connect_stateful_step, stand_in_join
 from sparkstate.engine.plan import Stage, arrow_schema
 from sparkstate.engine.session import is_connect
 from sparkstate.exceptions import ConfigurationError
@@ -202,9 +203,6 @@ def plan_join(
     join_type = join_type_of(how)
     if isinstance(on, str) and not (on in left.columns and on in right.columns):
         on = F.expr(on)  # a SQL condition rather than the name of a column of both sides
-    if is_connect(left.sparkSession):
-        msg = "stream-stream joins do not run from a Spark Connect client yet"
-        raise ConfigurationError(msg)
     for name, df in (("left", left), ("right", right)):
         if not df.isStreaming:
             msg = f"join: the {name} side must be a streaming DataFrame (a stream-stream join)"
@@ -212,13 +210,26 @@ def plan_join(
         if len(set(df.columns)) != len(df.columns):
             msg = f"join: the {name} side has duplicate column names {df.columns}; rename them"
             raise ConfigurationError(msg)
+    if is_connect(left.sparkSession):
+        for name, df in (("left", left), ("right", right)):
+            stateful = None if name in upstream else connect_stateful_step(df)
+            if stateful is not None:
+                raise ConfigurationError(_stateful_side(name, stateful))
+        analysed = stand_in_join(left, right, on, how or "inner")
+        return _Planner(left, right, analysed.plan, join_type, upstream, analysed).plan()
     try:
-        joined = left.join(right, on, how or "inner")
-        plan = joined._jdf.queryExecution().analyzed()  # noqa: SLF001
+        plan = left.join(right, on, how or "inner")._jdf.queryExecution().analyzed()  # noqa: SLF001
     except Exception as exc:
         msg = f"join: {exc}"
         raise ConfigurationError(msg) from exc
-    return _Planner(left, right, joined, plan, join_type, upstream).plan()
+    return _Planner(left, right, plan, join_type, upstream).plan()
+
+
+def _stateful_side(side: str, stateful: str) -> str:
+    return (
+        f"join: the {side} side runs a stateful step in Spark ({stateful}); wrap that side's "
+        "input in ss.stream() and write the step on it, so that sparkstate runs it before the join"
+    )
 
 
 #: The query input's column telling a join's left input's rows (0) from its right's (1), when
@@ -250,9 +261,6 @@ def plan_join_after(
     from sparkstate.engine.plan import plan_chain  # plan.py plans each side's steps
 
     join_type_of(how)
-    if is_connect(left.df.sparkSession):
-        msg = "stream-stream joins do not run from a Spark Connect client yet"
-        raise ConfigurationError(msg)
     sides = {"left": left, "right": right}
     names: dict[str, str] = {}
     specs: list[WatermarkSpec] = []
@@ -344,14 +352,18 @@ class _Planner:
         self,
         left: DataFrame,
         right: DataFrame,
-        joined: DataFrame,
         plan: Any,
         join_type: str,
         upstream: frozenset[str],
+        connect: ConnectJoin | None = None,
     ) -> None:
-        self.left, self.right, self.joined = left, right, joined
+        """``plan`` is Spark's analyzed plan of the join; from a Spark Connect client,
+        ``connect`` is where it was made (:mod:`sparkstate.engine.join_connect`)."""
+        self.left, self.right = left, right
         self.join_type = join_type
-        self.jvm: Any = left.sparkSession._jvm  # noqa: SLF001
+        self.jvm: Any = connect.jvm if connect else left.sparkSession._jvm  # noqa: SLF001
+        #: An expression of ``plan`` as SQL over the sides' columns.
+        self.sql: Callable[[Any], str] = connect.sql if connect else _sql
         node = plan
         while _name(node) != "Join":
             if _name(node) not in ("Project", "SubqueryAlias") or node.children().size() != 1:
@@ -364,12 +376,7 @@ class _Planner:
         for side, child in (("left", node.left()), ("right", node.right())):
             stateful = None if side in upstream else _spark_stateful(child)
             if stateful is not None:
-                msg = (
-                    f"join: the {side} side runs a stateful step in Spark ({stateful}); wrap "
-                    f"that side's input in ss.stream() and write the step on it, so that "
-                    "sparkstate runs it before the join"
-                )
-                raise ConfigurationError(msg)
+                raise ConfigurationError(_stateful_side(side, stateful))
         self.left_attrs = _seq(node.left().output())
         self.right_attrs = _seq(node.right().output())
         self.left_set = node.left().outputSet()
@@ -390,7 +397,7 @@ class _Planner:
         """A column of ``side`` holding ``expr`` (over that side only), computed in Spark."""
         names = self.extras[side]
         name = f"__ss_{side[0]}x{len(names)}"
-        names.append((name, F.expr(expr.sql())))
+        names.append((name, F.expr(self.sql(expr))))
         return name
 
     def _pairs_expression(self, expr: Any) -> pc.Expression:
@@ -410,7 +417,7 @@ class _Planner:
             a, b = (self._pairs_expression(c) for c in children)
             return _COMPARISONS[kind](a, b)
         msg = (
-            f"join: the condition {expr.sql()} compares the two sides in a way sparkstate does "
+            f"join: the condition {self.sql(expr)} compares the two sides in a way sparkstate does "
             "not evaluate yet; write it as comparisons (=, <, <=, >, >=) between an expression "
             "of one side and one of the other, e.g. r.ts <= l.ts + INTERVAL 1 HOUR"
         )
@@ -534,7 +541,7 @@ class _Planner:
             side_only = None
             pred = None
             if only[s]:
-                pred = F.expr(" AND ".join(f"({c.sql()})" for c in only[s]))
+                pred = F.expr(" AND ".join(f"({self.sql(c)})" for c in only[s]))
                 if preserved[s]:
                     extra_cols.append(F.coalesce(pred, F.lit(False)).alias(f"__ss_{s[0]}only"))
                     side_only = pc.field(f"__ss_{s[0]}only")
@@ -545,11 +552,11 @@ class _Planner:
                 extra_cols.append(_time_of(F.col(_quoted(wm[s].name())), wm[s]).alias(event_time))
             if key_wm is not None:
                 k = keys[key_wm][0 if s == "left" else 1]
-                extra_cols.append(_time_of(F.expr(k.sql()), k).alias(f"__ss_{s[0]}key"))
+                extra_cols.append(_time_of(F.expr(self.sql(k)), k).alias(f"__ss_{s[0]}key"))
             key_cols = [
                 col
                 for i, (a, b) in enumerate(keys)
-                for col in _key_columns(i, a if s == "left" else b)
+                for col in _key_columns(i, a if s == "left" else b, self.sql)
             ]
             shapes[s] = _shape(pred, [*key_cols, *cols, *extra_cols])
             frames[s] = shapes[s](df)
@@ -623,7 +630,7 @@ class _Planner:
                     out[s].append((frozenset([name]), f"{_quoted(name)} IS NOT NULL"))
             for c in only[s]:
                 names = frozenset(str(a.name()) for a in _seq(c.references().toSeq()))
-                out[s].append((names, c.sql()))
+                out[s].append((names, self.sql(c)))
         return out
 
     def _union(
@@ -671,7 +678,7 @@ class _Planner:
         names: dict[str, str] = {}
         for i, (a, _) in enumerate(keys):
             fields = _struct_fields(a)
-            name = a.name() if hasattr(a, "name") else a.sql()
+            name = a.name() if hasattr(a, "name") else self.sql(a)
             if fields is None:
                 names[f"__ss_k{i}"] = name
             else:
@@ -786,10 +793,10 @@ def _from_side_columns(name: str, attr: Any) -> Column:
     return F.when(F.col(f"{name}_present"), struct)
 
 
-def _key_columns(i: int, expr: Any) -> list[Column]:
+def _key_columns(i: int, expr: Any, sql: Callable[[Any], str]) -> list[Column]:
     """Key ``i`` of one side as key columns: the expression, or the fields of a struct (a
     window) one by one, since state keys are flat."""
-    col = F.expr(expr.sql())
+    col = F.expr(sql(expr))
     fields = _struct_fields(expr)
     if fields is None:
         return [col.alias(f"__ss_k{i}")]
@@ -849,6 +856,10 @@ def _conjuncts(expr: Any) -> list[Any]:
         a, b = _seq(expr.children())
         return _conjuncts(a) + _conjuncts(b)
     return [expr]
+
+
+def _sql(expr: Any) -> str:
+    return str(expr.sql())
 
 
 def _name(node: Any) -> str:
