@@ -7,6 +7,7 @@ naming the ``SF`` function to use."""
 
 from __future__ import annotations
 
+import base64
 import decimal
 import math
 import random
@@ -606,3 +607,86 @@ def test_percentile_approx_matches_spark_on_both_providers(
         assert_same(mine, expected)
     big = [r for rows in expected.batches.values() for r in rows if "big" in r]
     assert big and all(-500 <= r[-4] <= 500 for r in big)
+
+
+# --- DataSketches HLL sketches --------------------------------------------------------------------
+
+SKETCH_SCHEMA = "k string, ts timestamp, v int, s string, sk binary, mx binary"
+
+
+def sketch_files(spark: SparkSession) -> list[list[dict[str, Any]]]:
+    """Four files of 20 s of event time each. ``few``, ``some`` and ``many`` hold 3, 60 and
+    1500 distinct ``v`` and ``s`` a file, half of them seen in the file before (their sketches
+    in list, set and HLL mode), ``z`` nulls and empty strings only; ``u`` and ``w`` bring six
+    sketches a file in ``sk`` (``lgConfigK`` 12) and in ``mx`` (10 or 12), made by Spark's
+    ``hll_sketch_agg`` of 1 to 3000 values, nulls among them."""
+    rnd = random.Random(7)
+    groups = [(g, rnd.choice([1, 5, 40, 400, 3000]), rnd.randint(0, 5000)) for g in range(48)]
+    values = [{"g": g, "x": lo + rnd.randint(0, n)} for g, n, lo in groups for _ in range(n)]
+    made = spark.createDataFrame(values, "g int, x long")
+    sketches: dict[tuple[int, int], bytes] = {}
+    for lg in (10, 12):
+        for r in made.groupBy("g").agg(F.hll_sketch_agg("x", lg).alias("h")).collect():
+            sketches[(r["g"], lg)] = base64.b64encode(bytes(r["h"])).decode()  # type: ignore[assignment]
+    files = []
+    for i in range(4):
+        base = 20 * i + 60
+        rows = []
+        for k, n in (("few", 3), ("some", 60), ("many", 1500)):
+            for j in range(n):
+                x = (i * n) // 2 + j
+                rows.append({"k": k, "ts": at(base + j % 20), "v": x, "s": f"s{x}"})
+        rows.append({"k": "z", "ts": at(base + 3), "v": None, "s": ""})
+        rows.append({"k": "z", "ts": at(base + 13), "v": None, "s": None})
+        for j in range(12):
+            g = (12 * i + j) % 48
+            lg = 10 if g % 3 == 0 else 12
+            sk, mx = sketches[(g, 12)], sketches[(g, lg)]
+            rows.append({"k": "uw"[j % 2], "ts": at(base + j), "sk": sk, "mx": mx})
+        rows.append({"k": "u", "ts": at(base + 15)})  # a null sketch
+        rnd.shuffle(rows)
+        files.append(rows)
+    return files
+
+
+@pytest.mark.parametrize("mode", ["update", "append"])
+def test_hll_sketches_match_spark_byte_for_byte_on_both_providers(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path, mode: str
+) -> None:
+    """``hll_sketch_agg`` of ints and strings (three ``lgConfigK``) and ``hll_union_agg`` of a
+    column of sketches (of one ``lgConfigK``, and of two with ``allowDifferentLgConfigK``):
+    each batch's sketch unioned into the state's gives Spark's bytes, across a restart, in
+    update mode and in windowed append mode; Spark's estimate of them is the distinct count."""
+
+    def aggs(fn: Any) -> list[Any]:
+        return [
+            F.hll_sketch_agg("v"),
+            fn.hll_sketch_agg("s", 10),
+            F.hll_sketch_agg("v", 4).alias("v4"),
+            F.hll_union_agg("sk"),
+            fn.hll_union_agg("mx", True).alias("mixed"),
+        ]
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        fn = SF if ours else F
+        keys: list[Any] = ["k"]
+        if mode == "append":
+            df = df.withWatermark("ts", "5 seconds")
+            keys = [fn.window("ts", "10 seconds"), "k"]
+        return (ss.stream(df) if ours else df).groupBy(*keys).agg(*aggs(fn))
+
+    files = sketch_files(spark)
+    case = Differential(f"hll-{mode}", SKETCH_SCHEMA, files, mode, build, 2, KeyedCollector)
+    expected = spark_runs.of(case)
+    for provider in ("memory", "rocksdb"):
+        mine, _ = case.run(spark, tmp_path / provider, provider)
+        assert_same(mine, expected)
+    names = expected.schema.names
+    last = {r[names.index("k")]: r for r in expected.batches[max(expected.batches)]}
+    if mode == "update":  # the whole stream's sketches, read back by Spark
+        column = names.index("hll_sketch_agg(v, 12)")
+        exact = {k: len({r["v"] for f in files for r in f if r["k"] == k}) for k in ("few", "many")}
+        got = spark.createDataFrame([(k, last[k][column]) for k in exact], "k string, h binary")
+        estimates = dict(got.select("k", F.hll_sketch_estimate("h")).collect())
+        for k, n in exact.items():
+            assert abs(estimates[k] - n) <= 0.05 * n, (k, estimates[k], n)
