@@ -1,9 +1,9 @@
 """The aggregate functions of a streaming ``agg()`` against Spark's built-in streaming aggregation:
 the same file feed, batch by batch, in update and complete mode (on memory; test_windows runs them
 on rocksdb), with a restart on the same checkpoint in the middle; the later ones by group (logical
-and bitwise, moments, percentiles, percentile_approx) in update and windowed append mode on both
-providers, and in session windows; and PySpark's own aggregates taken as their twins or refused
-naming the ``SF`` function to use."""
+and bitwise, moments, percentiles, percentile_approx, DataSketches HLL sketches) in update and
+windowed append mode on both providers, and in session windows; and PySpark's own aggregates
+taken as their twins or refused naming the ``SF`` function to use."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -267,6 +268,7 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
             F.max_by("s", "d"),
             F.percentile("v", [0.25, 0.5]),
             F.any_value("s", True),
+            F.hll_sketch_agg("s", 10),
         ),
     )
     (stage,) = plan_stages(df, [step], "update", None)
@@ -297,6 +299,12 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
             "percentage": [0.25, 0.5],
         },
         {"func": "any_value", "name": "any_value(s)", "type": "string", "ignorenulls": True},
+        {
+            "func": "hll_sketch_agg",
+            "name": "hll_sketch_agg(s, 10)",
+            "type": "binary",
+            "lgConfigK": 10,
+        },
     ]
 
 
@@ -311,8 +319,18 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
         (lambda: F.sum(F.col("v") + 1), r"plain column only.*SF\.sum\(<the expression>\)"),
         (lambda: F.first(F.upper("s")), r"plain column only.*SF\.first\("),
         (
-            lambda: F.hll_sketch_agg("v"),
-            r"hll_sketch_agg\(\) cannot be merged.*SF\.percentile_approx",
+            lambda: F.regr_count("v", "d"),
+            r"regr_count\(\) cannot be merged.*SF\.percentile_approx.*SF\.hll_union_agg",
+        ),
+        (
+            lambda: F.hll_sketch_agg("v", 22),
+            r"HLL_INVALID_LG_K.*`hll_sketch_agg`.*between 4 and 21, inclusive: 22\.",
+        ),
+        (lambda: SF.hll_sketch_agg("s", 3), r"HLL_INVALID_LG_K.*inclusive: 3\."),
+        (lambda: F.hll_sketch_agg("v", F.col("v")), r"HLL_K_MUST_BE_CONSTANT.*`hll_sketch_agg`"),
+        (
+            lambda: F.hll_union_agg("s", F.col("v") > 0),
+            r"hll_union_agg\(\) takes a literal boolean allowDifferentLgConfigK",
         ),
         (
             lambda: F.percentile_approx("v", F.col("d")),
@@ -370,6 +388,12 @@ def test_spark_connect_columns_are_read_without_a_session() -> None:
     assert recognise(connect.mode("v", True)).options == (("deterministic", True),)
     approx = recognise(connect.percentile_approx("v", [0.25, 0.5], 100))
     assert approx.options == (("percentage", (0.25, 0.5)), ("accuracy", 100))
+    assert recognise(connect.hll_sketch_agg("v", 10)).options == (("lgConfigK", 10),)
+    assert recognise(connect.hll_sketch_agg("v")).options == ()
+    union = recognise(connect.hll_union_agg("sk", True))
+    assert (union.func, union.options) == ("hll_union_agg", (("allowDifferentLgConfigK", True),))
+    with pytest.raises(ConfigurationError, match=r"HLL_INVALID_LG_K.*inclusive: 2\."):
+        recognise(connect.hll_sketch_agg("v", 2))
 
 
 # --- the aggregates beyond the basic ones, by group -----------------------------------------------
@@ -690,3 +714,33 @@ def test_hll_sketches_match_spark_byte_for_byte_on_both_providers(
         estimates = dict(got.select("k", F.hll_sketch_estimate("h")).collect())
         for k, n in exact.items():
             assert abs(estimates[k] - n) <= 0.05 * n, (k, estimates[k], n)
+
+
+def test_hll_union_of_another_lg_config_k_in_a_later_batch_fails_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """A sketch of ``lgConfigK`` 10 after one of 12 for the same key, without
+    ``allowDifferentLgConfigK``: the batch fails with Spark's error, in both queries."""
+    made = spark.createDataFrame([(1,), (2,)], "x long")
+    sketches = [
+        base64.b64encode(bytes(made.agg(F.hll_sketch_agg("x", lg)).first()[0])).decode()
+        for lg in (12, 10)
+    ]
+    their_feed = FileFeed(tmp_path / "input-b")
+    ours = ss.stream(source(spark, feed, SKETCH_SCHEMA)).groupBy("k").agg(F.hll_union_agg("sk"))
+    theirs = source(spark, their_feed, SKETCH_SCHEMA).groupBy("k").agg(F.hll_union_agg("sk"))
+    queries = [
+        start_ours(ours, "update", tmp_path / "a", "memory", RawCollector()),
+        start_spark(theirs, "update", tmp_path / "b", RawCollector()),
+    ]
+    try:
+        for sketch in sketches:
+            feed.add([{"k": "u", "sk": sketch}])
+            their_feed.add([{"k": "u", "sk": sketch}])
+        message = r"HLL_UNION_DIFFERENT_LG_K.*values: 12 and 10"
+        for q in queries:
+            with pytest.raises(StreamingQueryException, match=message):
+                q.processAllAvailable()
+    finally:
+        for q in queries:
+            q.stop()
