@@ -564,6 +564,8 @@ def test_more_aggregates_in_session_windows_that_merge_across_batches(
             fn.kurtosis("d"),
             fn.percentile("v", [0.5]),
             fn.mode("v", True),
+            fn.hll_sketch_agg("v"),
+            F.hll_sketch_agg("s", 5),
         ]
 
     def build(df: DataFrame, ours: bool) -> Any:
