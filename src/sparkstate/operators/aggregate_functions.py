@@ -28,7 +28,9 @@ nulls and NaN included:
 * ``percentile``, ``median`` and ``mode`` keep every value as ``collect_list`` does
   (:mod:`sparkstate.operators._distribution`);
 * ``percentile_approx``/``approx_percentile`` keep Spark's Greenwald-Khanna summary, each
-  batch's values inserted in their order (:mod:`sparkstate.operators._quantiles`).
+  batch's values inserted in their order (:mod:`sparkstate.operators._quantiles`);
+* ``hll_sketch_agg`` and ``hll_union_agg`` keep Spark's DataSketches HLL sketch, as its bytes,
+  and union each batch's sketch into it (:mod:`sparkstate.operators.hll_sketch`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, SparkstateError
-from sparkstate.operators import _distribution, _moments, _quantiles, hll
+from sparkstate.operators import _distribution, _moments, _quantiles, hll, hll_sketch
 from sparkstate.operators._decimals import add_within, average
 from sparkstate.operators._lists import concat_lists, distinct_lists, no_null_lists
 from sparkstate.store.codec import ValueCodec
@@ -96,6 +98,8 @@ _SUFFIXES: dict[str, tuple[str, ...]] = {
     **{name: ("values",) for name in _PERCENTILES},
     "mode": ("values",),
     **{name: ("sampled", "g", "delta", "count") for name in _APPROX},
+    "hll_sketch_agg": ("sketch",),
+    "hll_union_agg": ("union",),
 }
 #: Functions computed as another is (the name is Spark's; the merge is the other's).
 _SAME_AS = {
@@ -145,6 +149,10 @@ class AggregateFunction:
     percentage: float | tuple[float, ...] | None = None
     #: ``percentile_approx``'s accuracy (Spark's default 10000): its relative error is 1/accuracy.
     accuracy: int | None = None
+    #: ``hll_sketch_agg``'s ``lgConfigK`` (Spark's default 12).
+    lg_config_k: int | None = None
+    #: ``hll_union_agg``'s ``allowDifferentLgConfigK``.
+    allow_different_lg_config_k: bool = False
 
     def __post_init__(self) -> None:
         if self.func not in _SUFFIXES:
@@ -155,6 +163,8 @@ class AggregateFunction:
             raise ConfigurationError(msg)
         if self.func == "approx_count_distinct":
             hll.precision(self.rsd)
+        if self.func == "hll_sketch_agg":
+            hll_sketch.check_lg_k(self._lg_k())
         if self.func in _PERCENTILES + _APPROX and self.percentage is None:
             msg = f"{self.func}() into column {self.output_name!r} needs its percentage"
             raise ConfigurationError(msg)
@@ -196,7 +206,7 @@ class AggregateFunction:
             types = [pa.int64() if func == "count_if" else pa.bool_()]
         elif func in _MOMENTS or func in _COMOMENTS or func in ("skewness", "kurtosis"):
             types = [_F64] * len(suffixes)
-        elif func == "approx_count_distinct":
+        elif func in ("approx_count_distinct", "hll_sketch_agg", "hll_union_agg"):
             types = [pa.binary()]
         else:  # min, max
             types = [out]
@@ -233,10 +243,17 @@ class AggregateFunction:
             out["percentage"] = list(p) if isinstance(p, tuple) else p
         if self.func in _APPROX:
             out["accuracy"] = self._accuracy()
+        if self.func == "hll_sketch_agg":
+            out["lgConfigK"] = self._lg_k()
+        if self.func == "hll_union_agg":
+            out["allowDifferentLgConfigK"] = self.allow_different_lg_config_k
         return out
 
     def _accuracy(self) -> int:
         return 10000 if self.accuracy is None else int(self.accuracy)
+
+    def _lg_k(self) -> int:
+        return hll_sketch.DEFAULT_LG_K if self.lg_config_k is None else self.lg_config_k
 
     def _decimal_avg(self) -> bool:
         return self.func == "avg" and pa.types.is_decimal(self.output_type)
@@ -537,6 +554,15 @@ def _merge_registers(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bu
     return [hll.fold(s[0], b[0], hll.precision(agg.rsd))]
 
 
+def _merge_hll_sketches(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    return [hll_sketch.merge_sketches(s[0], b[0], agg._lg_k())]
+
+
+def _merge_hll_unions(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    allow = agg.allow_different_lg_config_k
+    return [hll_sketch.merge_unions(s[0], b[0], allow_different_lg_k=allow)]
+
+
 _MERGES: dict[str, Merge] = {
     "count": _merge_count,
     "sum": _merge_sum,
@@ -562,6 +588,8 @@ _MERGES: dict[str, Merge] = {
     "percentile": _merge_collect_list,
     "mode": _merge_collect_list,
     "percentile_approx": _merge_quantiles,
+    "hll_sketch_agg": _merge_hll_sketches,
+    "hll_union_agg": _merge_hll_unions,
 }
 
 
@@ -618,6 +646,13 @@ def _moment(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
 
 def _approx_count(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
     return hll.estimate(bufs[0], hll.precision(agg.rsd))
+
+
+def _sketch(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    """The state's sketch; where no sketch came (``hll_union_agg`` of nulls only), Spark's
+    empty union: an empty sketch of ``lgConfigK`` 12."""
+    lg_k = agg._lg_k() if agg.func == "hll_sketch_agg" else hll_sketch.DEFAULT_LG_K
+    return pc.fill_null(bufs[0].cast(pa.binary()), pa.scalar(hll_sketch.empty(lg_k), pa.binary()))
 
 
 def _central(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
@@ -695,4 +730,6 @@ _RESULTS: dict[str, Result] = {
     "percentile": _percentile,
     "mode": _mode,
     "percentile_approx": _approx_percentile,
+    "hll_sketch_agg": _sketch,
+    "hll_union_agg": _sketch,
 }
