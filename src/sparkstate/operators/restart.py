@@ -52,9 +52,7 @@ def same_schema(old: Any, new: Any) -> bool:
     return [f[:2] for f in _fields(old)] == [f[:2] for f in _fields(new)]
 
 
-def _check_fields(
-    old: Any, new: Any, what: str, where: str, *, widening: bool = False
-) -> None:
+def _check_fields(old: Any, new: Any, what: str, where: str, *, widening: bool = False) -> None:
     before, after = _fields(old), _fields(new)
     reason = incompatibility([before], after, widening=widening)
     if reason is not None:

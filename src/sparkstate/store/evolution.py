@@ -72,10 +72,7 @@ _INTS = ("int8", "int16", "int32")
 #: Avro's schema resolution that Spark's Avro state encoding reads old values through (Spark
 #: writes byte, short and int as Avro ``int``; a narrowing between them is refused here).
 WIDENINGS: dict[str, frozenset[str]] = {
-    **{
-        t: frozenset({*_INTS[i + 1 :], "int64", "float", "double"})
-        for i, t in enumerate(_INTS)
-    },
+    **{t: frozenset({*_INTS[i + 1 :], "int64", "float", "double"}) for i, t in enumerate(_INTS)},
     "int64": frozenset({"float", "double"}),
     "float": frozenset({"double"}),
     "string": frozenset({"binary"}),
@@ -172,12 +169,16 @@ def evolve(
     widening: bool = False,
 ) -> tuple[list[pa.Schema], int]:
     """The history with ``new`` in it, and the id of ``new``; raises when the change from the
-    schemas of ``history`` (``current`` is the one in use) is not compatible."""
-    for schema_id, schema in enumerate(history):
-        if schema.equals(new):
-            return list(history), schema_id
+    schemas of ``history`` (``current`` is the one in use) is not compatible. With
+    ``widening``, a return to an earlier schema is checked too: a later one may have widened a
+    field, whose values the earlier type cannot hold."""
+    reverted = next((i for i, s in enumerate(history) if s.equals(new)), None)
+    if reverted is not None and (not widening or reverted == current):
+        return list(history), reverted
     fields = [fields_of(s) for s in history]
     reason = incompatibility(fields, fields_of(new), current, widening=widening)
+    if reverted is not None and reason is None:
+        return list(history), reverted
     if reason is not None:
         old = show_fields(fields_of(history[current]))
         shown = f"{what}: the value schema"
