@@ -83,6 +83,12 @@ WHAT_TO_DO = (
     "Compatible changes are adding nullable fields, dropping fields and reordering fields; "
     "restore the original schema, or start from a new checkpoint location"
 )
+WIDENING_WHAT_TO_DO = (
+    "Compatible changes are adding nullable fields, dropping fields, reordering fields and "
+    "widening a field's type as Avro's schema resolution does (int to long, float or double; "
+    "long to float or double; float to double; string to and from binary); restore the "
+    "original schema, or start from a new checkpoint location"
+)
 
 Row: TypeAlias = tuple[Any, ...]
 
@@ -119,8 +125,7 @@ def refusal(what: str, old: str, new: str, reason: str, *, widening: bool = Fals
     lead = "Schema evolution is not possible: " if widening else ""
     return (
         f"[{condition(widening)}] {lead}{what} cannot change from {old} to {new}: {reason}, so "
-        f"values stored before could not be read. {WHAT_TO_DO}"
-        + (" (or widen a field's type as Avro's schema resolution does)" if widening else "")
+        f"values stored before could not be read. {WIDENING_WHAT_TO_DO if widening else WHAT_TO_DO}"
     )
 
 
