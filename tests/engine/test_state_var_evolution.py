@@ -152,10 +152,9 @@ def test_a_widened_field_as_spark_takes_it_under_each_encoding(
                 assert "'n' changed type from int32 to int64" in str(error)
             else:
                 assert (their_error, error) == (None, None)
-                assert ours.batches == theirs.batches == {
-                    0: [("a", 2, "")],
-                    1: [("a", 3, ""), ("b", 1, "")],
-                }
+                expected = {0: [("a", 2, "")], 1: [("a", 3, ""), ("b", 1, "")]}
+                assert theirs.batches == expected
+                assert ours.batches == expected
     finally:
         if previous is None:
             spark.conf.unset(ENCODING)

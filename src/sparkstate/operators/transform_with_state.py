@@ -187,10 +187,9 @@ class TransformWithState(StatefulOperator):
             raise ConfigurationError(msg)
         #: Spark's ``spark.sql.streaming.stateStore.encodingFormat``.
         self.state_encoding = state_encoding
-        #: Pandas mode: a key's rows come in frames of at most this many rows (<= 0: no limit)
-        #: ...
+        #: Pandas mode: the most rows of a frame of a key's rows (<= 0: no limit).
         self.max_records_per_batch = max_records_per_batch
-        #: ... and of at most about this many bytes of Arrow input.
+        #: Pandas mode: about the most bytes of Arrow input of a frame of a key's rows.
         self.max_bytes_per_batch = max_bytes_per_batch
         self.value_schema = MARKER_SCHEMA
         self.state_specs: dict[str, VarSpec] = declare_state(processor, self.time_mode)
