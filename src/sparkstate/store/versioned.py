@@ -76,7 +76,8 @@ class VersionedProvider(StateStoreProvider):
     def _check_schema(self) -> None:
         specs = {n: (f.key_schema, f.value_schema) for n, f in self.families.items()}
         expected = schema_description(self.name, specs, self.conf.num_partitions)
-        evolved = check_schema_file(self.dir, expected, str(self.id))
+        widening = self.conf.value_widening
+        evolved = check_schema_file(self.dir, expected, str(self.id), widening=widening)
         for name, (history, schema_id) in evolved.items():
             self.families[name].value_codec = value_codec_for(history, schema_id)
 
