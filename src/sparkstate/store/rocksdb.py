@@ -32,7 +32,13 @@ import numpy as np
 import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
-from sparkstate.store.base import StateStore, StoreConf, StoreId, default_local_dir
+from sparkstate.store.base import (
+    StateStore,
+    StoreConf,
+    StoreId,
+    StoreStatus,
+    default_local_dir,
+)
 from sparkstate.store.handoff import listener
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.rocksdb_local import (
@@ -284,7 +290,7 @@ class RocksDBStateStore(StateStore):
         return self._counted
 
     def raw_num_keys(self) -> int:
-        if self._done:
+        if self.status is not StoreStatus.UPDATING:
             return self._num_keys
         return self._count_after_writes()
 
@@ -324,6 +330,8 @@ class RocksDBStateStore(StateStore):
         self._pending.clear()
         self._counted = None
         self._in_order = ([], [])
+
+    def _release(self) -> None:
         # A writable version aborted is a failed or replayed task: let the database go.
         self._provider.end_use(close=not self._read_only)
 
@@ -493,13 +501,10 @@ class RocksDBStateStoreProvider(VersionedProvider):
         index = self.index()
         self.note_snapshots(index)
         target = self.resolve(version, checkpoint_id, index)
-        active = self._active
-        if active is not None and not active._done:
+        if self._active is not None:
             # One local database per partition: as in Spark, opening a version discards a
             # version still open in this provider (its writes were never committed).
-            active._pending.clear()
-            active._counted = None
-            active._done = True
+            self._active.discard()
         db, local_ref, num_keys = self._open_local()
         self._db = db  # closed by release() if anything below fails
         if db is not None and local_ref == target:
