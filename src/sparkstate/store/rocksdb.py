@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
 from sparkstate.store.base import StoreConf, StoreId, default_local_dir
+from sparkstate.store.durable import FileEntry
 from sparkstate.store.handoff import listener
 from sparkstate.store.layout import VersionIndex, VersionRef, file_name
 from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
@@ -68,6 +69,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
     name: ClassVar[str] = "rocksdb"
     delta_ext: ClassVar[str] = "changelog"
     delta_kind: ClassVar[bytes] = b"CLOG"
+    records_rows: ClassVar[bool] = True
+    shares_files: ClassVar[bool] = True
     #: Unreferenced SST objects younger than this may belong to an upload in progress.
     orphan_grace_s: ClassVar[float] = 600.0
 
@@ -384,6 +387,13 @@ class RocksDBStateStoreProvider(VersionedProvider):
         for entry in sst_dir.list():
             if entry.name not in referenced and now - entry.mtime_s > self.orphan_grace_s:
                 sst_dir.delete(entry.name)
+
+    def _shared_files(self) -> list[FileEntry]:
+        return self.dir.child(SST_DIR).list()
+
+    def _snapshot_rows(self, ref: VersionRef) -> int | None:
+        manifest = read_manifest(self.dir, ref)
+        return int(manifest["num_keys"]) if "num_keys" in manifest else None
 
     # --- metrics ---------------------------------------------------------------------------------
 
