@@ -6,10 +6,11 @@ of it, opened for reading and writing by one task. Batch ``b`` opens version ``b
 
 Providers implement a small byte-level core (``raw_*`` methods over *physical keys*, which are an
 encoded column-family prefix followed by the order-preserving key encoding) plus ``_commit`` and
-``_abort``. Everything typed (schemas, codecs, column families, batch calls over Arrow) lives here,
-once, for every provider. Operators that encode keys and values in bulk themselves use the
-``*_encoded*`` methods: a family's encoded keys in and out, the family prefix added here, so the
-physical key layout is known to this package alone.
+``_abort`` (and, where a version holds something of its provider, ``_release``). Everything typed
+(schemas, codecs, column families, batch calls over Arrow) and a store's life (one
+:class:`StoreStatus`) live here, once, for every provider. Operators that encode keys and values
+in bulk themselves use the ``*_encoded*`` methods: a family's encoded keys in and out, the family
+prefix added here, so the physical key layout is known to this package alone.
 """
 
 from __future__ import annotations
