@@ -12,24 +12,24 @@ from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.initial_state import initial_state_of
 from sparkstate.engine.join_plan import JoinInput, plan_join, plan_join_after
-from sparkstate.engine.plan import (
+from sparkstate.engine.plan import plan_stages
+from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
+from sparkstate.engine.repartition import rescale_at_start
+from sparkstate.engine.session import is_connect, on_server
+from sparkstate.engine.sinks import FILE_FORMATS, make_sink
+from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
+from sparkstate.engine.stage import Stage
+from sparkstate.engine.state_source import register_once
+from sparkstate.engine.steps import (
     ARBITRARY_FUNCTION_APIS,
     AggregateStep,
     ArbitraryStep,
     DedupStep,
     JoinStep,
     LimitStep,
-    Stage,
     StatelessStep,
     Step,
-    plan_stages,
 )
-from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
-from sparkstate.engine.repartition import rescale_at_start
-from sparkstate.engine.session import is_connect, on_server
-from sparkstate.engine.sinks import FILE_FORMATS, make_sink
-from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
-from sparkstate.engine.state_source import register_once
 from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,

@@ -27,9 +27,10 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.engine.executor import task_function
-from sparkstate.engine.plan import Stage, quote
 from sparkstate.engine.session import is_connect
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.spark_schema import quote
+from sparkstate.engine.stage import Stage
 from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.exceptions import ConfigurationError, QueryError
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog, ReportDir

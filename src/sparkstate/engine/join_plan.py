@@ -31,13 +31,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from sparkstate.engine.join_connect import ConnectJoin, connect_stateful_step, stand_in_join
-from sparkstate.engine.plan import Stage, arrow_schema
 from sparkstate.engine.session import is_connect
+from sparkstate.engine.spark_schema import arrow_schema
+from sparkstate.engine.stage import PlanContext, Planned, Stage
+from sparkstate.engine.steps import JoinStep, StatelessStep
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.join import SIDE_COLUMN, JoinSide, StreamingJoin
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY, WatermarkSpec
 
-__all__ = ["JoinInput", "JoinPlan", "plan_join", "plan_join_after"]
+__all__ = ["JoinInput", "JoinPlan", "plan_join", "plan_join_after", "plan_join_step"]
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +225,33 @@ def plan_join(
         msg = f"join: {exc}"
         raise ConfigurationError(msg) from exc
     return _Planner(left, right, plan, join_type, upstream).plan()
+
+
+def plan_join_step(step: JoinStep, at: PlanContext) -> Planned:
+    """The join's stage: its input is the stream itself (the tagged union of both sides); its
+    output is renamed to Spark's columns of the join. Its sides' own stateful steps run before
+    it, and the steps after it see the watermark as far behind as Spark 4 puts it."""
+    if at.output_mode != "append":
+        msg = (
+            "Join between two streaming DataFrames/Datasets is not supported in "
+            f"{at.output_mode.title()} output mode, only in Append output mode"
+        )
+        raise ConfigurationError(msg)
+    plan: JoinPlan = step.plan
+    rename = StatelessStep("select", tuple(plan.output_columns))
+    stage = Stage(
+        at.op_id,
+        plan.operator,
+        plan.output_struct,
+        plan.partition_columns,
+        lambda batch: batch,
+        after=[rename],
+        inputs=dict(plan.tracker_inputs),
+        source=plan.source(at.op_id),
+    )
+    names = [f.name for f in plan.output_struct.fields]
+    output = plan.union.select(*names).select(*plan.output_columns)
+    return Planned(stage, output, plan.input_stages(at.op_id), plan.output_lag_ms)
 
 
 def _stateful_side(side: str, stateful: str) -> str:
