@@ -216,7 +216,6 @@ def _key_layout(key_fields: Sequence[StructField], event_time: str | None) -> _K
     return _KeyLayout(fields, output_keys, columns, watermark_key)
 
 
-
 def closes_by_watermark(op: StatefulOperator) -> bool:
     """Whether an aggregation's rows close when the watermark passes them (append mode)."""
     if isinstance(op, SessionWindowAggregate):
