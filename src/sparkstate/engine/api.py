@@ -20,13 +20,7 @@ from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
 from sparkstate.engine.stage import Stage
 from sparkstate.engine.state_source import register_once
-from sparkstate.engine.steps import (
-    DedupStep,
-    JoinStep,
-    LimitStep,
-    StatelessStep,
-    Step,
-)
+from sparkstate.engine.steps import DedupStep, JoinStep, LimitStep, StatelessStep, Step
 from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,
@@ -236,7 +230,7 @@ class StatefulStream:
 
     sort = orderBy
 
-    def with_step(self, step: Step) -> StatefulStream:
+    def _with_step(self, step: Step) -> StatefulStream:
         """This stream with ``step`` after its steps."""
         return dataclasses.replace(self, steps=(*self.steps, step))
 

@@ -24,7 +24,7 @@ class _Stream(Protocol):
     @property
     def df(self) -> DataFrame: ...
 
-    def with_step(self, step: Step) -> Self: ...
+    def _with_step(self, step: Step) -> Self: ...
 
 
 S = TypeVar("S", bound=_Stream)
@@ -56,7 +56,7 @@ class GroupedStream(Generic[S]):
             msg = "agg() needs at least one aggregate, e.g. SF.count('*')"
             raise ConfigurationError(msg)
         step = AggregateStep(self.keys, tuple(exprs))
-        return self.parent.with_step(step)
+        return self.parent._with_step(step)
 
     def count(self) -> S:
         """Rows per group, in a column named ``count`` (as ``GroupedData.count``)."""
@@ -96,7 +96,7 @@ class GroupedStream(Generic[S]):
             raise ConfigurationError(msg)
         keys = tuple(column_name_of(self.parent.df, k) for k in step.keys)
         step = dataclasses.replace(step, keys=keys)
-        return self.parent.with_step(step)
+        return self.parent._with_step(step)
 
     def applyInPandasWithState(  # noqa: N802 - PySpark's names
         self,
