@@ -7,7 +7,8 @@ stages over the batch (shuffle by key, ``mapInArrow`` with the partition's store
 ``b``); hand the output to the sink, whose single action runs every stateful task once; read the
 tasks' reports (small files under ``reports/<b>/``, :class:`~sparkstate.runtime.logs.ReportDir`);
 write ``commits/<b>.json``; advance the watermark; ask for a no-data batch if an operator needs
-one; publish progress. What runs inside a task is :mod:`sparkstate.runtime`. Once ``stop()`` is
+one; publish progress. The Spark jobs of a batch are :mod:`sparkstate.engine.batch_job`; what
+runs inside a task is :mod:`sparkstate.runtime`. Once ``stop()`` is
 called, the driver starts no batch and commits nothing of the one in flight
 (:mod:`sparkstate.engine.stopping`).
 """
@@ -15,26 +16,23 @@ called, the driver starts no batch and commits nothing of the one in flight
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
-from sparkstate.engine.executor import task_function
-from sparkstate.engine.plan import Stage, quote
+from sparkstate.engine.batch_job import engine_settings, run_stages
+from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.session import is_connect
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.stage import Stage
 from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.exceptions import ConfigurationError, QueryError
-from sparkstate.runtime.logs import CheckpointLock, CheckpointLog, ReportDir
+from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
 from sparkstate.runtime.progress import build_progress, format_time
-from sparkstate.runtime.providers import StoreSettings
 from sparkstate.runtime.records import (
     USER_FUNCTION_NOTE,
     BatchCommit,
@@ -44,50 +42,15 @@ from sparkstate.runtime.records import (
     TaskReport,
 )
 from sparkstate.runtime.spark_checkpoint import input_digest
-from sparkstate.runtime.tasks import TaskSpec, commit_untouched
 from sparkstate.runtime.triggers import next_request
 from sparkstate.runtime.watermark import WatermarkTracker
 from sparkstate.store.durable import DurableDir
 
-__all__ = ["BatchDriver", "DriverConfig"]
+__all__ = ["BatchDriver", "DriverConfig", "engine_settings"]
 
 log = logging.getLogger("sparkstate.engine")
-AQE = "spark.sql.adaptive.enabled"
-SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
-INPUT = "input"
 MAX_RECENT_PROGRESS = 100
 RUN_ID_WAIT_S = 30.0
-
-
-@dataclasses.dataclass
-class DriverConfig:
-    query_id: str
-    name: str | None
-    output_mode: str
-    num_partitions: int
-    store: StoreSettings
-    #: Spark's run id of the query, known once Spark started it (:meth:`BatchDriver.started`).
-    run_id: str = ""
-    #: The delay of every ``withWatermark`` of the input, in declaration order.
-    watermark_delays_ms: tuple[int, ...] = ()
-    #: Whether the query takes the clock source, through which the driver asks for batches.
-    clock: bool = False
-    #: ``spark.sql.streaming.noDataMicroBatches.enabled``: off, the driver asks for no batch
-    #: (timers, timeouts and eviction wait for the next data, as in Spark).
-    no_data_batches: bool = True
-    watermark_policy: str = "min"
-    #: Spark's checkpoint location (its ``offsets/`` say what each batch read); "" for none.
-    checkpoint: str = ""
-    #: Names this start of the query in files the driver leaves for the client (its failure).
-    start_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
-
-    def watermark_inputs(self) -> dict[str, int]:
-        """The tracker's inputs: ``input`` for the first watermark (the name checkpoints have
-        always used), ``input.<i>`` for more on the same column."""
-        return {
-            INPUT if i == 0 else f"{INPUT}.{i}": delay
-            for i, delay in enumerate(self.watermark_delays_ms)
-        }
 
 
 class BatchDriver:
@@ -259,7 +222,7 @@ class BatchDriver:
         session = df.sparkSession
         self._check_stop()  # the last moment before the batch's Spark job
         with engine_settings(session, self.config.num_partitions):
-            reports, timings = self._execute(df, batch_id, intent, lineage, session)
+            reports, timings = self._execute(df, batch_id, intent, lineage)
         sink_started = time.time()
         _finish(self.sink, batch_id)
         timings["sinkFinish"] = int((time.time() - sink_started) * 1000)
@@ -327,9 +290,7 @@ class BatchDriver:
             raise QueryError(msg)
         log.info("batch %d is committed; re-delivering its output", batch_id)
         with engine_settings(df.sparkSession, self.config.num_partitions):
-            self._execute(
-                df, batch_id, intent, self._lineage(batch_id), df.sparkSession, replay=True
-            )
+            self._execute(df, batch_id, intent, self._lineage(batch_id), replay=True)
         _finish(self.sink, batch_id)
 
     # --- steps -----------------------------------------------------------------------------------
@@ -349,79 +310,19 @@ class BatchDriver:
             raise QueryError(msg)
         return previous.lineage()
 
-    def _spec(
-        self,
-        stage: Stage,
-        intent: BatchIntent,
-        lineage: dict[int, dict[int, str | None]],
-        replay: bool,
-    ) -> TaskSpec:
-        last = stage is self.stages[-1]
-        return TaskSpec(
-            op_id=stage.op_id,
-            operator=stage.operator,
-            batch_id=intent.batch_id,
-            output_mode=self.config.output_mode if last else "append",
-            watermark_ms=max(0, intent.watermark_ms - stage.watermark_lag_ms),
-            late_watermark_ms=max(0, intent.watermark_for_late_rows_ms - stage.watermark_lag_ms),
-            batch_timestamp_ms=intent.batch_timestamp_ms,
-            num_partitions=self.config.num_partitions,
-            store=self.config.store,
-            lineage=lineage.get(stage.op_id, {}),
-            replay=replay,
-        )
-
     def _execute(
         self,
         df: DataFrame,
         batch_id: int,
         intent: BatchIntent,
         lineage: dict[int, dict[int, str | None]],
-        session: SparkSession,
         *,
         replay: bool = False,
     ) -> tuple[list[TaskReport], dict[str, int]]:
         reports_dir = self.log.new_report_dir(batch_id)
-        n = self.config.num_partitions
-        current = df
-        outputs: dict[int, DataFrame] = {}
-        specs: dict[int, TaskSpec] = {}
-        for stage in self.stages:
-            spec = self._spec(stage, intent, lineage, replay)
-            specs[stage.op_id] = spec
-            source = current if stage.source is None else stage.source(df, outputs)
-            shuffled = stage.input_of(source, batch_id).repartition(
-                n, *[quote(c) for c in stage.partition_columns]
-            )
-            output = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
-            current = outputs[stage.op_id] = stage.output_of(output)
-        sink_started = time.time()
-        try:
-            self.sink.add_batch(batch_id, current, self.config.output_mode)
-        except Exception as exc:
-            failure = reports_dir.first_failure()
-            if failure is None:
-                raise
-            error = failure.error()  # sparkstate's error, not Spark's text of it
-            if error.__cause__ is None:
-                error.__cause__ = exc
-            raise error from error.__cause__
-        timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
-        if replay:
-            return [], timings
-        reports = _winning_reports(reports_dir.read())
-        missing = [(op_id, p) for op_id in specs for p in range(n) if (op_id, p) not in reports]
-        if missing:
-            if self.config.output_mode == "complete":
-                msg = (
-                    f"batch {batch_id}: Spark ran no task for state partitions {missing}, so "
-                    "complete output would be partial. Is adaptive execution forced on?"
-                )
-                raise QueryError(msg)
-            log.warning("batch %d: committing untouched partitions %s", batch_id, missing)
-            _commit_untouched(session, specs, missing, reports_dir)
-            reports = _winning_reports(reports_dir.read())
-        return list(reports.values()), timings
+        return run_stages(
+            self.config, self.stages, self.sink, reports_dir, df, intent, lineage, replay=replay
+        )
 
     def _commit(
         self, intent: BatchIntent, reports: list[TaskReport]
@@ -474,28 +375,6 @@ class BatchDriver:
             return list(self.recent)
 
 
-@contextlib.contextmanager
-def engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None]:
-    """Session settings for the stateful stages of one batch, restored afterwards.
-
-    Adaptive execution off: coalesced shuffle partitions would break "partition = store".
-    Shuffle partitions = state partitions: the partial aggregate's shuffle then already hashes
-    by key into ``num_partitions`` and Spark drops the second shuffle of ``repartition``.
-    """
-    wanted = {AQE: "false", SHUFFLE_PARTITIONS: str(num_partitions)}
-    previous: dict[str, str | None] = {k: session.conf.get(k, None) for k in wanted}
-    for k, v in wanted.items():
-        session.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, old in previous.items():
-            if old is None:
-                session.conf.unset(k)
-            else:
-                session.conf.set(k, old)
-
-
 def _finish(sink: Sink, batch_id: int) -> None:
     """The sink's user code (a ``foreachBatch`` function); its error is noted as the user's."""
     try:
@@ -517,36 +396,3 @@ def _spark_checkpoint(location: str) -> DurableDir | None:
 
 def _op_id(stage: Stage) -> int:
     return stage.op_id
-
-
-def _winning_reports(reports: list[TaskReport]) -> dict[tuple[int, int], TaskReport]:
-    """One report per (operator, partition): the newest attempt if a task ran more than once
-    (:meth:`TaskReport.wins_over`)."""
-    out: dict[tuple[int, int], TaskReport] = {}
-    for r in reports:
-        key = (r.op, r.partition)
-        old = out.get(key)
-        if old is None or r.wins_over(old):
-            out[key] = r
-    return out
-
-
-def _commit_untouched(
-    session: SparkSession,
-    specs: dict[int, TaskSpec],
-    missing: list[tuple[int, int]],
-    reports: ReportDir,
-) -> None:
-    """Commit the partitions Spark ran no task for, one Spark task each, reports beside the
-    others (a DataFrame job: no ``SparkContext`` needed)."""
-
-    def commit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for op_id, partition in zip(
-                batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
-            ):
-                reports(commit_untouched(specs[op_id], partition))
-        return iter(())
-
-    pairs = session.createDataFrame(missing, "op int, partition int")
-    pairs.repartition(len(missing)).mapInArrow(commit, pairs.schema).collect()

@@ -16,9 +16,9 @@ from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.driver import BatchDriver
 from sparkstate.engine.failures import surfaced
-from sparkstate.engine.plan import Stage
 from sparkstate.engine.session import run_on_server
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.stage import Stage
 from sparkstate.engine.stopping import RunTasks, StopRequest, cancel_batch, quiet_run
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
 from sparkstate.runtime.progress import progress_as_dict

@@ -26,7 +26,7 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_type
 
-from sparkstate.engine.driver import engine_settings
+from sparkstate.engine.batch_job import engine_settings
 from sparkstate.engine.query import release_if_finished
 from sparkstate.engine.session import is_connect, run_on_server
 from sparkstate.exceptions import ConfigurationError, SparkstateError

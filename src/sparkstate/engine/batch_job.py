@@ -1,0 +1,168 @@
+"""One batch's stateful stages as Spark runs them: each stage's input shuffled by key into the
+state partitions, ``mapInArrow`` with the partition's store, the sink's action running every task
+once, and the tasks' reports read back (one per operator and partition)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from sparkstate.engine.driver_config import DriverConfig
+from sparkstate.engine.executor import task_function
+from sparkstate.engine.sinks import Sink
+from sparkstate.engine.spark_schema import quote
+from sparkstate.engine.stage import Stage
+from sparkstate.exceptions import QueryError
+from sparkstate.runtime.logs import ReportDir
+from sparkstate.runtime.records import BatchIntent, TaskReport
+from sparkstate.runtime.tasks import TaskSpec, commit_untouched
+
+__all__ = ["engine_settings", "run_stages", "task_spec"]
+
+log = logging.getLogger("sparkstate.engine")
+AQE = "spark.sql.adaptive.enabled"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+def task_spec(
+    config: DriverConfig,
+    stage: Stage,
+    last: bool,
+    intent: BatchIntent,
+    lineage: dict[int, dict[int, str | None]],
+    replay: bool,
+) -> TaskSpec:
+    """What the tasks of ``stage`` run in the batch of ``intent`` (``last``: the stage whose
+    output goes to the sink, in the query's output mode)."""
+    return TaskSpec(
+        op_id=stage.op_id,
+        operator=stage.operator,
+        batch_id=intent.batch_id,
+        output_mode=config.output_mode if last else "append",
+        watermark_ms=max(0, intent.watermark_ms - stage.watermark_lag_ms),
+        late_watermark_ms=max(0, intent.watermark_for_late_rows_ms - stage.watermark_lag_ms),
+        batch_timestamp_ms=intent.batch_timestamp_ms,
+        num_partitions=config.num_partitions,
+        store=config.store,
+        lineage=lineage.get(stage.op_id, {}),
+        replay=replay,
+    )
+
+
+def run_stages(
+    config: DriverConfig,
+    stages: list[Stage],
+    sink: Sink,
+    reports_dir: ReportDir,
+    df: DataFrame,
+    intent: BatchIntent,
+    lineage: dict[int, dict[int, str | None]],
+    *,
+    replay: bool = False,
+) -> tuple[list[TaskReport], dict[str, int]]:
+    """Run the stateful stages over batch ``df``: each stage's input shuffled by its key into
+    the state partitions, its task over each partition's store; the sink's action runs them
+    all once. Returns the tasks' reports (one per operator and partition: the partitions
+    Spark ran no task for are committed untouched) and the time the stateful job took."""
+    batch_id = intent.batch_id
+    session = df.sparkSession
+    n = config.num_partitions
+    current = df
+    outputs: dict[int, DataFrame] = {}
+    specs: dict[int, TaskSpec] = {}
+    for stage in stages:
+        spec = task_spec(config, stage, stage is stages[-1], intent, lineage, replay)
+        specs[stage.op_id] = spec
+        source = current if stage.source is None else stage.source(df, outputs)
+        shuffled = stage.input_of(source, batch_id).repartition(
+            n, *[quote(c) for c in stage.partition_columns]
+        )
+        output = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
+        current = outputs[stage.op_id] = stage.output_of(output)
+    sink_started = time.time()
+    try:
+        sink.add_batch(batch_id, current, config.output_mode)
+    except Exception as exc:
+        failure = reports_dir.first_failure()
+        if failure is None:
+            raise
+        error = failure.error()  # sparkstate's error, not Spark's text of it
+        if error.__cause__ is None:
+            error.__cause__ = exc
+        raise error from error.__cause__
+    timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
+    if replay:
+        return [], timings
+    reports = _winning_reports(reports_dir.read())
+    missing = [(op_id, p) for op_id in specs for p in range(n) if (op_id, p) not in reports]
+    if missing:
+        if config.output_mode == "complete":
+            msg = (
+                f"batch {batch_id}: Spark ran no task for state partitions {missing}, so "
+                "complete output would be partial. Is adaptive execution forced on?"
+            )
+            raise QueryError(msg)
+        log.warning("batch %d: committing untouched partitions %s", batch_id, missing)
+        _commit_untouched(session, specs, missing, reports_dir)
+        reports = _winning_reports(reports_dir.read())
+    return list(reports.values()), timings
+
+
+@contextlib.contextmanager
+def engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None]:
+    """Session settings for the stateful stages of one batch, restored afterwards.
+
+    Adaptive execution off: coalesced shuffle partitions would break "partition = store".
+    Shuffle partitions = state partitions: the partial aggregate's shuffle then already hashes
+    by key into ``num_partitions`` and Spark drops the second shuffle of ``repartition``.
+    """
+    wanted = {AQE: "false", SHUFFLE_PARTITIONS: str(num_partitions)}
+    previous: dict[str, str | None] = {k: session.conf.get(k, None) for k in wanted}
+    for k, v in wanted.items():
+        session.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, old in previous.items():
+            if old is None:
+                session.conf.unset(k)
+            else:
+                session.conf.set(k, old)
+
+
+def _winning_reports(reports: list[TaskReport]) -> dict[tuple[int, int], TaskReport]:
+    """One report per (operator, partition): the newest attempt if a task ran more than once
+    (:meth:`TaskReport.wins_over`)."""
+    out: dict[tuple[int, int], TaskReport] = {}
+    for r in reports:
+        key = (r.op, r.partition)
+        old = out.get(key)
+        if old is None or r.wins_over(old):
+            out[key] = r
+    return out
+
+
+def _commit_untouched(
+    session: SparkSession,
+    specs: dict[int, TaskSpec],
+    missing: list[tuple[int, int]],
+    reports: ReportDir,
+) -> None:
+    """Commit the partitions Spark ran no task for, one Spark task each, reports beside the
+    others (a DataFrame job: no ``SparkContext`` needed)."""
+
+    def commit(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for op_id, partition in zip(
+                batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
+            ):
+                reports(commit_untouched(specs[op_id], partition))
+        return iter(())
+
+    pairs = session.createDataFrame(missing, "op int, partition int")
+    pairs.repartition(len(missing)).mapInArrow(commit, pairs.schema).collect()

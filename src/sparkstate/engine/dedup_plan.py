@@ -1,0 +1,45 @@
+"""Planning a deduplication: ``dropDuplicates(columns)`` and
+``dropDuplicatesWithinWatermark(columns)`` as a stage, shuffled by the columns compared."""
+
+from __future__ import annotations
+
+from sparkstate.engine.spark_schema import arrow_schema, with_watermark
+from sparkstate.engine.stage import PlanContext, Planned, Stage
+from sparkstate.engine.steps import DedupStep
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
+
+__all__ = ["plan_dedup"]
+
+
+def plan_dedup(step: DedupStep, at: PlanContext) -> Planned:
+    """The deduplication's stage; its output is its input's rows, so its shape is the input's
+    (with the query's watermark, where the steps after it find the event time)."""
+    df, event_time, delay_ms = at.df, at.event_time, at.watermark_delay_ms
+    columns = list(step.columns) if step.columns else list(df.columns)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        msg = f"{step.api}: no column(s) {missing}; the stream has {df.columns}"
+        raise ConfigurationError(msg)
+    schema = arrow_schema(df.schema)
+    operator: Deduplicate
+    if step.within_watermark:
+        if event_time is None or not at.has_event_time or delay_ms is None:
+            msg = (
+                "dropDuplicatesWithinWatermark is not supported on streaming DataFrames/Datasets "
+                "without a watermark (as in Spark): call withWatermark() on the input first"
+            )
+            raise ConfigurationError(msg)
+        operator = DeduplicateWithinWatermark(
+            schema, columns, event_time=event_time, delay_ms=delay_ms
+        )
+    else:
+        operator = Deduplicate(
+            schema,
+            columns,
+            event_time=event_time if at.has_event_time else None,
+            no_data_batches=at.watermark_present,
+        )
+    # Downstream steps find the event time as Spark's analyzer does, by the column's metadata.
+    planned = with_watermark(df, event_time, delay_ms)
+    return Planned(Stage(at.op_id, operator, df.schema, columns, lambda batch: batch), planned)

@@ -1,0 +1,116 @@
+"""Columns, schemas and watermarks as the planners read them from Spark's analysis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import StructField, StructType, TimestampNTZType, TimestampType
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
+
+__all__ = [
+    "arrow_schema",
+    "event_time_of",
+    "is_time",
+    "output_shape",
+    "quote",
+    "session_time_zone",
+    "struct_of",
+    "with_watermark",
+    "with_watermark_on",
+]
+
+
+def quote(name: str) -> Column:
+    """A column reference that survives any character in ``name``."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def arrow_schema(struct: StructType, *, nullable: bool | None = None) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field(
+                f.name,
+                to_arrow_type(f.dataType, timezone="UTC"),
+                nullable=f.nullable if nullable is None else nullable,
+            )
+            for f in struct.fields
+        ]
+    )
+
+
+def is_time(data_type: Any) -> bool:
+    return isinstance(data_type, TimestampType | TimestampNTZType)
+
+
+def with_watermark(df: DataFrame, event_time: str | None, delay_ms: int | None) -> DataFrame:
+    """``df`` with the query's watermark as Spark records it (on the event-time column's metadata,
+    which the analyzer carries to a ``window()`` of it), for planning only."""
+    if event_time is None or delay_ms is None or event_time not in df.columns:
+        return df
+    meta = df.schema[event_time].metadata or {}
+    if WATERMARK_DELAY_KEY in meta:
+        return df
+    return df.withWatermark(event_time, f"{delay_ms} milliseconds")
+
+
+def with_watermark_on(struct: StructType, column: str, delay_ms: int | None) -> StructType:
+    """``struct`` with the watermark on ``column``, as Spark re-assigns it to the output column of
+    ``eventTimeColumnName`` (the delay in the column's metadata, where PySpark records it)."""
+    fields = []
+    for f in struct.fields:
+        if f.name == column and delay_ms is not None:
+            metadata = {**(f.metadata or {}), WATERMARK_DELAY_KEY: delay_ms}
+            f = StructField(f.name, f.dataType, f.nullable, metadata)
+        fields.append(f)
+    return StructType(fields)
+
+
+def event_time_of(df: DataFrame) -> str | None:
+    """The column of ``df`` the watermark is on (its delay in the column's metadata, where
+    Spark carries it through the operators), if any."""
+    for f in df.schema.fields:
+        if WATERMARK_DELAY_KEY in (f.metadata or {}) and is_time(f.dataType):
+            return f.name
+    return None
+
+
+def session_time_zone(df: DataFrame) -> str:
+    """``spark.sql.session.timeZone``: the zone user functions see timestamps in."""
+    return str(df.sparkSession.conf.get("spark.sql.session.timeZone"))
+
+
+def struct_of(schema: Any, what: str) -> StructType:
+    """A Spark ``StructType`` from a StructType or a DDL string (``"key long, count long"``)."""
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str):
+        from pyspark.sql.types import _parse_datatype_string
+
+        try:
+            parsed = _parse_datatype_string(schema)
+        except Exception as exc:
+            msg = f"{what}: cannot parse the schema {schema!r}: {exc}"
+            raise ConfigurationError(msg) from exc
+        if not isinstance(parsed, StructType):
+            msg = f"{what}: {schema!r} is not a struct schema (e.g. 'key long, count long')"
+            raise ConfigurationError(msg)
+        return parsed
+    msg = f"{what}: give a StructType or a DDL string, not {type(schema).__name__}"
+    raise ConfigurationError(msg)
+
+
+def output_shape(df: DataFrame, struct: StructType) -> DataFrame:
+    """A DataFrame of the operator's output schema, as the driver's ``mapInArrow`` makes it
+    each batch, for Spark to analyse the steps after it against (it never runs)."""
+    return df.mapInArrow(_planned_only, struct)
+
+
+def _planned_only(batches: Any) -> Any:
+    msg = "a planning placeholder ran: the driver replaces it with the operator's task"
+    raise AssertionError(msg)
