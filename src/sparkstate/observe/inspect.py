@@ -38,7 +38,6 @@ from sparkstate.observe.key_lookup import (
 )
 from sparkstate.observe.metrics import columns
 from sparkstate.observe.progress_log import read_progress_log
-from sparkstate.operators.join import read_counts as join_row_counts
 from sparkstate.runtime.records import BatchCommit, OperatorCommit
 from sparkstate.store.base import DEFAULT_CF
 from sparkstate.store.changelog import ChangelogReader
@@ -133,8 +132,7 @@ def _operator(chk: StateCheckpoint, op: OperatorInfo, commit: BatchCommit | None
         "stores": _stores(op, families) if families else [],
         "column_families": sorted(families),
     }
-    if op.kind == "transformWithState":
-        out["time_mode"] = op.description.get("time_mode")
+    out.update(op.layout.summary(op.description))
     entry = None if commit is None else commit.operators.get(op.id)
     count = len(entry.checkpoint_ids) if entry is not None else chk.num_partitions
     found = [_partition(chk, op, p, commit, entry) for p in range(count)]
@@ -163,8 +161,6 @@ def _stores(
 ) -> list[dict[str, Any]]:
     """The stores of an operator: the columns of a row of each as the state reader shows it
     (the key left out), and the fields of its value (and of a map's keys)."""
-    state = op.description.get("state", {})
-    kinds = {"value": "ValueState", "list": "ListState", "map": "MapState"}
     out = []
     for name, view in store_views(op, families, flatten=True):
         columns = [f for f in view.schema if f.name != "key"]
@@ -176,9 +172,7 @@ def _stores(
         store["value"] = _fields(
             value.type if value is not None and pa.types.is_struct(value.type) else columns
         )
-        if name in state:
-            store["state_type"] = kinds.get(state[name]["kind"], state[name]["kind"])
-            store["ttl"] = bool(state[name].get("ttl"))
+        store.update(op.layout.store_summary(op.description, name))
         out.append(store)
     return out
 
@@ -234,7 +228,7 @@ def _rows(
     """The partition's rows after ``batch_id`` and where the count came from: the rocksdb
     provider records the count the query reports, except a join's (its buffered rows); else
     the state is loaded and counted."""
-    if chk.provider == "rocksdb" and op.kind != "join":
+    if chk.provider == "rocksdb" and op.layout.rows_are_keys:
         ref = index.resolve(
             batch_id + 1, checkpoint_id, delta_ext, chk.store_dir(op.id, partition).uri
         )
@@ -244,9 +238,7 @@ def _rows(
     with chk.read_store(op.id, partition, batch_id) as store:
         if store is None:
             return 0, "loaded"
-        if op.kind == "join":
-            return sum(join_row_counts(store).values()), "loaded"
-        return max(0, store.raw_num_keys()), "loaded"
+        return op.layout.rows_in_state(store), "loaded"
 
 
 def _recorded_rows(

@@ -41,9 +41,12 @@ from sparkstate.operators.join_state import (
     read_counts,
     recount,
     row_schema,
+    side_view,
     unpack_rows,
     write_counts,
 )
+from sparkstate.operators.state_layout import DeriveFamilies, Families, ShownStore
+from sparkstate.operators.state_views import StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
 from sparkstate.store.base import StateStore
 from sparkstate.store.schema_json import schema_to_json
@@ -73,6 +76,13 @@ class StreamingJoin(StatefulOperator):
     kind: ClassVar[str] = "join"
     progress_name: ClassVar[str] = "symmetricHashJoin"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append",)
+    #: Spark keeps two stores per side; ours keeps a side's rows in one column family.
+    spark_store_names: ClassVar[tuple[str, ...]] = tuple(
+        f"{side}-{store}"
+        for side in ("left", "right")
+        for store in ("keyToNumValues", "keyWithIndexToValue")
+    )
+    rows_are_keys: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -140,6 +150,50 @@ class StreamingJoin(StatefulOperator):
         if self.column_names:
             out["column_names"] = self.column_names
         return out
+
+    # --- its state, as the reader shows it -------------------------------------------------------
+
+    @classmethod
+    def state_view(
+        cls,
+        described: dict[str, Any],
+        families: Families,
+        *,
+        store_name: str | None = None,
+        join_side: str | None = None,
+        flatten: bool = True,
+    ) -> StateView:
+        """A side's rows (``joinSide``); a column family by its name."""
+        if store_name is None:
+            return side_view(described, families, join_side)
+        side = store_name.split("-")[0]
+        if side in SIDE_FAMILIES:
+            msg = (
+                f"sparkstate keeps a join side's rows in one store, not Spark's {store_name!r}: "
+                f"read them with .option('joinSide', {side!r})"
+            )
+            raise ConfigurationError(msg)
+        return super().state_view(
+            described, families, store_name=store_name, join_side=join_side, flatten=flatten
+        )
+
+    @classmethod
+    def shown_stores(
+        cls, described: dict[str, Any], store_name: str | None, join_side: str | None
+    ) -> list[ShownStore]:
+        """Both sides, unless one store is asked for."""
+        if store_name is None and join_side is None:
+            return [(side, None, side) for side in SIDE_FAMILIES]
+        return super().shown_stores(described, store_name, join_side)
+
+    @classmethod
+    def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
+        """Each side's row count: counted again from the rows a partition holds."""
+        return (COUNT_FAMILY,), recount
+
+    @classmethod
+    def rows_in_state(cls, store: StateStore) -> int:
+        return sum(read_counts(store).values())
 
     # --- processing ------------------------------------------------------------------------------
 

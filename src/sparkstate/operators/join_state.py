@@ -1,22 +1,29 @@
 """A stream-stream join's state: each side's rows under their join key, packed in one value per
-key with a ``matched`` flag per row, a row count per side, and a batch's view of one side's rows
-(:class:`SideState`) that loads each key once and writes the changed keys back once.
+key with a ``matched`` flag per row, a row count per side, a batch's view of one side's rows
+(:class:`SideState`) that loads each key once and writes the changed keys back once, and the
+reader's view of a side (:class:`JoinSideView`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import to_epoch_micros
+from sparkstate.operators.state_views import StateView, as_struct
 from sparkstate.operators.ts_index import MARKER, TS_SCHEMA
 from sparkstate.operators.ts_index import encode_ts as _ts_prefix
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
+from sparkstate.store.schema_json import schema_from_json
 
 __all__ = [
     "COUNT_FAMILY",
@@ -26,10 +33,12 @@ __all__ = [
     "ROWS_SCHEMA",
     "SIDE_FAMILIES",
     "JoinSide",
+    "JoinSideView",
     "SideState",
     "read_counts",
     "recount",
     "row_schema",
+    "side_view",
     "unpack_rows",
     "write_counts",
 ]
@@ -291,3 +300,71 @@ class SideState:
         if len(dead):
             self.store.remove_encoded_many([self.keys[k] for k in dead.tolist()], self.fam.name)
         self.dirty.clear()
+
+
+class JoinSideView(StateView):
+    """One side of a stream-stream join: one row per buffered input row, under its join key,
+    in the query's column names (Spark's ``joinSide`` view)."""
+
+    def __init__(
+        self, family: str, key_schema: pa.Schema, row_schema: pa.Schema, names: dict[str, str]
+    ) -> None:
+        super().__init__(family)
+        self.row_codec = ValueCodec(row_schema)
+        #: The side's own columns (not the condition's helpers), as the query names them.
+        self.columns = [f.name for f in row_schema if f.name in names]
+        self.key_type = pa.struct([f.with_name(names.get(f.name, f.name)) for f in key_schema])
+        self.value_type = pa.struct([row_schema.field(c).with_name(names[c]) for c in self.columns])
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field("key", self.key_type), pa.field("value", self.value_type)])
+
+    def _rows_of(
+        self, families: dict[str, ColumnFamily], values: Sequence[bytes | None]
+    ) -> tuple[pa.Table, list[int]]:
+        packed = [v[0] for v in families[self.family].value_codec.decode_many(values) if v]
+        at = [i for i, v in enumerate(values) if v is not None]
+        row_bytes, parents = unpack_rows(packed)
+        rows, _ = self.row_codec.decode_many_arrow(row_bytes)
+        return rows.select(self.columns), [at[p] for p in parents]
+
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        key_table = families[self.family].key_codec.decode_many_arrow(keys)
+        key_array = as_struct(key_table.rename_columns([f.name for f in self.key_type]))
+        rows, owners = self._rows_of(families, values)
+        deleted = [i for i, v in enumerate(values) if v is None]
+        key_rows = key_array.take(pa.array(owners + deleted, pa.int64()))
+        value = pa.concat_arrays(
+            [
+                as_struct(rows.rename_columns([f.name for f in self.value_type])),
+                pa.nulls(len(deleted), self.value_type),
+            ]
+        )
+        return pa.Table.from_arrays([key_rows, value], schema=self.schema)
+
+    def _change_kinds(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> list[str]:
+        _, owners = self._rows_of(families, values)
+        return ["update"] * len(owners) + ["delete"] * sum(v is None for v in values)
+
+
+def side_view(
+    described: dict[str, Any], families: dict[str, tuple[pa.Schema, pa.Schema]], side: str | None
+) -> JoinSideView:
+    """The view of one side's rows (``side``: the reader's ``joinSide``)."""
+    if side not in SIDE_FAMILIES:
+        msg = (
+            "a stream-stream join keeps the rows of both sides: pick one with "
+            ".option('joinSide', 'left') or 'right'"
+        )
+        raise ConfigurationError(msg)
+    family = SIDE_FAMILIES[side]
+    row_schema = schema_from_json(described["row_schemas"][side])
+    names = described.get("column_names") or {
+        f.name: f.name for f in row_schema if re.fullmatch(r"__ss_[lr]\d+(_\d+)?", f.name)
+    }
+    return JoinSideView(family, families[family][0], row_schema, names)
