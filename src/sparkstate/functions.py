@@ -40,6 +40,8 @@ __all__ = [
     "covar_samp",
     "every",
     "first",
+    "hll_sketch_agg",
+    "hll_union_agg",
     "kurtosis",
     "last",
     "max",
@@ -77,7 +79,8 @@ class AggregateExpression:
     name: str | None = None
     #: ``first``/``last``/``any_value``: ``ignorenulls``; ``approx_count_distinct``: ``rsd``;
     #: ``percentile``: ``percentage``; ``percentile_approx``: ``percentage``, ``accuracy``;
-    #: ``mode``: ``deterministic``.
+    #: ``mode``: ``deterministic``; ``hll_sketch_agg``: ``lgConfigK``; ``hll_union_agg``:
+    #: ``allowDifferentLgConfigK``.
     options: tuple[tuple[str, Any], ...] = ()
     #: The ``pyspark.sql.functions`` column this aggregate was taken from, if any: Spark names
     #: the result after it.
@@ -359,6 +362,40 @@ def _approx(func: str, col: Any, percentage: Any, accuracy: Any) -> AggregateExp
         raise ValueError(msg)
     options = (("percentage", _percentage(percentage)), ("accuracy", accuracy))
     return AggregateExpression(func, _column(col, func), options=options)
+
+
+def hll_sketch_agg(col: Any, lgConfigK: int | None = None) -> AggregateExpression:  # noqa: N803
+    """Spark's DataSketches HLL sketch (HLL_8, ``lgConfigK`` from 4 to 21, 12 by default) of
+    the non-null int, long, string or binary values (empty strings and byte arrays left out),
+    as its updatable bytes; ``hll_sketch_estimate`` reads it. The sketch is kept in state and
+    each batch's sketch unions into it as Spark's does, to the same bytes."""
+    options: tuple[tuple[str, Any], ...] = ()
+    if lgConfigK is not None:
+        if isinstance(lgConfigK, bool) or not isinstance(lgConfigK, int):
+            msg = f"hll_sketch_agg(): lgConfigK is a literal integer, got {lgConfigK!r}"
+            raise TypeError(msg)
+        options = (("lgConfigK", lgConfigK),)
+    return AggregateExpression("hll_sketch_agg", _column(col, "hll_sketch_agg"), options=options)
+
+
+def hll_union_agg(
+    col: Any,
+    allowDifferentLgConfigK: bool | None = None,  # noqa: N803 - PySpark's name
+) -> AggregateExpression:
+    """The union of a binary column of HLL sketches (as ``hll_sketch_agg`` makes them), as
+    Spark's ``hll_union_agg`` gives it: sketches of different ``lgConfigK`` fail unless
+    ``allowDifferentLgConfigK``, nulls are skipped, and a group of nulls only gives an empty
+    sketch."""
+    options: tuple[tuple[str, Any], ...] = ()
+    if allowDifferentLgConfigK is not None:
+        if not isinstance(allowDifferentLgConfigK, bool):
+            msg = (
+                "hll_union_agg(): allowDifferentLgConfigK is a literal boolean, got "
+                f"{allowDifferentLgConfigK!r}"
+            )
+            raise TypeError(msg)
+        options = (("allowDifferentLgConfigK", allowDifferentLgConfigK),)
+    return AggregateExpression("hll_union_agg", _column(col, "hll_union_agg"), options=options)
 
 
 def median(col: Any) -> AggregateExpression:

@@ -48,20 +48,7 @@ class Known:
     modes: tuple[str, ...] = ("pandas", "row")
 
 
-# Causes the team is fixing.
-# Causes found by this module.
-UPCAST_REFUSED = Known(
-    "a state field widened from int to long is refused on restart: store/evolution.py "
-    "incompatibility refuses every type change, where Spark's Avro encoding allows widening"
-)
-NOT_NULLABLE_ACCEPTED = Known(
-    "a state schema with non-nullable fields is accepted (operators/schemas.py state_schema_of); "
-    "Spark refuses it (TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE)"
-)
-CHUNKS = Known(
-    "pandas mode hands a key's rows as one frame (operators/grouping.py pandas_groups) whatever "
-    "spark.sql.execution.arrow.maxRecordsPerBatch / maxBytesPerBatch say; Spark cuts them"
-)
+# No cause fails today; a new one is added here, with the cases it fails marked.
 
 
 def expect_failure(request: pytest.FixtureRequest, *causes: Known) -> None:

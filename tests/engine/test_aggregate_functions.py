@@ -1,12 +1,13 @@
 """The aggregate functions of a streaming ``agg()`` against Spark's built-in streaming aggregation:
 the same file feed, batch by batch, in update and complete mode (on memory; test_windows runs them
 on rocksdb), with a restart on the same checkpoint in the middle; the later ones by group (logical
-and bitwise, moments, percentiles, percentile_approx) in update and windowed append mode on both
-providers, and in session windows; and PySpark's own aggregates taken as their twins or refused
-naming the ``SF`` function to use."""
+and bitwise, moments, percentiles, percentile_approx, DataSketches HLL sketches) in update and
+windowed append mode on both providers, and in session windows; and PySpark's own aggregates
+taken as their twins or refused naming the ``SF`` function to use."""
 
 from __future__ import annotations
 
+import base64
 import decimal
 import math
 import random
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -266,6 +268,7 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
             F.max_by("s", "d"),
             F.percentile("v", [0.25, 0.5]),
             F.any_value("s", True),
+            F.hll_sketch_agg("s", 10),
         ),
     )
     (stage,) = plan_stages(df, [step], "update", None)
@@ -296,6 +299,12 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
             "percentage": [0.25, 0.5],
         },
         {"func": "any_value", "name": "any_value(s)", "type": "string", "ignorenulls": True},
+        {
+            "func": "hll_sketch_agg",
+            "name": "hll_sketch_agg(s, 10)",
+            "type": "binary",
+            "lgConfigK": 10,
+        },
     ]
 
 
@@ -310,8 +319,18 @@ def test_pyspark_aggregates_are_taken_as_their_twins(spark: SparkSession, feed: 
         (lambda: F.sum(F.col("v") + 1), r"plain column only.*SF\.sum\(<the expression>\)"),
         (lambda: F.first(F.upper("s")), r"plain column only.*SF\.first\("),
         (
-            lambda: F.hll_sketch_agg("v"),
-            r"hll_sketch_agg\(\) cannot be merged.*SF\.percentile_approx",
+            lambda: F.regr_count("v", "d"),
+            r"regr_count\(\) cannot be merged.*SF\.percentile_approx.*SF\.hll_union_agg",
+        ),
+        (
+            lambda: F.hll_sketch_agg("v", 22),
+            r"HLL_INVALID_LG_K.*`hll_sketch_agg`.*between 4 and 21, inclusive: 22\.",
+        ),
+        (lambda: SF.hll_sketch_agg("s", 3), r"HLL_INVALID_LG_K.*inclusive: 3\."),
+        (lambda: F.hll_sketch_agg("v", F.col("v")), r"HLL_K_MUST_BE_CONSTANT.*`hll_sketch_agg`"),
+        (
+            lambda: F.hll_union_agg("s", F.col("v") > 0),
+            r"hll_union_agg\(\) takes a literal boolean allowDifferentLgConfigK",
         ),
         (
             lambda: F.percentile_approx("v", F.col("d")),
@@ -369,11 +388,20 @@ def test_spark_connect_columns_are_read_without_a_session() -> None:
     assert recognise(connect.mode("v", True)).options == (("deterministic", True),)
     approx = recognise(connect.percentile_approx("v", [0.25, 0.5], 100))
     assert approx.options == (("percentage", (0.25, 0.5)), ("accuracy", 100))
+    assert recognise(connect.hll_sketch_agg("v", 10)).options == (("lgConfigK", 10),)
+    assert recognise(connect.hll_sketch_agg("v")).options == ()
+    union = recognise(connect.hll_union_agg("sk", True))
+    assert (union.func, union.options) == ("hll_union_agg", (("allowDifferentLgConfigK", True),))
+    with pytest.raises(ConfigurationError, match=r"HLL_INVALID_LG_K.*inclusive: 2\."):
+        recognise(connect.hll_sketch_agg("v", 2))
 
 
 # --- the aggregates beyond the basic ones, by group -----------------------------------------------
 
-MORE_SCHEMA = "k string, ts timestamp, v int, w int, d double, e double, b boolean, s string"
+MORE_SCHEMA = (
+    "k string, ts timestamp, v int, w int, d double, e double, b boolean, s string, "
+    "sk binary, mx binary"
+)
 
 
 def more_row(
@@ -539,6 +567,8 @@ def test_more_aggregates_in_session_windows_that_merge_across_batches(
             fn.kurtosis("d"),
             fn.percentile("v", [0.5]),
             fn.mode("v", True),
+            fn.hll_sketch_agg("v"),
+            F.hll_sketch_agg("s", 5),
         ]
 
     def build(df: DataFrame, ours: bool) -> Any:
@@ -564,7 +594,7 @@ def test_more_aggregates_in_session_windows_that_merge_across_batches(
 
 def approx_rows(i: int) -> list[dict[str, Any]]:
     """:func:`more_rows` and 3000 rows of key ``big`` a file: past 1 / (2 * relative error)
-    values, where Spark's summary starts to compress."""
+    values, where Spark's summary starts to compress (and ``big``'s sketches are in HLL mode)."""
     rnd = random.Random(i)
     base = 20 * i + 60
     big = [
@@ -574,13 +604,43 @@ def approx_rows(i: int) -> list[dict[str, Any]]:
     return more_rows(i) + big
 
 
+def input_sketches(spark: SparkSession) -> dict[tuple[int, int], str]:
+    """Base64 (as a JSON file holds binary) HLL sketches of 48 groups of 1 to 3000 values, of
+    ``lgConfigK`` 10 and 12, made by Spark's ``hll_sketch_agg``."""
+    rnd = random.Random(7)
+    groups = [(g, rnd.choice([1, 5, 40, 400, 3000]), rnd.randint(0, 5000)) for g in range(48)]
+    values = [(g, lo + rnd.randint(0, n)) for g, n, lo in groups for _ in range(n)]
+    made = spark.createDataFrame(values, "g int, x long")
+    return {
+        (r["g"], lg): base64.b64encode(bytes(r["h"])).decode()
+        for lg in (10, 12)
+        for r in made.groupBy("g").agg(F.hll_sketch_agg("x", lg).alias("h")).collect()
+    }
+
+
+def sketch_rows(i: int, sketches: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
+    """File ``i``'s column of sketches: six for each of keys ``u`` and ``w`` in ``sk`` (all of
+    ``lgConfigK`` 12) and ``mx`` (10 or 12), a null one, and an empty string for ``z``."""
+    base = 20 * i + 60
+    rows = []
+    for j in range(12):
+        g = (12 * i + j) % 48
+        sk, mx = sketches[(g, 12)], sketches[(g, 10 if g % 3 == 0 else 12)]
+        rows.append({**more_row("uw"[j % 2], base + j + j // 6), "sk": sk, "mx": mx})
+    return [*rows, more_row("u", base + 15), more_row("z", base + 18, s="")]
+
+
 @pytest.mark.parametrize("mode", ["update", "append"])
-def test_percentile_approx_matches_spark_on_both_providers(
+def test_percentile_approx_and_hll_sketches_match_spark_on_both_providers(
     spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path, mode: str
 ) -> None:
     """Spark's summary of each batch's values (one file, one partition), merged into the state's
     as Spark merges them: the same answers, of the column's type (integers, doubles,
-    timestamps), compressed summaries included."""
+    timestamps), compressed summaries included. Spark's HLL sketch of each batch's ints and
+    strings (three ``lgConfigK``), and its union of each batch's column of sketches (of one
+    ``lgConfigK``, and of two with ``allowDifferentLgConfigK``), unioned into the state's: the
+    same bytes, sketches in list, set and HLL mode; Spark's estimate of them is the distinct
+    count."""
 
     def aggs(fn: Any) -> list[Any]:
         return [
@@ -588,6 +648,11 @@ def test_percentile_approx_matches_spark_on_both_providers(
             fn.percentile_approx("d", [0.1, 0.5, 0.99], 100),
             F.approx_percentile("ts", 0.25),
             F.percentile_approx("e", 0.9, 1000).alias("e90"),
+            F.hll_sketch_agg("v"),
+            fn.hll_sketch_agg("s", 10),
+            F.hll_sketch_agg("v", 4).alias("v4"),
+            F.hll_union_agg("sk"),
+            fn.hll_union_agg("mx", True).alias("mixed"),
         ]
 
     def build(df: DataFrame, ours: bool) -> Any:
@@ -598,11 +663,51 @@ def test_percentile_approx_matches_spark_on_both_providers(
             keys = [fn.window("ts", "10 seconds"), "k"]
         return (ss.stream(df) if ours else df).groupBy(*keys).agg(*aggs(fn))
 
-    files = [approx_rows(i) for i in range(4)]
+    sketches = input_sketches(spark)
+    files = [approx_rows(i) + sketch_rows(i, sketches) for i in range(4)]
     case = Differential(f"approx-{mode}", MORE_SCHEMA, files, mode, build, 2, KeyedCollector)
     expected = spark_runs.of(case)
     for provider in ("memory", "rocksdb"):
         mine, _ = case.run(spark, tmp_path / provider, provider)
         assert_same(mine, expected)
+    names = expected.schema.names
     big = [r for rows in expected.batches.values() for r in rows if "big" in r]
-    assert big and all(-500 <= r[-4] <= 500 for r in big)
+    median = names.index("percentile_approx(v, 0.5, 10000)")
+    assert big and all(-500 <= r[median] <= 500 for r in big)
+    if mode == "update":  # the whole stream's sketch of big's values, read back by Spark
+        last = big[-1][names.index("hll_sketch_agg(v, 12)")]
+        (estimate,) = spark.createDataFrame([(last,)], "h binary").select(
+            F.hll_sketch_estimate("h")
+        ).first()
+        exact = len({r["v"] for rows in files for r in rows if r["k"] == "big"})
+        assert abs(estimate - exact) <= 0.05 * exact, (estimate, exact)
+
+
+def test_hll_union_of_another_lg_config_k_in_a_later_batch_fails_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """A sketch of ``lgConfigK`` 10 after one of 12 for the same key, without
+    ``allowDifferentLgConfigK``: the batch fails with Spark's error, in both queries."""
+    made = spark.createDataFrame([(1,), (2,)], "x long")
+    sketches = [
+        base64.b64encode(bytes(made.agg(F.hll_sketch_agg("x", lg)).first()[0])).decode()
+        for lg in (12, 10)
+    ]
+    their_feed = FileFeed(tmp_path / "input-b")
+    ours = ss.stream(source(spark, feed, MORE_SCHEMA)).groupBy("k").agg(F.hll_union_agg("sk"))
+    theirs = source(spark, their_feed, MORE_SCHEMA).groupBy("k").agg(F.hll_union_agg("sk"))
+    queries = [
+        start_ours(ours, "update", tmp_path / "a", "memory", RawCollector()),
+        start_spark(theirs, "update", tmp_path / "b", RawCollector()),
+    ]
+    try:
+        for sketch in sketches:
+            feed.add([{"k": "u", "sk": sketch}])
+            their_feed.add([{"k": "u", "sk": sketch}])
+        message = r"HLL_UNION_DIFFERENT_LG_K.*values: 12 and 10"
+        for q in queries:
+            with pytest.raises(StreamingQueryException, match=message):
+                q.processAllAvailable()
+    finally:
+        for q in queries:
+            q.stop()

@@ -1,6 +1,8 @@
 """A ``transformWithStateInPandas`` query restarted with a changed ``ValueState`` schema: an added
 nullable field reads old values with the field null; an incompatible change is refused as Spark
-refuses it (``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``), naming the variable and both schemas."""
+refuses it (``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``), naming the variable and both schemas; a
+field widened from ``int`` to ``long`` is refused, or read widened, as Spark's own operator does
+under each of its state encodings."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import sparkstate as ss
 from sparkstate.exceptions import SchemaMismatchError
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, run_batches, source, start_ours
+from .helpers import Collector, run_batches, source, spark_rocksdb, start_ours, start_spark
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -99,3 +101,62 @@ def test_an_incompatible_value_schema_is_refused(
     query = _start(spark, feed, chk, Counter("n long"), provider, collector)  # the original runs
     run_batches(feed, query, [[{"k": "a", "v": 2}]])
     assert collector.batches[1] == [("a", 2, "")]
+
+
+ENCODING = "spark.sql.streaming.stateStore.encodingFormat"
+
+
+def _widened_run(
+    spark: SparkSession, feed: FileFeed, chk: Path, wrap: bool, provider: str
+) -> tuple[Collector, str | None]:
+    """``n int`` for one batch, then ``n long`` for another: the batches, and the error of the
+    restart (None if it ran)."""
+    collector = Collector()
+
+    def start(schema: str) -> Any:
+        df = source(spark, feed, SCHEMA)
+        grouped = (ss.stream(df) if wrap else df).groupBy("k")
+        planned = grouped.transformWithStateInPandas(Counter(schema), OUTPUT, "update", "None")
+        if wrap:
+            return start_ours(planned, "update", chk, provider, collector)
+        return start_spark(planned, "update", chk, collector)
+
+    with spark_rocksdb(spark, not wrap):
+        run_batches(feed, start("n int"), [[{"k": "a", "v": 1}, {"k": "a", "v": 2}]])
+        try:
+            run_batches(feed, start("n long"), [[{"k": "a", "v": 3}, {"k": "b", "v": 4}]])
+        except Exception as exc:  # noqa: BLE001 - Spark's fails in the batch, ours at start
+            return collector, str(exc)
+    return collector, None
+
+
+@pytest.mark.parametrize("encoding", ["unsaferow", "avro"])
+def test_a_widened_field_as_spark_takes_it_under_each_encoding(
+    spark: SparkSession, tmp_path: Path, encoding: str
+) -> None:
+    """Under Spark's default encoding an ``int`` state field widened to ``long`` is refused;
+    under its Avro encoding the stored count is read as a long and goes on."""
+    previous = spark.conf.get(ENCODING, None)
+    spark.conf.set(ENCODING, encoding)
+    try:
+        theirs, their_error = _widened_run(
+            spark, FileFeed(tmp_path / "spark-in"), tmp_path / "spark", False, "spark"
+        )
+        for provider in PROVIDERS:
+            feed = FileFeed(tmp_path / f"{provider}-in")
+            ours, error = _widened_run(spark, feed, tmp_path / provider, True, provider)
+            if encoding == "unsaferow":
+                for message in (their_error, error):
+                    assert message is not None
+                    assert "[STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE]" in message, message
+                assert "'n' changed type from int32 to int64" in str(error)
+            else:
+                assert (their_error, error) == (None, None)
+                expected = {0: [("a", 2, "")], 1: [("a", 3, ""), ("b", 1, "")]}
+                assert theirs.batches == expected
+                assert ours.batches == expected
+    finally:
+        if previous is None:
+            spark.conf.unset(ENCODING)
+        else:
+            spark.conf.set(ENCODING, previous)

@@ -371,6 +371,46 @@ def test_pandas_mode() -> None:
         assert h.run(frame.iloc[:1]).to_pandas().to_dict("list") == {"k": ["a"], "n": [5]}
 
 
+class FrameSizes(StatefulProcessor):
+    """Emits the sizes of the frames ``handleInputRows`` got for the key, and checks each."""
+
+    def init(self, handle: Any) -> None:
+        pass
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Iterator[Any]:
+        sizes = []
+        for frame in rows:
+            assert list(frame.index) == list(range(len(frame)))
+            assert (frame["k"] == key[0]).all()
+            sizes.append(len(frame))
+        yield pd.DataFrame({"k": [key[0]], "sizes": [",".join(map(str, sizes))]})
+
+
+@pytest.mark.parametrize(
+    ("limits", "sizes"),
+    [
+        ({}, {"a": "5", "b": "2"}),  # Spark's defaults: 10000 rows, no byte limit
+        ({"max_records_per_batch": 2}, {"a": "2,2,1", "b": "2"}),
+        ({"max_records_per_batch": 0}, {"a": "5", "b": "2"}),  # <= 0: no limit
+        ({"max_bytes_per_batch": 2}, {"a": "1,1,1,1,1", "b": "1,1"}),  # a row is > 2 bytes
+        ({"max_records_per_batch": 3, "max_bytes_per_batch": 100_000}, {"a": "3,2", "b": "2"}),
+    ],
+)
+def test_pandas_mode_cuts_a_keys_rows_as_spark_does(
+    limits: dict[str, int], sizes: dict[str, str]
+) -> None:
+    h = processor_harness(
+        FrameSizes(),
+        key_columns=["k"],
+        output_schema="k string, sizes string",
+        mode="pandas",
+        **limits,  # type: ignore[arg-type]
+    )
+    frame = pd.DataFrame({"k": ["a", "b", "a", "a", "b", "a", "a"], "v": range(7)})
+    with h:
+        assert {r["k"]: r["sizes"] for r in h.run(frame).rows} == sizes
+
+
 def test_pandas_mode_refuses_a_dataframe_for_an_iterator() -> None:
     class Bare(StatefulProcessor):
         def init(self, handle: Any) -> None:

@@ -8,9 +8,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from sparkstate.exceptions import SchemaMismatchError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators.flat_map_groups import FlatMapGroupsWithState
 from sparkstate.operators.restart import check_state_change, same_schema
+from sparkstate.operators.transform_with_state import TransformWithState
 from sparkstate.testing.harness import processor_harness
 
 from .test_processor import INPUT, Collections
@@ -62,3 +63,51 @@ def test_an_incompatible_change_against_an_earlier_description_is_refused() -> N
     with pytest.raises(SchemaMismatchError, match="state schema cannot change"):
         check_state_change(_earlier(old.describe()), new.describe(), "metadata.json")
     assert not same_schema(_earlier(old.describe())["key_schema"], {"fields": []})
+
+
+class _Counted:
+    """A processor whose one value state has the schema it is given."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+    def init(self, handle: Any) -> None:
+        handle.getValueState("state", self.schema)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+
+def _described(schema: str, encoding: str = "unsaferow") -> dict[str, Any]:
+    op = TransformWithState(_Counted(schema), SCHEMA, ["k"], "k string", state_encoding=encoding)
+    return {"id": 0, **op.describe()}
+
+
+def test_a_state_field_widens_under_avro_only() -> None:
+    narrow, wide = "id int, name string", "id long, name string"
+    with pytest.raises(SchemaMismatchError, match="VALUE_SCHEMA_NOT_COMPATIBLE.*'id' changed"):
+        check_state_change(_described(narrow), _described(wide), "here")
+    assert "state" in check_state_change(
+        _described(narrow, "avro"), _described(wide, "avro"), "here"
+    )
+    pattern = r"INVALID_VALUE_SCHEMA_EVOLUTION\] Schema evolution is not possible.*'id' changed"
+    with pytest.raises(SchemaMismatchError, match=pattern):
+        check_state_change(_described(wide, "avro"), _described(narrow, "avro"), "here")
+    # the encoding is the checkpoint's: a restart under another is refused
+    with pytest.raises(ConfigurationError, match="encodingFormat changed from 'unsaferow' to"):
+        check_state_change(_described(narrow), _described(narrow, "avro"), "here")
+    assert _described(narrow).get("state_encoding") is None  # as earlier versions recorded it
+
+
+def test_avro_encoding_refuses_a_non_nullable_state_field() -> None:
+    schema = "id int not null, name string"
+    _described(schema)  # Spark's default encoding takes it
+    pattern = (
+        r"\[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE\] .* column family state must be "
+        r"nullable .* Current schema: \[id: int32 not null, name: string\]"
+    )
+    with pytest.raises(ConfigurationError, match=pattern):
+        _described(schema, "avro")

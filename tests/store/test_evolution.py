@@ -18,6 +18,7 @@ from sparkstate.store.evolution import (
     fields_of,
     incompatibility,
     value_header,
+    widens,
 )
 from sparkstate.store.schema_json import fields_from_json
 from sparkstate.testing.factory import KEY_SCHEMA, ProviderFactory
@@ -136,6 +137,57 @@ def test_compatible_changes_and_the_history() -> None:
     assert incompatibility([[("count", "int64", None)]], fields_of(required)) is None
 
 
+#: A schema of narrow types, and the same fields widened as Spark's Avro encoding reads them.
+NARROW = pa.schema(
+    [("id", pa.int32()), ("small", pa.int8()), ("f", pa.float32()), ("s", pa.string())]
+)
+WIDE = pa.schema(
+    [("id", pa.int64()), ("small", pa.float64()), ("f", pa.float64()), ("s", pa.binary())]
+)
+
+
+def test_widening_is_allowed_only_where_avro_promotes() -> None:
+    with pytest.raises(SchemaMismatchError, match="STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"):
+        evolve([NARROW], 0, WIDE, "x")  # without widening (Spark's default encoding)
+    assert evolve([NARROW], 0, WIDE, "x", widening=True) == ([NARROW, WIDE], 1)
+    assert widens("int32", "int64") and widens("int8", "int16") and widens("int64", "double")
+    assert widens("string", "binary") and widens("binary", "string")
+    for stored, wanted in [
+        ("int64", "int32"),
+        ("int32", "int8"),  # both Avro ints: Spark takes it and truncates; refused here
+        ("double", "float"),
+        ("int32", "string"),
+        ("date32[day]", "int64"),
+        ("bool", "int32"),
+    ]:
+        assert not widens(stored, wanted)
+    narrowed = pa.schema([("id", pa.int32()), ("s", pa.binary())])
+    pattern = (
+        r"\[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION\] Schema evolution is not possible: "
+        r"x: the value schema cannot change .*'id' changed type from int64 to int32"
+    )
+    with pytest.raises(SchemaMismatchError, match=pattern):  # every schema of the history
+        evolve([NARROW, WIDE], 1, narrowed, "x", widening=True)
+
+
+def test_widened_fields_read_old_values_widened() -> None:
+    old = [ValueCodec(NARROW).encode((i, -i, i / 4, f"s{i}")) for i in range(6)]
+    old[2] = ValueCodec(NARROW).encode((2, None, None, None))
+    codec = EvolvingValueCodec([NARROW, WIDE], 1)
+    new = codec.encode((2**40, 1.5, 0.1, b"new"))
+    expected = [(i, float(-i), i / 4, f"s{i}".encode()) for i in range(6)]
+    expected[2] = (2, None, None, None)
+    assert codec.decode(old[1]) == expected[1]
+    assert type(codec.decode(old[1])[1]) is float
+    assert codec.decode_many([*old, new, None]) == [*expected, (2**40, 1.5, 0.1, b"new"), None]
+    table, found = codec.decode_many_arrow([*old, new, None])
+    assert table.schema == WIDE
+    assert found.tolist() == [True] * 7 + [False]
+    assert table.to_pylist()[:7] == [
+        dict(zip(WIDE.names, row, strict=True)) for row in [*expected, (2**40, 1.5, 0.1, b"new")]
+    ]
+
+
 # --- providers ------------------------------------------------------------------------------------
 
 
@@ -251,3 +303,19 @@ def test_a_registered_family_evolves(factory: ProviderFactory) -> None:
     provider = factory.reopen(value_schema=V0)
     provider.register_column_family("cf", KEY_SCHEMA, V2)  # type: ignore[attr-defined]
     assert provider.get_read_store(1).get(("a", 1), "cf") == (None, 1)
+
+
+def test_a_store_with_value_widening_reads_old_values_widened(factory: ProviderFactory) -> None:
+    _commit(factory.open(value_schema=NARROW), 0, {("a", i): (i, i, 0.5, "x") for i in range(4)})
+    factory.close_all()
+    with pytest.raises(SchemaMismatchError, match="'id' changed type from int32 to int64"):
+        factory.open(value_schema=WIDE)
+    provider = factory.open(value_schema=WIDE, value_widening=True)
+    assert _read(provider, 1) == {("a", i): (i, float(i), 0.5, b"x") for i in range(4)}
+    _commit(provider, 1, {("b", 1): (2**40, 0.25, 1.0, b"y")})
+    factory.close_all()
+    with pytest.raises(SchemaMismatchError, match="INVALID_VALUE_SCHEMA_EVOLUTION.*'id'"):
+        factory.open(value_schema=NARROW, value_widening=True)
+    rows = _read(factory.open(value_schema=WIDE, value_widening=True), 2)
+    assert rows[("b", 1)] == (2**40, 0.25, 1.0, b"y")
+    assert rows[("a", 3)] == (3, 3.0, 0.5, b"x")

@@ -35,7 +35,7 @@ from pyspark.sql.types import (
 import sparkstate.functions as SF
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
-from sparkstate.operators import hll
+from sparkstate.operators import hll, hll_sketch
 from sparkstate.operators.aggregate_functions import AggregateFunction, buffer_column
 
 __all__ = [
@@ -67,6 +67,8 @@ _SAME_NAME = (
     "mode",
     "percentile_approx",
     "approx_percentile",
+    "hll_sketch_agg",
+    "hll_union_agg",
     *_PAIRS,
 )
 #: PySpark's aggregate functions (as Spark names them) taken as the sparkstate function.
@@ -185,6 +187,8 @@ def recognise(agg: Any) -> AggregateExpression:
     out = agg if isinstance(agg, AggregateExpression) else _twin_of(agg)
     if out.func == "approx_count_distinct":
         hll.precision(out.option("rsd"))  # before Spark analyses it, with our message
+    if out.func == "hll_sketch_agg":  # Spark checks it only when the batch runs
+        hll_sketch.check_lg_k(out.option("lgConfigK", hll_sketch.DEFAULT_LG_K))
     return out
 
 
@@ -275,6 +279,8 @@ def _options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any],
         return _percentile_options(rest, shown)
     if func in ("percentile_approx", "approx_percentile"):
         return _approx_options(func, rest, shown)
+    if func in ("hll_sketch_agg", "hll_union_agg"):
+        return _sketch_options(func, rest, shown)
     if not rest:
         return (("percentage", 0.5),) if func == "median" else ()
     if len(rest) == 1 and rest[0].kind == "literal":
@@ -320,6 +326,26 @@ def _approx_options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str
     except ValueError as exc:
         msg = f"{shown}: {exc}"
         raise ConfigurationError(msg) from None
+
+
+def _sketch_options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+    """``hll_sketch_agg(col, lgConfigK)`` and ``hll_union_agg(col, allowDifferentLgConfigK)``
+    with a literal second argument."""
+    if not rest:
+        return ()
+    value = rest[0].value if len(rest) == 1 and rest[0].kind == "literal" else None
+    if func == "hll_sketch_agg":
+        if value is None:
+            msg = (
+                f"{shown}: [HLL_K_MUST_BE_CONSTANT] Invalid call to `hll_sketch_agg`; the `K` "
+                "value must be a constant value; sparkstate takes a literal integer"
+            )
+            raise ConfigurationError(msg)
+        return (("lgConfigK", hll_sketch.check_lg_k(value)),)
+    if not isinstance(value, bool):
+        msg = f"{shown}: hll_union_agg() takes a literal boolean allowDifferentLgConfigK only"
+        raise ConfigurationError(msg)
+    return (("allowDifferentLgConfigK", value),)
 
 
 # --- the Spark functions --------------------------------------------------------------------------
@@ -374,6 +400,10 @@ def spark_twin(agg: AggregateExpression) -> Column:
         out = getattr(F, agg.func)(_as_column(agg.column), p, agg.option("accuracy"))
     elif agg.func == "mode":
         out = F.mode(_as_column(agg.column), agg.option("deterministic", False))
+    elif agg.func == "hll_sketch_agg":
+        out = F.hll_sketch_agg(_as_column(agg.column), agg.option("lgConfigK"))
+    elif agg.func == "hll_union_agg":
+        out = F.hll_union_agg(_as_column(agg.column), agg.option("allowDifferentLgConfigK"))
     elif agg.func == "any":  # Spark's SQL name, not in pyspark.sql.functions
         out = F.call_function("any", _as_column(agg.column))
     elif agg.others:
@@ -402,6 +432,8 @@ def aggregate_function(
         legacy_statistics=legacy_statistics,
         percentage=agg.option("percentage"),
         accuracy=agg.option("accuracy"),
+        lg_config_k=agg.option("lgConfigK"),
+        allow_different_lg_config_k=bool(agg.option("allowDifferentLgConfigK", False)),
     )
 
 
@@ -463,6 +495,11 @@ def _partials(agg: AggregateExpression, typ: DataType | None) -> list[Column]:
         return [getattr(F, func)(col)]
     if func == "approx_count_distinct":
         return [F.collect_set(_hll_pair(col, typ, hll.precision(agg.option("rsd"))))]
+    if func == "hll_sketch_agg":  # the batch's sketch, unioned into the state's
+        return [F.hll_sketch_agg(col, agg.option("lgConfigK", hll_sketch.DEFAULT_LG_K))]
+    if func == "hll_union_agg":  # null where the batch has no sketch (Spark's empty buffer)
+        union = F.hll_union_agg(col, agg.option("allowDifferentLgConfigK", False))
+        return [F.when(F.count(col) > 0, union)]
     return [getattr(F, func)(col)]  # min, max, collect_list, collect_set
 
 

@@ -30,6 +30,7 @@ from sparkstate.engine.aggregate_plan import (
     spark_twin,
 )
 from sparkstate.engine.initial_state import InitialState, plan_initial_state
+from sparkstate.engine.spark_conf import arrow_batch_limits, state_encoding_format
 from sparkstate.engine.user_state import SPARK_GROUP_STATES
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow, WindowTime
@@ -576,6 +577,7 @@ def _plan_arbitrary(
     if step.initial_state is not None:
         initial = plan_initial_state(api, df.schema, keys, step.initial_state)
     if api in PROCESSOR_APIS:
+        max_records, max_bytes = arrow_batch_limits(df.sparkSession)
         operator = TransformWithState(
             step.func,
             input_schema,
@@ -592,6 +594,9 @@ def _plan_arbitrary(
             initial_state_columns=None if initial is None else initial.columns,
             output_event_time_column=step.output_event_time or None,
             time_zone=session_time_zone(df),
+            state_encoding=state_encoding_format(df.sparkSession),
+            max_records_per_batch=max_records,
+            max_bytes_per_batch=max_bytes,
         )
     else:
         state_struct = step.state_schema

@@ -10,7 +10,12 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError
 
-__all__ = ["python_workers_per_executor", "store_options_from_spark"]
+__all__ = [
+    "arrow_batch_limits",
+    "python_workers_per_executor",
+    "state_encoding_format",
+    "store_options_from_spark",
+]
 
 _SQL = "spark.sql.streaming."
 #: Spark's setting -> the store option it sets (where the query sets none).
@@ -28,6 +33,10 @@ _LOCAL_THREADS = re.compile(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?")
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,\s*\d+\s*\]")
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*")
 _SECONDS = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_ENCODING = f"{_SQL}stateStore.encodingFormat"
+_ENCODINGS = ("unsaferow", "avro")
+_MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 
 
 def store_options_from_spark(spark: Any) -> dict[str, str]:
@@ -77,3 +86,32 @@ def python_workers_per_executor(spark: Any) -> int:
     if not cores or cores == "*":
         return max(1, (os.cpu_count() or 1) // task_cpus)
     return max(1, int(cores) // task_cpus)
+
+
+def state_encoding_format(spark: Any) -> str:
+    """Spark's state encoding (``spark.sql.streaming.stateStore.encodingFormat``: ``unsaferow``,
+    the default, or ``avro``), which decides how a ``transformWithState``'s state schemas may
+    evolve and whether they must be nullable."""
+    value = str(spark.conf.get(_ENCODING, None) or "unsaferow").strip().lower()
+    if value not in _ENCODINGS:
+        msg = f"{_ENCODING}={value!r}: Spark takes one of {list(_ENCODINGS)}"
+        raise ConfigurationError(msg)
+    return value
+
+
+def arrow_batch_limits(spark: Any) -> tuple[int, int]:
+    """``spark.sql.execution.arrow.maxRecordsPerBatch`` (10000; <= 0: no limit) and
+    ``maxBytesPerBatch`` (2^31 - 1): how Spark cuts a key's rows into the frames
+    ``transformWithStateInPandas`` hands ``handleInputRows``."""
+    values = []
+    for name, default in ((_MAX_RECORDS, 10_000), (_MAX_BYTES, 2**31 - 1)):
+        raw = spark.conf.get(name, None)
+        try:
+            values.append(default if raw in (None, "") else int(str(raw).strip()))
+        except ValueError as exc:
+            msg = f"{name}={raw!r} is not a whole number"
+            raise ConfigurationError(msg) from exc
+    if values[1] <= 0:
+        msg = f"{_MAX_BYTES}={values[1]} must be positive (as Spark requires)"
+        raise ConfigurationError(msg)
+    return values[0], values[1]

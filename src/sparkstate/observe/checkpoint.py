@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,10 +21,10 @@ from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.records import BatchCommit
 from sparkstate.runtime.start import engine_root_of
 from sparkstate.store.base import StateStore, StateStoreProvider
-from sparkstate.store.conf import StoreConf, StoreId
+from sparkstate.store.capabilities import provider_over_files
+from sparkstate.store.conf import StoreId
 from sparkstate.store.durable import DurableDir, canonical_location
 from sparkstate.store.layout import SCHEMA_FILE, read_schema_file
-from sparkstate.store.registry import provider_class
 
 __all__ = ["OperatorInfo", "StateCheckpoint", "open_checkpoint"]
 
@@ -149,26 +147,8 @@ class StateCheckpoint:
     def provider_for(self, op_id: int, partition: int) -> Iterator[StateStoreProvider | None]:
         """A provider bound to the partition's durable files, with a scratch local directory
         of its own (None when the partition has no store)."""
-        families = self.families(op_id, partition)
-        if families is None:
-            yield None
-            return
-        scratch = tempfile.mkdtemp(prefix="sparkstate-reader-")
-        conf = StoreConf(
-            local_dir=scratch,
-            keep_local_open=False,
-            num_partitions=None,  # any count the store was written for: batches before a rescale
-            block_cache_mb=32,
-            write_buffer_mb=16,
-        )
-        provider = provider_class(self.provider)()
-        key, value = families.pop("default")
-        try:
-            provider.init(StoreId(self.state_root, op_id, partition), key, value, conf, families)
-            yield provider
-        finally:
-            provider.close()
-            shutil.rmtree(scratch, ignore_errors=True)
+        with provider_over_files(self.provider, StoreId(self.state_root, op_id, partition)) as p:
+            yield p
 
     @contextlib.contextmanager
     def read_store(self, op_id: int, partition: int, batch_id: int) -> Iterator[StateStore | None]:

@@ -7,10 +7,12 @@ sizes, and the rows in state after the batch shown; the watermark; the last batc
 ``--key`` looks one key up instead (:mod:`.key_lookup`). The document is JSON with ``--json``
 (:func:`inspect_checkpoint`, :func:`key_document`), text otherwise (:mod:`.inspect_text`).
 
-Rows per partition come from where they are cheapest to read honestly: for the rocksdb provider
-the ``num_keys`` that each partition's changelog (or snapshot) of the committed version records,
-which is the count the query reported; for the memory provider, and for a join (whose count is
-its buffered rows, not its keys), from the partition's state, loaded read-only. The total is the
+Rows per partition come from where they are cheapest to read honestly: the count that the
+partition's files of the committed version record, where its provider records one (rocksdb:
+the ``num_keys`` of its changelog or snapshot), which is the count the query reported; else,
+and for a join (whose count is its buffered rows, not its keys), from the partition's state,
+loaded read-only. The files are described by the provider
+(:class:`~sparkstate.store.capabilities.DescribesFiles`). The total is the
 one ``commits/<batch>.json`` recorded, which the batch's progress reported as ``numRowsTotal``.
 """
 
@@ -40,11 +42,7 @@ from sparkstate.observe.metrics import columns
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.runtime.records import BatchCommit, OperatorCommit
 from sparkstate.store.base import DEFAULT_CF
-from sparkstate.store.changelog import ChangelogReader
-from sparkstate.store.durable import FileEntry
-from sparkstate.store.layout import VersionIndex, VersionRef, file_name
-from sparkstate.store.registry import provider_class
-from sparkstate.store.rocksdb_snapshot import SST_DIR, read_manifest
+from sparkstate.store.capabilities import DescribesFiles, FileGroup, StoredFiles
 
 __all__ = ["LAST_BATCHES", "dumps", "inspect_checkpoint", "key_document", "run_inspect"]
 
@@ -177,8 +175,8 @@ def _stores(
     return out
 
 
-def _files(entries: list[FileEntry]) -> dict[str, int]:
-    return {"files": len(entries), "bytes": sum(e.size for e in entries)}
+def _files(group: FileGroup) -> dict[str, int]:
+    return {"files": group.files, "bytes": group.bytes}
 
 
 def _partition(
@@ -189,18 +187,17 @@ def _partition(
     entry: OperatorCommit | None,
 ) -> tuple[dict[str, Any], str | None]:
     """The partition's files on storage, its rows after the batch, and where they came from."""
-    directory = chk.store_dir(op.id, partition)
-    index = VersionIndex.scan(directory)
-    delta_ext = str(getattr(provider_class(chk.provider), "delta_ext", "changelog"))
-    files = [(ext, e) for exts in index.files.values() for ext, e in exts.items()]
-    versions = sorted({ref.version for ref in index.files})
-    rows: int | None = None
-    source = None
-    if commit is not None and versions:
-        ckpt = None if entry is None else entry.checkpoint_ids.get(partition)
-        rows, source = _rows(chk, op, partition, commit.batch_id, ckpt, index, delta_ext)
-    elif commit is not None:
-        rows = 0  # the partition never ran: no state
+    with chk.provider_for(op.id, partition) as provider:
+        files = None if provider is None else DescribesFiles.require(provider, "inspect")
+        stored = StoredFiles() if files is None else files.describe_files()
+        versions = stored.versions
+        rows: int | None = None
+        source = None
+        if files is not None and commit is not None and versions:
+            ckpt = None if entry is None else entry.checkpoint_ids.get(partition)
+            rows, source = _rows(chk, op, partition, commit.batch_id, ckpt, files)
+        elif commit is not None:
+            rows = 0  # the partition never ran: no state
     doc = {
         "partition": partition,
         "versions": {
@@ -208,9 +205,9 @@ def _partition(
             "newest": versions[-1] if versions else None,
             "count": len(versions),
         },
-        "changelogs": _files([e for ext, e in files if ext == delta_ext]),
-        "snapshots": _files([e for ext, e in files if ext == "snapshot"]),
-        "sst": _files(directory.child(SST_DIR).list()),
+        "changelogs": _files(stored.changelogs),
+        "snapshots": _files(stored.snapshots),
+        "sst": _files(stored.shared),
         "rows": rows,
     }
     return doc, source
@@ -222,46 +219,19 @@ def _rows(
     partition: int,
     batch_id: int,
     checkpoint_id: str | None,
-    index: VersionIndex,
-    delta_ext: str,
+    files: DescribesFiles,
 ) -> tuple[int | None, str]:
-    """The partition's rows after ``batch_id`` and where the count came from: the rocksdb
-    provider records the count the query reports, except a join's (its buffered rows); else
-    the state is loaded and counted."""
-    if chk.provider == "rocksdb" and op.layout.rows_are_keys:
-        ref = index.resolve(
-            batch_id + 1, checkpoint_id, delta_ext, chk.store_dir(op.id, partition).uri
-        )
-        found = _recorded_rows(chk, op, partition, ref, index, delta_ext)
+    """The partition's rows after ``batch_id`` and where the count came from: the count its
+    files record (the one the query reports), except a join's (its buffered rows); else the
+    state is loaded and counted."""
+    if op.layout.rows_are_keys:
+        found = files.recorded_rows(batch_id + 1, checkpoint_id)
         if found is not None:  # -1: not counted (trackTotalRows off), 0 in progress as in Spark
             return (found if found >= 0 else None), "changelog"
     with chk.read_store(op.id, partition, batch_id) as store:
         if store is None:
             return 0, "loaded"
         return op.layout.rows_in_state(store), "loaded"
-
-
-def _recorded_rows(
-    chk: StateCheckpoint,
-    op: OperatorInfo,
-    partition: int,
-    ref: VersionRef,
-    index: VersionIndex,
-    delta_ext: str,
-) -> int | None:
-    """``num_keys`` of the version's changelog, or of its snapshot; None where neither has it."""
-    directory = chk.store_dir(op.id, partition)
-    if index.has(ref, delta_ext):
-        name = file_name(ref, delta_ext)
-        kind = getattr(provider_class(chk.provider), "delta_kind", b"")
-        header = ChangelogReader(kind, directory.read(name), directory.where(name)).header
-        if "num_keys" in header:
-            return int(header["num_keys"])
-    if index.has(ref, "snapshot"):
-        manifest = read_manifest(directory, ref)
-        if "num_keys" in manifest:
-            return int(manifest["num_keys"])
-    return None
 
 
 def _progress(chk: StateCheckpoint) -> tuple[dict[str, Any], str | None]:

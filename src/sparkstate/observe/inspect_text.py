@@ -10,6 +10,7 @@ from typing import Any
 
 from sparkstate.observe import units
 from sparkstate.observe.key_lookup import KeyLookup
+from sparkstate.store.capabilities import shares_files
 from sparkstate.store.durable import join_uri
 
 __all__ = ["ROW_SOURCES", "key", "not_found", "summary"]
@@ -138,7 +139,7 @@ def _versions(v: dict[str, Any]) -> str:
 
 
 def _partitions(op: dict[str, Any], provider: str) -> list[str]:
-    sst = any(p["sst"]["files"] for p in op["partitions"]) or provider == "rocksdb"
+    sst = any(p["sst"]["files"] for p in op["partitions"]) or shares_files(provider)
     header = ["partition", "versions", "changelogs", "size", "snapshots", "size"]
     header += ["sst files", "size"] if sst else []
     header.append("rows")

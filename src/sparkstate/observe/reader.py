@@ -18,9 +18,7 @@ import pyarrow as pa
 from sparkstate.exceptions import ConfigurationError, MissingVersionError
 from sparkstate.observe.checkpoint import StateCheckpoint, open_checkpoint
 from sparkstate.observe.views import CHANGE_COLUMNS, StateView, view_for
-from sparkstate.store.base import ColumnFamily
-from sparkstate.store.changelog import ChangelogReader
-from sparkstate.store.versioned import VersionedProvider
+from sparkstate.store.capabilities import ReadsChanges
 
 __all__ = ["ReadRequest", "StateReader", "state_metadata", "METADATA_SCHEMA"]
 
@@ -271,43 +269,24 @@ class StateReader:
         with chk.provider_for(op, partition) as provider:
             if provider is None:
                 return
-            if not isinstance(provider, VersionedProvider):
+            changes = ReadsChanges.of(provider)
+            if changes is None:
                 msg = f"provider {chk.provider!r} keeps no changelogs: no change feed"
                 raise ConfigurationError(msg)
-            families = provider.families
-            prefix = families[self.view.family].prefix
-            index = provider.index()
+            families = changes.families
             for batch_id in range(self.first, self.last + 1):
                 ckpt = chk.checkpoint_id(op, partition, batch_id)
                 try:
-                    ref = provider.resolve(batch_id + 1, ckpt, index)
-                    assert ref is not None
-                    log = provider.read_changelog(ref)
+                    chunks = changes.read_changes(batch_id + 1, ckpt, self.view.family, CHUNK_ROWS)
                 except MissingVersionError as exc:
                     msg = (
                         f"the changes of batch {batch_id} (partition {partition}) are gone: "
                         f"retention removed them ({exc}); read from a later changeStartBatchId"
                     )
                     raise MissingVersionError(msg) from exc
-                yield from self._changelog_rows(log, prefix, families, batch_id, partition)
-
-    def _changelog_rows(
-        self,
-        log: ChangelogReader,
-        prefix: bytes,
-        families: dict[str, ColumnFamily],
-        batch_id: int,
-        partition: int,
-    ) -> Iterator[pa.RecordBatch]:
-        """The view's changes in one changelog, a chunk of rows at a time."""
-        cut = len(prefix)
-        for keys, values in log.chunks(CHUNK_ROWS):
-            mine = [i for i, key in enumerate(keys) if key.startswith(prefix)]
-            if mine:
-                rows = self.view.changes(
-                    families, batch_id, [keys[i][cut:] for i in mine], [values[i] for i in mine]
-                )
-                yield from self._with_partition(rows, partition)
+                for keys, values in chunks:  # the view's changes, a chunk of rows at a time
+                    rows = self.view.changes(families, batch_id, keys, values)
+                    yield from self._with_partition(rows, partition)
 
 
 def state_metadata(location: str) -> pa.Table:

@@ -4,8 +4,9 @@ A rescale (:mod:`sparkstate.runtime.rescale`) reads each old partition's state a
 column family's keys and values as stored, beside the key columns the engine shuffles the
 operator's input by (:func:`~sparkstate.observe.key_lookup.partition_columns`), typed. Spark's
 ``repartition(n, *those columns)`` then sends each row where the next batch's shuffle sends its
-key, and each new partition writes what it received as one changelog of a new lineage: the
-whole state of the version, from nothing (parent none), under a fresh checkpoint id.
+key, and each new partition has its provider write what it received as a version of a new
+lineage (:class:`~sparkstate.store.capabilities.WritesVersions`): the whole state of the
+version, from nothing (parent none), under a fresh checkpoint id.
 
 Every column family of an operator must have the shuffle's columns in its key (an index's key is
 its time, then the key), or be derived from the others, as a join's per-side row counts are:
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,18 +28,13 @@ from sparkstate.observe.checkpoint import open_checkpoint
 from sparkstate.observe.key_lookup import partition_columns
 from sparkstate.operators.state_layout import DeriveFamilies
 from sparkstate.store.base import DEFAULT_CF
-from sparkstate.store.changelog import encode_changelog
-from sparkstate.store.conf import StoreConf, StoreId
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.capabilities import WritesVersions, provider_over_files
+from sparkstate.store.conf import StoreId
 from sparkstate.store.layout import (
-    VersionRef,
-    file_name,
     merged_schema_record,
-    new_checkpoint_id,
     read_schema_record,
     write_rescaled_schema,
 )
-from sparkstate.store.registry import provider_class
 from sparkstate.store.schema_json import schema_from_json
 
 __all__ = [
@@ -210,18 +205,11 @@ def write_partition(
         }
     )
     table = table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
-    cls: Any = provider_class(provider)
-    ref = VersionRef(version, new_checkpoint_id())
-    header = {
-        "version": ref.version,
-        "checkpoint_id": ref.checkpoint_id,
-        "parent": None,
-        "count": table.num_rows,
-        "num_keys": table.num_rows,
-    }
-    data = encode_changelog(
-        cls.delta_kind, header, table.column(KEY), table.column(VALUE), StoreConf().compression
-    )
-    directory = DurableDir(state_root).child(StoreId(state_root, op_id, partition).relative_dir)
-    directory.write_atomic(file_name(ref, cls.delta_ext), data)
-    return ref.checkpoint_id, table.num_rows
+    store_id = StoreId(state_root, op_id, partition)
+    with provider_over_files(provider, store_id) as bound:
+        if bound is None:  # plan_moves wrote every new partition's _schema.json
+            msg = f"{store_id}: no _schema.json to write the rescaled state under"
+            raise ConfigurationError(msg)
+        writer = WritesVersions.require(bound, "a rescale writes the state of each new partition")
+        checkpoint_id = writer.write_version(version, table.column(KEY), table.column(VALUE))
+    return checkpoint_id, table.num_rows

@@ -28,7 +28,9 @@ nulls and NaN included:
 * ``percentile``, ``median`` and ``mode`` keep every value as ``collect_list`` does
   (:mod:`sparkstate.operators._distribution`);
 * ``percentile_approx``/``approx_percentile`` keep Spark's Greenwald-Khanna summary, each
-  batch's values inserted in their order (:mod:`sparkstate.operators._quantiles`).
+  batch's values inserted in their order (:mod:`sparkstate.operators._quantiles`);
+* ``hll_sketch_agg`` and ``hll_union_agg`` keep Spark's DataSketches HLL sketch, as its bytes,
+  and union each batch's sketch into it (:mod:`sparkstate.operators.hll_sketch`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, SparkstateError
-from sparkstate.operators import hll
+from sparkstate.operators import hll, hll_sketch
 from sparkstate.operators.aggregate_merges import (
     MERGES,
     RESULTS,
@@ -96,6 +98,8 @@ _SUFFIXES: dict[str, tuple[str, ...]] = {
     **{name: ("values",) for name in _PERCENTILES},
     "mode": ("values",),
     **{name: ("sampled", "g", "delta", "count") for name in _APPROX},
+    "hll_sketch_agg": ("sketch",),
+    "hll_union_agg": ("union",),
 }
 #: Functions computed as another is (the name is Spark's; the merge is the other's).
 _SAME_AS = {
@@ -145,6 +149,10 @@ class AggregateFunction:
     percentage: float | tuple[float, ...] | None = None
     #: ``percentile_approx``'s accuracy (Spark's default 10000): its relative error is 1/accuracy.
     accuracy: int | None = None
+    #: ``hll_sketch_agg``'s ``lgConfigK`` (Spark's default 12).
+    lg_config_k: int | None = None
+    #: ``hll_union_agg``'s ``allowDifferentLgConfigK``.
+    allow_different_lg_config_k: bool = False
 
     def __post_init__(self) -> None:
         if self.func not in _SUFFIXES:
@@ -155,6 +163,8 @@ class AggregateFunction:
             raise ConfigurationError(msg)
         if self.func == "approx_count_distinct":
             hll.precision(self.rsd)
+        if self.func == "hll_sketch_agg":
+            hll_sketch.check_lg_k(self._lg_k())
         if self.func in _PERCENTILES + _APPROX and self.percentage is None:
             msg = f"{self.func}() into column {self.output_name!r} needs its percentage"
             raise ConfigurationError(msg)
@@ -196,7 +206,7 @@ class AggregateFunction:
             types = [pa.int64() if func == "count_if" else pa.bool_()]
         elif func in _MOMENTS or func in _COMOMENTS or func in ("skewness", "kurtosis"):
             types = [_F64] * len(suffixes)
-        elif func == "approx_count_distinct":
+        elif func in ("approx_count_distinct", "hll_sketch_agg", "hll_union_agg"):
             types = [pa.binary()]
         else:  # min, max
             types = [out]
@@ -233,10 +243,17 @@ class AggregateFunction:
             out["percentage"] = list(p) if isinstance(p, tuple) else p
         if self.func in _APPROX:
             out["accuracy"] = self._accuracy()
+        if self.func == "hll_sketch_agg":
+            out["lgConfigK"] = self._lg_k()
+        if self.func == "hll_union_agg":
+            out["allowDifferentLgConfigK"] = self.allow_different_lg_config_k
         return out
 
     def _accuracy(self) -> int:
         return 10000 if self.accuracy is None else int(self.accuracy)
+
+    def _lg_k(self) -> int:
+        return hll_sketch.DEFAULT_LG_K if self.lg_config_k is None else self.lg_config_k
 
     def _decimal_avg(self) -> bool:
         return self.func == "avg" and pa.types.is_decimal(self.output_type)

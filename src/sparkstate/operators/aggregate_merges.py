@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.operators import _distribution, _moments, _quantiles, hll
+from sparkstate.operators import _distribution, _moments, _quantiles, hll, hll_sketch
 from sparkstate.operators._decimals import add_within, average
 from sparkstate.operators._lists import concat_lists, distinct_lists, no_null_lists
 
@@ -230,6 +230,15 @@ def _merge_registers(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bu
     return [hll.fold(s[0], b[0], hll.precision(agg.rsd))]
 
 
+def _merge_hll_sketches(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    return [hll_sketch.merge_sketches(s[0], b[0], agg._lg_k())]
+
+
+def _merge_hll_unions(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    allow = agg.allow_different_lg_config_k
+    return [hll_sketch.merge_unions(s[0], b[0], allow_different_lg_k=allow)]
+
+
 MERGES: dict[str, Merge] = {
     "count": _merge_count,
     "sum": _merge_sum,
@@ -255,6 +264,8 @@ MERGES: dict[str, Merge] = {
     "percentile": _merge_collect_list,
     "mode": _merge_collect_list,
     "percentile_approx": _merge_quantiles,
+    "hll_sketch_agg": _merge_hll_sketches,
+    "hll_union_agg": _merge_hll_unions,
 }
 
 
@@ -311,6 +322,13 @@ def _moment(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
 
 def _approx_count(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
     return hll.estimate(bufs[0], hll.precision(agg.rsd))
+
+
+def _sketch(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+    """The state's sketch; where no sketch came (``hll_union_agg`` of nulls only), Spark's
+    empty union: an empty sketch of ``lgConfigK`` 12."""
+    lg_k = agg._lg_k() if agg.func == "hll_sketch_agg" else hll_sketch.DEFAULT_LG_K
+    return pc.fill_null(bufs[0].cast(pa.binary()), pa.scalar(hll_sketch.empty(lg_k), pa.binary()))
 
 
 def _central(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
@@ -388,4 +406,6 @@ RESULTS: dict[str, Result] = {
     "percentile": _percentile,
     "mode": _mode,
     "percentile_approx": _approx_percentile,
+    "hll_sketch_agg": _sketch,
+    "hll_union_agg": _sketch,
 }

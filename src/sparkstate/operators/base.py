@@ -213,6 +213,12 @@ class StatefulOperator(StateLayout, ABC):
         """Extra named keyspaces beside the default one (key schema, value schema)."""
         return {}
 
+    @property
+    def value_widening(self) -> bool:
+        """Whether this operator's stores may widen a value field's type across restarts
+        (:attr:`sparkstate.store.conf.StoreConf.value_widening`)."""
+        return False
+
     def time_trigger(self) -> str | None:
         """What makes this operator need a batch without new data (Spark's
         ``shouldRunAnotherBatch``): ``"event"`` (a watermark move, for event-time timeouts and

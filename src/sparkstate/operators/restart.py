@@ -5,7 +5,10 @@ start and compared at every restart. The state schemas in it may evolve as a sto
 may (:mod:`sparkstate.store.evolution`: nullable fields added, fields dropped or reordered):
 ``state_schema`` of ``applyInPandasWithState`` / ``flatMapGroupsWithState`` (with the
 ``value_schema`` derived from it) and the schema of each ``StatefulProcessor`` state variable
-(``state``). The rest of the description must stay equal; the caller checks that.
+(``state``), whose output schema may change too (its output is not in its state, as in Spark).
+A processor's state written under Spark's Avro state encoding (``state_encoding``
+``avro``) may also widen a field's type as Avro's schema resolution does; the encoding itself
+stays the checkpoint's. The rest of the description must stay equal; the caller checks that.
 
 Only the recorded schema is compared here; the stores compare with every schema they ever held
 (a dropped field that comes back with another type) when they open.
@@ -18,16 +21,16 @@ from typing import Any
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 from sparkstate.operators.limit import StreamingLimit
-from sparkstate.store.evolution import (
-    NOT_COMPATIBLE,
-    WHAT_TO_DO,
-    Field,
-    incompatibility,
-    show_fields,
-)
+from sparkstate.store.evolution import Field, incompatibility, refusal, show_fields
 from sparkstate.store.schema_json import fields_from_json
 
-__all__ = ["check_state_change", "same_schema"]
+__all__ = ["AVRO", "DEFAULT_ENCODING", "STATE_ENCODING", "check_state_change", "same_schema"]
+
+#: Where a description records a state encoding other than the default (Spark's
+#: ``spark.sql.streaming.stateStore.encodingFormat``), and the encodings.
+STATE_ENCODING = "state_encoding"
+DEFAULT_ENCODING = "unsaferow"
+AVRO = "avro"
 
 #: Kinds of operator whose state keeps none of the output's columns.
 _OUTPUT_NOT_IN_STATE = frozenset(
@@ -49,19 +52,33 @@ def same_schema(old: Any, new: Any) -> bool:
     return [f[:2] for f in _fields(old)] == [f[:2] for f in _fields(new)]
 
 
-def _check_fields(old: Any, new: Any, what: str, where: str) -> None:
+def _check_fields(old: Any, new: Any, what: str, where: str, *, widening: bool = False) -> None:
     before, after = _fields(old), _fields(new)
-    reason = incompatibility([before], after)
+    reason = incompatibility([before], after, widening=widening)
     if reason is not None:
-        msg = (
-            f"[{NOT_COMPATIBLE}] {what} cannot change from {show_fields(before)} to "
-            f"{show_fields(after)} ({where}): {reason}, so state stored before could not be "
-            f"read. {WHAT_TO_DO}"
-        )
+        shown = f"{show_fields(after)} ({where})"
+        msg = refusal(what, show_fields(before), shown, reason, widening=widening)
         raise SchemaMismatchError(msg)
 
 
-def _check_variables(old: dict[str, Any], new: dict[str, Any], op: str, where: str) -> None:
+def _check_encoding(old: dict[str, Any], new: dict[str, Any], op: str, where: str) -> bool:
+    """The state encoding (Spark's ``spark.sql.streaming.stateStore.encodingFormat``) stays
+    what the checkpoint was written with; returns whether it is Avro (types may widen)."""
+    was = old.get(STATE_ENCODING, DEFAULT_ENCODING)
+    now = new.get(STATE_ENCODING, DEFAULT_ENCODING)
+    if was != now:
+        msg = (
+            f"{op}: spark.sql.streaming.stateStore.encodingFormat changed from {was!r} to "
+            f"{now!r} ({where}); the state was written with {was!r}: set it back to {was!r}, "
+            "or start from a new checkpoint location"
+        )
+        raise ConfigurationError(msg)
+    return bool(now == AVRO)
+
+
+def _check_variables(
+    old: dict[str, Any], new: dict[str, Any], op: str, where: str, *, widening: bool = False
+) -> None:
     if sorted(old) != sorted(new):
         msg = (
             f"{op}: the state variables changed from {sorted(old)} to {sorted(new)} ({where}); "
@@ -80,7 +97,8 @@ def _check_variables(old: dict[str, Any], new: dict[str, Any], op: str, where: s
             )
             raise ConfigurationError(msg)
         what = f"{op}: the schema of state variable {name!r}"
-        _check_fields(old[name].get("schema"), new[name].get("schema"), what, where)
+        was, now = old[name].get("schema"), new[name].get("schema")
+        _check_fields(was, now, what, where, widening=widening)
 
 
 def check_state_change(old: dict[str, Any], new: dict[str, Any], where: str) -> set[str]:
@@ -95,6 +113,10 @@ def check_state_change(old: dict[str, Any], new: dict[str, Any], where: str) -> 
         _check_fields(old.get("state_schema"), new.get("state_schema"), what, where)
         checked |= {"state_schema", "value_schema"}
     if "state" in old or "state" in new:
-        _check_variables(old.get("state") or {}, new.get("state") or {}, op, where)
-        checked.add("state")
+        avro = _check_encoding(old, new, op, where)
+        variables = old.get("state") or {}, new.get("state") or {}
+        _check_variables(*variables, op, where, widening=avro)
+        # a StatefulProcessor's output is not in its state (its variables are): as in Spark,
+        # it may change
+        checked |= {"state", STATE_ENCODING, "output_schema"}
     return checked

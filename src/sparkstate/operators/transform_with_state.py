@@ -6,7 +6,9 @@ One partition, one batch, in Spark's order (``TransformWithStateExec``):
 2. in batch 0 only, ``handleInitialState`` for every initial-state row (rows mode) or frame
    (pandas mode) of each key;
 3. ``handleInputRows`` once per key of the input, in key order (with ``EventTime`` and a
-   watermark, rows at or before the watermark are dropped first);
+   watermark, rows at or before the watermark are dropped first); in pandas mode the key's rows
+   come as frames of at most ``max_records_per_batch`` rows and about ``max_bytes_per_batch``
+   bytes (Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch``);
 4. ``handleExpiredTimer`` for every timer due (``expiry <= processing time`` or ``<= watermark``),
    each timer deleted after its call;
 5. TTL cleanup (``ProcessingTime`` mode), then ``close()``.
@@ -14,11 +16,16 @@ One partition, one batch, in Spark's order (``TransformWithStateExec``):
 State is read through per-batch caches (value state of all input keys in one multi-get) and
 written in bulk at the end of each phase. Initial state reaches the operator inside the input:
 rows whose ``INITIAL_STATE_MARKER`` column is true carry the columns of ``initial_state_schema``.
+
+Under Spark's Avro state encoding (``state_encoding="avro"``) every top-level field of a state
+variable's schema must be nullable, as Spark requires; its stores may then widen a field's type
+across restarts (:mod:`sparkstate.store.evolution`).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
@@ -48,6 +55,7 @@ from sparkstate.operators.processor import (
     StatefulProcessorHandle,
     declare_state,
 )
+from sparkstate.operators.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
 from sparkstate.operators.state_layout import Families, ShownStore
 from sparkstate.operators.state_vars import VarSpec
@@ -64,6 +72,8 @@ from sparkstate.operators.timers import time_mode as parse_time_mode
 from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
 from sparkstate.operators.user_types import DEFAULT_TIME_ZONE, GroupFrames, rebuilt_from_rows
 from sparkstate.store.base import StateStore
+from sparkstate.store.evolution import show_fields
+from sparkstate.store.schema_json import fields_of
 
 __all__ = ["INITIAL_STATE_MARKER", "MODES", "TransformWithState"]
 
@@ -72,6 +82,10 @@ INITIAL_STATE_MARKER = "__sparkstate_initial_state__"
 _TIME_TRIGGERS = {TimeMode.PROCESSING_TIME: "processing", TimeMode.EVENT_TIME: "event"}
 #: ``rows``: ``transformWithState`` (Row iterators); ``pandas``: ``transformWithStateInPandas``.
 MODES = ("rows", "pandas")
+ENCODINGS = (DEFAULT_ENCODING, AVRO)
+#: Spark's defaults of ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch``.
+MAX_RECORDS_PER_BATCH = 10_000
+UNLIMITED = 2**31 - 1
 
 
 class TransformWithState(StatefulOperator):
@@ -105,6 +119,9 @@ class TransformWithState(StatefulOperator):
         initial_state_columns: Sequence[str] | None = None,
         output_event_time_column: str | None = None,
         time_zone: str = DEFAULT_TIME_ZONE,
+        state_encoding: str = DEFAULT_ENCODING,
+        max_records_per_batch: int = MAX_RECORDS_PER_BATCH,
+        max_bytes_per_batch: int = UNLIMITED,
     ) -> None:
         api = self.kind
         #: The session time zone (``spark.sql.session.timeZone``) user functions see times in.
@@ -168,8 +185,19 @@ class TransformWithState(StatefulOperator):
                 f"initial state schema {self.initial_state_schema.names}"
             )
             raise ConfigurationError(msg)
+        if state_encoding not in ENCODINGS:
+            msg = f"{api}: state_encoding must be one of {ENCODINGS}, got {state_encoding!r}"
+            raise ConfigurationError(msg)
+        #: Spark's ``spark.sql.streaming.stateStore.encodingFormat``.
+        self.state_encoding = state_encoding
+        #: Pandas mode: the most rows of a frame of a key's rows (<= 0: no limit).
+        self.max_records_per_batch = max_records_per_batch
+        #: Pandas mode: about the most bytes of Arrow input of a frame of a key's rows.
+        self.max_bytes_per_batch = max_bytes_per_batch
         self.value_schema = MARKER_SCHEMA
         self.state_specs: dict[str, VarSpec] = declare_state(processor, self.time_mode)
+        if state_encoding == AVRO:
+            _check_nullable(self.state_specs)
 
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         out: dict[str, tuple[pa.Schema, pa.Schema]] = {}
@@ -179,6 +207,11 @@ class TransformWithState(StatefulOperator):
             out[TIMERS_CF] = (self.key_schema, TIMERS_VALUE_SCHEMA)
             out[TIMER_INDEX_CF] = (index_key_schema(self.key_schema), MARKER_SCHEMA)
         return out
+
+    @property
+    def value_widening(self) -> bool:
+        """Spark's Avro encoding reads old state values through Avro's schema resolution."""
+        return self.state_encoding == AVRO
 
     def time_trigger(self) -> str | None:
         """As Spark's: every trigger in ProcessingTime; otherwise after a batch that moved the
@@ -191,6 +224,8 @@ class TransformWithState(StatefulOperator):
         out = super().describe()
         out["time_mode"] = self.time_mode
         out["state"] = {n: s.describe() for n, s in sorted(self.state_specs.items())}
+        if self.state_encoding != DEFAULT_ENCODING:  # earlier checkpoints record none
+            out[STATE_ENCODING] = self.state_encoding
         return out
 
     # --- its state, as the reader shows it (:mod:`.processor_views`) -----------------------------
@@ -343,9 +378,22 @@ class TransformWithState(StatefulOperator):
                 groups.table, groups.starts, self.time_zone, per_group_integers=False
             )
             cut = frames.frame
-            return lambda s, e: iter((rebuilt_from_rows(cut(s, e)),))
+            size = self._chunk_rows(groups.table)
+            return lambda s, e: _chunks(cut(s, e), size)
         rows = rows_of(groups.table, self.row_format, self.time_zone)
         return lambda s, e: iter(rows[s:e])
+
+    def _chunk_rows(self, table: pa.Table) -> int:
+        """How many rows one frame of a key holds: Spark closes a frame at
+        ``maxRecordsPerBatch`` rows, or once its rows times the average Arrow size of an input
+        row reach ``maxBytesPerBatch`` (here the average over the partition's input)."""
+        size = self.max_records_per_batch if self.max_records_per_batch > 0 else UNLIMITED
+        limit = self.max_bytes_per_batch
+        if limit != UNLIMITED and table.num_rows:
+            average = table.nbytes / table.num_rows
+            if average > 0:
+                size = min(size, max(1, math.ceil(limit / average)))
+        return size
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
         return out.sink() if self.mode == "rows" else out.frame_sink()
@@ -445,6 +493,33 @@ class TransformWithState(StatefulOperator):
                 yield from out.drain()
         kctx.kenc = kctx.key = None
         self._flush(session, ctx.metrics)
+
+
+def _check_nullable(specs: dict[str, VarSpec]) -> None:
+    """Spark's Avro state encoding refuses a state variable with a non-nullable field."""
+    for name, spec in specs.items():
+        if not spec.pickled and not all(f.nullable for f in spec.schema):
+            msg = (
+                "[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE] If Avro encoding is enabled "
+                "(spark.sql.streaming.stateStore.encodingFormat avro), all the fields in the "
+                f"schema for column family {name} must be nullable when using the "
+                "TransformWithState operator. Please make the schema nullable. Current schema: "
+                f"{show_fields(fields_of(spec.schema))}"
+            )
+            raise ConfigurationError(msg)
+
+
+def _chunks(frame: Any, size: int) -> Iterator[Any]:
+    """A key's rows as frames of at most ``size`` rows, each rebuilt as PySpark builds it."""
+    import pandas as pd
+
+    if len(frame) <= size:
+        yield rebuilt_from_rows(frame)
+        return
+    for start in range(0, len(frame), size):
+        part = frame.iloc[start : start + size]
+        part.index = pd.RangeIndex(len(part))
+        yield rebuilt_from_rows(part)
 
 
 def _select(table: pa.Table, schema: pa.Schema, names: Sequence[str] | None = None) -> pa.Table:

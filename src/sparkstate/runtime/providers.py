@@ -79,13 +79,20 @@ class ProviderCache:
         key_schema: pa.Schema,
         value_schema: pa.Schema,
         column_families: dict[str, tuple[pa.Schema, pa.Schema]],
+        *,
+        widening: bool = False,
     ) -> StateStoreProvider:
-        """The cached provider of a partition (caller holds ``lock(key)``)."""
+        """The cached provider of a partition (caller holds ``lock(key)``); ``widening``: the
+        operator's value schemas may widen a field's type (``StoreConf.value_widening``)."""
         found = self._providers.get(key)
         if found is not None:
             return found
         provider = provider_class(settings.provider)()
-        conf = dataclasses.replace(settings.conf, num_partitions=num_partitions)
+        conf = dataclasses.replace(
+            settings.conf,
+            num_partitions=num_partitions,
+            value_widening=widening or settings.conf.value_widening,
+        )
         provider.init(
             StoreId(settings.state_root, key[1], key[2]),
             key_schema,

@@ -69,6 +69,7 @@ class TaskSpec:
             op.key_schema,
             op.value_schema,
             op.column_families(),
+            widening=op.value_widening,
         )
 
 

@@ -6,15 +6,17 @@ of it, opened for reading and writing by one task. Batch ``b`` opens version ``b
 
 Providers implement a small byte-level core (``raw_*`` methods over *physical keys*, which are an
 encoded column-family prefix followed by the order-preserving key encoding) plus ``_commit`` and
-``_abort``. Everything typed (schemas, codecs, column families, batch calls over Arrow) lives here,
-once, for every provider. Operators that encode keys and values in bulk themselves use the
-``*_encoded*`` methods: a family's encoded keys in and out, the family prefix added here, so the
-physical key layout is known to this package alone.
+``_abort`` (and, where a version holds something of its provider, ``_release``). Everything typed
+(schemas, codecs, column families, batch calls over Arrow) and a store's life (one
+:class:`StoreStatus`) live here, once, for every provider. Operators that encode keys and values
+in bulk themselves use the ``*_encoded*`` methods: a family's encoded keys in and out, the family
+prefix added here, so the physical key layout is known to this package alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import time
 from abc import ABC, abstractmethod
@@ -37,6 +39,7 @@ __all__ = [
     "StoreConf",
     "StoreId",
     "StoreMetrics",
+    "StoreStatus",
     "cf_prefix",
     "default_local_dir",
 ]
@@ -102,11 +105,22 @@ def _successor(prefix: bytes) -> bytes:
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
+class StoreStatus(enum.Enum):
+    """Where a store is in its life: ``UPDATING`` from its opening until ``COMMITTED`` or
+    ``ABORTED``, both final (Spark's ``UPDATING`` / ``COMMITTED`` / ``ABORTED``)."""
+
+    UPDATING = "updating"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
 class StateStore(ABC):
     """One version of a store, opened by one task. Commit or abort ends it.
 
     Reads see the writes made earlier in the same version. Range scans are ordered by key value
-    (the key codec preserves order). After ``commit()`` or ``abort()`` the store cannot be used.
+    (the key codec preserves order). The store's life is one :class:`StoreStatus`, checked on
+    every call of the typed API: ``UPDATING`` until ``commit()`` makes it ``COMMITTED`` or
+    ``abort()`` (or a provider's ``discard()``) makes it ``ABORTED``; after that it cannot be used.
     """
 
     def __init__(
@@ -116,8 +130,7 @@ class StateStore(ABC):
         self.version = version
         self._families = families
         self._read_only = read_only
-        self._done = False
-        self._committed = False
+        self._status = StoreStatus.UPDATING
         self._num_updated = 0
         self._num_removed = 0
         #: The last multi-get of a writable store: (family, copy of its encoded keys, physical
@@ -181,7 +194,11 @@ class StateStore(ABC):
 
     @abstractmethod
     def _abort(self) -> None:
-        """Discard pending writes."""
+        """Discard pending writes (the version ends without a commit)."""
+
+    def _release(self) -> None:  # noqa: B027 - optional hook
+        """Hand back what this version holds of its provider once aborted (the rocksdb
+        provider's database); a version the provider discards itself keeps it."""
 
     def _custom_metrics(self) -> dict[str, float]:
         return {}
@@ -192,8 +209,12 @@ class StateStore(ABC):
     # --- typed API -------------------------------------------------------------------------------
 
     @property
+    def status(self) -> StoreStatus:
+        return self._status
+
+    @property
     def has_committed(self) -> bool:
-        return self._committed
+        return self._status is StoreStatus.COMMITTED
 
     def column_family(self, name: str = DEFAULT_CF) -> ColumnFamily:
         try:
@@ -203,16 +224,17 @@ class StateStore(ABC):
             raise ConfigurationError(msg) from None
 
     def _writable(self) -> None:
-        if self._done:
-            msg = f"{self.id} version {self.version} was already committed or aborted"
-            raise StoreClosedError(msg)
+        self._readable()
         if self._read_only:
             msg = f"{self.id} version {self.version} was opened read-only"
             raise StoreClosedError(msg)
 
     def _readable(self) -> None:
-        if self._done:
-            msg = f"{self.id} version {self.version} was already committed or aborted"
+        if self._status is not StoreStatus.UPDATING:
+            msg = (
+                f"{self.id} version {self.version} was already committed or aborted "
+                f"({self._status.value})"
+            )
             raise StoreClosedError(msg)
 
     def get(self, key: Row, cf: str = DEFAULT_CF) -> Row | None:
@@ -368,18 +390,26 @@ class StateStore(ABC):
         start = time.perf_counter()
         self._commit()
         self.commit_time_ms = int((time.perf_counter() - start) * 1000)
-        self._done = True
-        self._committed = True
+        self._status = StoreStatus.COMMITTED
         return self.version + 1
 
     def abort(self) -> None:
-        """Discard this version's writes. Safe to call more than once and after a failed commit."""
-        if self._done and self._committed:
+        """Discard this version's writes and hand back what it holds of its provider. Safe to
+        call more than once, after a commit (it does nothing) and after a failed commit."""
+        if self._status is StoreStatus.UPDATING:
+            self.discard()
+            self._release()
+
+    def discard(self) -> None:
+        """End this version as ``ABORTED``, its writes dropped, keeping what it holds of its
+        provider: the one way a version ends without a commit, used by ``abort()`` and by a
+        provider that takes a version back (as opening another version of the partition does).
+        Does nothing once the version has ended."""
+        if self._status is not StoreStatus.UPDATING:
             return
         self._last_read = None
-        if not self._done:
-            self._abort()
-        self._done = True
+        self._abort()
+        self._status = StoreStatus.ABORTED
 
     def metrics(self) -> StoreMetrics:
         return StoreMetrics(
@@ -396,8 +426,7 @@ class StateStore(ABC):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self._committed:
-            self.abort()
+        self.abort()
 
 
 class StateStoreProvider(ABC):

@@ -75,6 +75,9 @@ class StoreConf:
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.
     max_versions_in_memory: int = 2
+    #: A value schema may also widen a field's type across restarts (``int`` to ``long``, ...),
+    #: old values read widened: Spark's Avro state encoding (:mod:`sparkstate.store.evolution`).
+    value_widening: bool = False
 
     def __post_init__(self) -> None:
         if self.min_deltas_for_snapshot < 1:

@@ -10,9 +10,14 @@ whose schemas never changed read and write exactly as before.
 
 Reading projects a value onto the current schema by field name: fields its writer did not have
 are null, fields the current schema dropped are skipped. Compatible changes: adding nullable
-fields, dropping fields, reordering fields, making a field nullable. Refused when the store opens
-(as Spark's ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``): a field whose type differs from the one
-it had in any schema of the history (a dropped field cannot come back with another type), a field
+fields, dropping fields, reordering fields, making a field nullable; with ``widening`` (Spark's
+Avro state encoding, which reads old values through Avro's schema resolution) also a top-level
+field's type widened as Avro promotes it (:data:`WIDENINGS`: ``int`` to ``long``, ``float`` or
+``double``, ``long`` to ``float`` or ``double``, ``float`` to ``double``, ``string`` to and from
+``binary``), old values read widened. Refused when the store opens (as Spark's
+``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``, or ``STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION``
+with ``widening``): a field whose type differs from the one it had in any schema of the history
+other than by such a widening (a dropped field cannot come back with another type), a field
 added or made non-nullable, a schema that keeps none of the current one's fields (``n long`` to
 ``s string``: every stored value would be lost), and a switch between pickled Python objects (one
 ``__pickled`` binary field) and schema-encoded values. Schemas are
@@ -35,17 +40,22 @@ from sparkstate.store.schema_json import Field, fields_of
 
 __all__ = [
     "EVOLVED_VALUE_FORMAT",
+    "INVALID_EVOLUTION",
     "MAX_SCHEMA_ID",
     "NOT_COMPATIBLE",
     "PICKLED_FIELD",
+    "WIDENINGS",
     "EvolvingValueCodec",
     "Field",
+    "condition",
     "evolve",
     "fields_of",
     "incompatibility",
+    "refusal",
     "show_fields",
     "value_codec_for",
     "value_header",
+    "widens",
 ]
 
 #: First byte of a value written under a schema id above 0 (followed by the id, uint16 LE).
@@ -55,10 +65,29 @@ MAX_SCHEMA_ID = 0xFFFF
 PICKLED_FIELD = "__pickled"
 #: The error condition Spark names an incompatible state schema change with.
 NOT_COMPATIBLE = "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"
+#: ... and the one under its Avro encoding, where a change is checked by Avro's resolution rules.
+INVALID_EVOLUTION = "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION"
+_INTS = ("int8", "int16", "int32")
+#: Stored type -> the types a value of it may be read as, under ``widening``: the promotions of
+#: Avro's schema resolution that Spark's Avro state encoding reads old values through (Spark
+#: writes byte, short and int as Avro ``int``; a narrowing between them is refused here).
+WIDENINGS: dict[str, frozenset[str]] = {
+    **{t: frozenset({*_INTS[i + 1 :], "int64", "float", "double"}) for i, t in enumerate(_INTS)},
+    "int64": frozenset({"float", "double"}),
+    "float": frozenset({"double"}),
+    "string": frozenset({"binary"}),
+    "binary": frozenset({"string"}),
+}
 #: What a refused change message ends with.
 WHAT_TO_DO = (
     "Compatible changes are adding nullable fields, dropping fields and reordering fields; "
     "restore the original schema, or start from a new checkpoint location"
+)
+WIDENING_WHAT_TO_DO = (
+    "Compatible changes are adding nullable fields, dropping fields, reordering fields and "
+    "widening a field's type as Avro's schema resolution does (int to long, float or double; "
+    "long to float or double; float to double; string to and from binary); restore the "
+    "original schema, or start from a new checkpoint location"
 )
 
 Row: TypeAlias = tuple[Any, ...]
@@ -81,13 +110,36 @@ def _is_pickled(fields: Sequence[Field]) -> bool:
     return any(f[0] == PICKLED_FIELD for f in fields)
 
 
+def widens(stored: str, wanted: str) -> bool:
+    """Whether a value of type ``stored`` may be read as ``wanted`` under ``widening``."""
+    return wanted in WIDENINGS.get(stored, ())
+
+
+def condition(widening: bool) -> str:
+    """Spark's error condition of a refused value schema change."""
+    return INVALID_EVOLUTION if widening else NOT_COMPATIBLE
+
+
+def refusal(what: str, old: str, new: str, reason: str, *, widening: bool = False) -> str:
+    """The message of a refused change of ``what`` from schema ``old`` to ``new``."""
+    lead = "Schema evolution is not possible: " if widening else ""
+    return (
+        f"[{condition(widening)}] {lead}{what} cannot change from {old} to {new}: {reason}, so "
+        f"values stored before could not be read. {WIDENING_WHAT_TO_DO if widening else WHAT_TO_DO}"
+    )
+
+
 def incompatibility(
-    history: Sequence[Sequence[Field]], new: Sequence[Field], current: int = -1
+    history: Sequence[Sequence[Field]],
+    new: Sequence[Field],
+    current: int = -1,
+    *,
+    widening: bool = False,
 ) -> str | None:
     """Why values stored under the schemas of ``history`` (``current`` is the one in use) cannot
-    be read as ``new``; None if they can. A schema that keeps none of the current one's fields is
-    refused too: every stored value would read as nulls (Spark refuses it as it refuses any
-    change of the fields' number or types)."""
+    be read as ``new``; None if they can (with ``widening``, also by a widened type). A schema
+    that keeps none of the current one's fields is refused too: every stored value would read
+    as nulls (Spark refuses it as it refuses any change of the fields' number or types)."""
     names = [f[0] for f in new]
     if len(set(names)) != len(names):
         return f"its field names repeat ({names})"
@@ -102,7 +154,7 @@ def incompatibility(
             if was is None:
                 if nullable is False:
                     return f"field {name!r} ({typ}) is added but not nullable"
-            elif was[1] != typ:
+            elif was[1] != typ and not (widening and widens(was[1], typ)):
                 return f"field {name!r} changed type from {was[1]} to {typ}"
             elif nullable is False and was[2] is True:
                 return f"field {name!r} ({typ}) became non-nullable"
@@ -114,21 +166,28 @@ def incompatibility(
 
 
 def evolve(
-    history: Sequence[pa.Schema], current: int, new: pa.Schema, what: str
+    history: Sequence[pa.Schema],
+    current: int,
+    new: pa.Schema,
+    what: str,
+    *,
+    widening: bool = False,
 ) -> tuple[list[pa.Schema], int]:
     """The history with ``new`` in it, and the id of ``new``; raises when the change from the
-    schemas of ``history`` (``current`` is the one in use) is not compatible."""
-    for schema_id, schema in enumerate(history):
-        if schema.equals(new):
-            return list(history), schema_id
-    reason = incompatibility([fields_of(s) for s in history], fields_of(new), current)
+    schemas of ``history`` (``current`` is the one in use) is not compatible. With
+    ``widening``, a return to an earlier schema is checked too: a later one may have widened a
+    field, whose values the earlier type cannot hold."""
+    reverted = next((i for i, s in enumerate(history) if s.equals(new)), None)
+    if reverted is not None and (not widening or reverted == current):
+        return list(history), reverted
+    fields = [fields_of(s) for s in history]
+    reason = incompatibility(fields, fields_of(new), current, widening=widening)
+    if reverted is not None and reason is None:
+        return list(history), reverted
     if reason is not None:
         old = show_fields(fields_of(history[current]))
-        msg = (
-            f"[{NOT_COMPATIBLE}] {what}: the value schema cannot change from {old} to "
-            f"{show_fields(fields_of(new))}: {reason}, so values stored before could not be "
-            f"read. {WHAT_TO_DO}"
-        )
+        shown = f"{what}: the value schema"
+        msg = refusal(shown, old, show_fields(fields_of(new)), reason, widening=widening)
         raise SchemaMismatchError(msg)
     if len(history) > MAX_SCHEMA_ID:
         msg = f"{what}: more than {MAX_SCHEMA_ID + 1} value schemas; start a new checkpoint"
@@ -155,10 +214,24 @@ class _Projection:
         width = len(writer)  # a row extended with one None serves every missing field
         self._pick = itemgetter(*[i if i >= 0 else width for i in self.index])
         self._single = len(self.index) == 1
+        #: Reader positions whose writer type was narrower (a widened field), with the
+        #: conversion of a stored Python value.
+        self._widen = [
+            (i, _python_widening(writer.field(p).type, f.type))
+            for i, (p, f) in enumerate(zip(self.index, reader, strict=True))
+            if p >= 0 and writer.field(p).type != f.type
+        ]
 
     def row(self, row: Row) -> Row:
         picked = self._pick((*row, None))
-        return (picked,) if self._single else picked
+        out: Row = (picked,) if self._single else picked
+        if self._widen:
+            values = list(out)
+            for i, convert in self._widen:
+                if values[i] is not None:
+                    values[i] = convert(values[i])
+            out = tuple(values)
+        return out
 
     def decode(self, data: bytes) -> Row:
         return self.row(self.codec.decode(data))
@@ -171,10 +244,27 @@ class _Projection:
         table, _ = self.codec.decode_many_arrow(data)
         n = table.num_rows
         columns = [
-            table.column(i) if i >= 0 else pa.chunked_array([pa.nulls(n, f.type)], f.type)
+            _cast(table.column(i), f.type)
+            if i >= 0
+            else pa.chunked_array([pa.nulls(n, f.type)], f.type)
             for i, f in zip(self.index, self.reader, strict=True)
         ]
         return pa.Table.from_arrays(columns, schema=self.reader)
+
+
+def _cast(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
+    return column if column.type == to else column.cast(to)
+
+
+def _python_widening(stored: pa.DataType, wanted: pa.DataType) -> Any:
+    """How a stored Python value of type ``stored`` reads as ``wanted`` (a widening)."""
+    if pa.types.is_floating(wanted):
+        return float
+    if pa.types.is_binary(wanted):
+        return lambda v: v.encode() if isinstance(v, str) else v
+    if pa.types.is_string(wanted):
+        return lambda v: v.decode() if isinstance(v, bytes) else v
+    return lambda v: v  # a wider integer
 
 
 class EvolvingValueCodec(ValueCodec):

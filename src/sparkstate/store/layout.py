@@ -234,13 +234,14 @@ def read_schema_file(directory: DurableDir) -> dict[str, tuple[pa.Schema, pa.Sch
 
 
 def check_schema_file(
-    directory: DurableDir, expected: dict[str, Any], where: str
+    directory: DurableDir, expected: dict[str, Any], where: str, *, widening: bool = False
 ) -> dict[str, tuple[list[pa.Schema], int]]:
     """Write ``_schema.json`` on first use; on later opens fail clearly on an incompatible change.
 
     Column families not yet recorded are added (a new state variable is not a mismatch). A value
-    schema may evolve (see :mod:`.evolution`): returns, for each family whose value schema ever
-    changed, its schema history and the id of the schema in use.
+    schema may evolve (see :mod:`.evolution`; with ``widening``, a field's type may also widen):
+    returns, for each family whose value schema ever changed, its schema history and the id of
+    the schema in use.
     """
     file = directory.where(SCHEMA_FILE)
     if not directory.exists(SCHEMA_FILE):
@@ -297,7 +298,8 @@ def check_schema_file(
         history = [schema_from_json(v) for v in described]
         current = recorded.index(have_value) if have_value in recorded else len(recorded) - 1
         what = f"{where}: column family {name!r} ({file})"
-        history, schema_id = evolve(history, current, schema_from_json(want["value"]), what)
+        wanted = schema_from_json(want["value"])
+        history, schema_id = evolve(history, current, wanted, what, widening=widening)
         evolved[name] = (history, schema_id)
         if have_value != want_value or len(history) != len(recorded):
             have["value"] = want["value"]

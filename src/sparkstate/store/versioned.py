@@ -1,7 +1,9 @@
 """What both built-in providers share: durable layout, schema check, changelogs, lineage, retention.
 
 A subclass says how it holds state in the worker and how it writes and reads a snapshot; this base
-owns which files exist, which of them a version needs, and which can go.
+owns which files exist, which of them a version needs, and which can go. Because it knows them, it
+gives readers the capabilities of :mod:`.capabilities`: a version's changes, what the files are,
+a version written from rows.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
@@ -21,14 +23,23 @@ from sparkstate.exceptions import (
     StateFileError,
 )
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
+from sparkstate.store.capabilities import (
+    Changes,
+    DescribesFiles,
+    FileGroup,
+    ReadsChanges,
+    StoredFiles,
+    WritesVersions,
+)
 from sparkstate.store.changelog import ChangelogReader, encode_changelog
-from sparkstate.store.durable import TMP_PREFIX, DurableDir
+from sparkstate.store.durable import TMP_PREFIX, DurableDir, FileEntry
 from sparkstate.store.evolution import value_codec_for
 from sparkstate.store.layout import (
     VersionIndex,
     VersionRef,
     check_schema_file,
     file_name,
+    new_checkpoint_id,
     schema_description,
 )
 from sparkstate.store.lineage import LoadPlan, plan_load
@@ -43,11 +54,13 @@ T = TypeVar("T")
 STALE_TMP_S = 3600.0
 
 
-class VersionedProvider(StateStoreProvider):
+class VersionedProvider(StateStoreProvider, ReadsChanges, DescribesFiles, WritesVersions):
     """Base of providers that write one changelog per version and snapshots every N versions."""
 
     delta_ext: ClassVar[str]
     delta_kind: ClassVar[bytes]
+    #: Whether a changelog's header records the version's row count (``num_keys``).
+    records_rows: ClassVar[bool] = False
 
     def init(
         self,
@@ -76,7 +89,8 @@ class VersionedProvider(StateStoreProvider):
     def _check_schema(self) -> None:
         specs = {n: (f.key_schema, f.value_schema) for n, f in self.families.items()}
         expected = schema_description(self.name, specs, self.conf.num_partitions)
-        evolved = check_schema_file(self.dir, expected, str(self.id))
+        widening = self.conf.value_widening
+        evolved = check_schema_file(self.dir, expected, str(self.id), widening=widening)
         for name, (history, schema_id) in evolved.items():
             self.families[name].value_codec = value_codec_for(history, schema_id)
 
@@ -155,6 +169,61 @@ class VersionedProvider(StateStoreProvider):
         are read, so a replay holds one changelog, a chunk of it decoded, at a time."""
         name = file_name(ref, self.delta_ext)
         return ChangelogReader(self.delta_kind, self.dir.read(name), self.dir.where(name))
+
+    # --- capabilities ----------------------------------------------------------------------------
+
+    def read_changes(
+        self,
+        version: int,
+        checkpoint_id: str | None,
+        cf: str = DEFAULT_CF,
+        chunk_rows: int = 65536,
+    ) -> Iterator[Changes]:
+        ref = self.resolve(version, checkpoint_id, self.index())
+        if ref is None:  # version 0 is made by no changes
+            return iter(())
+        return _family_changes(self.read_changelog(ref), self.families[cf].prefix, chunk_rows)
+
+    def describe_files(self) -> StoredFiles:
+        index = self.index()
+        by_ext: dict[str, list[FileEntry]] = {}
+        for exts in index.files.values():
+            for ext, entry in exts.items():
+                by_ext.setdefault(ext, []).append(entry)
+        return StoredFiles(
+            versions=sorted({ref.version for ref in index.files}),
+            changelogs=FileGroup.of(by_ext.get(self.delta_ext, [])),
+            snapshots=FileGroup.of(by_ext.get("snapshot", [])),
+            shared=FileGroup.of(self._shared_files()),
+        )
+
+    def _shared_files(self) -> list[FileEntry]:
+        """Hook: files shared between versions (rocksdb: SST files)."""
+        return []
+
+    def recorded_rows(self, version: int, checkpoint_id: str | None) -> int | None:
+        if not self.records_rows:
+            return None
+        index = self.index()
+        ref = self.resolve(version, checkpoint_id, index)
+        if ref is None:
+            return 0
+        if index.has(ref, self.delta_ext):
+            header = self.read_changelog(ref).header
+            if "num_keys" in header:
+                return int(header["num_keys"])
+        if index.has(ref, "snapshot"):
+            return self._snapshot_rows(ref)
+        return None
+
+    def _snapshot_rows(self, ref: VersionRef) -> int | None:
+        """Hook: the row count the snapshot of ``ref`` records (None: none)."""
+        return None
+
+    def write_version(self, version: int, keys: Any, values: Any) -> str:
+        ref = VersionRef(version, new_checkpoint_id())
+        self.write_changelog(ref, None, keys, values, {"num_keys": len(keys)})
+        return ref.checkpoint_id
 
     def load(
         self,
@@ -274,3 +343,12 @@ class VersionedProvider(StateStoreProvider):
                 self.dir.delete(entry.name)
                 deleted.append(entry.name)
         return deleted
+
+
+def _family_changes(log: ChangelogReader, prefix: bytes, chunk_rows: int) -> Iterator[Changes]:
+    """The changes of one family in a changelog, its prefix cut off, a chunk at a time."""
+    cut = len(prefix)
+    for keys, values in log.chunks(chunk_rows):
+        mine = [i for i, key in enumerate(keys) if key.startswith(prefix)]
+        if mine:
+            yield [keys[i][cut:] for i in mine], [values[i] for i in mine]

@@ -40,7 +40,12 @@ from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
 from sparkstate.operators.state_collections import decode_list, decode_map
 from sparkstate.operators.state_vars import VarSpec, elements_cf_name
 from sparkstate.operators.timers import TIMERS_CF, TimeMode
-from sparkstate.operators.transform_with_state import INITIAL_STATE_MARKER, TransformWithState
+from sparkstate.operators.transform_with_state import (
+    INITIAL_STATE_MARKER,
+    MAX_RECORDS_PER_BATCH,
+    UNLIMITED,
+    TransformWithState,
+)
 from sparkstate.runtime.partition import run_partition
 from sparkstate.runtime.watermark import WatermarkTracker
 from sparkstate.store.base import StateStore, StateStoreProvider, StoreConf, StoreId
@@ -435,12 +440,16 @@ def processor_harness(
     watermark: bool = False,
     watermark_delay_ms: int | None = None,
     output_mode: str = "update",
+    max_records_per_batch: int = MAX_RECORDS_PER_BATCH,
+    max_bytes_per_batch: int = UNLIMITED,
     **options: Any,
 ) -> OperatorHarness:
     """A harness for a ``StatefulProcessor`` (``mode="pandas"`` for transformWithStateInPandas).
 
     ``initial_state`` (rows with the key columns and the initial-state columns) is handed to
-    ``handleInitialState`` in the first batch; its schema is inferred unless given.
+    ``handleInitialState`` in the first batch; its schema is inferred unless given. In pandas
+    mode a key's rows come in frames cut by ``max_records_per_batch`` / ``max_bytes_per_batch``
+    (Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch``).
     """
     present = watermark or watermark_delay_ms is not None
     init_schema = initial_state_schema
@@ -462,6 +471,8 @@ def processor_harness(
             event_time_column=event_time_column,
             initial_state_schema=init_schema,
             initial_state_key_columns=initial_state_key_columns,
+            max_records_per_batch=max_records_per_batch,
+            max_bytes_per_batch=max_bytes_per_batch,
         )
 
     return _ProcessorHarness(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sparkstate.exceptions import MissingVersionError, StoreClosedError
-from sparkstate.store.base import DEFAULT_CF, StateStore
+from sparkstate.store.base import DEFAULT_CF, StateStore, StoreStatus
 from sparkstate.testing.contract._base import ContractBase, commit, each_provider, history
 from sparkstate.testing.factory import ProviderFactory, durable_files, read_all
 
@@ -110,6 +110,60 @@ class VersionContract(ContractBase):
         store.abort()  # twice is fine
         assert not store.has_committed
         assert provider.latest_version() == 0
+
+    def test_status_follows_the_life_of_a_store(self, factory: ProviderFactory) -> None:
+        provider = factory.open()
+        store = provider.get_store(0)
+        seen = [store.status]
+        store.put(("a", 1), (1, None))
+        store.commit()
+        seen.append(store.status)
+        store.abort()
+        seen.append(store.status)
+        assert seen == [StoreStatus.UPDATING, StoreStatus.COMMITTED, StoreStatus.COMMITTED]
+        aborted = provider.get_store(1)
+        aborted.put(("a", 2), (2, None))
+        aborted.abort()
+        assert aborted.status is StoreStatus.ABORTED
+        with pytest.raises(StoreClosedError, match="aborted"):
+            aborted.commit()
+        assert aborted.status is StoreStatus.ABORTED
+        reader = provider.get_read_store(1)
+        seen = [reader.status]
+        reader.abort()
+        assert [*seen, reader.status] == [StoreStatus.UPDATING, StoreStatus.ABORTED]
+
+    def test_discarded_store_is_aborted_and_unusable(self, factory: ProviderFactory) -> None:
+        provider = factory.open()
+        commit(provider, 0, {("a", 1): (1, None)})
+        store = provider.get_store(1)
+        store.put(("a", 2), (2, None))
+        store.discard()
+        assert store.status is StoreStatus.ABORTED
+        self._assert_closed(store)
+        store.abort()  # ended already: nothing to do
+        again = provider.get_store(1)
+        assert read_all(again) == {DEFAULT_CF: {("a", 1): (1, None)}}
+        again.commit()
+        assert read_all(factory.reopen().get_read_store(2)) == {DEFAULT_CF: {("a", 1): (1, None)}}
+
+    def test_opening_a_version_leaves_the_open_one_ended(self, factory: ProviderFactory) -> None:
+        """A provider may discard a version still open when another is opened (rocksdb keeps
+        one database per partition, as Spark's); if it does, that version is aborted."""
+        provider = factory.open()
+        commit(provider, 0, {("a", 1): (1, None)})
+        first = provider.get_store(1)
+        first.put(("a", 2), (2, None))
+        second = provider.get_store(1)
+        assert first.status in (StoreStatus.UPDATING, StoreStatus.ABORTED)
+        if first.status is StoreStatus.ABORTED:
+            self._assert_closed(first)
+        first.abort()
+        second.put(("a", 3), (3, None))
+        second.commit()
+        assert read_all(factory.reopen().get_read_store(2)) == {
+            DEFAULT_CF: {("a", 1): (1, None), ("a", 3): (3, None)}
+        }
 
     def test_read_store_is_read_only(self, factory: ProviderFactory) -> None:
         provider = factory.open()
