@@ -15,6 +15,8 @@ import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, SparkstateError
 from sparkstate.observe.progress_log import read_progress_log
+from sparkstate.operators.registry import layout_of
+from sparkstate.operators.state_layout import StateLayout
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.records import BatchCommit
 from sparkstate.runtime.start import engine_root_of
@@ -26,20 +28,6 @@ from sparkstate.store.layout import SCHEMA_FILE, read_schema_file
 
 __all__ = ["OperatorInfo", "StateCheckpoint", "open_checkpoint"]
 
-#: The operator name Spark shows for each of our kinds (progress and ``state-metadata``), where
-#: the progress log does not say.
-SPARK_OPERATOR_NAMES = {
-    "aggregate": "stateStoreSave",
-    "session_window_aggregate": "sessionWindowStateStoreSaveExec",
-    "flatMapGroupsWithState": "flatMapGroupsWithState",
-    "applyInPandasWithState": "applyInPandasWithState",
-    "dedup": "dedupe",
-    "dedup_within_watermark": "dedupeWithinWatermark",
-    "join": "symmetricHashJoin",
-    "limit": "globalLimit",
-    "transformWithState": "transformWithStateInPySparkExec",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class OperatorInfo:
@@ -47,9 +35,14 @@ class OperatorInfo:
 
     id: int
     kind: str
-    #: Spark's ``operatorName`` (from the progress log where it has one).
+    #: Spark's ``operatorName`` (from the progress log where it has one, else the class's).
     name: str
     description: dict[str, Any]
+
+    @property
+    def layout(self) -> type[StateLayout]:
+        """What the operator's class knows of its state (the defaults for an unknown kind)."""
+        return layout_of(self.kind)
 
 
 @dataclasses.dataclass
@@ -77,7 +70,7 @@ class StateCheckpoint:
         out = []
         for described in self.metadata.get("operators", []):
             op_id, kind = int(described["id"]), str(described["kind"])
-            name = names.get(op_id) or SPARK_OPERATOR_NAMES.get(kind, kind)
+            name = names.get(op_id) or layout_of(kind).progress_name or kind
             out.append(OperatorInfo(op_id, kind, name, described))
         return sorted(out, key=lambda o: o.id)
 

@@ -40,7 +40,6 @@ from sparkstate.observe.key_lookup import (
 )
 from sparkstate.observe.metrics import columns
 from sparkstate.observe.progress_log import read_progress_log
-from sparkstate.operators.join import read_counts as join_row_counts
 from sparkstate.runtime.records import BatchCommit, OperatorCommit
 from sparkstate.store.base import DEFAULT_CF
 from sparkstate.store.capabilities import DescribesFiles, FileGroup, StoredFiles
@@ -131,8 +130,7 @@ def _operator(chk: StateCheckpoint, op: OperatorInfo, commit: BatchCommit | None
         "stores": _stores(op, families) if families else [],
         "column_families": sorted(families),
     }
-    if op.kind == "transformWithState":
-        out["time_mode"] = op.description.get("time_mode")
+    out.update(op.layout.summary(op.description))
     entry = None if commit is None else commit.operators.get(op.id)
     count = len(entry.checkpoint_ids) if entry is not None else chk.num_partitions
     found = [_partition(chk, op, p, commit, entry) for p in range(count)]
@@ -161,8 +159,6 @@ def _stores(
 ) -> list[dict[str, Any]]:
     """The stores of an operator: the columns of a row of each as the state reader shows it
     (the key left out), and the fields of its value (and of a map's keys)."""
-    state = op.description.get("state", {})
-    kinds = {"value": "ValueState", "list": "ListState", "map": "MapState"}
     out = []
     for name, view in store_views(op, families, flatten=True):
         columns = [f for f in view.schema if f.name != "key"]
@@ -174,9 +170,7 @@ def _stores(
         store["value"] = _fields(
             value.type if value is not None and pa.types.is_struct(value.type) else columns
         )
-        if name in state:
-            store["state_type"] = kinds.get(state[name]["kind"], state[name]["kind"])
-            store["ttl"] = bool(state[name].get("ttl"))
+        store.update(op.layout.store_summary(op.description, name))
         out.append(store)
     return out
 
@@ -230,16 +224,14 @@ def _rows(
     """The partition's rows after ``batch_id`` and where the count came from: the count its
     files record (the one the query reports), except a join's (its buffered rows); else the
     state is loaded and counted."""
-    if op.kind != "join":
+    if op.layout.rows_are_keys:
         found = files.recorded_rows(batch_id + 1, checkpoint_id)
         if found is not None:  # -1: not counted (trackTotalRows off), 0 in progress as in Spark
             return (found if found >= 0 else None), "changelog"
     with chk.read_store(op.id, partition, batch_id) as store:
         if store is None:
             return 0, "loaded"
-        if op.kind == "join":
-            return sum(join_row_counts(store).values()), "loaded"
-        return max(0, store.raw_num_keys()), "loaded"
+        return op.layout.rows_in_state(store), "loaded"
 
 
 def _progress(chk: StateCheckpoint) -> tuple[dict[str, Any], str | None]:

@@ -19,6 +19,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.checkpoint import OperatorInfo, StateCheckpoint
 from sparkstate.observe.spark_hash import spark_partition
 from sparkstate.observe.views import StateView, view_for
+from sparkstate.operators.registry import layout_of
 
 __all__ = [
     "KeyColumn",
@@ -102,35 +103,16 @@ class KeyLookup:
 
 
 def key_columns(described: dict[str, Any], key_schema: pa.Schema) -> list[KeyColumn]:
-    """The columns of an operator's key in the state reader's order (a window's ``start`` and
-    ``end`` as two columns; deduplication's in the query's order)."""
+    """The columns of an operator's key in the state reader's order (as its class shows them:
+    a window's ``start`` and ``end`` as two columns, say)."""
     types = {f.name: f.type for f in key_schema}
-    output_keys = described.get("output_keys")
-    if described.get("kind") == "aggregate" and output_keys:
-        out: list[KeyColumn] = []
-        for k in output_keys:
-            if isinstance(k, str):
-                out.append(KeyColumn(k, k, types[k]))
-                continue
-            for part in ("start", "end"):
-                out.append(KeyColumn(f"{k['window']}.{part}", k[part], types[k[part]]))
-        return out
-    columns = described.get("columns") or []
-    if described.get("kind", "").startswith("dedup") and sorted(columns) == sorted(types):
-        return [KeyColumn(c, c, types[c]) for c in columns]
-    return [KeyColumn(f.name, f.name, f.type) for f in key_schema]
+    shown = layout_of(str(described.get("kind", ""))).shown_key(described, key_schema)
+    return [KeyColumn(name, column, types[column]) for name, column in shown]
 
 
 def partition_columns(described: dict[str, Any], key_schema: pa.Schema) -> list[str]:
     """The columns the engine shuffles the operator's input by (``repartition(n, *columns)``)."""
-    kind = described.get("kind", "")
-    if kind.startswith("dedup") and described.get("columns"):
-        return list(described["columns"])
-    names = list(key_schema.names)
-    if kind == "session_window_aggregate":  # by the user's keys, not the session's start
-        start = (described.get("window") or {}).get("start")
-        return [n for n in names if n != start]
-    return names
+    return layout_of(str(described.get("kind", ""))).shuffle_columns(described, key_schema)
 
 
 def _shown(columns: list[KeyColumn]) -> str:
@@ -206,12 +188,10 @@ def store_views(
     def view(**kwargs: Any) -> StateView:
         return view_for(described, families, flatten=flatten, **kwargs)
 
-    if op.kind == "transformWithState" and store_name is None:
-        return [(name, view(store_name=name)) for name in described.get("state", {})]
-    if op.kind == "join" and store_name is None and join_side is None:
-        return [(side, view(join_side=side)) for side in ("left", "right")]
-    label = store_name or join_side or "default"
-    return [(label, view(store_name=store_name, join_side=join_side))]
+    return [
+        (label, view(store_name=name, join_side=side))
+        for label, name, side in op.layout.shown_stores(described, store_name, join_side)
+    ]
 
 
 def _plain(value: Any) -> Any:
@@ -248,8 +228,8 @@ def look_up(
     join_side: str | None = None,
 ) -> KeyLookup:
     """The rows of the key ``texts`` in operator ``op``'s state after batch ``batch_id``."""
-    if op.kind == "limit":
-        msg = f"operator {op.id} ({op.name}) is a streaming limit: its state has no keys to look up"
+    if op.layout.unkeyed is not None:
+        msg = f"operator {op.id} ({op.name}) {op.layout.unkeyed}"
         raise ConfigurationError(msg)
     families = operator_families(chk, op.id)
     if families is None:

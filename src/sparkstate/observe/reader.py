@@ -10,7 +10,6 @@ the engine's data source reads them in parallel, one Spark partition per state p
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -297,8 +296,9 @@ def state_metadata(location: str) -> pa.Table:
     first, last = (batches[0], batches[-1]) if batches else (None, None)
     rows: list[dict[str, Any]] = []
     for op in chk.operators():
-        properties = _operator_properties(op.description, str(chk.metadata.get("output_mode")))
-        for store in _store_names(op.kind):
+        output_mode = str(chk.metadata.get("output_mode"))
+        properties = op.layout.spark_properties(op.description, output_mode)
+        for store in op.layout.spark_store_names:
             rows.append(
                 {
                     "operatorId": op.id,
@@ -311,73 +311,3 @@ def state_metadata(location: str) -> pa.Table:
                 }
             )
     return pa.Table.from_pylist(rows, schema=METADATA_SCHEMA)
-
-
-def _store_names(kind: str) -> list[str]:
-    """Spark's store names: a join's four stores, one ``default`` store otherwise."""
-    if kind == "join":
-        return [
-            f"{side}-{store}"
-            for side in ("left", "right")
-            for store in ("keyToNumValues", "keyWithIndexToValue")
-        ]
-    return ["default"]
-
-
-def _operator_properties(described: dict[str, Any], output_mode: str) -> str | None:
-    """Spark's ``operatorProperties`` of a ``transformWithState``: its state variables."""
-    if described.get("kind") != "transformWithState":
-        return None
-    types = {"value": "ValueState", "list": "ListState", "map": "MapState"}
-    variables = [
-        {"stateName": name, "stateVariableType": types[s["kind"]], "ttlEnabled": bool(s["ttl"])}
-        for name, s in described.get("state", {}).items()
-    ]
-    time_mode = str(described.get("time_mode"))
-    timers = _TIMER_STATE.get(time_mode)
-    if timers is not None:
-        variables.append(
-            {"stateName": timers, "stateVariableType": "TimerState", "ttlEnabled": False}
-        )
-    modes = {"None": "NoTime", "ProcessingTime": "ProcessingTime", "EventTime": "EventTime"}
-    return json.dumps(
-        {
-            "timeMode": modes.get(time_mode, described.get("time_mode")),
-            "outputMode": output_mode.capitalize(),
-            "stateVariables": _in_spark_order(variables),
-        },
-        separators=(",", ":"),
-    )
-
-
-#: The state variable Spark keeps a processor's timers in, by time mode.
-_TIMER_STATE = {
-    "ProcessingTime": "$procTimers_keyToTimestamp",
-    "EventTime": "$eventTimers_keyToTimestamp",
-}
-
-
-def _in_spark_order(variables: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The state variables in the order Spark lists them: the iteration order of the Scala
-    ``mutable.HashMap`` it keeps them in by name (bucket by the improved ``String.hashCode``,
-    then that hash as a signed Int; 16 buckets, doubled at a load of 0.75)."""
-    buckets = 16
-    while len(variables) >= buckets * 3 // 4:
-        buckets *= 2
-
-    def place(variable: dict[str, Any]) -> tuple[int, int]:
-        h = _java_hash(str(variable["stateName"]))
-        improved = h ^ (h >> 16)
-        signed = improved - (1 << 32) if improved >= 1 << 31 else improved  # a Scala Int
-        return improved & (buckets - 1), signed
-
-    return sorted(variables, key=place)
-
-
-def _java_hash(text: str) -> int:
-    """Java's ``String.hashCode`` as an unsigned 32-bit value (UTF-16 code units)."""
-    h = 0
-    units = text.encode("utf-16-be")
-    for i in range(0, len(units), 2):
-        h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
-    return h

@@ -10,15 +10,15 @@ version, from nothing (parent none), under a fresh checkpoint id.
 
 Every column family of an operator must have the shuffle's columns in its key (an index's key is
 its time, then the key), or be derived from the others, as a join's per-side row counts are:
-those are not moved, each new partition counts the rows it received
-(:func:`sparkstate.operators.join.recount`). Any other family that is not per key cannot be
-split, and its operator is refused.
+those are not moved, each new partition computes them from the rows it received (the operator's
+class says which families, and how: ``derived_families``). Any other family that is not per key
+cannot be split, and its operator is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.checkpoint import open_checkpoint
 from sparkstate.observe.key_lookup import partition_columns
-from sparkstate.operators.join import COUNT_FAMILY, recount
+from sparkstate.operators.state_layout import DeriveFamilies
 from sparkstate.store.base import DEFAULT_CF
 from sparkstate.store.capabilities import WritesVersions, provider_over_files
 from sparkstate.store.conf import StoreId
@@ -52,11 +52,9 @@ FAMILY = "__cf"
 KEY = "__key"
 VALUE = "__value"
 _CHUNK = 65536
-#: Computes a partition's derived column families from its other families' rows: the
-#: families, physical keys and values in; the derived entries' physical keys and values out.
-Derive = Callable[[pa.Array, pa.Array, pa.Array], tuple[pa.Array, pa.Array]]
-#: Per operator kind, its families that are derived from the others, and how.
-_DERIVED: dict[str, tuple[tuple[str, ...], Derive]] = {"join": ((COUNT_FAMILY,), recount)}
+#: Computes a partition's derived column families from its other families' rows (the
+#: operator's class says which, and how: ``derived_families``).
+Derive = DeriveFamilies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +103,7 @@ def plan_moves(
             name: schema_from_json(f["key"]) for name, f in merged["column_families"].items()
         }
         columns = partition_columns(op.description, families[DEFAULT_CF])
-        derived, derive = _DERIVED.get(op.kind, ((), None))
+        derived, derive = op.layout.derived_families()
         for name, key_schema in families.items():
             lacking = [c for c in columns if c not in key_schema.names and name not in derived]
             if lacking:

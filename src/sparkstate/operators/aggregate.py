@@ -16,8 +16,9 @@ start of the key space: eviction reads what it evicts, never the whole state.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -32,7 +33,8 @@ from sparkstate.operators.aggregate_functions import (
     buffer_column,
 )
 from sparkstate.operators.base import BatchContext, StatefulOperator
-from sparkstate.store.base import StateStore
+from sparkstate.operators.state_views import KeyValueView, StateView
+from sparkstate.store.base import DEFAULT_CF, StateStore
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
@@ -171,6 +173,31 @@ class StreamingAggregate(StatefulOperator):
         out["output_schema"] = schema_to_json(self.output_schema)
         return out
 
+    # --- its state, as the reader shows it -------------------------------------------------------
+
+    @classmethod
+    def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+        """Spark's aggregation state: the grouping keys (a window as its ``start``/``end``
+        struct) and the aggregation buffers under Spark's names."""
+        shape = _window_keys_shape(described.get("output_keys"))
+        return KeyValueView(
+            DEFAULT_CF, key, value, key_shape=shape, value_shape=buffers_shape(described)
+        )
+
+    @classmethod
+    def shown_key(cls, described: dict[str, Any], key_schema: pa.Schema) -> list[tuple[str, str]]:
+        """A window's ``start`` and ``end`` as two columns, ``window.start`` and ``window.end``."""
+        output_keys = described.get("output_keys")
+        if not output_keys:
+            return super().shown_key(described, key_schema)
+        out: list[tuple[str, str]] = []
+        for k in output_keys:
+            if isinstance(k, str):
+                out.append((k, k))
+                continue
+            out.extend((f"{k['window']}.{part}", k[part]) for part in ("start", "end"))
+        return out
+
     # --- processing ------------------------------------------------------------------------------
 
     def process(
@@ -297,3 +324,76 @@ def _output_key_columns(
             start, end = start.combine_chunks(), end.combine_chunks()
         columns.append(pa.StructArray.from_arrays([start, end], names=["start", "end"]))
     return columns
+
+
+# --- the state as Spark shows it -----------------------------------------------------------------
+
+#: Our aggregation buffer suffixes that Spark names otherwise.
+_SPARK_BUFFER_NAMES = {"empty": "isEmpty", "set": "valueSet"}
+_BUFFER = re.compile(r"^__ss_agg\d+_(.+)$")
+
+
+def _window_keys_shape(output_keys: list[Any] | None) -> Callable[[pa.Table], pa.Table]:
+    """The state's key columns in the output's order, a window's two as one struct."""
+
+    def key_shape(table: pa.Table) -> pa.Table:
+        if not output_keys:
+            return table
+        arrays, fields = [], []
+        for k in output_keys:
+            if isinstance(k, str):
+                arrays.append(table.column(k).combine_chunks())
+                fields.append(table.schema.field(k))
+                continue
+            start, end = table.column(k["start"]), table.column(k["end"])
+            window = pa.StructArray.from_arrays(
+                [start.combine_chunks(), end.combine_chunks()],
+                fields=[pa.field("start", start.type), pa.field("end", end.type)],
+            )
+            arrays.append(window)
+            fields.append(pa.field(k["window"], window.type))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+    return key_shape
+
+
+def buffers_shape(
+    described: dict[str, Any], taken: Sequence[str] = ()
+) -> Callable[[pa.Table], pa.Table]:
+    """Aggregation buffers under Spark's names (after the names in ``taken``)."""
+    funcs = [a.get("func") for a in described.get("aggregates", [])]
+
+    def value_shape(table: pa.Table) -> pa.Table:
+        table = _avg_sums_from_zero(table, funcs)
+        names: list[str] = list(taken)
+        for name in table.schema.names:
+            m = _BUFFER.match(name)
+            suffix = m.group(1) if m else name
+            names.append(_unique(_SPARK_BUFFER_NAMES.get(suffix, suffix), names))
+        return table.rename_columns(names[len(taken) :])
+
+    return value_shape
+
+
+def _avg_sums_from_zero(table: pa.Table, funcs: list[Any]) -> pa.Table:
+    """An ``avg`` buffer's sum as Spark keeps it: 0 before the first value, where ours is null
+    (the same average: its count is 0)."""
+    for i, func in enumerate(funcs):
+        name = f"__ss_agg{i}_sum"
+        if func != "avg" or name not in table.schema.names:
+            continue
+        at = table.schema.get_field_index(name)
+        column = table.column(at)
+        zero = pa.scalar(0, column.type)
+        table = table.set_column(at, table.schema.field(at), pc.fill_null(column, zero))
+    return table
+
+
+def _unique(name: str, taken: list[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... when taken: Spark names the buffers of two
+    aggregates alike (``count`` of ``count()`` and of ``avg()``), which no reader can return."""
+    found, n = name, 1
+    while found in taken:
+        n += 1
+        found = f"{name}_{n}"
+    return found

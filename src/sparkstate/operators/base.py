@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators.state_layout import StateLayout
 from sparkstate.store.base import StateStore
 from sparkstate.store.schema_json import schema_to_json
 
@@ -173,12 +174,14 @@ class BatchContext:
             raise ConfigurationError(msg)
 
 
-class StatefulOperator(ABC):
+class StatefulOperator(StateLayout, ABC):
     """One stateful step of a query: keyed state in a store, Arrow batches in and out.
 
     Subclasses set the four schemas in their constructor. The engine shuffles the input by the
     columns of ``key_schema`` (so every row of a key reaches the same partition and store), calls
     ``process`` once per partition and batch, and commits the store when the output is consumed.
+    How its stored state is read back without running it (the reader's views, the columns it is
+    shuffled by, ...) the class answers from its ``describe()`` (:class:`StateLayout`).
     """
 
     #: Short name recorded in the checkpoint's ``metadata.json``.

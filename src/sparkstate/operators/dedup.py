@@ -15,7 +15,7 @@ are late and dropped first (Spark's rule), and state is evicted after the batch'
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,8 +25,9 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import conform, is_late, max_event_time_ms, to_epoch_micros
 from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
-from sparkstate.store.base import StateStore
+from sparkstate.store.base import DEFAULT_CF, StateStore
 
 __all__ = ["Deduplicate", "DeduplicateWithinWatermark"]
 
@@ -82,6 +83,27 @@ class Deduplicate(StatefulOperator):
         out = super().describe()
         out["columns"] = self.columns
         return out
+
+    # --- its state, as the reader shows it -------------------------------------------------------
+
+    @classmethod
+    def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+        """Spark's deduplication state: the keys in the query's order, ``__dummy__`` null."""
+        order = _key_order(described)
+        return KeyValueView(DEFAULT_CF, key, value, key_shape=order, value_shape=_empty_value)
+
+    @classmethod
+    def shown_key(cls, described: dict[str, Any], key_schema: pa.Schema) -> list[tuple[str, str]]:
+        """The keys in the order the query gave its columns."""
+        columns = described.get("columns") or []
+        if sorted(columns) == sorted(key_schema.names):
+            return [(c, c) for c in columns]
+        return super().shown_key(described, key_schema)
+
+    @classmethod
+    def shuffle_columns(cls, described: dict[str, Any], key_schema: pa.Schema) -> list[str]:
+        """The query's columns, in its order."""
+        return list(described.get("columns") or key_schema.names)
 
     def process(
         self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
@@ -179,6 +201,11 @@ class DeduplicateWithinWatermark(Deduplicate):
         out["delay_ms"] = self.delay_ms
         return out
 
+    @classmethod
+    def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+        """The keys in the query's order, each with its expiry."""
+        return KeyValueView(DEFAULT_CF, key, value, key_shape=_key_order(described))
+
     def _remember(self, store: StateStore, keys: list[bytes], rows: pa.RecordBatch) -> None:
         """Each key's expiry: its row's event time plus the delay (a null time counts as 0, as
         Spark reads it)."""
@@ -213,3 +240,21 @@ def _first_rows(keys: list[bytes]) -> tuple[list[bytes], np.ndarray]:
     _, first_rows = np.unique(encoded.indices.to_numpy(), return_index=True)
     distinct: list[bytes] = encoded.dictionary.to_pylist()
     return distinct, first_rows
+
+
+def _key_order(described: dict[str, Any]) -> Callable[[pa.Table], pa.Table]:
+    """Deduplication keys in the order the query gave its columns (ours lead with the event
+    time, for eviction by range scans; Spark's keep the order given)."""
+    columns = described.get("columns") or []
+
+    def in_order(table: pa.Table) -> pa.Table:
+        if sorted(columns) != sorted(table.schema.names):
+            return table
+        return table.select(columns)
+
+    return in_order
+
+
+def _empty_value(table: pa.Table) -> pa.Table:
+    """Spark's deduplication value: ``__dummy__``, null."""
+    return pa.table({"__dummy__": pa.nulls(table.num_rows)})

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.base import (
@@ -59,9 +60,10 @@ from sparkstate.operators.grouping import (
 )
 from sparkstate.operators.nested_values import user_converter
 from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
+from sparkstate.operators.state_views import KeyValueView, StateView, as_struct
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.operators.user_types import DEFAULT_TIME_ZONE, empty_timed_out_frame
-from sparkstate.store.base import ColumnFamily, StateStore
+from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
@@ -184,6 +186,26 @@ class FlatMapGroupsWithState(StatefulOperator):
         out["timeout"] = self.timeout
         out["state_schema"] = schema_to_json(self.state_schema)
         return out
+
+    @classmethod
+    def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+        """Spark's ``(flatMap|applyInPandas)GroupsWithState`` state: ``groupState``, and with a
+        timeout its ``timeoutTimestamp`` (-1 when none is set)."""
+        fields = [f.name for f in value if not f.name.startswith("__")]
+        with_timeout = described.get("timeout", "NoTimeout") != "NoTimeout"
+
+        def shape(table: pa.Table) -> pa.Table:
+            group = as_struct(table.select(fields))
+            defined = table.column("__defined").combine_chunks()
+            group = pa.StructArray.from_arrays(
+                group.flatten(), fields=list(group.type), mask=pc.invert(defined)
+            )
+            if not with_timeout:
+                return pa.table({"groupState": group})
+            timeout = table.column("__timeout_ms").combine_chunks()
+            return pa.table({"groupState": group, "timeoutTimestamp": timeout})
+
+        return KeyValueView(DEFAULT_CF, key, value, value_shape=shape)
 
     # --- the batch -------------------------------------------------------------------------------
 

@@ -18,8 +18,6 @@ state is evicted, so eviction is one range scan; a row count per side.
 
 from __future__ import annotations
 
-import dataclasses
-import struct
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -31,10 +29,26 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import is_late, max_event_time_ms, to_epoch_micros
 from sparkstate.operators.base import BatchContext, StatefulOperator
-from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA, TS_SCHEMA, index_key_schema
-from sparkstate.operators.ts_index import encode_ts as _ts_prefix
-from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
-from sparkstate.store.codec import KeyCodec, ValueCodec
+from sparkstate.operators.join_state import (
+    COUNT_FAMILY,
+    COUNT_KEY_SCHEMA,
+    COUNT_SCHEMA,
+    MATCHED,
+    ROWS_SCHEMA,
+    SIDE_FAMILIES,
+    JoinSide,
+    SideState,
+    read_counts,
+    recount,
+    row_schema,
+    side_view,
+    unpack_rows,
+    write_counts,
+)
+from sparkstate.operators.state_layout import DeriveFamilies, Families, ShownStore
+from sparkstate.operators.state_views import StateView
+from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
+from sparkstate.store.base import StateStore
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
@@ -52,43 +66,8 @@ __all__ = [
 #: Spark's names of the join types a stream-stream join supports.
 JOIN_TYPES = ("inner", "leftOuter", "rightOuter", "fullOuter", "leftSemi")
 SIDE_COLUMN = "__ss_side"
-MATCHED = "__ss_matched"
-_COUNT_SCHEMA = pa.schema([pa.field("rows", pa.int64(), nullable=False)])
-_COUNT_KEY_SCHEMA = pa.schema([pa.field("side", pa.int8(), nullable=False)])
-_COUNT_CF = "$rows"
 _ROW = "__ss_row"  # position of a row in its side's input or state table
 _OTHER = "__ss_other"
-
-
-@dataclasses.dataclass(frozen=True)
-class JoinSide:
-    """One side of the join as the operator sees it.
-
-    ``fields`` are its columns in the input (and output) batches. ``event_time`` is the column
-    of its watermark: its rows at or below the previous batch's watermark are late and dropped,
-    and its largest time is reported as the input ``name``. ``state_time`` is the column whose
-    value says when a stored row can no longer match: it is evicted once that value is at or
-    below the batch's watermark minus ``state_offset_ms`` (None: kept forever).
-    """
-
-    name: str
-    fields: tuple[pa.Field, ...]
-    event_time: str | None = None
-    state_time: str | None = None
-    state_offset_ms: int = 0
-    #: The conjuncts of the condition over this side's columns alone: a row that fails them
-    #: joins nothing (an outer side emits it at once with nulls; Spark's ``preJoinFilter``).
-    only: pc.Expression | None = None
-
-    @property
-    def names(self) -> list[str]:
-        return [f.name for f in self.fields]
-
-    def state_watermark_us(self, watermark_ms: int) -> int | None:
-        """Rows whose state time is at or below this (microseconds) are evicted; None: none."""
-        if self.state_time is None or watermark_ms <= 0:
-            return None
-        return (watermark_ms - self.state_offset_ms) * 1000
 
 
 class StreamingJoin(StatefulOperator):
@@ -97,6 +76,13 @@ class StreamingJoin(StatefulOperator):
     kind: ClassVar[str] = "join"
     progress_name: ClassVar[str] = "symmetricHashJoin"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append",)
+    #: Spark keeps two stores per side; ours keeps a side's rows in one column family.
+    spark_store_names: ClassVar[tuple[str, ...]] = tuple(
+        f"{side}-{store}"
+        for side in ("left", "right")
+        for store in ("keyToNumValues", "keyWithIndexToValue")
+    )
+    rows_are_keys: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -130,7 +116,7 @@ class StreamingJoin(StatefulOperator):
             [pa.field(SIDE_COLUMN, pa.int8(), nullable=False), *self.key_schema, *nullable]
         )
         self.value_schema = ROWS_SCHEMA
-        self._rows = {"left": _row_schema(left), "right": _row_schema(right)}
+        self._rows = {"left": row_schema(left), "right": row_schema(right)}
         if join_type == "leftSemi":
             self.output_schema = pa.schema(left.fields)
         else:
@@ -146,7 +132,7 @@ class StreamingJoin(StatefulOperator):
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         out = {
             "right": (self.key_schema, ROWS_SCHEMA),
-            _COUNT_CF: (_COUNT_KEY_SCHEMA, _COUNT_SCHEMA),
+            COUNT_FAMILY: (COUNT_KEY_SCHEMA, COUNT_SCHEMA),
         }
         for side in (self.left, self.right):
             if side.state_time is not None:
@@ -165,6 +151,50 @@ class StreamingJoin(StatefulOperator):
             out["column_names"] = self.column_names
         return out
 
+    # --- its state, as the reader shows it -------------------------------------------------------
+
+    @classmethod
+    def state_view(
+        cls,
+        described: dict[str, Any],
+        families: Families,
+        *,
+        store_name: str | None = None,
+        join_side: str | None = None,
+        flatten: bool = True,
+    ) -> StateView:
+        """A side's rows (``joinSide``); a column family by its name."""
+        if store_name is None:
+            return side_view(described, families, join_side)
+        side = store_name.split("-")[0]
+        if side in SIDE_FAMILIES:
+            msg = (
+                f"sparkstate keeps a join side's rows in one store, not Spark's {store_name!r}: "
+                f"read them with .option('joinSide', {side!r})"
+            )
+            raise ConfigurationError(msg)
+        return super().state_view(
+            described, families, store_name=store_name, join_side=join_side, flatten=flatten
+        )
+
+    @classmethod
+    def shown_stores(
+        cls, described: dict[str, Any], store_name: str | None, join_side: str | None
+    ) -> list[ShownStore]:
+        """Both sides, unless one store is asked for."""
+        if store_name is None and join_side is None:
+            return [(side, None, side) for side in SIDE_FAMILIES]
+        return super().shown_stores(described, store_name, join_side)
+
+    @classmethod
+    def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
+        """Each side's row count: counted again from the rows a partition holds."""
+        return (COUNT_FAMILY,), recount
+
+    @classmethod
+    def rows_in_state(cls, store: StateStore) -> int:
+        return sum(read_counts(store).values())
+
     # --- processing ------------------------------------------------------------------------------
 
     def process(
@@ -181,8 +211,8 @@ class StreamingJoin(StatefulOperator):
         m.num_input_rows += table.num_rows
         side = table.column(SIDE_COLUMN)
         states = {
-            "left": _SideState(store, SIDE_FAMILIES["left"], self.left),
-            "right": _SideState(store, SIDE_FAMILIES["right"], self.right),
+            "left": SideState(store, SIDE_FAMILIES["left"], self.left),
+            "right": SideState(store, SIDE_FAMILIES["right"], self.right),
         }
         counts = read_counts(store)
         out: list[pa.RecordBatch] = []
@@ -220,7 +250,7 @@ class StreamingJoin(StatefulOperator):
             m.num_rows_removed += state.taken
             _count(m, name, "NumRowsRemoved", state.taken)
             state.flush()
-        _write_counts(store, counts)
+        write_counts(store, counts)
         m.num_rows_total = (m.num_rows_total or 0) + counts["left"] + counts["right"]
         # Rows of a side no watermark evicts: its state only grows (an inner join without
         # watermarks, as in Spark); said in the progress, where Spark says nothing.
@@ -282,7 +312,7 @@ class StreamingJoin(StatefulOperator):
         rows: pa.Table,
         this: JoinSide,
         other: JoinSide,
-        states: dict[str, _SideState],
+        states: dict[str, SideState],
         ctx: BatchContext,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Join one side's input with the other side's state, then with this side's state for
@@ -339,7 +369,7 @@ class StreamingJoin(StatefulOperator):
         self,
         rows: pa.Table,
         kids: np.ndarray,
-        theirs: _SideState,
+        theirs: SideState,
         this: JoinSide,
         other: JoinSide,
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -372,7 +402,7 @@ class StreamingJoin(StatefulOperator):
         return _batch(pa.Table.from_arrays(cols, schema=self.output_schema), self.output_schema)
 
     def _evict(
-        self, state: _SideState, ctx: BatchContext
+        self, state: SideState, ctx: BatchContext
     ) -> Iterator[tuple[pa.RecordBatch | None, int]]:
         side = state.side
         state_wm = side.state_watermark_us(ctx.watermark_ms)
@@ -411,41 +441,6 @@ def _any_null(keys: pa.Table) -> np.ndarray:
     return out
 
 
-#: The state value of a join key on one side: its rows, each a value-codec row of the side's
-#: columns and the matched flag, after its length (uint32 little-endian).
-ROWS_SCHEMA = pa.schema([pa.field("rows", pa.binary(), nullable=False)])
-_LEN = struct.Struct("<I")
-_TS_CODEC = KeyCodec(TS_SCHEMA)
-
-
-def _row_schema(side: JoinSide) -> pa.Schema:
-    return pa.schema([*(f.with_nullable(True) for f in side.fields), pa.field(MATCHED, pa.bool_())])
-
-
-def _pack(rows: list[bytes], counts: list[int]) -> list[bytes]:
-    """Per key, its ``counts[i]`` rows (in order) as one value."""
-    out, pos, pack = [], 0, _LEN.pack
-    for n in counts:
-        out.append(b"".join(pack(len(r)) + r for r in rows[pos : pos + n]))
-        pos += n
-    return out
-
-
-def unpack_rows(values: list[bytes]) -> tuple[list[bytes], list[int]]:
-    """The rows of packed values, and the index of the value each came from."""
-    rows: list[bytes] = []
-    parents: list[int] = []
-    unpack = _LEN.unpack_from
-    for i, v in enumerate(values):
-        pos, end = 0, len(v)
-        while pos < end:
-            (n,) = unpack(v, pos)
-            rows.append(v[pos + 4 : pos + 4 + n])
-            parents.append(i)
-            pos += 4 + n
-    return rows, parents
-
-
 def _batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
     cols = []
     for f in schema:
@@ -454,190 +449,3 @@ def _batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
             col = col.cast(f.type)
         cols.append(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
     return pa.RecordBatch.from_arrays(cols, schema=schema)
-
-
-def read_counts(store: StateStore) -> dict[str, int]:
-    out = {}
-    for name, code in (("left", 0), ("right", 1)):
-        row = store.get((code,), _COUNT_CF)
-        out[name] = int(row[0]) if row is not None else 0
-    return out
-
-
-#: The column family of each side's row count in a partition: not per key, so a rescale does
-#: not split it but counts the rows each new partition receives (:func:`recount`).
-COUNT_FAMILY = _COUNT_CF
-#: The column family of each side's rows, by side.
-SIDE_FAMILIES = {"left": DEFAULT_CF, "right": "right"}
-
-
-def recount(families: pa.Array, keys: pa.Array, values: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """The :data:`COUNT_FAMILY` entries (physical keys and values) of a partition whose state
-    is the physical ``keys`` and ``values`` of the column families named in ``families``: each
-    side's rows, counted from its family's values (a key's rows in one value)."""
-    codec = ValueCodec(ROWS_SCHEMA)
-    count_family = ColumnFamily(_COUNT_CF, _COUNT_KEY_SCHEMA, _COUNT_SCHEMA)
-    out_keys, out_values = [], []
-    for code, (_, family) in enumerate(SIDE_FAMILIES.items()):
-        blobs = values.filter(pc.equal(families, family)).to_pylist()
-        packed = [row[0] for row in codec.decode_many(blobs) if row is not None]
-        rows = len(unpack_rows(packed)[0])
-        out_keys.append(count_family.physical_key((code,)))
-        out_values.append(count_family.value_codec.encode((rows,)))
-    return pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary())
-
-
-def _write_counts(store: StateStore, counts: dict[str, int]) -> None:
-    for name, code in (("left", 0), ("right", 1)):
-        store.put((code,), (counts[name],), _COUNT_CF)
-
-
-class _SideState:
-    """One side's rows in state during a batch, in whole arrays: the rows of the keys loaded so
-    far (each key loaded once, by one multi-get), a key id per row, a matched flag and whether
-    the row is still there; the keys whose rows changed are written back once, at the end."""
-
-    def __init__(self, store: StateStore, cf: str, side: JoinSide) -> None:
-        self.store = store
-        self.fam = store.column_family(cf)
-        self.key_codec = self.fam.key_codec
-        self.side = side
-        self.index_cf = f"{side.name}$time" if side.state_time is not None else None
-        self.schema = pa.schema([f.with_nullable(True) for f in side.fields])
-        self.row_codec = ValueCodec(_row_schema(side))
-        #: Encoded key -> key id, and back.
-        self.kid_of: dict[bytes, int] = {}
-        self.keys: list[bytes] = []
-        self._chunks: list[pa.Table] = []
-        self._table: pa.Table | None = self.schema.empty_table()
-        self.kid = np.zeros(0, np.int64)
-        self.matched = np.zeros(0, bool)
-        self.alive = np.zeros(0, bool)
-        self.dirty: set[int] = set()
-        self.index_puts: set[bytes] = set()
-        #: Rows that left the state at a match (a left semi join's).
-        self.taken = 0
-
-    @property
-    def table(self) -> pa.Table:
-        """Every loaded or added row (removed ones too; see ``alive``)."""
-        if self._table is None:
-            self._table = pa.concat_tables(self._chunks).combine_chunks()
-            self._chunks = [self._table]
-        return self._table
-
-    def _add(self, rows: pa.Table, kids: np.ndarray, matched: np.ndarray) -> None:
-        self._chunks.append(pa.Table.from_arrays(rows.columns, schema=self.schema))
-        self._table = None
-        self.kid = np.concatenate([self.kid, kids])
-        self.matched = np.concatenate([self.matched, matched])
-        self.alive = np.concatenate([self.alive, np.ones(len(kids), bool)])
-
-    def ids(self, kencs: list[bytes]) -> np.ndarray:
-        """The key id of each encoded key, its stored rows loaded the first time it is seen."""
-        kid_of = self.kid_of
-        fresh = [k for k in dict.fromkeys(kencs) if k not in kid_of]
-        if fresh:
-            first = len(self.keys)
-            for i, k in enumerate(fresh):
-                kid_of[k] = first + i
-            self.keys.extend(fresh)
-            raws = self.store.get_encoded_many(fresh, self.fam.name)
-            found = [i for i, r in enumerate(raws) if r is not None]
-            if found:
-                packed, _ = self.fam.value_codec.decode_many_arrow([raws[i] for i in found])
-                row_bytes, parents = unpack_rows(packed.column("rows").to_pylist())
-                rows, _ = self.row_codec.decode_many_arrow(row_bytes)
-                kids = (first + np.asarray(found, np.int64))[np.asarray(parents, np.int64)]
-                flags = np.asarray(rows.column(MATCHED).fill_null(False), bool)
-                self._add(rows.select(self.schema.names), kids, flags)
-        return np.fromiter((kid_of[k] for k in kencs), np.int64, len(kencs))
-
-    def rows_of(self, kids: np.ndarray) -> np.ndarray:
-        """Positions of the rows still there whose key id is among ``kids``."""
-        if not len(self.kid):
-            return np.zeros(0, np.int64)
-        return np.flatnonzero(self.alive & np.isin(self.kid, kids))
-
-    def mark_matched(self, idx: np.ndarray) -> None:
-        fresh = idx[~self.matched[idx]]
-        if len(fresh):
-            self.matched[fresh] = True
-            self.dirty.update(np.unique(self.kid[fresh]).tolist())
-
-    def take(self, idx: np.ndarray) -> pa.Table:
-        """(Left semi) the rows at ``idx`` (each once): they leave the state."""
-        idx = np.unique(idx)
-        self.alive[idx] = False
-        self.dirty.update(np.unique(self.kid[idx]).tolist())
-        self.taken += len(idx)
-        return self.table.take(pa.array(idx))
-
-    def append(self, kids: np.ndarray, rows: pa.Table, matched: np.ndarray) -> None:
-        self._add(rows.select(self.schema.names), kids, matched)
-        self.dirty.update(np.unique(kids).tolist())
-        if self.index_cf is not None:
-            assert self.side.state_time is not None
-            times = to_epoch_micros(rows.column(self.side.state_time))
-            present = np.asarray(times.is_valid(), bool)
-            if present.any():
-                stamps = _TS_CODEC.encode_many(pa.table({"ts_ms": times.filter(present)}))
-                keys = self.keys
-                self.index_puts.update(
-                    map(bytes.__add__, stamps, [keys[k] for k in kids[present].tolist()])
-                )
-
-    def evict(self, state_wm_us: int) -> tuple[int, pa.Table] | None:
-        """Remove the rows whose state time is at or below ``state_wm_us``: (how many, those
-        that never matched)."""
-        assert self.index_cf is not None and self.side.state_time is not None
-        self.flush_index()
-        end = _ts_prefix(state_wm_us + 1)
-        doomed_index: list[bytes] = []
-        width = len(_ts_prefix(0))
-        for kencs, _ in self.store.range_scan_encoded_chunks(None, end, self.index_cf):
-            doomed_index.extend(kencs)
-        if not doomed_index:
-            return None
-        kids = np.unique(self.ids([k[width:] for k in doomed_index]))
-        idx = self.rows_of(kids)
-        times = to_epoch_micros(self.table.column(self.side.state_time).take(pa.array(idx)))
-        gone = idx[np.asarray(pc.fill_null(pc.less_equal(times, state_wm_us), False), bool)]
-        self.alive[gone] = False
-        self.dirty.update(np.unique(self.kid[gone]).tolist())
-        self.store.remove_encoded_many(doomed_index, self.index_cf)
-        unmatched = gone[~self.matched[gone]]
-        return len(gone), self.table.take(pa.array(unmatched))
-
-    def flush_index(self) -> None:
-        if self.index_cf is not None and self.index_puts:
-            keys = sorted(self.index_puts)
-            self.store.put_encoded_many(keys, [MARKER] * len(keys), self.index_cf)
-            self.index_puts.clear()
-
-    def flush(self) -> None:
-        """Write the changed keys back: each key's rows still there, as lists; a key without
-        rows is removed."""
-        self.flush_index()
-        if not self.dirty:
-            return
-        dirty = np.fromiter(self.dirty, np.int64, len(self.dirty))
-        idx = np.flatnonzero(self.alive & np.isin(self.kid, dirty))
-        idx = idx[np.argsort(self.kid[idx], kind="stable")]
-        kids = self.kid[idx]
-        live, counts = np.unique(kids, return_counts=True)
-        dead = np.setdiff1d(dirty, live)
-        if len(live):
-            rows = self.table.take(pa.array(idx)).append_column(
-                MATCHED, pa.array(self.matched[idx])
-            )
-            packed = _pack(self.row_codec.encode_many(rows), counts.tolist())
-            values = pa.table({"rows": pa.array(packed, pa.binary())}, schema=ROWS_SCHEMA)
-            self.store.put_encoded_many(
-                [self.keys[k] for k in live.tolist()],
-                self.fam.value_codec.encode_many(values),
-                self.fam.name,
-            )
-        if len(dead):
-            self.store.remove_encoded_many([self.keys[k] for k in dead.tolist()], self.fam.name)
-        self.dirty.clear()

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import conform, max_event_time_ms
 from sparkstate.operators.base import BatchContext, StatefulOperator
-from sparkstate.store.base import StateStore
+from sparkstate.operators.state_views import KeyValueView, StateView
+from sparkstate.store.base import DEFAULT_CF, StateStore
 
 __all__ = ["LIMIT_KEY", "StreamingLimit"]
 
@@ -36,6 +37,12 @@ class StreamingLimit(StatefulOperator):
     progress_name: ClassVar[str] = "globalLimit"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append",)
     output_in_state: ClassVar[bool] = False
+    unkeyed: ClassVar[str | None] = "is a streaming limit: its state has no keys to look up"
+
+    @classmethod
+    def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+        """Spark's limit keeps its count under one null key named ``key``, as ``value``."""
+        return KeyValueView(DEFAULT_CF, key, value, key_shape=_null_key, value_shape=_count_value)
 
     def __init__(
         self, input_schema: pa.Schema, limit: int, *, event_time: str | None = None
@@ -78,3 +85,11 @@ class StreamingLimit(StatefulOperator):
             store.put(_KEY, (emitted,))
             m.num_rows_updated += 1
             m.num_output_rows += emitted - before
+
+
+def _null_key(table: pa.Table) -> pa.Table:
+    return pa.table({"key": pa.nulls(table.num_rows)})
+
+
+def _count_value(table: pa.Table) -> pa.Table:
+    return table.rename_columns(["value"])

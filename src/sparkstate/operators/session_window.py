@@ -35,13 +35,15 @@ from sparkstate.operators.aggregate import (
     AggregateFunction,
     StreamingAggregate,
     WindowKey,
+    buffers_shape,
 )
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.grouping import concat_batches
+from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
-from sparkstate.store.base import StateStore
+from sparkstate.store.base import DEFAULT_CF, StateStore
 from sparkstate.store.codec import KeyCodec
-from sparkstate.store.schema_json import schema_to_json
+from sparkstate.store.schema_json import fields_from_json, schema_to_json
 
 __all__ = ["SessionWindowAggregate"]
 
@@ -128,6 +130,51 @@ class SessionWindowAggregate(StatefulOperator):
         out["window"] = self.window.describe()
         out["output_schema"] = schema_to_json(self.output_schema)
         return out
+
+    # --- its state, as the reader shows it -------------------------------------------------------
+
+    @classmethod
+    def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
+        """Spark's session window state: the key is the grouping keys and ``sessionStartTime``,
+        the value the whole partial row (the grouping keys in the query's order, the session
+        window as its ``start``/``end`` struct, then the buffers under Spark's names)."""
+        window = described["window"]
+        n_keys = len(key.names)  # the user's keys and the session's start
+        output = [f[0] for f in fields_from_json(described["output_schema"])]
+        grouping = output[:n_keys]  # the window and the user's keys, as grouped
+
+        def key_shape(table: pa.Table) -> pa.Table:
+            names = ["sessionStartTime" if n == window["start"] else n for n in table.schema.names]
+            return table.rename_columns(names)
+
+        buffers = buffers_shape(described, taken=grouping)
+
+        def value_shape(keys: pa.Table, values: pa.Table) -> pa.Table:
+            arrays, fields = [], []
+            for name in grouping:
+                if name == window["window"]:
+                    start = keys.column(window["start"]).combine_chunks()
+                    end = values.column(window["end"]).combine_chunks()
+                    column: Any = pa.StructArray.from_arrays(
+                        [start, end],
+                        fields=[pa.field("start", start.type), pa.field("end", end.type)],
+                    )
+                else:
+                    column = keys.column(name).combine_chunks()
+                arrays.append(column)
+                fields.append(pa.field(name, column.type))
+            rest = buffers(values.drop_columns([window["end"]]))
+            return pa.Table.from_arrays(
+                arrays + rest.columns, schema=pa.schema(fields + list(rest.schema))
+            )
+
+        return KeyValueView(DEFAULT_CF, key, value, key_shape=key_shape, row_shape=value_shape)
+
+    @classmethod
+    def shuffle_columns(cls, described: dict[str, Any], key_schema: pa.Schema) -> list[str]:
+        """The user's keys, not the session's start."""
+        start = (described.get("window") or {}).get("start")
+        return [n for n in key_schema.names if n != start]
 
     # --- processing ------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, QueryError
+from sparkstate.operators import processor_views
 from sparkstate.operators.base import BatchContext, Phase, StatefulOperator, timed_phase
 from sparkstate.operators.grouping import (
     ROW_FORMATS,
@@ -56,7 +57,9 @@ from sparkstate.operators.processor import (
 )
 from sparkstate.operators.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
 from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.state_layout import Families, ShownStore
 from sparkstate.operators.state_vars import VarSpec
+from sparkstate.operators.state_views import StateView
 from sparkstate.operators.timers import (
     TIMER_INDEX_CF,
     TIMERS_CF,
@@ -224,6 +227,39 @@ class TransformWithState(StatefulOperator):
         if self.state_encoding != DEFAULT_ENCODING:  # earlier checkpoints record none
             out[STATE_ENCODING] = self.state_encoding
         return out
+
+    # --- its state, as the reader shows it (:mod:`.processor_views`) -----------------------------
+
+    @classmethod
+    def store_view(
+        cls, described: dict[str, Any], families: Families, store_name: str | None, flatten: bool
+    ) -> StateView:
+        return processor_views.variable_view(described, families, store_name, flatten)
+
+    @classmethod
+    def timers_view(cls, described: dict[str, Any], families: Families) -> StateView:
+        found = processor_views.timers_view(families)
+        return super().timers_view(described, families) if found is None else found
+
+    @classmethod
+    def shown_stores(
+        cls, described: dict[str, Any], store_name: str | None, join_side: str | None
+    ) -> list[ShownStore]:
+        if store_name is None:  # every state variable
+            return [(name, name, None) for name in described.get("state", {})]
+        return super().shown_stores(described, store_name, join_side)
+
+    @classmethod
+    def spark_properties(cls, described: dict[str, Any], output_mode: str) -> str | None:
+        return processor_views.processor_properties(described, output_mode)
+
+    @classmethod
+    def summary(cls, described: dict[str, Any]) -> dict[str, Any]:
+        return {"time_mode": described.get("time_mode")}
+
+    @classmethod
+    def store_summary(cls, described: dict[str, Any], store: str) -> dict[str, Any]:
+        return processor_views.variable_summary(described, store)
 
     # --- the batch -------------------------------------------------------------------------------
 
