@@ -18,7 +18,13 @@ import datetime
 import decimal
 import functools
 import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -287,10 +293,8 @@ def _planning_session(spark: Any) -> tuple[Any, Any]:
 
 @functools.cache
 def _started() -> tuple[Any, Any]:
-    from pyspark.java_gateway import launch_gateway
-
     try:
-        gateway = launch_gateway()  # type: ignore[no-untyped-call]
+        gateway = _launch_gateway()
     except Exception as exc:
         msg = (
             "a stream-stream join from a Spark Connect client is planned by Spark's own analysis "
@@ -309,6 +313,47 @@ def _started() -> tuple[Any, Any]:
     for key, value in settings.items():
         builder = builder.config(key, value)
     return jvm, builder.getOrCreate()
+
+
+def _launch_gateway(timeout_s: float = 120.0) -> Any:
+    """PySpark's JVM gateway, started as ``pyspark.java_gateway.launch_gateway`` starts it but
+    without Python code between fork and exec: a Connect client's gRPC threads make a forked
+    child that runs Python unsafe, so the JVM is spawned plainly, in a session of its own (a
+    Ctrl-C to the client does not reach it); it ends when this process does (its stdin closes).
+    """
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+    from pyspark.find_spark_home import _find_spark_home
+
+    submit = os.path.join(_find_spark_home(), "bin", "spark-submit")
+    info_dir = tempfile.mkdtemp(prefix="sparkstate-gateway-")
+    try:
+        info_file = os.path.join(info_dir, "conn_info")
+        env = {**os.environ, "SPARK_CONNECT_MODE": "0", "_PYSPARK_DRIVER_CONN_INFO_PATH": info_file}
+        for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT"):
+            env.pop(name, None)
+        proc = subprocess.Popen(  # noqa: S603 - PySpark's own launcher script
+            [submit, "pyspark-shell"], stdin=subprocess.PIPE, env=env, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and not os.path.isfile(info_file):
+            if time.monotonic() > deadline:
+                proc.kill()
+                msg = f"the JVM did not start in {timeout_s:.0f} s"
+                raise TimeoutError(msg)
+            time.sleep(0.1)
+        if not os.path.isfile(info_file):
+            msg = f"the JVM exited with status {proc.returncode} before it listened"
+            raise RuntimeError(msg)
+        with open(info_file, "rb") as info:  # the port, then the secret's length and bytes
+            port, length = struct.unpack(">ii", info.read(8))
+            secret = info.read(length).decode("utf-8")
+    finally:
+        shutil.rmtree(info_dir, ignore_errors=True)
+    gateway = JavaGateway(
+        gateway_parameters=GatewayParameters(port=port, auth_token=secret, auto_convert=True)
+    )
+    gateway.proc = proc  # kept with the gateway: its stdin is the JVM's lifeline
+    return gateway
 
 
 def _seq(jvm: Any, items: list[Any]) -> Any:
