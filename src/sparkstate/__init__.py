@@ -47,15 +47,15 @@ if TYPE_CHECKING:
         repartition,
         stream,
     )
-    from sparkstate.operators.group_state import GroupState, GroupStateTimeout
-    from sparkstate.operators.processor import (
+    from sparkstate.operators.arbitrary.group_state import GroupState, GroupStateTimeout
+    from sparkstate.operators.arbitrary.processor import (
         ExpiredTimerInfo,
         StatefulProcessor,
         StatefulProcessorHandle,
         TimerValues,
     )
-    from sparkstate.operators.schemas import PICKLED
-    from sparkstate.operators.timers import TimeMode
+    from sparkstate.operators.arbitrary.schemas import PICKLED
+    from sparkstate.operators.arbitrary.timers import TimeMode
 
 _ENGINE = {
     "DataStreamWriter",
@@ -71,14 +71,14 @@ _ENGINE = {
 
 #: Arbitrary-state names (no pyspark needed): name -> module.
 _OPERATORS = {
-    "GroupState": "sparkstate.operators.group_state",
-    "GroupStateTimeout": "sparkstate.operators.group_state",
-    "StatefulProcessor": "sparkstate.operators.processor",
-    "StatefulProcessorHandle": "sparkstate.operators.processor",
-    "ExpiredTimerInfo": "sparkstate.operators.processor",
-    "TimerValues": "sparkstate.operators.processor",
-    "TimeMode": "sparkstate.operators.timers",
-    "PICKLED": "sparkstate.operators.schemas",
+    "GroupState": "sparkstate.operators.arbitrary.group_state",
+    "GroupStateTimeout": "sparkstate.operators.arbitrary.group_state",
+    "StatefulProcessor": "sparkstate.operators.arbitrary.processor",
+    "StatefulProcessorHandle": "sparkstate.operators.arbitrary.processor",
+    "ExpiredTimerInfo": "sparkstate.operators.arbitrary.processor",
+    "TimerValues": "sparkstate.operators.arbitrary.processor",
+    "TimeMode": "sparkstate.operators.arbitrary.timers",
+    "PICKLED": "sparkstate.operators.arbitrary.schemas",
 }
 
 

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, ClassVar
 
-from sparkstate.store.rocksdb import RocksDBStateStore, RocksDBStateStoreProvider
+from sparkstate.store.rocksdb.provider import RocksDBStateStore, RocksDBStateStoreProvider
 
 OBSERVED_DIR = "observed"
 

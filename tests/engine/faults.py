@@ -16,7 +16,7 @@ from typing import Any
 
 from sparkstate.store.base import StateStore
 from sparkstate.store.memory import MemoryStateStoreProvider
-from sparkstate.store.rocksdb import RocksDBStateStoreProvider
+from sparkstate.store.rocksdb.provider import RocksDBStateStoreProvider
 
 
 def _marker(provider: Any, when: str, version: int) -> Path:

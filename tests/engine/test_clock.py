@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sparkstate.engine.clock import ClockReader
 from sparkstate.runtime.triggers import read_clock, wants_batch, write_clock
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir
 
 
 def test_a_watermark_request_wants_one_batch_after_it() -> None:

@@ -410,7 +410,7 @@ def test_reader_on_s3(checkpoints: dict[str, Any], s3_endpoint: S3Endpoint) -> N
     from pyarrow import fs as pafs
 
     from sparkstate.observe.reader import ReadRequest, StateReader, state_metadata
-    from sparkstate.store.durable import DurableDir
+    from sparkstate.store.files.durable import DurableDir
 
     for name, options in (("dedup-within", {}), ("transformWithState", {"stateVarName": "seen"})):
         local = checkpoints[name]["ours"]

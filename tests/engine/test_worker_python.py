@@ -188,6 +188,6 @@ def test_the_probe_reports_the_first_import_that_fails() -> None:
         "ModuleNotFoundError: No module named 'sparkstate_no_such_module'",
     ]
     assert report["sparkstate_version"] == sparkstate.__version__
-    assert workers._what("sparkstate.store.rocksdb", "rocksdb") == (
-        "sparkstate.store.rocksdb (the state store provider 'rocksdb')"
+    assert workers._what("sparkstate.store.rocksdb.provider", "rocksdb") == (
+        "sparkstate.store.rocksdb.provider (the state store provider 'rocksdb')"
     )

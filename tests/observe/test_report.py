@@ -22,7 +22,7 @@ from sparkstate.observe import units
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.observe.report import CHARTS, render
 from sparkstate.observe.svg import COLUMNS, PALETTE
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

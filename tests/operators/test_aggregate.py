@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.aggregate import (
+from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
     AggregateFunction,

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators import _quantiles, hll
-from sparkstate.operators.aggregate import (
+from sparkstate.operators.aggregation import _quantiles, hll
+from sparkstate.operators.aggregation.aggregate import (
     ROWS_COLUMN,
     AggregateFunction,
     AggregateOverflowError,

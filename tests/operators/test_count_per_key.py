@@ -17,10 +17,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from sparkstate.operators.arbitrary.group_state import GroupState, GroupStateTimeout
+from sparkstate.operators.arbitrary.processor import StatefulProcessor
+from sparkstate.operators.arbitrary.timers import TimerValues
 from sparkstate.operators.base import OperatorMetrics, Phase, timed_phase
-from sparkstate.operators.group_state import GroupState, GroupStateTimeout
-from sparkstate.operators.processor import StatefulProcessor
-from sparkstate.operators.timers import TimerValues
 from sparkstate.testing.harness import OperatorHarness, group_state_harness, processor_harness
 
 from .conftest import PROVIDERS

@@ -15,14 +15,14 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.flat_map_groups import FlatMapGroupsWithState
-from sparkstate.operators.group_state import (
+from sparkstate.operators.arbitrary.flat_map_groups import FlatMapGroupsWithState
+from sparkstate.operators.arbitrary.group_state import (
     GroupState,
     GroupStateClock,
     GroupStateTimeout,
     parse_duration_ms,
 )
-from sparkstate.operators.state_errors import (
+from sparkstate.operators.arbitrary.state_errors import (
     InvalidOutputError,
     InvalidStateValueError,
     StateNotExistsError,

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.schemas import parse_ddl, to_arrow_schema
+from sparkstate.operators.arbitrary.schemas import parse_ddl, to_arrow_schema
 
 
 def test_ddl_forms() -> None:

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.group_state import GroupState
-from sparkstate.operators.processor import StatefulProcessor
-from sparkstate.operators.timers import TimerValues
+from sparkstate.operators.arbitrary.group_state import GroupState
+from sparkstate.operators.arbitrary.processor import StatefulProcessor
+from sparkstate.operators.arbitrary.timers import TimerValues
 from sparkstate.testing.harness import group_state_harness, processor_harness
 
 from .conftest import PROVIDERS

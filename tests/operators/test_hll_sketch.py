@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators import hll_sketch
-from sparkstate.operators.aggregate_functions import AggregateFunction
+from sparkstate.operators.aggregation import hll_sketch
+from sparkstate.operators.aggregation.aggregate_functions import AggregateFunction
 
 H8 = ds.tgt_hll_type.HLL_8
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from sparkstate.operators.processor import StatefulProcessor
+from sparkstate.operators.arbitrary.processor import StatefulProcessor
 from sparkstate.testing import group_state_harness, processor_harness
 
 from .conftest import PROVIDERS

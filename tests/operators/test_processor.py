@@ -11,15 +11,15 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.processor import StatefulProcessor
-from sparkstate.operators.state_errors import (
+from sparkstate.operators.arbitrary.processor import StatefulProcessor
+from sparkstate.operators.arbitrary.state_errors import (
     InvalidOutputError,
     InvalidStateValueError,
     StateVariableDeletedError,
     UnsupportedStateOperationError,
 )
-from sparkstate.operators.state_vars import ValueState
-from sparkstate.operators.timers import ExpiredTimerInfo, TimerValues
+from sparkstate.operators.arbitrary.state_vars import ValueState
+from sparkstate.operators.arbitrary.timers import ExpiredTimerInfo, TimerValues
 from sparkstate.runtime.triggers import next_request
 from sparkstate.testing.harness import processor_harness
 

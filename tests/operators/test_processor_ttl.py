@@ -8,12 +8,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from sparkstate.operators.processor import StatefulProcessor
-from sparkstate.operators.state_errors import (
+from sparkstate.operators.arbitrary.processor import StatefulProcessor
+from sparkstate.operators.arbitrary.state_errors import (
     InvalidStateValueError,
     UnsupportedStateOperationError,
 )
-from sparkstate.operators.timers import TimerValues
+from sparkstate.operators.arbitrary.timers import TimerValues
 from sparkstate.testing.harness import processor_harness
 
 from .conftest import PROVIDERS

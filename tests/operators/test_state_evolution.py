@@ -15,8 +15,8 @@ import pytest
 
 import sparkstate
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
-from sparkstate.operators.processor import StatefulProcessor
-from sparkstate.operators.state_errors import (
+from sparkstate.operators.arbitrary.processor import StatefulProcessor
+from sparkstate.operators.arbitrary.state_errors import (
     InvalidStateValueError,
     UnsupportedStateOperationError,
 )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkstate.operators.aggregate import (
+from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
     AggregateFunction,
@@ -19,7 +19,7 @@ from sparkstate.operators.aggregate import (
     WindowKey,
     buffer_column,
 )
-from sparkstate.operators.session_window import SessionWindowAggregate
+from sparkstate.operators.aggregation.session_window import SessionWindowAggregate
 
 from .conftest import OperatorRunner, at, ms
 

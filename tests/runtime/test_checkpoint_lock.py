@@ -11,7 +11,7 @@ import pytest
 
 from sparkstate.exceptions import CheckpointInUseError
 from sparkstate.runtime.logs import LOCK_FILE, CheckpointLock
-from sparkstate.store.file_lock import FileLock
+from sparkstate.store.files.file_lock import FileLock
 
 HOLD = """
 import sys, time

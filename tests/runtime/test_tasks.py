@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import StoreLockedError
+from sparkstate.operators.arbitrary.flat_map_groups import FlatMapGroupsWithState
 from sparkstate.operators.dedup import Deduplicate
-from sparkstate.operators.flat_map_groups import FlatMapGroupsWithState
 from sparkstate.runtime.providers import PROVIDERS, StoreSettings
 from sparkstate.runtime.records import TaskReport
 from sparkstate.runtime.tasks import TaskSpec, commit_untouched, run_task

@@ -9,7 +9,7 @@ import pytest
 from sparkstate.store.memory import MemoryStateStoreProvider
 from sparkstate.testing import StateStoreContract
 
-HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
+HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None
 
 # Store bugs this suite found and that are still open. The xfails are strict: once a fix lands
 # the test passes, pytest reports XPASS(strict) as a failure, and the entry goes.
@@ -31,6 +31,6 @@ class TestThirdPartyProvider(StateStoreContract):
     provider = ThirdPartyProvider
 
 
-@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb has not landed yet")
+@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb.provider has not landed yet")
 class TestRocksDBProvider(StateStoreContract):
     provider = "rocksdb"

@@ -25,10 +25,12 @@ from sparkstate.store.base import Row, StateStoreProvider
 from sparkstate.store.frames import HEADER_SIZE
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all
 
-HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
+HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None
 ROCKSDB = pytest.param(
     "rocksdb",
-    marks=pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed"),
+    marks=pytest.mark.skipif(
+        not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb.provider not landed"
+    ),
 )
 PROVIDERS = ["memory", ROCKSDB]
 CONF = {"min_deltas_for_snapshot": 2}
@@ -310,7 +312,7 @@ def test_lost_schema_file_is_not_made_anew_over_committed_versions(
     assert RESTORE in str(info.value) and not os.path.exists(path)
 
 
-@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed")
+@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb.provider not landed")
 def test_snapshot_uploaded_after_a_restore_keeps_its_own_sst_files(tmp_path: Path) -> None:
     conf = {"min_deltas_for_snapshot": 3, "compression": "none"}
     factory = ProviderFactory("rocksdb", str(tmp_path / "root"), str(tmp_path / "a"), conf=conf)
@@ -348,9 +350,9 @@ def test_snapshot_uploaded_after_a_restore_keeps_its_own_sst_files(tmp_path: Pat
 
 def _snapshot_objects_of(factory: ProviderFactory, version: int, checkpoint_id: str) -> set[str]:
     """The SST objects the rocksdb snapshot of ``version`` attempt ``checkpoint_id`` names."""
-    from sparkstate.store.durable import DurableDir
-    from sparkstate.store.layout import VersionRef
-    from sparkstate.store.rocksdb_snapshot import read_manifest
+    from sparkstate.store.files.durable import DurableDir
+    from sparkstate.store.rocksdb.snapshot import read_manifest
+    from sparkstate.store.versions.layout import VersionRef
 
     directory = DurableDir(factory.checkpoint_root).child(factory.store_id.relative_dir)
     manifest = read_manifest(directory, VersionRef(version, checkpoint_id))

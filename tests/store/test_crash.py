@@ -38,17 +38,19 @@ import pyarrow.fs as pafs
 import pytest
 
 from sparkstate.store.base import Row, StateStoreProvider
-from sparkstate.store.durable import TMP_PREFIX, DurableDir
+from sparkstate.store.files.durable import TMP_PREFIX, DurableDir
 from sparkstate.store.frames import HEADER_SIZE, decode_frame
-from sparkstate.store.layout import VersionRef
+from sparkstate.store.versions.layout import VersionRef
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all
 
-HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
+HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None
 PROVIDERS = [
     "memory",
     pytest.param(
         "rocksdb",
-        marks=pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed"),
+        marks=pytest.mark.skipif(
+            not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb.provider not landed"
+        ),
     ),
 ]
 CONF = {"min_deltas_for_snapshot": 3, "min_versions_to_retain": 1}
@@ -57,8 +59,8 @@ CONF = {"min_deltas_for_snapshot": 3, "min_versions_to_retain": 1}
 VERSIONS = 6
 #: Local steps of the rocksdb provider that are events too: ``module:Class.method``.
 LOCAL_HOOKS = [
-    "sparkstate.store.rocksdb_local:LocalDB.apply_batch",
-    "sparkstate.store.rocksdb_local:LocalDB.create_checkpoint",
+    "sparkstate.store.rocksdb.local:LocalDB.apply_batch",
+    "sparkstate.store.rocksdb.local:LocalDB.create_checkpoint",
 ]
 
 
@@ -316,7 +318,7 @@ def check_files_complete(factory: ProviderFactory, provider: StateStoreProvider)
         kind = data[4:8] if len(data) >= HEADER_SIZE else b"????"
         decode_frame(kind, data, directory.where(name))
     if provider.name == "rocksdb":
-        snapshot = importlib.import_module("sparkstate.store.rocksdb_snapshot")
+        snapshot = importlib.import_module("sparkstate.store.rocksdb.snapshot")
         for v, ckpt, _ in durable_files(factory.store_id, "snapshot"):
             with tempfile.TemporaryDirectory() as tmp:
                 snapshot.download_snapshot(directory, VersionRef(v, ckpt), f"{tmp}/d")
@@ -409,7 +411,7 @@ def test_temporary_files_are_ignored(tmp_path: Path) -> None:
     factory.close_all()
 
 
-@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed")
+@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb.provider not landed")
 def test_maintenance_by_another_worker_during_a_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -419,7 +421,7 @@ def test_maintenance_by_another_worker_during_a_commit(
     does not take the store's lock); it runs at the worst moment, right after RocksDB wrote the
     checkpoint of a version whose snapshot is due.
     """
-    local = importlib.import_module("sparkstate.store.rocksdb_local")
+    local = importlib.import_module("sparkstate.store.rocksdb.local")
     conf = {"min_deltas_for_snapshot": 1}
     factory = ProviderFactory("rocksdb", str(tmp_path / "root"), str(tmp_path / "local"), conf=conf)
     committer, other = factory.open(), factory.open()

@@ -15,10 +15,10 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
-from sparkstate.store.changelog import ChangelogReader, decode_changelog, encode_changelog
-from sparkstate.store.durable import DurableDir, canonical_location, local_path
+from sparkstate.store.files.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.frames import decode_frame, encode_frame
-from sparkstate.store.layout import (
+from sparkstate.store.versions.changelog import ChangelogReader, decode_changelog, encode_changelog
+from sparkstate.store.versions.layout import (
     VersionIndex,
     VersionRef,
     check_schema_file,

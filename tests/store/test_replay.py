@@ -18,21 +18,23 @@ import pytest
 
 from sparkstate.exceptions import CorruptStateFileError
 from sparkstate.store.base import Row, StateStoreProvider
-from sparkstate.store.changelog import (
+from sparkstate.store.frames import decode_frame, encode_frame
+from sparkstate.store.versions.changelog import (
     CHUNK_ROWS,
     ChangelogReader,
     decode_changelog,
     encode_changelog,
 )
-from sparkstate.store.frames import decode_frame, encode_frame
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all
 
-HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
+HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None
 PROVIDERS = [
     "memory",
     pytest.param(
         "rocksdb",
-        marks=pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb not landed"),
+        marks=pytest.mark.skipif(
+            not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb.provider not landed"
+        ),
     ),
 ]
 VERSIONS = 6

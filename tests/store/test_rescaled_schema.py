@@ -9,14 +9,14 @@ import pytest
 
 from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.store.conf import StoreConf, StoreId
-from sparkstate.store.durable import DurableDir
-from sparkstate.store.layout import (
+from sparkstate.store.files.durable import DurableDir
+from sparkstate.store.memory import MemoryStateStoreProvider
+from sparkstate.store.versions.layout import (
     merged_schema_record,
     partition_counts,
     read_schema_record,
     write_rescaled_schema,
 )
-from sparkstate.store.memory import MemoryStateStoreProvider
 
 KEY = pa.schema([("k", pa.string())])
 VALUE = pa.schema([("n", pa.int64())])

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkstate.store.base import Row
-from sparkstate.store.rocksdb_local import key_order
+from sparkstate.store.rocksdb.local import key_order
 from sparkstate.testing import ProviderFactory
 
 KEY = pa.schema([("n", pa.int64())])

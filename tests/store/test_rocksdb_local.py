@@ -22,7 +22,7 @@ from sparkstate.exceptions import (
     StoreClosedError,
     StoreLockedError,
 )
-from sparkstate.store.rocksdb_local import (
+from sparkstate.store.rocksdb.local import (
     MARKER_KEY,
     LocalDB,
     LocalDBConf,
@@ -81,7 +81,7 @@ class Child:
 
 HOLD_LOCK = """
     import sys, time
-    from sparkstate.store.rocksdb_local import LocalStoreDir
+    from sparkstate.store.rocksdb.local import LocalStoreDir
     d = LocalStoreDir({root!r}, {key!r})
     d.acquire(5, owner="child task")
     print("locked", flush=True)
@@ -154,7 +154,7 @@ def test_sigkilled_holder_releases_both_locks_and_db_is_at_a_batch_boundary(
     child = Child(
         f"""
         import time
-        from sparkstate.store.rocksdb_local import LocalDB, LocalStoreDir
+        from sparkstate.store.rocksdb.local import LocalDB, LocalStoreDir
         d = LocalStoreDir({str(tmp_path)!r}, "s")
         d.acquire(5)
         db = LocalDB(d.db_path)
@@ -283,7 +283,7 @@ def test_close_really_releases_the_rocksdb_lock(db: LocalDB) -> None:
     assert list(halfway) == [] and list(unstarted) == []
     child = Child(
         f"""
-        from sparkstate.store.rocksdb_local import LocalDB
+        from sparkstate.store.rocksdb.local import LocalDB
         with LocalDB({db.path!r}) as db:
             print(db.read_marker()["version"], len(list(db.iterate(b"", b"\\xff"))))
         """

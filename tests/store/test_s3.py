@@ -8,7 +8,7 @@ import pytest
 
 from sparkstate.testing import StateStoreContract
 
-HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
+HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None
 
 pytestmark = pytest.mark.s3
 
@@ -21,7 +21,7 @@ class TestMemoryProviderOnS3(StateStoreContract):
         return s3_root
 
 
-@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb has not landed yet")
+@pytest.mark.skipif(not HAVE_ROCKSDB, reason="sparkstate.store.rocksdb.provider has not landed yet")
 class TestRocksDBProviderOnS3(StateStoreContract):
     provider = "rocksdb"
 

@@ -31,7 +31,7 @@ from sparkstate.exceptions import MissingVersionError
 from sparkstate.store.base import Row, StateStore
 from sparkstate.testing.factory import ProviderFactory, sort_rows
 
-HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb") is not None
+HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None
 RETAIN = 3
 SNAPSHOT_EVERY = 2
 #: A provider instance that has not committed yet (here: after ``reopen``) runs retention from
@@ -317,6 +317,6 @@ if HAVE_ROCKSDB:
     TestRocksDBStore = machine_test("rocksdb", max_examples=20, steps=30)
 else:
 
-    @pytest.mark.skip(reason="sparkstate.store.rocksdb has not landed yet")
+    @pytest.mark.skip(reason="sparkstate.store.rocksdb.provider has not landed yet")
     def test_rocksdb_store_machine() -> None:
         """Placeholder: runs the rocksdb state machine once the provider lands."""

@@ -343,7 +343,7 @@ def _check_sparkstate(workload: str) -> None:
 
 
 #: The module of sparkstate's session window operator: the session workload runs once it exists.
-SESSION_OPERATOR = "sparkstate.operators.session_window"
+SESSION_OPERATOR = "sparkstate.operators.aggregation.session_window"
 
 
 def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:

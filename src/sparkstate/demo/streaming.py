@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         .limit(3)
         .collect()
     )
-    last = query.lastProgress or {}
+    last: Any = query.lastProgress or {}
     state_rows = (last.get("stateOperators") or [{}])[0].get("numRowsTotal", 0)
     print(
         f"done: {generator.written:,} events in {with_data} batches, {elapsed:.1f} s; "

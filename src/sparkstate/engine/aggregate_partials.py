@@ -1,7 +1,7 @@
 """The Spark side of an aggregate: the type of its input, the Spark function whose result the
 merged state reproduces (Spark's analyzer names and types the output after it), and the partial
 buffers Spark computes per batch, one row per key, for the operator to merge
-(:mod:`sparkstate.operators.aggregate_functions`)."""
+(:mod:`sparkstate.operators.aggregation.aggregate_functions`)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from pyspark.sql.types import (
 
 from sparkstate.engine.aggregate_recognise import MOMENTS
 from sparkstate.functions import AggregateExpression
-from sparkstate.operators import hll, hll_sketch
-from sparkstate.operators.aggregate_functions import AggregateFunction, buffer_column
+from sparkstate.operators.aggregation import hll, hll_sketch
+from sparkstate.operators.aggregation.aggregate_functions import AggregateFunction, buffer_column
 
 __all__ = ["aggregate_function", "input_types", "partial_columns", "spark_twin"]
 

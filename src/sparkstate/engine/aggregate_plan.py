@@ -28,14 +28,14 @@ from sparkstate.engine.stage import PlanContext, Planned, Stage
 from sparkstate.engine.steps import AggregateStep
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import SessionWindow, TimeWindow, WindowTime
-from sparkstate.operators.aggregate import (
+from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
     StreamingAggregate,
     WindowKey,
 )
+from sparkstate.operators.aggregation.session_window import SessionWindowAggregate
 from sparkstate.operators.base import StatefulOperator
-from sparkstate.operators.session_window import SessionWindowAggregate
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 
 __all__ = [

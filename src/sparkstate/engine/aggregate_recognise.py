@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 import sparkstate.functions as SF
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
-from sparkstate.operators import hll, hll_sketch
+from sparkstate.operators.aggregation import hll, hll_sketch
 
 __all__ = ["MOMENTS", "recognise"]
 

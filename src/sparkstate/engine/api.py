@@ -25,7 +25,7 @@ from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,
 )
-from sparkstate.operators.aggregate import StreamingAggregate
+from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.operators.base import OUTPUT_MODES
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
@@ -39,7 +39,7 @@ from sparkstate.runtime.start import (
 )
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY, WatermarkSpec, parse_delay_ms
 from sparkstate.store.base import StoreConf
-from sparkstate.store.durable import canonical_location
+from sparkstate.store.files.durable import canonical_location
 from sparkstate.store.registry import provider_class, provider_name
 
 __all__ = ["DataStreamWriter", "GroupedStream", "StatefulStream", "stream"]

@@ -17,10 +17,13 @@ from sparkstate.engine.stage import PlanContext, Planned, Stage
 from sparkstate.engine.steps import ARBITRARY_FUNCTION_APIS, PROCESSOR_APIS, ArbitraryStep
 from sparkstate.engine.user_state import SPARK_GROUP_STATES
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators.arbitrary.flat_map_groups import (
+    ApplyInPandasWithState,
+    FlatMapGroupsWithState,
+)
+from sparkstate.operators.arbitrary.schemas import PickledState
+from sparkstate.operators.arbitrary.transform_with_state import TransformWithState
 from sparkstate.operators.base import StatefulOperator
-from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
-from sparkstate.operators.schemas import PickledState
-from sparkstate.operators.transform_with_state import TransformWithState
 
 __all__ = ["plan_arbitrary"]
 

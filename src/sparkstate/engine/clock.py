@@ -37,7 +37,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from sparkstate.runtime.logs import local_path
 from sparkstate.runtime.triggers import read_clock, wants_batch
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir
 
 __all__ = ["SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
 

@@ -44,7 +44,7 @@ from sparkstate.runtime.records import (
 from sparkstate.runtime.spark_checkpoint import input_digest
 from sparkstate.runtime.triggers import next_request
 from sparkstate.runtime.watermark import WatermarkTracker
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir
 
 __all__ = ["BatchDriver", "DriverConfig", "engine_settings"]
 

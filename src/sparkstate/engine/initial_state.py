@@ -4,7 +4,8 @@ As in Spark, ``handleInitialState`` runs in the query's first batch only (batch 
 a checkpoint does not apply it again). The engine brings the initial-state rows to the operator
 inside that batch's input: both sides are put in one frame of the stream's columns, the
 initial-state columns under private names and a marker column
-(:data:`~sparkstate.operators.transform_with_state.INITIAL_STATE_MARKER`); the initial state's
+(:data:`~sparkstate.operators.arbitrary.transform_with_state.INITIAL_STATE_MARKER`); the initial
+state's
 keys are also written into the stream's key columns, cast to their types, so that
 ``repartition(n, keys)`` sends both sides of a key to the same state partition.
 """
@@ -30,7 +31,7 @@ from pyspark.sql.types import (
 )
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.transform_with_state import INITIAL_STATE_MARKER
+from sparkstate.operators.arbitrary.transform_with_state import INITIAL_STATE_MARKER
 
 __all__ = ["InitialState", "PlannedInitialState", "initial_state_of", "plan_initial_state"]
 

@@ -205,7 +205,7 @@ def _with_pushed_filters(stage: Stage, pushed: list[tuple[frozenset[str], str]])
     grouping columns alone (Spark's optimizer moves a filter over an aggregation's grouping
     keys before it), applied to each key's partial aggregate, which has those columns. A
     deduplication keeps them above it, as Spark does."""
-    from sparkstate.operators.aggregate import StreamingAggregate
+    from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 
     operator = stage.operator
     if not isinstance(operator, StreamingAggregate):

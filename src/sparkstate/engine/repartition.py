@@ -40,7 +40,7 @@ from sparkstate.runtime.rescale import (
     settle_rescale,
 )
 from sparkstate.runtime.start import engine_root_of
-from sparkstate.store.durable import canonical_location
+from sparkstate.store.files.durable import canonical_location
 
 __all__ = ["repartition", "rescale_at_start", "rescale_locked", "run_repartition"]
 

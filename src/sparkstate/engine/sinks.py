@@ -25,7 +25,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.exceptions import ConfigurationError, StateFileError
-from sparkstate.store.durable import DurableDir, local_path
+from sparkstate.store.files.durable import DurableDir, local_path
 
 __all__ = [
     "FILE_FORMATS",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.streaming.state import GroupState as PySparkGroupState
 
-from sparkstate.operators.group_state import GroupState, PickledGroupState
-from sparkstate.operators.state_errors import StateVariableDeletedError, raise_deleted_as
+from sparkstate.operators.arbitrary.group_state import GroupState, PickledGroupState
+from sparkstate.operators.arbitrary.state_errors import StateVariableDeletedError, raise_deleted_as
 
 __all__ = [
     "SPARK_GROUP_STATES",
@@ -42,7 +42,7 @@ SPARK_GROUP_STATES: tuple[type[GroupState], type[GroupState]] = (
 )
 
 
-class SparkStateVariableDeletedError(StateVariableDeletedError, PySparkRuntimeError):  # type: ignore[misc]
+class SparkStateVariableDeletedError(StateVariableDeletedError, PySparkRuntimeError):
     """A deleted state variable's use, raised as PySpark raises it (``PySparkRuntimeError``)."""
 
     def __init__(self, msg: str) -> None:

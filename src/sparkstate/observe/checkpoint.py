@@ -23,8 +23,8 @@ from sparkstate.runtime.start import engine_root_of
 from sparkstate.store.base import StateStore, StateStoreProvider
 from sparkstate.store.capabilities import provider_over_files
 from sparkstate.store.conf import StoreId
-from sparkstate.store.durable import DurableDir, canonical_location
-from sparkstate.store.layout import SCHEMA_FILE, read_schema_file
+from sparkstate.store.files.durable import DurableDir, canonical_location
+from sparkstate.store.versions.layout import SCHEMA_FILE, read_schema_file
 
 __all__ = ["OperatorInfo", "StateCheckpoint", "open_checkpoint"]
 

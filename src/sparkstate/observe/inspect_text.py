@@ -11,7 +11,7 @@ from typing import Any
 from sparkstate.observe import units
 from sparkstate.observe.key_lookup import KeyLookup
 from sparkstate.store.capabilities import shares_files
-from sparkstate.store.durable import join_uri
+from sparkstate.store.files.durable import join_uri
 
 __all__ = ["ROW_SOURCES", "key", "not_found", "summary"]
 

@@ -30,12 +30,12 @@ from sparkstate.operators.state_layout import DeriveFamilies
 from sparkstate.store.base import DEFAULT_CF
 from sparkstate.store.capabilities import WritesVersions, provider_over_files
 from sparkstate.store.conf import StoreId
-from sparkstate.store.layout import (
+from sparkstate.store.schema_json import schema_from_json
+from sparkstate.store.versions.layout import (
     merged_schema_record,
     read_schema_record,
     write_rescaled_schema,
 )
-from sparkstate.store.schema_json import schema_from_json
 
 __all__ = [
     "FAMILY",

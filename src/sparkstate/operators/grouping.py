@@ -22,14 +22,14 @@ import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import is_late, max_event_time_ms
-from sparkstate.operators.base import OperatorMetrics
-from sparkstate.operators.state_errors import InvalidOutputError
-from sparkstate.operators.user_types import (
+from sparkstate.operators.arbitrary.state_errors import InvalidOutputError
+from sparkstate.operators.arbitrary.user_types import (
     DEFAULT_TIME_ZONE,
     GroupFrames,
     in_session_zone,
     to_utc,
 )
+from sparkstate.operators.base import OperatorMetrics
 from sparkstate.store.base import ColumnFamily
 from sparkstate.store.codec import KeyCodec
 

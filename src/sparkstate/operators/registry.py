@@ -5,15 +5,18 @@ operator, to the class that wrote it and knows how its state is laid out and sho
 from __future__ import annotations
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.aggregate import StreamingAggregate
+from sparkstate.operators.aggregation.aggregate import StreamingAggregate
+from sparkstate.operators.aggregation.session_window import SessionWindowAggregate
+from sparkstate.operators.arbitrary.flat_map_groups import (
+    ApplyInPandasWithState,
+    FlatMapGroupsWithState,
+)
+from sparkstate.operators.arbitrary.transform_with_state import TransformWithState
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
-from sparkstate.operators.flat_map_groups import ApplyInPandasWithState, FlatMapGroupsWithState
 from sparkstate.operators.join import StreamingJoin
 from sparkstate.operators.limit import StreamingLimit
-from sparkstate.operators.session_window import SessionWindowAggregate
 from sparkstate.operators.state_layout import StateLayout
-from sparkstate.operators.transform_with_state import TransformWithState
 
 __all__ = ["OPERATORS", "layout_of", "operator_class"]
 

@@ -6,8 +6,8 @@ replay); ``reports/<b>/<run>/`` holds the reports of the tasks of one run of bat
 ``commits/<b>.json`` records its outcome (which attempt of every store partition counts);
 ``progress.jsonl`` holds one progress dict per batch; ``clock.json`` asks for no-data batches
 (:mod:`sparkstate.runtime.triggers`). A lock file keeps a second query off a checkpoint that a
-running query uses. Every file goes through :class:`~sparkstate.store.durable.DurableDir`, and
-every JSON file is read with :mod:`sparkstate.store.json_files`: a damaged one fails with a
+running query uses. Every file goes through :class:`~sparkstate.store.files.durable.DurableDir`, and
+every JSON file is read with :mod:`sparkstate.store.files.json_files`: a damaged one fails with a
 :class:`~sparkstate.exceptions.CorruptStateFileError` naming it, what is wrong and what to do.
 """
 
@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 from sparkstate.exceptions import CheckpointInUseError, MissingVersionError, QueryError
 from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskFailure, TaskReport
 from sparkstate.runtime.triggers import read_clock, write_clock
-from sparkstate.store.durable import DurableDir, local_path
-from sparkstate.store.file_lock import FileLock
-from sparkstate.store.json_files import RESTORE, json_object, parse_json_lines, read_json
+from sparkstate.store.files.durable import DurableDir, local_path
+from sparkstate.store.files.file_lock import FileLock
+from sparkstate.store.files.json_files import RESTORE, json_object, parse_json_lines, read_json
 
 __all__ = ["CheckpointLock", "CheckpointLog", "ReportDir", "local_path"]
 
@@ -222,7 +222,8 @@ class CheckpointLog:
 class CheckpointLock:
     """An exclusive lock on a checkpoint for the life of a query.
 
-    On a local checkpoint it is a :class:`~sparkstate.store.file_lock.FileLock` (released by the
+    On a local checkpoint it is a :class:`~sparkstate.store.files.file_lock.FileLock` (released by
+    the
     kernel if the driver dies); elsewhere only queries of this process are kept apart.
     """
 
@@ -280,7 +281,8 @@ def _metadata(data: bytes) -> dict[str, Any]:
 
 
 def _read_optional(directory: DurableDir, name: str, parse: Callable[[bytes], T]) -> T | None:
-    """``parse`` of file ``name`` (see :func:`~sparkstate.store.json_files.read_json`); None if
+    """``parse`` of file ``name`` (see :func:`~sparkstate.store.files.json_files.read_json`); None
+    if
     the file does not exist."""
     try:
         return read_json(directory, name, RESTORE, parse)

@@ -1,6 +1,7 @@
 """What a restarted query must share with its checkpoint's ``metadata.json``: the provider, the
 state location and the stateful operators (state schemas may evolve
-compatibly, :mod:`sparkstate.operators.restart`; the partition count may change, which rescales
+compatibly, :mod:`sparkstate.operators.arbitrary.restart`; the partition count may change, which
+rescales
 the state: :func:`rescale_target`); and a Spark checkpoint without sparkstate's logs
 is refused, since it has no state to continue from."""
 
@@ -10,8 +11,8 @@ import os
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
-from sparkstate.operators.restart import check_state_change, same_schema
-from sparkstate.store.durable import DurableDir, canonical_location, join_uri, local_path
+from sparkstate.operators.arbitrary.restart import check_state_change, same_schema
+from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri, local_path
 from sparkstate.store.schema_json import fields_from_json
 
 __all__ = [
@@ -58,7 +59,7 @@ def check_restart(
     where: str,
 ) -> None:
     """The restarted query must match what the checkpoint was written with; state schemas may
-    evolve compatibly (:mod:`sparkstate.operators.restart`). ``state_location`` is the
+    evolve compatibly (:mod:`sparkstate.operators.arbitrary.restart`). ``state_location`` is the
     ``stateLocation`` option (canonical), None for the state in the checkpoint at ``where``."""
     file = f"{where}/metadata.json"
     if metadata.get("provider") != provider:

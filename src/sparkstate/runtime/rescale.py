@@ -36,8 +36,8 @@ from sparkstate.runtime.spark_checkpoint import (
     spark_batches,
 )
 from sparkstate.store.conf import StoreId
-from sparkstate.store.durable import DurableDir, canonical_location, join_uri
-from sparkstate.store.layout import read_schema_record, write_rescaled_schema
+from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri
+from sparkstate.store.versions.layout import read_schema_record, write_rescaled_schema
 
 __all__ = [
     "RescalePlan",

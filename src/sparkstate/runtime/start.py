@@ -25,7 +25,7 @@ from sparkstate.runtime.metadata import (
 )
 from sparkstate.runtime.rescale import settle_rescale
 from sparkstate.runtime.spark_checkpoint import spark_batches, spark_query_id
-from sparkstate.store.durable import DurableDir, canonical_location, join_uri
+from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri
 
 __all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
 

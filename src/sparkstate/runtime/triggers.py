@@ -30,8 +30,8 @@ from typing import Any
 
 from sparkstate.exceptions import CorruptStateFileError, MissingVersionError
 from sparkstate.runtime.records import TaskReport
-from sparkstate.store.durable import DurableDir
-from sparkstate.store.json_files import json_object, read_json
+from sparkstate.store.files.durable import DurableDir
+from sparkstate.store.files.json_files import json_object, read_json
 
 __all__ = ["CLOCK_FILE", "next_request", "read_clock", "wants_batch", "write_clock"]
 

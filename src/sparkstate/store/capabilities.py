@@ -26,9 +26,9 @@ from typing import Any, ClassVar, Self
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider
 from sparkstate.store.conf import StoreConf, StoreId
-from sparkstate.store.durable import DurableDir, FileEntry
-from sparkstate.store.layout import SCHEMA_FILE, read_schema_file
+from sparkstate.store.files.durable import DurableDir, FileEntry
 from sparkstate.store.registry import provider_class, provider_name
+from sparkstate.store.versions.layout import SCHEMA_FILE, read_schema_file
 
 __all__ = [
     "Capability",

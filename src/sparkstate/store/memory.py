@@ -18,10 +18,10 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
 from sparkstate.store.base import StateStore
-from sparkstate.store.changelog import ChangelogReader, encode_changelog
-from sparkstate.store.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
 from sparkstate.store.spark_metrics import HDFS_METRICS
-from sparkstate.store.versioned import VersionedProvider
+from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
+from sparkstate.store.versions.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
+from sparkstate.store.versions.versioned import VersionedProvider
 
 __all__ = ["MemoryStateStore", "MemoryStateStoreProvider"]
 

@@ -12,7 +12,7 @@ __all__ = ["PROVIDERS", "provider_class", "provider_name"]
 #: Short names of the built-in providers and where they live (imported on first use).
 PROVIDERS = {
     "memory": "sparkstate.store.memory:MemoryStateStoreProvider",
-    "rocksdb": "sparkstate.store.rocksdb:RocksDBStateStoreProvider",
+    "rocksdb": "sparkstate.store.rocksdb.provider:RocksDBStateStoreProvider",
 }
 
 

@@ -21,7 +21,7 @@ from sparkstate.store.base import (
     StoreConf,
     StoreId,
 )
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.registry import provider_class
 
 __all__ = [

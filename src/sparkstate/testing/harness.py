@@ -29,23 +29,23 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
-from sparkstate.operators.flat_map_groups import (
+from sparkstate.operators.arbitrary.flat_map_groups import (
     DEFINED_FIELD,
     ApplyInPandasWithState,
     FlatMapGroupsWithState,
 )
-from sparkstate.operators.group_state import GroupStateTimeout
-from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
-from sparkstate.operators.state_collections import decode_list, decode_map
-from sparkstate.operators.state_vars import VarSpec, elements_cf_name
-from sparkstate.operators.timers import TIMERS_CF, TimeMode
-from sparkstate.operators.transform_with_state import (
+from sparkstate.operators.arbitrary.group_state import GroupStateTimeout
+from sparkstate.operators.arbitrary.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.arbitrary.state_collections import decode_list, decode_map
+from sparkstate.operators.arbitrary.state_vars import VarSpec, elements_cf_name
+from sparkstate.operators.arbitrary.timers import TIMERS_CF, TimeMode
+from sparkstate.operators.arbitrary.transform_with_state import (
     INITIAL_STATE_MARKER,
     MAX_RECORDS_PER_BATCH,
     UNLIMITED,
     TransformWithState,
 )
+from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
 from sparkstate.runtime.partition import run_partition
 from sparkstate.runtime.watermark import WatermarkTracker
 from sparkstate.store.base import StateStore, StateStoreProvider, StoreConf, StoreId

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.store.base import DEFAULT_CF, Row, StateStore, StateStoreProvider
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir
 from sparkstate.testing.factory import ProviderFactory, apply_changes
 
 __all__ = [

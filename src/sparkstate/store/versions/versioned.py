@@ -31,10 +31,11 @@ from sparkstate.store.capabilities import (
     StoredFiles,
     WritesVersions,
 )
-from sparkstate.store.changelog import ChangelogReader, encode_changelog
-from sparkstate.store.durable import TMP_PREFIX, DurableDir, FileEntry
 from sparkstate.store.evolution import value_codec_for
-from sparkstate.store.layout import (
+from sparkstate.store.files.durable import TMP_PREFIX, DurableDir, FileEntry
+from sparkstate.store.spark_metrics import SNAPSHOT_LAST_UPLOADED, instance_metric
+from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
+from sparkstate.store.versions.layout import (
     VersionIndex,
     VersionRef,
     check_schema_file,
@@ -42,8 +43,7 @@ from sparkstate.store.layout import (
     new_checkpoint_id,
     schema_description,
 )
-from sparkstate.store.lineage import LoadPlan, plan_load
-from sparkstate.store.spark_metrics import SNAPSHOT_LAST_UPLOADED, instance_metric
+from sparkstate.store.versions.lineage import LoadPlan, plan_load
 
 __all__ = ["VersionedProvider"]
 

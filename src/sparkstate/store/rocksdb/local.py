@@ -32,14 +32,14 @@ from sparkstate.exceptions import (
     StoreClosedError,
     StoreLockedError,
 )
-from sparkstate.store.local_dir import (
+from sparkstate.store.files.local_dir import (
     DB_DIR_NAME,
     LOCK_FILE_NAME,
     LocalStoreDir,
     LockHolder,
     local_key,
 )
-from sparkstate.store.rocksdb_options import (
+from sparkstate.store.rocksdb.options import (
     LocalDBConf,
     SharedResources,
     db_options,

@@ -16,8 +16,13 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
-from sparkstate.operators.state_errors import InvalidStateValueError
-from sparkstate.operators.state_vars import KeyContext, StateVariable, VarSpec, as_state_value
+from sparkstate.operators.arbitrary.state_errors import InvalidStateValueError
+from sparkstate.operators.arbitrary.state_vars import (
+    KeyContext,
+    StateVariable,
+    VarSpec,
+    as_state_value,
+)
 from sparkstate.operators.ts_index import NO_TS
 from sparkstate.store.base import StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.state_errors import InvalidStateValueError
+from sparkstate.operators.arbitrary.state_errors import InvalidStateValueError
 from sparkstate.operators.ts_index import TimestampIndex
 from sparkstate.store.base import StateStore
 

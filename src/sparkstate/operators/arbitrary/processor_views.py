@@ -13,11 +13,11 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.state_collections import decode_list, decode_map
-from sparkstate.operators.state_vars import elements_cf_name
+from sparkstate.operators.arbitrary.state_collections import decode_list, decode_map
+from sparkstate.operators.arbitrary.state_vars import elements_cf_name
+from sparkstate.operators.arbitrary.timers import TIMERS_CF, timer_expiries
+from sparkstate.operators.arbitrary.ttl import TTL_FIELD
 from sparkstate.operators.state_views import KeyValueView, StateView, as_struct
-from sparkstate.operators.timers import TIMERS_CF, timer_expiries
-from sparkstate.operators.ttl import TTL_FIELD
 from sparkstate.store.base import ColumnFamily
 from sparkstate.store.codec import KeyCodec
 from sparkstate.store.schema_json import schema_from_json

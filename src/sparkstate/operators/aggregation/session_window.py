@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import conform, decode_keys, decode_values, max_event_time_ms
 from sparkstate.operators._arrow import scan as scan_family
-from sparkstate.operators.aggregate import (
+from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
     ROWS_COLUMN,
     AggregateFunction,

@@ -18,9 +18,9 @@ import zlib
 from typing import Any
 
 from sparkstate.exceptions import CorruptStateFileError
-from sparkstate.store.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.frames import decode_frame, encode_frame
-from sparkstate.store.layout import VersionRef, file_name
+from sparkstate.store.versions.layout import VersionRef, file_name
 
 __all__ = ["SstMap", "download_snapshot", "read_manifest", "upload_snapshot"]
 

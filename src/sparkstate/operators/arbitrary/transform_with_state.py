@@ -34,7 +34,33 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, QueryError
-from sparkstate.operators import processor_views
+from sparkstate.operators.arbitrary import processor_views
+from sparkstate.operators.arbitrary.processor import (
+    CLOSED,
+    DATA_PROCESSED,
+    INITIALIZED,
+    TIMER_PROCESSED,
+    ProcessorSession,
+    StatefulProcessorHandle,
+    declare_state,
+)
+from sparkstate.operators.arbitrary.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
+from sparkstate.operators.arbitrary.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.arbitrary.state_vars import VarSpec
+from sparkstate.operators.arbitrary.timers import (
+    TIMER_INDEX_CF,
+    TIMERS_CF,
+    TIMERS_VALUE_SCHEMA,
+    ExpiredTimerInfo,
+    TimeMode,
+    TimerValues,
+)
+from sparkstate.operators.arbitrary.timers import time_mode as parse_time_mode
+from sparkstate.operators.arbitrary.user_types import (
+    DEFAULT_TIME_ZONE,
+    GroupFrames,
+    rebuilt_from_rows,
+)
 from sparkstate.operators.base import BatchContext, Phase, StatefulOperator, timed_phase
 from sparkstate.operators.grouping import (
     ROW_FORMATS,
@@ -46,31 +72,9 @@ from sparkstate.operators.grouping import (
     on_time_rows,
     rows_of,
 )
-from sparkstate.operators.processor import (
-    CLOSED,
-    DATA_PROCESSED,
-    INITIALIZED,
-    TIMER_PROCESSED,
-    ProcessorSession,
-    StatefulProcessorHandle,
-    declare_state,
-)
-from sparkstate.operators.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
-from sparkstate.operators.schemas import SchemaLike, to_arrow_schema
 from sparkstate.operators.state_layout import Families, ShownStore
-from sparkstate.operators.state_vars import VarSpec
 from sparkstate.operators.state_views import StateView
-from sparkstate.operators.timers import (
-    TIMER_INDEX_CF,
-    TIMERS_CF,
-    TIMERS_VALUE_SCHEMA,
-    ExpiredTimerInfo,
-    TimeMode,
-    TimerValues,
-)
-from sparkstate.operators.timers import time_mode as parse_time_mode
 from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
-from sparkstate.operators.user_types import DEFAULT_TIME_ZONE, GroupFrames, rebuilt_from_rows
 from sparkstate.store.base import StateStore
 from sparkstate.store.evolution import show_fields
 from sparkstate.store.schema_json import fields_of

@@ -21,13 +21,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from sparkstate.operators.deleted_vars import retire
-from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
-from sparkstate.operators.state_collections import ListState, MapState
-from sparkstate.operators.state_errors import UnsupportedStateOperationError
-from sparkstate.operators.state_vars import KeyContext, ValueState, VarSpec
-from sparkstate.operators.timers import ExpiredTimerInfo, TimeMode, TimerState, TimerValues
-from sparkstate.operators.ttl import check_ttl
+from sparkstate.operators.arbitrary.deleted_vars import retire
+from sparkstate.operators.arbitrary.schemas import SchemaLike, state_schema_of, to_arrow_schema
+from sparkstate.operators.arbitrary.state_collections import ListState, MapState
+from sparkstate.operators.arbitrary.state_errors import UnsupportedStateOperationError
+from sparkstate.operators.arbitrary.state_vars import KeyContext, ValueState, VarSpec
+from sparkstate.operators.arbitrary.timers import (
+    ExpiredTimerInfo,
+    TimeMode,
+    TimerState,
+    TimerValues,
+)
+from sparkstate.operators.arbitrary.ttl import check_ttl
 from sparkstate.store.base import StateStore
 
 __all__ = [

@@ -4,7 +4,7 @@ Spark computes, per micro-batch, one row per distinct key holding partial aggreg
 count, a sum, a min...). This operator merges those rows with the buffers kept in the store, writes
 the merged buffers back, and emits final values: the updated keys (update mode) or every key
 (complete mode), or the keys the watermark closes (append mode). Types and null rules follow
-Spark, per function, in :mod:`sparkstate.operators.aggregate_functions`.
+Spark, per function, in :mod:`sparkstate.operators.aggregation.aggregate_functions`.
 
 A grouping key may be a time window (``window(...)``): Spark assigns each row its windows before
 the shuffle, and the state keeps the window as two timestamp key columns, its end first. When the
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import conform, is_late, lookup, max_event_time_ms, scan
-from sparkstate.operators.aggregate_functions import (
+from sparkstate.operators.aggregation.aggregate_functions import (
     AGGREGATE_FUNCTIONS,
     AggregateFunction,
     AggregateOverflowError,

@@ -17,20 +17,21 @@ nulls and NaN included:
 * the ``stddev`` and ``variance`` family merges ``(n, avg, m2)`` as Chan et al.'s parallel
   algorithm does, in doubles; a sample statistic of one value is null (NaN under Spark's
   ``spark.sql.legacy.statisticalAggregate``);
-* ``approx_count_distinct`` keeps HyperLogLog registers (:mod:`sparkstate.operators.hll`);
+* ``approx_count_distinct`` keeps HyperLogLog registers
+(:mod:`sparkstate.operators.aggregation.hll`);
 * ``count_if`` is a count; ``bool_and``/``every`` and ``bool_or``/``some``/``any`` a boolean
   (null without values), ``bit_and``/``bit_or``/``bit_xor`` a value of the column's type;
   ``any_value`` is ``first``;
 * ``max_by``/``min_by`` keep the value and its ordering; of equal orderings the batch's wins,
   as Spark's merge keeps the right side;
 * ``corr``, ``covar_pop``, ``covar_samp``, ``skewness`` and ``kurtosis`` keep Spark's moments
-  (:mod:`sparkstate.operators._moments`);
+  (:mod:`sparkstate.operators.aggregation._moments`);
 * ``percentile``, ``median`` and ``mode`` keep every value as ``collect_list`` does
-  (:mod:`sparkstate.operators._distribution`);
+  (:mod:`sparkstate.operators.aggregation._distribution`);
 * ``percentile_approx``/``approx_percentile`` keep Spark's Greenwald-Khanna summary, each
-  batch's values inserted in their order (:mod:`sparkstate.operators._quantiles`);
+  batch's values inserted in their order (:mod:`sparkstate.operators.aggregation._quantiles`);
 * ``hll_sketch_agg`` and ``hll_union_agg`` keep Spark's DataSketches HLL sketch, as its bytes,
-  and union each batch's sketch into it (:mod:`sparkstate.operators.hll_sketch`).
+  and union each batch's sketch into it (:mod:`sparkstate.operators.aggregation.hll_sketch`).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError, SparkstateError
-from sparkstate.operators import hll, hll_sketch
-from sparkstate.operators.aggregate_merges import (
+from sparkstate.operators.aggregation import hll, hll_sketch
+from sparkstate.operators.aggregation.aggregate_merges import (
     MERGES,
     RESULTS,
     SAMPLE_STATISTICS,

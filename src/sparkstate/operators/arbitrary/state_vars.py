@@ -24,19 +24,19 @@ import numpy as np
 import pyarrow as pa
 
 from sparkstate.exceptions import SchemaMismatchError
-from sparkstate.operators.grouping import decode_present
-from sparkstate.operators.nested_values import user_converter
-from sparkstate.operators.state_errors import (
+from sparkstate.operators.arbitrary.nested_values import user_converter
+from sparkstate.operators.arbitrary.state_errors import (
     InvalidStateValueError,
     UnsupportedStateOperationError,
 )
+from sparkstate.operators.arbitrary.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
+from sparkstate.operators.grouping import decode_present
 from sparkstate.operators.ts_index import (
     MARKER_SCHEMA,
     NO_TS,
     TimestampIndex,
     index_key_schema,
 )
-from sparkstate.operators.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
 from sparkstate.store.base import StateStore
 from sparkstate.store.evolution import show_fields
 from sparkstate.store.schema_json import fields_of, schema_to_json

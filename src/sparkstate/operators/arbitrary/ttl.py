@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkstate.operators.state_errors import (
+from sparkstate.operators.arbitrary.state_errors import (
     InvalidStateValueError,
     UnsupportedStateOperationError,
 )

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable
 
 from sparkstate.exceptions import MissingVersionError
-from sparkstate.store.layout import VersionIndex, VersionRef
+from sparkstate.store.versions.layout import VersionIndex, VersionRef
 
 __all__ = ["LoadPlan", "plan_load"]
 

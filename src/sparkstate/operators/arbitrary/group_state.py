@@ -30,7 +30,7 @@ import re
 from typing import Any, ClassVar
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.state_errors import (
+from sparkstate.operators.arbitrary.state_errors import (
     InvalidStateValueError,
     StateNotExistsError,
     UnsupportedStateOperationError,

@@ -12,7 +12,7 @@ lineage catches up by replaying changelogs; anything else restores from the near
 
 This module is the provider: the local database's lifetime, loading a version, taking and
 uploading snapshots, its counters. One version over the database is
-:class:`~sparkstate.store.rocksdb_store.RocksDBStateStore`.
+:class:`~sparkstate.store.rocksdb.store.RocksDBStateStore`.
 """
 
 from __future__ import annotations
@@ -31,20 +31,20 @@ import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
 from sparkstate.store.base import StoreConf, StoreId, default_local_dir
-from sparkstate.store.durable import FileEntry
+from sparkstate.store.files.durable import FileEntry
 from sparkstate.store.handoff import listener
-from sparkstate.store.layout import VersionIndex, VersionRef, file_name
-from sparkstate.store.rocksdb_local import LocalDB, LocalDBConf, LocalStoreDir, local_key
-from sparkstate.store.rocksdb_snapshot import (
+from sparkstate.store.rocksdb.local import LocalDB, LocalDBConf, LocalStoreDir, local_key
+from sparkstate.store.rocksdb.snapshot import (
     SST_DIR,
     SstMap,
     download_snapshot,
     read_manifest,
     upload_snapshot,
 )
-from sparkstate.store.rocksdb_store import STAT_NAMES, RocksDBStateStore
+from sparkstate.store.rocksdb.store import STAT_NAMES, RocksDBStateStore
 from sparkstate.store.spark_metrics import ROCKSDB_METRICS, VersionPhases
-from sparkstate.store.versioned import VersionedProvider
+from sparkstate.store.versions.layout import VersionIndex, VersionRef, file_name
+from sparkstate.store.versions.versioned import VersionedProvider
 
 __all__ = ["RocksDBStateStore", "RocksDBStateStoreProvider"]
 

@@ -24,9 +24,9 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
-from sparkstate.store.durable import DurableDir, FileEntry
 from sparkstate.store.evolution import evolve
-from sparkstate.store.json_files import RESTORE, json_object, read_json
+from sparkstate.store.files.durable import DurableDir, FileEntry
+from sparkstate.store.files.json_files import RESTORE, json_object, read_json
 from sparkstate.store.schema_json import (
     Field,
     fields_from_json,

@@ -22,7 +22,7 @@ import time
 from types import TracebackType
 
 from sparkstate.exceptions import ConfigurationError, StoreLockedError
-from sparkstate.store.file_lock import FileLock
+from sparkstate.store.files.file_lock import FileLock
 from sparkstate.store.handoff import ask_to_release
 
 __all__ = ["DB_DIR_NAME", "LOCK_FILE_NAME", "LocalStoreDir", "LockHolder", "local_key"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from sparkstate.operators.state_collections import ListState, MapState
-from sparkstate.operators.state_errors import deleted_variable_error
-from sparkstate.operators.state_vars import StateVariable, ValueState
+from sparkstate.operators.arbitrary.state_collections import ListState, MapState
+from sparkstate.operators.arbitrary.state_errors import deleted_variable_error
+from sparkstate.operators.arbitrary.state_vars import StateVariable, ValueState
 
 __all__ = ["retire"]
 

@@ -31,20 +31,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.base import (
-    BatchContext,
-    OperatorMetrics,
-    Phase,
-    StatefulOperator,
-    timed_phase,
-)
-from sparkstate.operators.group_state import (
+from sparkstate.operators.arbitrary.group_state import (
     NO_TIMESTAMP,
     GroupState,
     GroupStateClock,
     GroupStateTimeout,
     PickledGroupState,
     timeout_conf,
+)
+from sparkstate.operators.arbitrary.nested_values import user_converter
+from sparkstate.operators.arbitrary.schemas import SchemaLike, state_schema_of, to_arrow_schema
+from sparkstate.operators.arbitrary.user_types import DEFAULT_TIME_ZONE, empty_timed_out_frame
+from sparkstate.operators.base import (
+    BatchContext,
+    OperatorMetrics,
+    Phase,
+    StatefulOperator,
+    timed_phase,
 )
 from sparkstate.operators.grouping import (
     ROW_FORMATS,
@@ -58,11 +61,8 @@ from sparkstate.operators.grouping import (
     pandas_groups,
     rows_of,
 )
-from sparkstate.operators.nested_values import user_converter
-from sparkstate.operators.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.state_views import KeyValueView, StateView, as_struct
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
-from sparkstate.operators.user_types import DEFAULT_TIME_ZONE, empty_timed_out_frame
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
 from sparkstate.store.schema_json import schema_to_json
 

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sparkstate.store.base import StateStore, StoreStatus
-from sparkstate.store.layout import VersionRef, new_checkpoint_id
-from sparkstate.store.rocksdb_local import LocalDB, key_order
+from sparkstate.store.rocksdb.local import LocalDB, key_order
 from sparkstate.store.spark_metrics import (
     VersionPhases,
     rocksdb_file_metrics,
     rocksdb_statistics_metrics,
 )
+from sparkstate.store.versions.layout import VersionRef, new_checkpoint_id
 
 if TYPE_CHECKING:
-    from sparkstate.store.rocksdb import RocksDBStateStoreProvider
+    from sparkstate.store.rocksdb.provider import RocksDBStateStoreProvider
 
 __all__ = ["STAT_NAMES", "RocksDBStateStore"]
 

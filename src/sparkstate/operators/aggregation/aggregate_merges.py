@@ -1,5 +1,6 @@
 """How each aggregate function's buffers merge and give its result, as Spark's merge and
-evaluate expressions do (the functions themselves: :mod:`sparkstate.operators.aggregate_functions`).
+evaluate expressions do (the functions themselves:
+:mod:`sparkstate.operators.aggregation.aggregate_functions`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.operators import _distribution, _moments, _quantiles, hll, hll_sketch
-from sparkstate.operators._decimals import add_within, average
-from sparkstate.operators._lists import concat_lists, distinct_lists, no_null_lists
+from sparkstate.operators.aggregation import _distribution, _moments, _quantiles, hll, hll_sketch
+from sparkstate.operators.aggregation._decimals import add_within, average
+from sparkstate.operators.aggregation._lists import concat_lists, distinct_lists, no_null_lists
 
 if TYPE_CHECKING:
-    from sparkstate.operators.aggregate_functions import AggregateFunction
+    from sparkstate.operators.aggregation.aggregate_functions import AggregateFunction
 
 __all__ = ["MERGES", "RESULTS", "SAMPLE_STATISTICS", "merge_summaries"]
 

@@ -1,0 +1,2 @@
+"""Streaming aggregation: its operators (windows, session windows) and the aggregate functions'
+buffers and merges."""

@@ -1,0 +1,1 @@
+"""Durable and local files: atomic writes over pyarrow.fs, JSON files, locks, local dirs."""

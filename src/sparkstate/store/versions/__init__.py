@@ -1,0 +1,1 @@
+"""Versions on durable storage: file names and layout, lineage, changelogs, versioned providers."""
