@@ -24,8 +24,6 @@ across restarts (:mod:`sparkstate.store.evolution`).
 
 from __future__ import annotations
 
-import datetime
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
@@ -33,7 +31,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError, QueryError
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.arbitrary import processor_views
 from sparkstate.operators.arbitrary.processor import (
     CLOSED,
@@ -43,6 +41,14 @@ from sparkstate.operators.arbitrary.processor import (
     ProcessorSession,
     StatefulProcessorHandle,
     declare_state,
+)
+from sparkstate.operators.arbitrary.processor_input import (
+    UNLIMITED,
+    check_nullable,
+    frame_rows,
+    frames_of,
+    not_older_than,
+    select_columns,
 )
 from sparkstate.operators.arbitrary.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
 from sparkstate.operators.arbitrary.schemas import SchemaLike, to_arrow_schema
@@ -76,8 +82,6 @@ from sparkstate.operators.state_layout import Families, ShownStore
 from sparkstate.operators.state_views import StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
 from sparkstate.store.base import StateStore
-from sparkstate.store.evolution import show_fields
-from sparkstate.store.schema_json import fields_of
 
 __all__ = ["INITIAL_STATE_MARKER", "MODES", "TransformWithState"]
 
@@ -89,7 +93,6 @@ MODES = ("rows", "pandas")
 ENCODINGS = (DEFAULT_ENCODING, AVRO)
 #: Spark's defaults of ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch``.
 MAX_RECORDS_PER_BATCH = 10_000
-UNLIMITED = 2**31 - 1
 
 
 class TransformWithState(StatefulOperator):
@@ -201,7 +204,7 @@ class TransformWithState(StatefulOperator):
         self.value_schema = MARKER_SCHEMA
         self.state_specs: dict[str, VarSpec] = declare_state(processor, self.time_mode)
         if state_encoding == AVRO:
-            _check_nullable(self.state_specs)
+            check_nullable(self.state_specs)
 
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         out: dict[str, tuple[pa.Schema, pa.Schema]] = {}
@@ -292,7 +295,7 @@ class TransformWithState(StatefulOperator):
         column = self.output_event_time_column
         if column is None:
             return output
-        return _not_older_than(output, column, ctx.watermark_ms)
+        return not_older_than(output, column, ctx.watermark_ms)
 
     def _process(
         self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
@@ -367,11 +370,11 @@ class TransformWithState(StatefulOperator):
             if self.initial_state_schema is None:
                 msg = f"{self.kind}: initial state rows given but no initial_state_schema declared"
                 raise ConfigurationError(msg)
-            initial = _select(
+            initial = select_columns(
                 whole.filter(flag), self.initial_state_schema, self.initial_state_columns
             )
             whole = whole.filter(pc.invert(flag))
-        table = _select(whole, self.input_schema)
+        table = select_columns(whole, self.input_schema)
         event_time = self.time_mode == TimeMode.EVENT_TIME
         watermark = ctx.watermark_for_late_rows_ms if event_time else None
         return on_time_rows(table, ctx.metrics, self.event_time_column, watermark), initial
@@ -382,22 +385,10 @@ class TransformWithState(StatefulOperator):
                 groups.table, groups.starts, self.time_zone, per_group_integers=False
             )
             cut = frames.frame
-            size = self._chunk_rows(groups.table)
-            return lambda s, e: _chunks(cut(s, e), size)
+            size = frame_rows(groups.table, self.max_records_per_batch, self.max_bytes_per_batch)
+            return lambda s, e: frames_of(cut(s, e), size)
         rows = rows_of(groups.table, self.row_format, self.time_zone)
         return lambda s, e: iter(rows[s:e])
-
-    def _chunk_rows(self, table: pa.Table) -> int:
-        """How many rows one frame of a key holds: Spark closes a frame at
-        ``maxRecordsPerBatch`` rows, or once its rows times the average Arrow size of an input
-        row reach ``maxBytesPerBatch`` (here the average over the partition's input)."""
-        size = self.max_records_per_batch if self.max_records_per_batch > 0 else UNLIMITED
-        limit = self.max_bytes_per_batch
-        if limit != UNLIMITED and table.num_rows:
-            average = table.nbytes / table.num_rows
-            if average > 0:
-                size = min(size, max(1, math.ceil(limit / average)))
-        return size
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
         return out.sink() if self.mode == "rows" else out.frame_sink()
@@ -497,65 +488,3 @@ class TransformWithState(StatefulOperator):
                 yield from out.drain()
         kctx.kenc = kctx.key = None
         self._flush(session, ctx.metrics)
-
-
-def _check_nullable(specs: dict[str, VarSpec]) -> None:
-    """Spark's Avro state encoding refuses a state variable with a non-nullable field."""
-    for name, spec in specs.items():
-        if not spec.pickled and not all(f.nullable for f in spec.schema):
-            msg = (
-                "[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE] If Avro encoding is enabled "
-                "(spark.sql.streaming.stateStore.encodingFormat avro), all the fields in the "
-                f"schema for column family {name} must be nullable when using the "
-                "TransformWithState operator. Please make the schema nullable. Current schema: "
-                f"{show_fields(fields_of(spec.schema))}"
-            )
-            raise ConfigurationError(msg)
-
-
-def _chunks(frame: Any, size: int) -> Iterator[Any]:
-    """A key's rows as frames of at most ``size`` rows, each rebuilt as PySpark builds it."""
-    import pandas as pd
-
-    if len(frame) <= size:
-        yield rebuilt_from_rows(frame)
-        return
-    for start in range(0, len(frame), size):
-        part = frame.iloc[start : start + size]
-        part.index = pd.RangeIndex(len(part))
-        yield rebuilt_from_rows(part)
-
-
-def _select(table: pa.Table, schema: pa.Schema, names: Sequence[str] | None = None) -> pa.Table:
-    """``schema``'s columns of ``table``, read from the columns ``names`` (default: its own)."""
-    names = schema.names if names is None else list(names)
-    missing = [n for n in names if n not in table.column_names]
-    if missing:
-        msg = f"input has no column(s) {missing}; it has {table.column_names}"
-        raise ConfigurationError(msg)
-    columns = []
-    for field, name in zip(schema, names, strict=True):
-        col = table.column(name)
-        columns.append(col if col.type == field.type else col.cast(field.type))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _not_older_than(
-    batches: Iterator[pa.RecordBatch], column: str, watermark_ms: int
-) -> Iterator[pa.RecordBatch]:
-    """``batches``, failing at the first row whose ``column`` is older than the watermark (Spark's
-    check on an operator's ``eventTimeColumnName``)."""
-    for batch in batches:
-        values = batch.column(column)
-        if batch.num_rows and values.null_count < len(values):
-            oldest = pc.min(values.cast(pa.timestamp("us"))).value
-            if oldest is not None and oldest < watermark_ms * 1000:
-                emitted = datetime.datetime.fromtimestamp(oldest / 1e6, tz=datetime.UTC)
-                msg = (
-                    "[EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED] the processor emitted a row "
-                    f"with {column}={emitted.isoformat()}, older than the current watermark "
-                    f"({watermark_ms} ms). This can lead to correctness issues in the stateful "
-                    "operators downstream; emit rows at or after the watermark."
-                )
-                raise QueryError(msg)
-        yield batch
