@@ -1,10 +1,10 @@
-"""How the suite is spread over pytest-xdist's processes (``scripts/test``: ``--dist loadgroup``).
+"""How the suite is spread over pytest-xdist's processes, when ``SPARKSTATE_TEST_WORKERS`` asks
+for them (``scripts/test``: ``--dist loadfile``, each module whole in one process, so that its
+Spark session and module fixtures are built once).
 
-Each module is one group, run whole in one process, so that its Spark session and module
-fixtures are built once. The standalone-cluster tests are one group and run first: their driver
-needs a process with no local ``SparkContext`` yet (one per process), and their cluster is started
-once. The modules that take longest come next, so that the two processes end close together.
-"""
+The standalone-cluster modules come first: their driver needs a process with no local
+``SparkContext`` yet (one per process). The modules that take longest come next, so that the
+processes end close together. Run in one process, the suite keeps pytest's own order."""
 
 from __future__ import annotations
 
@@ -40,6 +40,6 @@ def _rank(item: pytest.Item) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getvalue("dist") in (None, "no"):
+        return
     items.sort(key=_rank)  # stable: a module's tests keep their order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
