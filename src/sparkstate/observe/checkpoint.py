@@ -19,11 +19,10 @@ from sparkstate.operators.registry import layout_of
 from sparkstate.operators.state_layout import StateLayout
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.records import BatchCommit
-from sparkstate.runtime.start import engine_root_of
 from sparkstate.store.base import StateStore, StateStoreProvider
 from sparkstate.store.capabilities import provider_over_files
 from sparkstate.store.conf import StoreId
-from sparkstate.store.files.durable import DurableDir, canonical_location
+from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.versions.layout import SCHEMA_FILE, read_schema_file
 
 __all__ = ["OperatorInfo", "StateCheckpoint", "open_checkpoint"]
@@ -97,7 +96,7 @@ class StateCheckpoint:
     # --- batches ---------------------------------------------------------------------------------
 
     def committed_batches(self) -> list[int]:
-        names = (e.name for e in self.log.commits.list())
+        names = self.log.commits.names()
         return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
     def last_batch(self) -> int:
@@ -143,6 +142,15 @@ class StateCheckpoint:
             return None
         return read_schema_file(directory)
 
+    def operator_families(self, op_id: int) -> dict[str, tuple[pa.Schema, pa.Schema]] | None:
+        """The column families of the operator's stores, from the first partition that has a
+        store (None: no partition ran yet)."""
+        for p in range(self.num_partitions):
+            families = self.families(op_id, p)
+            if families is not None:
+                return families
+        return None
+
     @contextlib.contextmanager
     def provider_for(self, op_id: int, partition: int) -> Iterator[StateStoreProvider | None]:
         """A provider bound to the partition's durable files, with a scratch local directory
@@ -167,8 +175,8 @@ class StateCheckpoint:
 
 def open_checkpoint(location: str) -> StateCheckpoint:
     """Open the checkpoint at ``location`` (a path or URI, as given to ``checkpointLocation``)."""
-    location = canonical_location(location)
-    log = CheckpointLog(engine_root_of(location))
+    log = CheckpointLog.of_checkpoint(location)
+    location = str(log.location)
     metadata = log.read_metadata()
     if metadata is None:
         if DurableDir(location).exists("commits"):

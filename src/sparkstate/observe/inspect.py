@@ -34,7 +34,6 @@ from sparkstate.observe.key_lookup import (
     KeyLookup,
     key_columns,
     look_up,
-    operator_families,
     spark_type,
     store_views,
 )
@@ -117,7 +116,7 @@ def _watermark(commit: BatchCommit | None) -> dict[str, Any]:
 
 
 def _operator(chk: StateCheckpoint, op: OperatorInfo, commit: BatchCommit | None) -> dict[str, Any]:
-    families = operator_families(chk, op.id) or {}
+    families = chk.operator_families(op.id) or {}
     key_schema = families.get(DEFAULT_CF, (pa.schema([]), None))[0]
     out: dict[str, Any] = {
         "id": op.id,

@@ -27,7 +27,6 @@ __all__ = [
     "key_columns",
     "look_up",
     "parse_key",
-    "operator_families",
     "partition_columns",
     "spark_type",
     "store_views",
@@ -206,18 +205,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def operator_families(
-    chk: StateCheckpoint, op_id: int
-) -> dict[str, tuple[pa.Schema, pa.Schema]] | None:
-    """The column families of the operator's stores, from the first partition that has a store
-    (None: no partition ran yet)."""
-    for p in range(chk.num_partitions):
-        families = chk.families(op_id, p)
-        if families is not None:
-            return families
-    return None
-
-
 def look_up(
     chk: StateCheckpoint,
     op: OperatorInfo,
@@ -231,7 +218,7 @@ def look_up(
     if op.layout.unkeyed is not None:
         msg = f"operator {op.id} ({op.name}) {op.layout.unkeyed}"
         raise ConfigurationError(msg)
-    families = operator_families(chk, op.id)
+    families = chk.operator_families(op.id)
     if families is None:
         msg = f"operator {op.id} ({op.name}) of {chk.location} has no state yet"
         raise ConfigurationError(msg)

@@ -15,8 +15,7 @@ import dataclasses
 from typing import Any
 
 from sparkstate.exceptions import MissingVersionError
-from sparkstate.runtime.logs import PROGRESS_FILE, PROGRESS_ONLY
-from sparkstate.runtime.start import ENGINE_DIR
+from sparkstate.runtime.logs import ENGINE_DIR, PROGRESS_FILE, PROGRESS_ONLY
 from sparkstate.store.files.durable import DurableDir, local_path
 from sparkstate.store.files.json_files import json_object, parse_json_lines, read_json
 

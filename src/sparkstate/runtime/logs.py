@@ -24,16 +24,25 @@ from typing import Any, TypeVar
 from sparkstate.exceptions import CheckpointInUseError, MissingVersionError, QueryError
 from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskFailure, TaskReport
 from sparkstate.runtime.triggers import read_clock, write_clock
-from sparkstate.store.files.durable import DurableDir, local_path
+from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri, local_path
 from sparkstate.store.files.file_lock import FileLock
 from sparkstate.store.files.json_files import RESTORE, json_object, parse_json_lines, read_json
 
-__all__ = ["CheckpointLock", "CheckpointLog", "ReportDir", "local_path"]
+__all__ = [
+    "ENGINE_DIR",
+    "CheckpointLock",
+    "CheckpointLog",
+    "ReportDir",
+    "engine_root_of",
+    "local_path",
+]
 
 T = TypeVar("T")
 
 log = logging.getLogger("sparkstate.engine")
 
+#: The engine's directory inside a checkpoint.
+ENGINE_DIR = "sparkstate"
 FORMAT_VERSION = 1
 LOCK_FILE = "_query.lock"
 METADATA_FILE = "metadata.json"
@@ -56,6 +65,11 @@ RERUN = (
 PROGRESS_ONLY = (
     "It only records progress and nothing reads it to run the query: delete it to go on."
 )
+
+
+def engine_root_of(location: str) -> str:
+    """The engine's directory of the checkpoint at ``location`` (a canonical location)."""
+    return join_uri(location, ENGINE_DIR)
 
 
 class ReportDir:
@@ -105,13 +119,21 @@ class ReportDir:
 class CheckpointLog:
     """Reads and writes the engine's files under one checkpoint directory."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, location: str | None = None) -> None:
         self.root = root.rstrip("/")
+        #: The checkpoint's canonical location, where the log was opened from it.
+        self.location = location
         self.dir = DurableDir(self.root)
         self.batches = self.dir.child("batches")
         self.commits = self.dir.child("commits")
         self.reports = self.dir.child("reports")
         self.failures = self.dir.child("failures")
+
+    @classmethod
+    def of_checkpoint(cls, location: str) -> CheckpointLog:
+        """The log of the checkpoint at ``location``, as a user gives ``checkpointLocation``."""
+        location = canonical_location(location)
+        return cls(join_uri(location, ENGINE_DIR), location)
 
     # --- metadata --------------------------------------------------------------------------------
 
@@ -122,7 +144,7 @@ class CheckpointLog:
             return read_json(self.dir, METADATA_FILE, RESTORE, _metadata)
         except MissingVersionError:
             pass
-        logs = [d for d in (self.commits, self.batches) if any(map(_is_batch_file, _names(d)))]
+        logs = [d for d in (self.commits, self.batches) if any(map(_is_batch_file, d.names()))]
         if logs:
             msg = (
                 f"{self.dir.where(METADATA_FILE)} is missing, but batches of this checkpoint have "
@@ -157,7 +179,7 @@ class CheckpointLog:
         self.reports.child(str(commit.batch_id)).delete_all()
 
     def latest_commit(self) -> BatchCommit | None:
-        ids = [_batch_of(n) for n in _names(self.commits) if _is_batch_file(n)]
+        ids = [_batch_of(n) for n in self.commits.names() if _is_batch_file(n)]
         return self.read_commit(max(ids)) if ids else None
 
     def roll_back(self, batch_id: int) -> list[int]:
@@ -215,7 +237,7 @@ class CheckpointLog:
             lines = self.dir.read(PROGRESS_FILE) if self.dir.exists(PROGRESS_FILE) else b""
             return parse_json_lines(lines, self.dir.where(PROGRESS_FILE), PROGRESS_ONLY)
         pdir = self.dir.child("progress")
-        names = sorted(filter(_is_batch_file, _names(pdir)), key=_batch_of)
+        names = sorted(filter(_is_batch_file, pdir.names()), key=_batch_of)
         return [read_json(pdir, n, PROGRESS_ONLY, json_object) for n in names]
 
 
@@ -230,8 +252,10 @@ class CheckpointLock:
     _held: set[str] = set()
     _guard = threading.Lock()
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, location: str | None = None) -> None:
         self.root = root.rstrip("/")
+        #: The checkpoint's canonical location, where the log was opened from it.
+        self.location = location
         self._lock: FileLock | None = None
 
     def acquire(self) -> None:
@@ -288,10 +312,6 @@ def _read_optional(directory: DurableDir, name: str, parse: Callable[[bytes], T]
         return read_json(directory, name, RESTORE, parse)
     except MissingVersionError:
         return None
-
-
-def _names(directory: DurableDir) -> list[str]:
-    return [e.name for e in directory.list()]
 
 
 def _is_batch_file(name: str) -> bool:

@@ -14,7 +14,7 @@ this order, so that a rescale killed at any point either never happened or compl
    ``spark.sql.shuffle.partitions`` set to the new count) and ``commits/R``. A start, or the
    rescale run again, finishes these when it finds step 3 done (:func:`settle_rescale`).
 
-Step 2 is the engine's distributed job (:mod:`sparkstate.engine.repartition`), over the
+Step 2 is the engine's distributed job (:mod:`sparkstate.engine.rescale_job`), over the
 partition reader and writer of :mod:`sparkstate.observe.rescale`.
 """
 
@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.logs import CheckpointLog, engine_root_of
 from sparkstate.runtime.progress import format_time
 from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit
 from sparkstate.runtime.spark_checkpoint import (
@@ -36,7 +36,7 @@ from sparkstate.runtime.spark_checkpoint import (
     spark_batches,
 )
 from sparkstate.store.conf import StoreId
-from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri
+from sparkstate.store.files.durable import DurableDir, canonical_location
 from sparkstate.store.versions.layout import read_schema_record, write_rescaled_schema
 
 __all__ = [
@@ -48,8 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sparkstate.engine")
-
-ENGINE_DIR = "sparkstate"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +75,7 @@ class RescalePlan:
 
 
 def _log_of(location: str) -> tuple[str, CheckpointLog, dict[str, Any]]:
-    engine_root = join_uri(location, ENGINE_DIR)
+    engine_root = engine_root_of(location)
     log_ = CheckpointLog(engine_root)
     metadata = log_.read_metadata()
     if metadata is None:

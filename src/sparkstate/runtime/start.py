@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.logs import CheckpointLog, engine_root_of
 from sparkstate.runtime.metadata import (
     PARTITIONS_ASKED,
     check_checkpoint_location,
@@ -25,11 +25,9 @@ from sparkstate.runtime.metadata import (
 )
 from sparkstate.runtime.rescale import settle_rescale
 from sparkstate.runtime.spark_checkpoint import spark_batches, spark_query_id
-from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri
+from sparkstate.store.files.durable import DurableDir, canonical_location
 
 __all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
-
-ENGINE_DIR = "sparkstate"
 
 log = logging.getLogger("sparkstate.engine")
 
@@ -66,10 +64,6 @@ class Checkpoint:
     @property
     def query_id(self) -> str:
         return str(self.metadata["query_id"])
-
-
-def engine_root_of(location: str) -> str:
-    return join_uri(location, ENGINE_DIR)
 
 
 def _recorded_ids(

@@ -186,6 +186,10 @@ class DurableDir:
             out.append(FileEntry(info.base_name, info.size or 0, mtime))
         return out
 
+    def names(self) -> list[str]:
+        """The names of the files directly in this directory (none if it does not exist)."""
+        return [e.name for e in self.list()]
+
     def delete(self, name: str) -> None:
         """Delete ``name``; a file that is already gone is fine."""
         try:
