@@ -147,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "repartition":
-        from sparkstate.engine.repartition import run_repartition
+        from sparkstate.engine.rescale_job import run_repartition
 
         return run_repartition(
             args.checkpoint,

@@ -328,7 +328,7 @@ KILLED = textwrap.dedent(
     import sparkstate as ss
     from sparkstate.runtime import rescale
 
-    rep = importlib.import_module("sparkstate.engine.repartition")
+    rep = importlib.import_module("sparkstate.engine.rescale_job")
 
     chk, count, point = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 

@@ -1,9 +1,19 @@
-"""The engine: the only package that imports pyspark. Query builder, driver, executor, sinks."""
+"""The engine: the only package that imports pyspark. Query builder, driver, executor, sinks.
 
-from sparkstate.engine.api import DataStreamWriter, GroupedStream, StatefulStream, stream
-from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
-from sparkstate.engine.repartition import repartition
-from sparkstate.engine.state_source import register
+Its public names are imported on first use, so that a process that needs one module of the
+engine (Spark's Python data source runner unpickling the clock source, a Python worker) does
+not import all of it."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sparkstate.engine.api import DataStreamWriter, GroupedStream, StatefulStream, stream
+    from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
+    from sparkstate.engine.rescale_job import repartition
+    from sparkstate.engine.state_source import register
 
 __all__ = [
     "DataStreamWriter",
@@ -16,3 +26,26 @@ __all__ = [
     "repartition",
     "stream",
 ]
+
+#: Public name -> the module that defines it.
+_HOMES = {
+    "DataStreamWriter": "sparkstate.engine.api",
+    "GroupedStream": "sparkstate.engine.api",
+    "StatefulStream": "sparkstate.engine.api",
+    "stream": "sparkstate.engine.api",
+    "StreamingQuery": "sparkstate.engine.query",
+    "add_listener": "sparkstate.engine.query",
+    "remove_listener": "sparkstate.engine.query",
+    "repartition": "sparkstate.engine.rescale_job",
+    "register": "sparkstate.engine.state_source",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        msg = f"module 'sparkstate.engine' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

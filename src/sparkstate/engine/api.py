@@ -14,7 +14,7 @@ from sparkstate.engine.grouped import GroupedStream
 from sparkstate.engine.join_plan import JoinInput, plan_join, plan_join_after
 from sparkstate.engine.plan import plan_stages
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
-from sparkstate.engine.repartition import rescale_at_start
+from sparkstate.engine.rescale_job import rescale_at_start
 from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark

@@ -35,9 +35,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from sparkstate.runtime.logs import local_path
 from sparkstate.runtime.triggers import read_clock, wants_batch
-from sparkstate.store.files.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir, local_path
 
 __all__ = ["SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
 

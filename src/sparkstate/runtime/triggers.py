@@ -26,12 +26,14 @@ import functools
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkstate.exceptions import CorruptStateFileError, MissingVersionError
-from sparkstate.runtime.records import TaskReport
 from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.files.json_files import json_object, read_json
+
+if TYPE_CHECKING:  # the clock source reads this module in Spark's source runner: kept light
+    from sparkstate.runtime.records import TaskReport
 
 __all__ = ["CLOCK_FILE", "next_request", "read_clock", "wants_batch", "write_clock"]
 
