@@ -14,7 +14,7 @@ from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.providers import PROVIDERS, StoreSettings
 from sparkstate.runtime.records import TaskReport
 from sparkstate.runtime.tasks import TaskSpec, commit_untouched, run_task
-from sparkstate.store import DEFAULT_CF, StoreConf, provider_class
+from sparkstate.store import StoreConf, provider_class
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 PROVIDER_NAMES = ["memory"]
@@ -120,30 +120,3 @@ def test_catch_up_commit_of_an_untimed_operator_keeps_the_state(
     assert filled.version == 2 and filled.store.num_keys == 1
     assert filled.num_output_rows_dropped == 0
     PROVIDERS.close_all()
-
-
-@pytest.mark.parametrize("provider", ["memory", "rocksdb"])
-def test_a_new_run_with_an_evolved_schema_gets_a_provider_with_it(
-    tmp_path: Path, provider: str
-) -> None:
-    """A query restarted in the same Spark application may run its partition in the Python
-    worker that kept the partition's provider open: the new run's schemas are the ones used."""
-    state = str(tmp_path / "state")
-    settings = StoreSettings(state, provider, StoreConf(), maintenance_interval_s=0)
-    key = (settings.state_root, 0, 0)
-    keys = pa.schema([("k", pa.string())])
-    before = pa.schema([("id", pa.int32()), ("name", pa.string())])
-    after = pa.schema([("id", pa.int64()), ("name", pa.string())])
-    try:
-        with PROVIDERS.holding(key, 1.0):
-            first = PROVIDERS.provider(key, settings, 1, keys, before, {})
-            assert PROVIDERS.provider(key, settings, 1, keys, before, {}) is first
-            evolved = PROVIDERS.provider(key, settings, 1, keys, after, {}, widening=True)
-            assert evolved is not first
-            store = evolved.get_store(0, None)
-            try:
-                assert store.column_family(DEFAULT_CF).value_codec.schema == after
-            finally:
-                store.abort()
-    finally:
-        PROVIDERS.close_all()

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pyarrow as pa
 
@@ -47,8 +46,6 @@ class ProviderCache:
 
     def __init__(self) -> None:
         self._providers: dict[PartitionKey, StateStoreProvider] = {}
-        #: What each cached provider was opened with (its partition count and schemas).
-        self._opened_with: dict[PartitionKey, tuple[Any, ...]] = {}
         self._locks: dict[PartitionKey, threading.Lock] = {}
         self._last_maintenance: dict[PartitionKey, float] = {}
         self._guard = threading.Lock()
@@ -87,22 +84,9 @@ class ProviderCache:
     ) -> StateStoreProvider:
         """The cached provider of a partition (caller holds ``lock(key)``); ``widening``: the
         operator's value schemas may widen a field's type (``StoreConf.value_widening``)."""
-        opened_with = (
-            settings.provider,
-            num_partitions,
-            key_schema,
-            value_schema,
-            sorted(column_families.items()),
-            widening,
-        )
         found = self._providers.get(key)
         if found is not None:
-            if self._opened_with.get(key) == opened_with:
-                return found
-            # A new run of the query whose state schema evolved (or another partition count):
-            # the provider kept open from the run before holds the old schemas.
-            del self._providers[key]
-            found.close()
+            return found
         provider = provider_class(settings.provider)()
         conf = dataclasses.replace(
             settings.conf,
@@ -117,7 +101,6 @@ class ProviderCache:
             column_families or None,
         )
         self._providers[key] = provider
-        self._opened_with[key] = opened_with
         return provider
 
     def maintain_later(self, key: PartitionKey, interval_s: float) -> None:
@@ -150,7 +133,6 @@ class ProviderCache:
         for key in keys:
             with self.lock(key):
                 provider = self._providers.pop(key, None)
-                self._opened_with.pop(key, None)
                 if provider is not None:
                     provider.close()
 
