@@ -31,7 +31,7 @@ from sparkstate.engine.query import release_if_finished
 from sparkstate.engine.session import is_connect, run_on_server
 from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
-from sparkstate.runtime.logs import CheckpointLock
+from sparkstate.runtime.logs import CheckpointLock, engine_root_of
 from sparkstate.runtime.rescale import (
     RescalePlan,
     commit_rescale,
@@ -39,7 +39,6 @@ from sparkstate.runtime.rescale import (
     rescale_without_state,
     settle_rescale,
 )
-from sparkstate.runtime.start import engine_root_of
 from sparkstate.store.files.durable import canonical_location
 
 __all__ = ["repartition", "rescale_at_start", "rescale_locked", "run_repartition"]
