@@ -5,8 +5,9 @@ session and module fixtures are built once).
 Every JVM the tests start through ``spark-submit`` (local sessions, the Connect server, the
 benchmarks' systems; the standalone cluster sets its own) compiles with the JIT's first tier
 only: the tests run small batches through many short queries, where the optimizing compiler's
-work is never paid back (a fifth less CPU for the same tests). Behaviour does not change; set
-``SPARK_SUBMIT_OPTS`` to override.
+work is never paid back (a fifth less CPU for the same tests); and they map the classes of Spark
+from an archive written once per machine (``class_archive.py``), instead of loading them from
+the jars again. Behaviour does not change; set ``SPARK_SUBMIT_OPTS`` to override.
 
 Under xdist, the standalone-cluster package is one group, first: its driver needs a process
 with no local ``SparkContext`` yet (one per process). The modules that take longest come next,
@@ -15,13 +16,22 @@ so that the processes end close together. Run in one process, the suite keeps py
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+_REPO = str(Path(__file__).resolve().parents[1])
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from tests.class_archive import java_options  # noqa: E402
+
 #: The JIT's first tier only (see above).
 JIT_OPTS = "-XX:TieredStopAtLevel=1"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", JIT_OPTS)  # every spark-submit: drivers, Connect
+if "SPARK_SUBMIT_OPTS" not in os.environ:  # xdist's processes inherit the controller's
+    os.environ["SPARK_SUBMIT_OPTS"] = java_options(JIT_OPTS)  # every spark-submit
 
 #: The cluster's package: one group, first.
 CLUSTER = "tests/cluster/"
