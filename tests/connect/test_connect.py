@@ -80,8 +80,8 @@ def joins(server: ConnectServer, tmp_path_factory: pytest.TempPathFactory) -> An
 @pytest.mark.parametrize("case", list(JOINS))
 def test_join_over_connect_matches_spark(joins: Any, case: str, provider: str) -> None:
     """Stream-stream joins from a Connect client, batch by batch through a restart: the
-    condition as SQL, as Columns of both DataFrames, over aliased sides; a join after a
-    deduplication and after windowed aggregations on both sides."""
+    condition as SQL, as Columns of both DataFrames, over aliased sides; a join after windowed
+    aggregations on both sides."""
     theirs = joins[case]["spark"]
     ours = joins[case][provider]
     assert sum(len(batch["rows"]) for batch in theirs.values()) > 3
