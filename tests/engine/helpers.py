@@ -104,6 +104,21 @@ def spark_rocksdb(spark: SparkSession, wanted: bool = True) -> Iterator[None]:
             spark.conf.set(PROVIDER_CONF, previous)
 
 
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+@contextlib.contextmanager
+def shuffle_partitions(spark: SparkSession, n: int) -> Iterator[None]:
+    """Spark's queries and ours started inside on ``n`` shuffle (and state) partitions; the
+    session's setting is restored after."""
+    previous = spark.conf.get(SHUFFLE_PARTITIONS)
+    spark.conf.set(SHUFFLE_PARTITIONS, str(n))
+    try:
+        yield
+    finally:
+        spark.conf.set(SHUFFLE_PARTITIONS, previous)
+
+
 def source(spark: SparkSession, feed: FileFeed, schema: str) -> DataFrame:
     """A streaming DataFrame over the feed: one file per micro-batch."""
     return feed.stream(spark, schema)
