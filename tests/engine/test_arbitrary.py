@@ -3,10 +3,18 @@
 The same user function (or processor) runs through Spark and through sparkstate on the same file
 source input, and the output is compared batch by batch. Spark's Python stateful operators are
 slow (seconds per batch even for a handful of rows), so the inputs are tiny and each Spark query
-runs once per test, against every sparkstate variant and provider.
+runs once per test, against every sparkstate variant of it.
 
 Spark runs a no-data batch after a batch that moved the watermark (event-time timeouts fire there);
 so does sparkstate (its clock source, ``engine/clock.py``), so those rows come in the same batch.
+
+One query checks several things: the counting queries carry the stateless steps a user writes
+after the operator (their rows keep every column of its output), and transformWithState's runs
+in an append-mode query. Each sparkstate variant runs on one provider, each operator on both in
+the module, and one variant of each test is stopped and restarted on its checkpoint in the
+middle: the count runs applyInPandasWithState on memory and flatMapGroupsWithState on rocksdb
+(restarted), transformWithStateInPandas on rocksdb (restarted); the event-time timeouts run on
+rocksdb and transformWithState's timers on memory (both restarted).
 """
 
 from __future__ import annotations
@@ -45,9 +53,6 @@ COUNT_BATCHES: list[list[dict[str, Any]]] = [
     [{"k": "a", "v": 6}, {"k": "b", "v": 7}, {"k": "c", "v": 8}, {"k": None, "v": 9}],
     [{"k": "a", "v": 6}],  # a again after its state was removed: starts over
 ]
-
-RocksDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
 # --- the user logic, identical for Spark and sparkstate ------------------------------------------
@@ -131,11 +136,13 @@ def _run(
     *,
     settle_s: float = 0.0,
     restart_after: int | None = None,
+    before_stop: Callable[[Any], None] | None = None,
 ) -> tuple[Collector, list[list[int]]]:
     """Feed one file per batch; returns the output and the batch ids each file led to.
 
     ``restart_after=n``: stop the query after ``n`` files and start it again (``start`` builds
-    it anew on the same checkpoint) before the next one.
+    it anew on the same checkpoint) before the next one. ``before_stop(query)`` runs before
+    each stop that follows the files fed.
     """
     feed.reset()
     collector = Collector()
@@ -145,6 +152,8 @@ def _run(
     try:
         for n, rows in enumerate(batches):
             if n == restart_after:
+                if before_stop is not None:
+                    before_stop(query)
                 query.stop()
                 query = start(collector)
             feed.add(rows)
@@ -155,14 +164,18 @@ def _run(
             new = sorted(set(collector.batches) - seen)
             seen.update(new)
             groups.append(new)
+        if before_stop is not None:
+            before_stop(query)
     finally:
         query.stop()
     return collector, groups
 
 
-def _spark_writer(df: DataFrame, checkpoint: Path, collector: Collector) -> Any:
+def _spark_writer(
+    df: DataFrame, checkpoint: Path, collector: Collector, mode: str = "update"
+) -> Any:
     return (
-        df.writeStream.outputMode("update")
+        df.writeStream.outputMode(mode)
         .foreachBatch(collector)
         .option("checkpointLocation", str(checkpoint))
         .start()
@@ -170,10 +183,14 @@ def _spark_writer(df: DataFrame, checkpoint: Path, collector: Collector) -> Any:
 
 
 def _ours_writer(
-    stream: ss.StatefulStream, checkpoint: Path, provider: str, collector: Collector
+    stream: ss.StatefulStream,
+    checkpoint: Path,
+    provider: str,
+    collector: Collector,
+    mode: str = "update",
 ) -> Any:
     return (
-        stream.writeStream.outputMode("update")
+        stream.writeStream.outputMode(mode)
         .foreachBatch(collector)
         .option("checkpointLocation", str(checkpoint))
         .option("stateStore", provider)
@@ -190,6 +207,25 @@ def _per_batch(collector: Collector, groups: list[list[int]]) -> list[list[list[
     return [[sorted(collector.batches[b]) for b in ids if collector.batches[b]] for ids in groups]
 
 
+def after(df: Any) -> Any:
+    """Stateless steps after the operator, as a user writes them: ``where`` / ``withColumn`` /
+    ``select`` name its output's columns. The rows kept keep every column of that output."""
+    kept = df.where(~F.col("k").eqNullSafe("c")).withColumn("twice", F.col("count") * 2)
+    return kept.select("k", "count", "twice", F.col("removed").alias("gone"))
+
+
+def _check_phases(query: Any) -> None:
+    """Where the tasks' time went in the last batch, summed over the partitions that had input."""
+    op = query.lastProgress["stateOperators"][0]
+    phases = {k: v for k, v in op["customMetrics"].items() if k in INPUT_PHASES}
+    assert set(phases) == INPUT_PHASES and all(v >= 0 for v in phases.values()), op
+
+
+#: A sparkstate variant of a query: its name, provider, ``build(grouped input)``, and after how
+#: many files it is stopped and restarted on its checkpoint (None: it runs through).
+Variant = tuple[str, str, Callable[[Any], ss.StatefulStream], int | None]
+
+
 # --- tests ----------------------------------------------------------------------------------------
 
 
@@ -199,10 +235,12 @@ def test_count_and_remove_match_spark_aipws(
     theirs, _ = _run(
         feed,
         lambda c: _spark_writer(
-            source(spark, feed, SCHEMA)
-            .groupBy("k")
-            .applyInPandasWithState(
-                count_pandas, OUTPUT, STATE, "Update", GroupStateTimeout.NoTimeout
+            after(
+                source(spark, feed, SCHEMA)
+                .groupBy("k")
+                .applyInPandasWithState(
+                    count_pandas, OUTPUT, STATE, "Update", GroupStateTimeout.NoTimeout
+                )
             ),
             tmp_path / "spark",
             c,
@@ -210,53 +248,26 @@ def test_count_and_remove_match_spark_aipws(
         COUNT_BATCHES,
     )
     assert len(theirs.batches) == len(COUNT_BATCHES)
-    variants: list[tuple[str, str, Callable[[Any], ss.StatefulStream]]] = []
-    for provider in PROVIDERS:
-        variants.append(
-            (
-                "aipws",
-                provider,
-                lambda g: g.applyInPandasWithState(
-                    count_pandas, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
-                ),
-            )
-        )
-    variants.append(
+    assert theirs.batches[0] == [("a", 2, 4, False), ("b", 1, 2, False)]
+    variants: list[Variant] = [
+        (
+            "aipws",
+            PROVIDERS[0],
+            lambda g: g.applyInPandasWithState(
+                count_pandas, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
+            ),
+            None,
+        ),
         (
             "rows",
             PROVIDERS[-1],
             lambda g: g.flatMapGroupsWithState(
                 count_rows, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
             ),
-        )
-    )
-    _compare(spark, feed, tmp_path, theirs, variants)
-    _compare_with_restart(spark, feed, tmp_path / "restart", theirs)
-
-
-def _compare_with_restart(
-    spark: SparkSession, feed: FileFeed, checkpoint: Path, theirs: Collector
-) -> None:
-    """Stop after two batches and continue from the checkpoint: the same output."""
-    feed.reset()
-    collector = Collector()
-    for part in (COUNT_BATCHES[:2], COUNT_BATCHES[2:]):
-        grouped = ss.stream(source(spark, feed, SCHEMA)).groupBy("k")
-        planned = grouped.flatMapGroupsWithState(
-            count_rows, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
-        )
-        query = _ours_writer(planned, checkpoint, PROVIDERS[-1], collector)
-        try:
-            for rows in part:
-                feed.add(rows)
-                query.processAllAvailable()
-            op = query.lastProgress["stateOperators"][0]
-        finally:
-            query.stop()
-        # where the tasks' time went, summed over the partitions that had input
-        phases = {k: v for k, v in op["customMetrics"].items() if k in INPUT_PHASES}
-        assert set(phases) == INPUT_PHASES and all(v >= 0 for v in phases.values()), op
-    assert collector.batches == theirs.batches
+            2,
+        ),
+    ]
+    _compare(spark, feed, tmp_path, theirs, variants, before_stop=_check_phases)
 
 
 def _compare(
@@ -264,18 +275,24 @@ def _compare(
     feed: FileFeed,
     tmp_path: Path,
     theirs: Collector,
-    variants: list[tuple[str, str, Callable[[Any], ss.StatefulStream]]],
+    variants: list[Variant],
+    mode: str = "update",
+    before_stop: Callable[[Any], None] | None = None,
 ) -> None:
-    for i, (name, provider, build) in enumerate(variants):
+    """Each variant, with :func:`after`'s steps, over the counting files: Spark's batches."""
+    for i, (name, provider, build, restart_after) in enumerate(variants):
         ours, _ = _run(
             feed,
             lambda c, build=build, provider=provider, i=i: _ours_writer(
-                build(ss.stream(source(spark, feed, SCHEMA)).groupBy("k")),
+                after(build(ss.stream(source(spark, feed, SCHEMA)).groupBy("k"))),
                 tmp_path / f"ours-{i}",
                 provider,
                 c,
+                mode,
             ),
             COUNT_BATCHES,
+            restart_after=restart_after,
+            before_stop=before_stop,
         )
         assert same_schema(ours.schema, theirs.schema), (name, ours.schema, theirs.schema)
         assert ours.batches == theirs.batches, (name, provider)
@@ -284,6 +301,10 @@ def _compare(
 def test_count_and_clear_match_spark_tws(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:
+    """The count with a ValueState, in an append-mode query: Spark checks a *GroupsWithState
+    operator's outputMode against the query's, not a transformWithState's, so
+    ``outputMode="Update"`` runs under append output in both systems."""
+
     def spark_query(c: Collector) -> Any:
         planned = (
             source(spark, feed, SCHEMA)
@@ -295,36 +316,27 @@ def test_count_and_clear_match_spark_tws(
                 timeMode="None",
             )
         )
-        return _spark_writer(planned, tmp_path / "spark", c)
+        return _spark_writer(after(planned), tmp_path / "spark", c, "append")
 
-    previous = spark.conf.get(PROVIDER_CONF, None)
-    spark.conf.set(PROVIDER_CONF, RocksDB)  # Spark's transformWithState needs it
-    try:
+    with spark_rocksdb(spark):  # Spark's transformWithState needs it
         theirs, _ = _run(feed, spark_query, COUNT_BATCHES)
-    finally:
-        if previous is None:
-            spark.conf.unset(PROVIDER_CONF)
-        else:
-            spark.conf.set(PROVIDER_CONF, previous)
     assert len(theirs.batches) == len(COUNT_BATCHES)
-    variants: list[tuple[str, str, Callable[[Any], ss.StatefulStream]]] = [
+    assert theirs.batches[1] == [("b", 2, 4, False)]
+    # pandas mode here, rows mode in the timers' test
+    variants: list[Variant] = [
         (
             "tws-pandas",
-            PROVIDERS[0],
+            PROVIDERS[-1],
             lambda g: g.transformWithStateInPandas(
                 statefulProcessor=CountProcessor(),
                 outputStructType=OUTPUT,
-                outputMode="update",
+                outputMode="Update",
                 timeMode="None",
             ),
-        ),
-        (
-            "tws-rows",
-            PROVIDERS[-1],
-            lambda g: g.transformWithState(CountProcessor(), OUTPUT, "update", "None"),
+            2,
         ),
     ]
-    _compare(spark, feed, tmp_path, theirs, variants)
+    _compare(spark, feed, tmp_path, theirs, variants, mode="append")
 
 
 EVENT_SCHEMA = "k string, ts timestamp"
@@ -377,102 +389,19 @@ def test_event_time_timeout_matches_spark_aipws(
     # Spark's no-data batch after feed 2 timed out a and b, before a's new row of feed 3
     assert ("a", 2, True) in expected[2] and ("b", 1, True) in expected[2], expected
     assert ("a", 1, False) in expected[3], expected
-    # rocksdb: stopped after the second file and restarted on its checkpoint, timeouts pending
-    for provider, restart_after in ((PROVIDERS[0], None), (PROVIDERS[-1], 2)):
-
-        def ours_query(c: Collector, provider: str = provider) -> Any:
-            stream = ss.stream(source(spark, feed, EVENT_SCHEMA)).withWatermark("ts", "10 seconds")
-            planned = stream.groupBy("k").applyInPandasWithState(
-                timeout_pandas, TIMEOUT_OUTPUT, STATE, "update", GroupStateTimeout.EventTimeTimeout
-            )
-            return _ours_writer(planned, tmp_path / f"ours-{provider}", provider, c)
-
-        ours, groups = _run(
-            feed, ours_query, EVENT_BATCHES, settle_s=1.5, restart_after=restart_after
-        )
-        assert same_schema(ours.schema, theirs.schema)
-        # the same rows in the same batches: the timed-out ones in a no-data batch of their own
-        assert _per_batch(ours, groups) == _per_batch(theirs, spark_groups), provider
-
-
-def test_processor_in_update_mode_runs_under_append_output_as_in_spark(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path
-) -> None:
-    """Spark checks a *GroupsWithState operator's outputMode against the query's, not a
-    transformWithState's: ``outputMode="Update"`` runs in an append-mode query."""
-
-    def start(stream: Any, checkpoint: Path, c: Collector, **options: str) -> Any:
-        writer = stream.writeStream.outputMode("append").foreachBatch(c)
-        for k, v in {"checkpointLocation": str(checkpoint), **options}.items():
-            writer = writer.option(k, v)
-        return writer.start()
-
-    def tws(df: Any) -> Any:
-        return df.groupBy("k").transformWithStateInPandas(
-            statefulProcessor=CountProcessor(),
-            outputStructType=OUTPUT,
-            outputMode="Update",
-            timeMode="None",
-        )
-
-    def spark_query(c: Collector) -> Any:
-        return start(tws(source(spark, feed, SCHEMA)), tmp_path / "spark", c)
+    # stopped after the second file and restarted on its checkpoint, timeouts pending
 
     def ours_query(c: Collector) -> Any:
-        stream = tws(ss.stream(source(spark, feed, SCHEMA)))
-        return start(stream, tmp_path / "ours", c, stateStore=PROVIDERS[0])
+        stream = ss.stream(source(spark, feed, EVENT_SCHEMA)).withWatermark("ts", "10 seconds")
+        planned = stream.groupBy("k").applyInPandasWithState(
+            timeout_pandas, TIMEOUT_OUTPUT, STATE, "update", GroupStateTimeout.EventTimeTimeout
+        )
+        return _ours_writer(planned, tmp_path / "ours", PROVIDERS[-1], c)
 
-    previous = spark.conf.get(PROVIDER_CONF, None)
-    spark.conf.set(PROVIDER_CONF, RocksDB)
-    try:
-        theirs, _ = _run(feed, spark_query, COUNT_BATCHES[:2])
-    finally:
-        if previous is None:
-            spark.conf.unset(PROVIDER_CONF)
-        else:
-            spark.conf.set(PROVIDER_CONF, previous)
-    ours, _ = _run(feed, ours_query, COUNT_BATCHES[:2])
-    assert theirs.batches[1] == [("b", 2, False), ("c", 1, False)]
+    ours, groups = _run(feed, ours_query, EVENT_BATCHES, settle_s=1.5, restart_after=2)
     assert same_schema(ours.schema, theirs.schema)
-    assert ours.batches == theirs.batches
-
-
-def test_stateless_steps_after_arbitrary_state_apply_to_its_output_as_in_spark(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path
-) -> None:
-    """``select`` / ``where`` / ``withColumn`` after the operator name its output's columns."""
-
-    def after(df: Any) -> Any:
-        out = df.where(F.col("count") > 1).withColumn("twice", F.col("count") * 2)
-        return out.select("k", "twice", F.col("removed").alias("gone"))
-
-    queries: dict[str, Callable[[Any], Any]] = {
-        "aipws": lambda g: g.applyInPandasWithState(
-            count_pandas, OUTPUT, STATE, "Update", GroupStateTimeout.NoTimeout
-        ),
-        "tws": lambda g: g.transformWithStateInPandas(
-            statefulProcessor=CountProcessor(),
-            outputStructType=OUTPUT,
-            outputMode="Update",
-            timeMode="None",
-        ),
-    }
-    for name, apply in queries.items():
-
-        def spark_query(c: Collector, apply: Any = apply, name: str = name) -> Any:
-            planned = after(apply(source(spark, feed, SCHEMA).groupBy("k")))
-            return _spark_writer(planned, tmp_path / f"spark-{name}", c)
-
-        def ours_query(c: Collector, apply: Any = apply, name: str = name) -> Any:
-            planned = after(apply(ss.stream(source(spark, feed, SCHEMA)).groupBy("k")))
-            return _ours_writer(planned, tmp_path / f"ours-{name}", PROVIDERS[0], c)
-
-        with spark_rocksdb(spark):
-            theirs, _ = _run(feed, spark_query, COUNT_BATCHES[:2])
-        ours, _ = _run(feed, ours_query, COUNT_BATCHES[:2])
-        assert theirs.batches[0] == [("a", 4, False)], name
-        assert same_schema(ours.schema, theirs.schema), name
-        assert ours.batches == theirs.batches, name
+    # the same rows in the same batches: the timed-out ones in a no-data batch of their own
+    assert _per_batch(ours, groups) == _per_batch(theirs, spark_groups)
 
 
 def test_unsupported_combinations_fail_at_start(
@@ -621,29 +550,20 @@ def test_event_time_timers_match_spark_tws(
         )
         return _spark_writer(planned, tmp_path / "spark", c)
 
-    previous = spark.conf.get(PROVIDER_CONF, None)
-    spark.conf.set(PROVIDER_CONF, RocksDB)
-    try:
+    with spark_rocksdb(spark):
         theirs, spark_groups = _run(feed, spark_query, EVENT_BATCHES, settle_s=1.5)
-    finally:
-        if previous is None:
-            spark.conf.unset(PROVIDER_CONF)
-        else:
-            spark.conf.set(PROVIDER_CONF, previous)
     expected = _per_feed(theirs, spark_groups)
     assert ("a", 2, True) in expected[2] and ("b", 1, True) in expected[2], expected
-    # rows mode on rocksdb: stopped after the second file and restarted, timers pending
-    for pandas, provider, restart_after in ((True, PROVIDERS[0], None), (False, PROVIDERS[-1], 2)):
+    # rows mode (pandas mode's event-time timers: test_port.py's event-time-column case),
+    # stopped after the second file and restarted on its checkpoint, timers pending
 
-        def ours_query(c: Collector, pandas: bool = pandas, provider: str = provider) -> Any:
-            stream = ss.stream(source(spark, feed, EVENT_SCHEMA)).withWatermark("ts", "10 seconds")
-            grouped = stream.groupBy("k")
-            api = grouped.transformWithStateInPandas if pandas else grouped.transformWithState
-            planned = api(TimerProcessor(pandas), TIMEOUT_OUTPUT, "update", "EventTime")
-            return _ours_writer(planned, tmp_path / f"ours-{pandas}", provider, c)
-
-        ours, groups = _run(
-            feed, ours_query, EVENT_BATCHES, settle_s=1.5, restart_after=restart_after
+    def ours_query(c: Collector) -> Any:
+        stream = ss.stream(source(spark, feed, EVENT_SCHEMA)).withWatermark("ts", "10 seconds")
+        planned = stream.groupBy("k").transformWithState(
+            TimerProcessor(pandas=False), TIMEOUT_OUTPUT, "update", "EventTime"
         )
-        assert same_schema(ours.schema, theirs.schema)
-        assert _per_batch(ours, groups) == _per_batch(theirs, spark_groups), (pandas, provider)
+        return _ours_writer(planned, tmp_path / "ours", PROVIDERS[0], c)
+
+    ours, groups = _run(feed, ours_query, EVENT_BATCHES, settle_s=1.5, restart_after=2)
+    assert same_schema(ours.schema, theirs.schema)
+    assert _per_batch(ours, groups) == _per_batch(theirs, spark_groups)

@@ -4,6 +4,9 @@ Spark runs no-data batches on every trigger for processing-time timeouts and tim
 runs one when a timeout or timer comes due (``engine/clock.py``). Both must emit the same rows in
 the same order: each key's data row, then, with no new data arriving, its timed-out row.
 Each side runs once, with a 500 ms trigger; the waits are generous because the machine is shared.
+The applyInPandasWithState query goes on, after those keys, to a key whose timeout is pending
+when the query stops and starts again on its checkpoint (rocksdb); transformWithState's timers
+run on memory.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 import sparkstate as ss
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, source
+from .helpers import Collector, source, spark_rocksdb
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -34,29 +37,27 @@ TRIGGER = "500 milliseconds"
 FEEDS = [[{"k": "a", "v": 1}], [{"k": "b", "v": 1}, {"k": "b", "v": 2}]]
 #: What each feed must lead to: its data row, then its timed-out row on the idle stream.
 EXPECTED = [[("a", 1, False), ("a", 1, True)], [("b", 2, False), ("b", 2, True)]]
-RocksDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 
-def counting_timeout(duration_ms: int) -> Callable[..., Iterator[Any]]:
-    """An ``applyInPandasWithState`` count per key that times out ``duration_ms`` after the
-    key's last data and then emits its count and removes it."""
-
-    def count(key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any) -> Iterator[Any]:
-        if state.hasTimedOut:
-            n = int(state.get[0])
-            state.remove()
-            yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [True]})
-            return
-        n = (int(state.get[0]) if state.exists else 0) + sum(len(pdf) for pdf in pdfs)
-        state.update((n,))
-        state.setTimeoutDuration(duration_ms)
-        yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [False]})
-
-    return count
+#: Long enough that a query stopped right after a key's data row stops before the key times out.
+PENDING_TIMEOUT_MS = 4000
+#: The keys that time out :data:`PENDING_TIMEOUT_MS` after their last data.
+PENDING_KEYS = ("p", "q")
 
 
-timeout_pandas = counting_timeout(TIMEOUT_MS)
+def timeout_pandas(key: tuple[Any, ...], pdfs: Iterable[pd.DataFrame], state: Any) -> Iterator[Any]:
+    """An ``applyInPandasWithState`` count per key that times out :data:`TIMEOUT_MS` (for
+    :data:`PENDING_KEYS`: :data:`PENDING_TIMEOUT_MS`) after the key's last data and then emits
+    its count and removes it."""
+    if state.hasTimedOut:
+        n = int(state.get[0])
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [True]})
+        return
+    n = (int(state.get[0]) if state.exists else 0) + sum(len(pdf) for pdf in pdfs)
+    state.update((n,))
+    state.setTimeoutDuration(PENDING_TIMEOUT_MS if key[0] in PENDING_KEYS else TIMEOUT_MS)
+    yield pd.DataFrame({"k": [key[0]], "count": [n], "timed_out": [False]})
 
 
 def _processor_base() -> type:
@@ -114,62 +115,96 @@ def _run(feed: FileFeed, start: Callable[[Collector], Any]) -> list[list[tuple[A
     feed.reset()
     collector = Collector()
     query = start(collector)
-    out: list[list[tuple[Any, ...]]] = []
     try:
-        for rows, expected in zip(FEEDS, EXPECTED, strict=True):
-            before = len(_rows(collector))
-            feed.add(rows)
-            deadline = time.time() + 90
-            while time.time() < deadline and expected[-1] not in _rows(collector)[before:]:
-                assert query.exception() is None, query.exception()
-                time.sleep(0.2)
-            time.sleep(1.0)  # nothing more may come: a second timeout would show here
-            out.append(_rows(collector)[before:])
+        return _feed_until_idle(feed, collector, query)
     finally:
         query.stop()
+
+
+def _feed_until_idle(
+    feed: FileFeed, collector: Collector, query: Any
+) -> list[list[tuple[Any, ...]]]:
+    """Feed each of :data:`FEEDS`; per feed, the rows that followed it once its last expected
+    row came (or a time limit)."""
+    out: list[list[tuple[Any, ...]]] = []
+    for rows, expected in zip(FEEDS, EXPECTED, strict=True):
+        before = len(_rows(collector))
+        feed.add(rows)
+        deadline = time.time() + 90
+        while time.time() < deadline and expected[-1] not in _rows(collector)[before:]:
+            assert query.exception() is None, query.exception()
+            time.sleep(0.2)
+        time.sleep(1.0)  # nothing more may come: a second timeout would show here
+        out.append(_rows(collector)[before:])
     return out
+
+
+def _wait_for(collector: Collector, row: tuple[Any, ...], query: Any, limit_s: float) -> None:
+    deadline = time.time() + limit_s
+    while time.time() < deadline and row not in _rows(collector):
+        assert query.exception() is None, query.exception()
+        time.sleep(0.1)
 
 
 def test_processing_time_timeout_matches_spark_aipws(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:
-    def spark_query(c: Collector) -> Any:
-        planned = (
-            source(spark, feed, SCHEMA)
-            .groupBy("k")
-            .applyInPandasWithState(
-                timeout_pandas, OUTPUT, STATE, "Update", GroupStateTimeout.ProcessingTimeTimeout
-            )
-        )
-        return (
-            planned.writeStream.outputMode("update")
-            .foreachBatch(c)
-            .trigger(processingTime=TRIGGER)
-            .option("checkpointLocation", str(tmp_path / "spark"))
-            .start()
+    """Each key of :data:`FEEDS` times out on the idle stream, as in Spark. Then the query stops
+    while a key's timeout is pending and starts again on its checkpoint.
+
+    Spark runs no no-data batch after a restart until new data comes (its rule needs the previous
+    batch's plan, and a restarted query has none), unless the stop interrupted a batch that the
+    restart then runs again: the timeout fires with the next data or, by that chance, when due.
+    We fire it when it comes due, as on a running query. The rows are the same.
+    """
+
+    def planned(stream: Any) -> Any:  # a Spark DataFrame or a sparkstate stream: same calls
+        return stream.groupBy("k").applyInPandasWithState(
+            timeout_pandas, OUTPUT, STATE, "update", GroupStateTimeout.ProcessingTimeTimeout
         )
 
-    theirs = _run(feed, spark_query)
-    assert theirs == EXPECTED
+    def spark_query(c: Collector) -> Any:
+        writer = planned(source(spark, feed, SCHEMA)).writeStream.outputMode("update")
+        writer = writer.foreachBatch(c).trigger(processingTime=TRIGGER)
+        return writer.option("checkpointLocation", str(tmp_path / "spark")).start()
 
     def ours_query(c: Collector) -> Any:
-        planned = (
-            ss.stream(source(spark, feed, SCHEMA))
-            .groupBy("k")
-            .applyInPandasWithState(
-                timeout_pandas, OUTPUT, STATE, "update", GroupStateTimeout.ProcessingTimeTimeout
-            )
-        )
-        return (
-            planned.writeStream.outputMode("update")
-            .foreachBatch(c)
-            .trigger(processingTime=TRIGGER)
-            .option("checkpointLocation", str(tmp_path / "ours"))
-            .option("stateStore", PROVIDERS[-1])
-            .start()
-        )
+        writer = planned(ss.stream(source(spark, feed, SCHEMA))).writeStream.outputMode("update")
+        writer = writer.foreachBatch(c)
+        writer = writer.trigger(processingTime=TRIGGER)
+        writer = writer.option("checkpointLocation", str(tmp_path / "ours"))
+        return writer.option("stateStore", PROVIDERS[-1]).start()
 
-    assert _run(feed, ours_query) == theirs
+    timed_out = ("p", 2, True)
+    idle, outputs, fired_while_idle = [], [], []
+    for start in (spark_query, ours_query):
+        feed.reset()
+        collector = Collector()
+        query = start(collector)
+        try:
+            idle.append(_feed_until_idle(feed, collector, query))
+            before = len(_rows(collector))
+            feed.add([{"k": "p", "v": 1}, {"k": "p", "v": 2}])
+            _wait_for(collector, ("p", 2, False), query, 90)
+        finally:
+            query.stop()
+        assert _rows(collector)[before:] == [("p", 2, False)], "timed out before the restart"
+        query = start(collector)  # the same checkpoint, no new data
+        try:
+            _wait_for(collector, timed_out, query, 4 * PENDING_TIMEOUT_MS / 1000)
+            fired_while_idle.append(timed_out in _rows(collector))
+            feed.add([{"k": "q", "v": 1}])
+            _wait_for(collector, ("q", 1, False), query, 90)
+            _wait_for(collector, timed_out, query, 30)
+            time.sleep(1.5)  # nothing more may come
+        finally:
+            query.stop()
+        outputs.append(sorted(_rows(collector)[before:], key=str))
+    assert idle[0] == EXPECTED
+    assert idle[1] == idle[0], ("sparkstate", idle)
+    assert outputs[0] == sorted([("p", 2, False), timed_out, ("q", 1, False)], key=str), outputs
+    assert outputs[1] == outputs[0], ("sparkstate", outputs)
+    assert fired_while_idle[1], "sparkstate: the pending timeout did not fire while idle"
 
 
 def test_processing_time_timers_match_spark_tws(
@@ -191,15 +226,8 @@ def test_processing_time_timers_match_spark_tws(
             .start()
         )
 
-    previous = spark.conf.get(PROVIDER_CONF, None)
-    spark.conf.set(PROVIDER_CONF, RocksDB)
-    try:
+    with spark_rocksdb(spark):  # Spark's transformWithState needs it
         theirs = _run(feed, spark_query)
-    finally:
-        if previous is None:
-            spark.conf.unset(PROVIDER_CONF)
-        else:
-            spark.conf.set(PROVIDER_CONF, previous)
     assert theirs == EXPECTED
 
     def ours_query(c: Collector) -> Any:
@@ -218,71 +246,3 @@ def test_processing_time_timers_match_spark_tws(
         )
 
     assert _run(feed, ours_query) == theirs
-
-
-#: Long enough that a query stopped right after a key's data row stops before the key times out.
-PENDING_TIMEOUT_MS = 4000
-pending_timeout_pandas = counting_timeout(PENDING_TIMEOUT_MS)
-
-
-def _wait_for(collector: Collector, row: tuple[Any, ...], query: Any, limit_s: float) -> None:
-    deadline = time.time() + limit_s
-    while time.time() < deadline and row not in _rows(collector):
-        assert query.exception() is None, query.exception()
-        time.sleep(0.1)
-
-
-def test_a_timeout_pending_at_a_restart_fires_after_it(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path
-) -> None:
-    """Stop the query while a key's timeout is pending and start it again on its checkpoint.
-
-    Spark runs no no-data batch after a restart until new data comes (its rule needs the previous
-    batch's plan, and a restarted query has none), unless the stop interrupted a batch that the
-    restart then runs again: the timeout fires with the next data or, by that chance, when due.
-    We fire it when it comes due, as on a running query. The rows are the same.
-    """
-
-    def planned(stream: Any) -> Any:  # a Spark DataFrame or a sparkstate stream: same calls
-        return stream.groupBy("k").applyInPandasWithState(
-            pending_timeout_pandas, OUTPUT, STATE, "update", GroupStateTimeout.ProcessingTimeTimeout
-        )
-
-    def spark_query(c: Collector) -> Any:
-        writer = planned(source(spark, feed, SCHEMA)).writeStream.outputMode("update")
-        writer = writer.foreachBatch(c).trigger(processingTime=TRIGGER)
-        return writer.option("checkpointLocation", str(tmp_path / "spark")).start()
-
-    def ours_query(c: Collector) -> Any:
-        writer = planned(ss.stream(source(spark, feed, SCHEMA))).writeStream.outputMode("update")
-        writer = writer.foreachBatch(c)
-        writer = writer.trigger(processingTime=TRIGGER)
-        writer = writer.option("checkpointLocation", str(tmp_path / "ours"))
-        return writer.option("stateStore", PROVIDERS[-1]).start()
-
-    timed_out = ("a", 2, True)
-    outputs, fired_while_idle = [], []
-    for start in (spark_query, ours_query):
-        feed.reset()
-        collector = Collector()
-        query = start(collector)
-        try:
-            feed.add([{"k": "a", "v": 1}, {"k": "a", "v": 2}])
-            _wait_for(collector, ("a", 2, False), query, 90)
-        finally:
-            query.stop()
-        assert _rows(collector) == [("a", 2, False)], "timed out before the restart"
-        query = start(collector)  # the same checkpoint, no new data
-        try:
-            _wait_for(collector, timed_out, query, 4 * PENDING_TIMEOUT_MS / 1000)
-            fired_while_idle.append(timed_out in _rows(collector))
-            feed.add([{"k": "b", "v": 1}])
-            _wait_for(collector, ("b", 1, False), query, 90)
-            _wait_for(collector, timed_out, query, 30)
-            time.sleep(1.5)  # nothing more may come
-        finally:
-            query.stop()
-        outputs.append(sorted(_rows(collector), key=str))
-    assert outputs[0] == sorted([("a", 2, False), timed_out, ("b", 1, False)], key=str), outputs
-    assert outputs[1] == outputs[0], ("sparkstate", outputs)
-    assert fired_while_idle[1], "sparkstate: the pending timeout did not fire while idle"
