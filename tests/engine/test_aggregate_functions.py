@@ -497,11 +497,12 @@ class KeyedCollector(RawCollector):
 def approx_rows(i: int) -> list[dict[str, Any]]:
     """:func:`more_rows` and 3000 rows of key ``big`` a file: past 1 / (2 * relative error)
     values, where Spark's summary starts to compress (and ``big``'s sketches are in HLL mode);
-    twenty of its ``v`` a window are 7, its one most frequent value."""
+    twenty of its ``v`` a window are 7, its one most frequent value. Its ``d`` are whole
+    numbers, a few hundred distinct ones: percentile's exact state stays small."""
     rnd = random.Random(i)
     base = 20 * i + 60
     big = [
-        more_row("big", base + j % 20, rnd.randint(-500, 500), None, rnd.gauss(0, 50))
+        more_row("big", base + j % 20, rnd.randint(-500, 500), None, float(round(rnd.gauss(0, 50))))
         for j in range(3000)
     ]
     sevens = [more_row("big", base + j % 20, 7) for j in range(40)]
