@@ -207,23 +207,35 @@ def test_one_checkpoint_however_spelled_wherever_moved(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each run adds a file and gives the checkpoint another spelling; each continues the
-    counts. Then the checkpoint is moved, and copied: each copy runs on at its place."""
+    counts. The first spelling is relative: the JVM resolves a relative path against its own
+    working directory, which Python's ``os.chdir`` does not move, and Spark's files and
+    sparkstate's must still land together. Then the checkpoint is moved, and copied: each copy
+    runs on at its place."""
     feed = FileFeed(tmp_path / "input")
-    chk = tmp_path / "dir" / "chk"
+    folder = f"dir-{os.getpid()}"
+    chk = tmp_path / folder / "chk"
     chk.parent.mkdir()
     (tmp_path / "link").symlink_to(chk.parent)
+    jvm_cwd = Path(os.getcwd())
     monkeypatch.chdir(tmp_path)
     spellings = [
+        f"{folder}/chk",
         str(chk),
         f"file://{chk}",
         f"file:{chk}/",
-        "dir/chk",
-        f"{tmp_path}/./dir/../dir/chk",
+        f"{tmp_path}/./{folder}/../{folder}/chk",
         f"{tmp_path}/link/chk",
     ]
-    for n, location in enumerate(spellings, start=1):
-        feed.add(rows(feed.count))
-        assert last_counts(run_count(spark, feed, location)) == counts(n), location
+    try:
+        for n, location in enumerate(spellings, start=1):
+            feed.add(rows(feed.count))
+            assert last_counts(run_count(spark, feed, location)) == counts(n), location
+            if n == 1:
+                assert (chk / "offsets" / "0").exists()
+                assert (chk / "sparkstate" / "commits" / "0.json").exists()
+                assert not (jvm_cwd / folder).exists()
+    finally:
+        shutil.rmtree(jvm_cwd / folder, ignore_errors=True)
     files = len(spellings)
 
     moved = tmp_path / "elsewhere" / "moved"
@@ -247,25 +259,6 @@ def test_one_checkpoint_however_spelled_wherever_moved(
     feed.add(rows(feed.count))
     assert last_counts(run_count(spark, feed, str(copy))) == counts(files + 3)
     assert json.loads(metadata.read_text())["state_location"] is None
-
-
-def test_relative_checkpoint_stays_one_after_chdir(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The JVM resolves a relative path against its own working directory, which Python's
-    ``os.chdir`` does not move: Spark's files and sparkstate's must still land together."""
-    feed = FileFeed(tmp_path / "input")
-    feed.add(rows(0))
-    jvm_cwd = Path(os.getcwd())
-    monkeypatch.chdir(tmp_path)
-    name = f"relative-chk-{os.getpid()}"
-    try:
-        assert last_counts(run_count(spark, feed, name)) == counts(1)
-        assert (tmp_path / name / "offsets" / "0").exists()
-        assert (tmp_path / name / "sparkstate" / "commits" / "0.json").exists()
-        assert not (jvm_cwd / name).exists()
-    finally:
-        shutil.rmtree(jvm_cwd / name, ignore_errors=True)
 
 
 def test_bad_checkpoint_locations_fail_at_start(spark: SparkSession, tmp_path: Path) -> None:
