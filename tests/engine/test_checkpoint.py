@@ -2,7 +2,9 @@
 
 The rollback cases are differential: the PySpark query as written runs on Spark's own state
 store, the same query with ``ss.stream(...)`` around its input runs on sparkstate, and both go
-through the same deletions in the Spark checkpoint and the same restarts.
+through the same deletions in the Spark checkpoint and the same restarts. The count per user
+goes through a replay and then a rollback in one sequence of runs, on every provider (each
+loads an older version than the last it committed); the file sink's rollback runs on RocksDB.
 """
 
 from __future__ import annotations
@@ -66,97 +68,92 @@ def delete_spark_files(checkpoint: Path, *names: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Scenario:
-    """What the user does to the Spark checkpoint between runs."""
+class Step:
+    """What the user does to the Spark checkpoint before a run."""
 
     name: str
-    #: Files of Spark's checkpoint deleted after the first run.
+    #: Files of Spark's checkpoint deleted.
     deleted: tuple[str, ...]
-    #: Files added after the deletion, before the second run.
+    #: Files added after the deletion.
     added: int
 
 
-SCENARIOS = [
-    Scenario("rollback", ("offsets/3", "commits/3"), added=2),
-    Scenario("replay", ("commits/3",), added=0),
-]
+REPLAY = Step("replay", ("commits/3",), added=0)
+ROLLBACK = Step("rollback", ("offsets/3", "commits/3"), added=2)
+MORE = Step("more input", (), added=2)
 
 
 def run_scenario(
     spark: SparkSession,
     tmp: Path,
     build: Callable[[DataFrame], Any],
-    scenario: Scenario,
+    steps: tuple[Step, ...],
     provider: str | None,
     sink: Callable[[Any], Any],
 ) -> None:
-    """First run over 4 files; the scenario's deletions and new files; a second run; then 2
-    more files and a third run (the query after the rollback or replay goes on as usual)."""
+    """A first run over 4 files (batches 0..3), then for each step its deletions, its new files
+    and another run."""
     feed = FileFeed(tmp / "input")
     checkpoint = tmp / "checkpoint"
     for i in range(FIRST):
         feed.add(rows(i))
-    for run in range(3):
-        if run == 1:
-            delete_spark_files(checkpoint, *scenario.deleted)
-            for _ in range(scenario.added):
-                feed.add(rows(feed.count))
-        if run == 2:
-            for _ in range(2):
+    for run, step in enumerate((None, *steps)):
+        if step is not None:
+            delete_spark_files(checkpoint, *step.deleted)
+            for _ in range(step.added):
                 feed.add(rows(feed.count))
         writer = sink(build(feed.stream(spark, SCHEMA)).writeStream)
         writer = writer.option("checkpointLocation", str(checkpoint))
         if provider is not None:
             writer = writer.option("stateStore", provider)
         handle = writer.trigger(availableNow=True).start()
-        assert handle.awaitTermination(180), f"{scenario.name}: run {run} did not end"
+        what = "the first run" if step is None else f"the run after {step.name}"
+        assert handle.awaitTermination(180), f"{what} ({run}) did not end"
 
 
 def count_per_user(df: DataFrame) -> Any:
     return df.groupBy("k").count()
 
 
+#: The count per user goes through a replay, a rollback, and goes on after them.
+COUNT_STEPS = (REPLAY, ROLLBACK, MORE)
+
+
 @pytest.fixture(scope="module")
-def spark_counts(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = {}
-    for scenario in SCENARIOS:
-        collector = Deliveries()
-        run_scenario(
-            spark,
-            tmp_path_factory.mktemp(scenario.name),
-            count_per_user,
-            scenario,
-            None,
-            lambda w, c=collector: w.outputMode("update").foreachBatch(c),
-        )
-        out[scenario.name] = collector
-    return out
+def spark_counts(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Deliveries:
+    collector = Deliveries()
+    run_scenario(
+        spark,
+        tmp_path_factory.mktemp("spark-counts"),
+        count_per_user,
+        COUNT_STEPS,
+        None,
+        lambda w: w.outputMode("update").foreachBatch(collector),
+    )
+    return collector
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_rolled_back_batch_runs_again_as_in_spark(
-    spark: SparkSession,
-    spark_counts: dict[str, Deliveries],
-    tmp_path: Path,
-    scenario: Scenario,
-    provider: str,
+    spark: SparkSession, spark_counts: Deliveries, tmp_path: Path, provider: str
 ) -> None:
-    """Deleting Spark's ``offsets/3`` and ``commits/3`` and adding files: Spark plans batch 3
-    again with the new input and counts from the state before it. Deleting ``commits/3`` alone:
-    Spark runs batch 3 again with the same input, and nothing is counted twice."""
-    theirs = spark_counts[scenario.name]
+    """Deleting Spark's ``commits/3`` alone: Spark runs batch 3 again with the same input, and
+    nothing is counted twice. Then deleting ``offsets/3`` and ``commits/3`` and adding files:
+    Spark plans batch 3 again with the new input and counts from the state before it. Both
+    load an older version than the last one committed: each provider does."""
     ours = Deliveries()
     run_scenario(
         spark,
         tmp_path,
         lambda df: count_per_user(ss.stream(df)),
-        scenario,
+        COUNT_STEPS,
         provider,
         lambda w: w.outputMode("update").foreachBatch(ours),
     )
-    assert ours.log == theirs.log
-    final = 2 * (FIRST + scenario.added + 2)  # two rows per user in every file
+    assert ours.log == spark_counts.log
+    replayed = [b for b, _ in ours.log].count(3)
+    assert replayed == 3  # the first run's batch 3, its replay, the rolled back one
+    final = 2 * (FIRST + sum(step.added for step in COUNT_STEPS))  # two rows per user a file
     assert ours.batches[max(ours.batches)] == [(f"u{j}", final) for j in range(3)]
 
 
@@ -164,7 +161,6 @@ def test_rolled_back_file_sink_keeps_what_spark_keeps(spark: SparkSession, tmp_p
     """A file sink holds the files of batch 3 from before the rollback; Spark's file sink writes
     nothing for a batch it committed, so the rows only the new batch 3 emits never reach it.
     Ours keeps the same files, while the state has the rows (they are not emitted again)."""
-    scenario = SCENARIOS[0]
     results = {}
     for name, build, provider in (
         ("spark", lambda df: df.dropDuplicates(["k", "v"]), None),
@@ -175,7 +171,7 @@ def test_rolled_back_file_sink_keeps_what_spark_keeps(spark: SparkSession, tmp_p
             spark,
             tmp_path / name,
             build,
-            scenario,
+            (ROLLBACK, MORE),
             provider if provider in PROVIDERS else "memory",
             lambda w, out=out: w.outputMode("append").format("parquet").option("path", str(out)),
         )
@@ -211,23 +207,35 @@ def test_one_checkpoint_however_spelled_wherever_moved(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each run adds a file and gives the checkpoint another spelling; each continues the
-    counts. Then the checkpoint is moved, and copied: each copy runs on at its place."""
+    counts. The first spelling is relative: the JVM resolves a relative path against its own
+    working directory, which Python's ``os.chdir`` does not move, and Spark's files and
+    sparkstate's must still land together. Then the checkpoint is moved, and copied: each copy
+    runs on at its place."""
     feed = FileFeed(tmp_path / "input")
-    chk = tmp_path / "dir" / "chk"
+    folder = f"dir-{os.getpid()}"
+    chk = tmp_path / folder / "chk"
     chk.parent.mkdir()
     (tmp_path / "link").symlink_to(chk.parent)
+    jvm_cwd = Path(os.getcwd())
     monkeypatch.chdir(tmp_path)
     spellings = [
+        f"{folder}/chk",
         str(chk),
         f"file://{chk}",
         f"file:{chk}/",
-        "dir/chk",
-        f"{tmp_path}/./dir/../dir/chk",
+        f"{tmp_path}/./{folder}/../{folder}/chk",
         f"{tmp_path}/link/chk",
     ]
-    for n, location in enumerate(spellings, start=1):
-        feed.add(rows(feed.count))
-        assert last_counts(run_count(spark, feed, location)) == counts(n), location
+    try:
+        for n, location in enumerate(spellings, start=1):
+            feed.add(rows(feed.count))
+            assert last_counts(run_count(spark, feed, location)) == counts(n), location
+            if n == 1:
+                assert (chk / "offsets" / "0").exists()
+                assert (chk / "sparkstate" / "commits" / "0.json").exists()
+                assert not (jvm_cwd / folder).exists()
+    finally:
+        shutil.rmtree(jvm_cwd / folder, ignore_errors=True)
     files = len(spellings)
 
     moved = tmp_path / "elsewhere" / "moved"
@@ -251,25 +259,6 @@ def test_one_checkpoint_however_spelled_wherever_moved(
     feed.add(rows(feed.count))
     assert last_counts(run_count(spark, feed, str(copy))) == counts(files + 3)
     assert json.loads(metadata.read_text())["state_location"] is None
-
-
-def test_relative_checkpoint_stays_one_after_chdir(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The JVM resolves a relative path against its own working directory, which Python's
-    ``os.chdir`` does not move: Spark's files and sparkstate's must still land together."""
-    feed = FileFeed(tmp_path / "input")
-    feed.add(rows(0))
-    jvm_cwd = Path(os.getcwd())
-    monkeypatch.chdir(tmp_path)
-    name = f"relative-chk-{os.getpid()}"
-    try:
-        assert last_counts(run_count(spark, feed, name)) == counts(1)
-        assert (tmp_path / name / "offsets" / "0").exists()
-        assert (tmp_path / name / "sparkstate" / "commits" / "0.json").exists()
-        assert not (jvm_cwd / name).exists()
-    finally:
-        shutil.rmtree(jvm_cwd / name, ignore_errors=True)
 
 
 def test_bad_checkpoint_locations_fail_at_start(spark: SparkSession, tmp_path: Path) -> None:

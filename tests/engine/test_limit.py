@@ -1,12 +1,13 @@
 """The streaming limit against Spark's: ``limit(n)`` in append mode (the count kept in state
-across a restart), after ``dropDuplicates`` and after a windowed aggregation, before them, and
-after an aggregation in complete mode (a limit of each batch's result); and the queries Spark
-refuses, refused at ``start()``.
+across a restart) after ``dropDuplicates`` and after a windowed aggregation, before them, and
+before and after an aggregation in complete mode (after it, a limit of each batch's result);
+and the queries Spark refuses, refused at ``start()``.
 
 Each case is the query as a PySpark user writes it, over one file per batch (so both systems see
 the rows of a batch in the same order); sparkstate runs it with only the input wrapped. Both run
 the first files, stop, and run the rest on the same checkpoint, and their outputs must match
-batch by batch.
+batch by batch. The limit after a deduplication runs on every provider, the limits before and
+after an aggregation in complete mode (one query) on the memory provider, the others on RocksDB.
 """
 
 from __future__ import annotations
@@ -45,17 +46,8 @@ def wrap(df: DataFrame, ours: bool) -> Any:
 
 
 CASES = [
-    # 3 rows, the restart, 2 of 4 rows (the count went on from 3), then nothing
-    Differential(
-        "limit-append",
-        SCHEMA,
-        [rows("a", 3, 1, 2), rows("b", 13, 10, 12, 11), rows("c", 20, 21), rows("d", 30)],
-        "append",
-        lambda df, ours: wrap(df, ours).limit(5),
-        restart_after=1,
-    ),
     # duplicates do not count: 2 distinct rows, then 1, the restart, 1 more (the 4th distinct
-    # row fills the limit), then new keys and nothing emitted
+    # row fills the limit: the count went on from 3), then new keys and nothing emitted
     Differential(
         "dedup-limit-append",
         SCHEMA,
@@ -68,14 +60,6 @@ CASES = [
         "append",
         lambda df, ours: wrap(df, ours).dropDuplicates(["k"]).limit(4),
         restart_after=2,
-    ),
-    # the two largest counts of each batch's complete result
-    Differential(
-        "top-2-complete",
-        SCHEMA,
-        [rows("a", 1, 2) + rows("b", 3), rows("c", 4, 5, 6), rows("b", 7, 8) + rows("d", 9)],
-        "complete",
-        lambda df, ours: wrap(df, ours).groupBy("k").count().orderBy(F.desc("count"), "k").limit(2),
     ),
     # a limit of the windows the watermark closes: none until the batch after the second file,
     # which closes two (the limit), then one more, not emitted
@@ -101,13 +85,21 @@ CASES = [
         lambda df, ours: wrap(df, ours).limit(4).dropDuplicates(["k"]),
         restart_after=1,
     ),
-    # counts of the first 5 rows of the stream, the whole result every batch
+    # counts of the first 7 rows of the stream, and of them the two largest of each batch's
+    # complete result: a and b, the restart, c ahead of a and b (the 8th row not counted), then
+    # nothing new
     Differential(
-        "limit-count-complete",
+        "limit-count-top-2-complete",
         SCHEMA,
-        [rows("a", 1, 2) + rows("b", 3), rows("b", 4) + rows("c", 5, 6), rows("d", 7)],
+        [
+            rows("a", 1, 2) + rows("b", 3),
+            rows("c", 4, 5, 6) + rows("b", 7) + rows("c", 8),
+            rows("d", 9),
+        ],
         "complete",
-        lambda df, ours: wrap(df, ours).limit(5).groupBy("k").count(),
+        lambda df, ours: (
+            wrap(df, ours).limit(7).groupBy("k").count().orderBy(F.desc("count"), "k").limit(2)
+        ),
         restart_after=1,
     ),
 ]
@@ -118,8 +110,9 @@ def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
     return SparkRuns(spark, tmp_path_factory)
 
 
-#: The stateful limit on every provider; the complete-mode limit, which keeps no state, on one.
-RUNS = runs(CASES, on_memory=("top-2-complete",), on_both=("limit-append",))
+#: The stateful limit (after a deduplication) on every provider; the limits before and after an
+#: aggregation in complete mode on the memory provider; the others on RocksDB.
+RUNS = runs(CASES, on_memory=("limit-count-top-2-complete",), on_both=("dedup-limit-append",))
 
 
 @pytest.mark.parametrize(("case", "provider"), RUNS)
@@ -128,24 +121,22 @@ def test_limit_matches_spark(
 ) -> None:
     ours, ops = spark_runs.check(case, tmp_path, provider)
     delivered = [len(ours.batches[b]) for b in sorted(ours.batches)]
-    if case.name == "limit-append":
-        assert delivered == [3, 2, 0, 0]
-        assert [op["operatorName"] for op in ops] == ["globalLimit"] * 4
-        assert [op["numRowsUpdated"] for op in ops] == [1, 1, 0, 0]  # the count, one key
-        assert {op["numRowsTotal"] for op in ops} == {1}
     if case.name == "dedup-limit-append":
         assert delivered == [2, 1, 1, 0]
+        assert [op["operatorName"] for op in ops] == ["globalLimit"] * 4  # op 0: the limit
+        assert [op["numRowsUpdated"] for op in ops] == [1, 1, 1, 0]  # the count, one key
+        assert {op["numRowsTotal"] for op in ops} == {1}
     if case.name == "window-limit-append":
         assert [len(rows) for rows in ours.batches.values() if rows] == [2]
         assert {op["operatorName"] for op in ops} == {"globalLimit"}  # op 0, as Spark numbers
     if case.name == "limit-dedup-append":
         assert delivered == [2, 1, 0]
-    if case.name == "limit-count-complete":
-        assert ours.batches[max(ours.batches)] == [("a", 2), ("b", 2), ("c", 1)]
-    if case.name == "top-2-complete":
+    if case.name == "limit-count-top-2-complete":
         assert delivered == [2, 2, 2]
+        assert ours.batches[max(ours.batches)] == [("a", 2), ("c", 3)]
         metadata = json.loads((tmp_path / "checkpoint/sparkstate/metadata.json").read_text())
-        assert [op["kind"] for op in metadata["operators"]] == ["aggregate"]  # no limit state
+        kinds = sorted(op["kind"] for op in metadata["operators"])
+        assert kinds == ["aggregate", "limit"]  # the limit of each batch's result keeps none
 
 
 #: Queries Spark refuses, and the words of ours: (what, mode, query over the input).

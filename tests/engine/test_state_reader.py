@@ -4,7 +4,10 @@ key/value rows (after the last batch and after an earlier one), the same change 
 same ``state-metadata`` rows.
 
 Both queries read the same files with ``maxFilesPerTrigger=1`` and ``availableNow``, in two runs
-(a stop and a restart between), so that they run the same batches.
+(a stop and a restart between), so that they run the same batches. Every query runs on
+sparkstate's RocksDB provider, and the aggregation on its memory provider too (the reader reads
+each provider's files); one ``transformWithState`` query holds every kind of state variable and
+timers.
 """
 
 from __future__ import annotations
@@ -35,15 +38,14 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SCHEMA = "k string, v long, ts timestamp"
 T0 = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
-#: Two runs of two files each; keys repeat across batches, and the watermark moves.
+#: Two runs of one file each; keys repeat within and across batches, and the watermark moves.
 RUNS = [
     [
-        [("a", 1, 0), ("b", 2, 10), ("a", 3, 20)],
-        [("a", 4, 70), ("c", 5, 80), ("b", 6, 90)],
+        [("a", 1, 0), ("b", 2, 10), ("a", 3, 20), ("a", 4, 70), ("c", 5, 80), ("b", 6, 90)],
     ],
     [
-        [("c", 7, 150), ("d", 8, 160), ("a", 9, 10)],  # a's row is late by then
-        [("e", 10, 250), ("a", 11, 260)],
+        # a's row at 10 s is late by then
+        [("c", 7, 150), ("d", 8, 160), ("a", 9, 10), ("e", 10, 250), ("a", 11, 260)],
     ],
 ]
 SPARK_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
@@ -57,10 +59,12 @@ def _rows(batch: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
 
 
 class Counter:
-    """A ``StatefulProcessor`` with every kind of state: a count, the values seen, and the
-    values by their text."""
+    """A ``StatefulProcessor`` with every kind of state: a count, the values seen, the values by
+    their text, and an event-time timer per batch of a key, far in the future (2100), at a time
+    that depends on the key's count."""
 
     def init(self, handle: Any) -> None:
+        self.handle = handle
         self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
         self.seen = handle.getListState("seen", StructType([StructField("v", LongType())]))
         self.named = handle.getMapState(
@@ -80,6 +84,7 @@ class Counter:
         if n >= 3:
             self.named.clear()
         self.count.update((n,))
+        self.handle.registerTimer(4_102_444_800_000 + n)
         yield pd.DataFrame({"k": [key[0]], "n": [n]})
 
     def close(self) -> None:
@@ -90,30 +95,6 @@ def _processor() -> Any:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     return type("CounterProcessor", (Counter, StatefulProcessor), {})()
-
-
-class Reminder:
-    """A ``StatefulProcessor`` that registers an event-time timer per batch of a key, far in
-    the future (2100), at a time that depends on the key's count."""
-
-    def init(self, handle: Any) -> None:
-        self.handle = handle
-        self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
-
-    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Any:  # noqa: N802, N803
-        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(p) for p in rows)
-        self.count.update((n,))
-        self.handle.registerTimer(4_102_444_800_000 + n)
-        yield pd.DataFrame({"k": [key[0]], "n": [n]})
-
-    def close(self) -> None:
-        pass
-
-
-def _timers() -> Any:
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-    return type("ReminderProcessor", (Reminder, StatefulProcessor), {})()
 
 
 def _count_rows(key: Any, pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
@@ -171,20 +152,13 @@ QUERIES: dict[str, tuple[Callable[[Any, Any], Any], str, bool]] = {
     "applyInPandasWithState": (_group_state, "update", False),
     "windows": (_windows, "update", True),
     "sessions": (_sessions, "append", True),
-    "limit": (lambda df, fn: df.limit(4), "append", False),
-    "dedup": (lambda df, fn: df.dropDuplicates(["k"]), "append", False),
+    # two operators: the limit (operator 0) over the deduplication (operator 1)
+    "dedup-limit": (lambda df, fn: df.dropDuplicates(["k"]).limit(4), "append", False),
     "dedup-watermark": (lambda df, fn: df.dropDuplicates(["k", "ts"]), "append", True),
     "dedup-within": (lambda df, fn: df.dropDuplicatesWithinWatermark(["k"]), "append", True),
     "transformWithState": (
         lambda df, fn: df.groupBy("k").transformWithStateInPandas(
-            _processor(), "k string, n long", "update", "None"
-        ),
-        "update",
-        False,
-    ),
-    "timers": (
-        lambda df, fn: df.groupBy("k").transformWithStateInPandas(
-            _timers(), "k string, n long", "update", "EventTime"
+            _processor(), "k string, n long", "update", "EventTime"
         ),
         "update",
         True,
@@ -205,14 +179,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-#: Queries whose state partitions differ from Spark's: ours shuffle a window by its end and
-#: start columns, Spark's by the window struct, so a (window, key) may sit in another partition.
-#: Spark's limit keeps its count in partition 0 (its one task), ours where the null key hashes.
-OWN_PARTITIONING = ("windows", "limit")
+#: Operators whose state partitions differ from Spark's, as (query, operatorId): ours shuffle a
+#: window by its end and start columns, Spark's by the window struct, so a (window, key) may sit
+#: in another partition. Spark's limit keeps its count in partition 0 (its one task), ours where
+#: the null key hashes.
+OWN_PARTITIONING = (("windows", 0), ("dedup-limit", 0))
 
 
-def _collect(df: DataFrame, name: str = "") -> list[Any]:
-    if name in OWN_PARTITIONING:
+def _collect(df: DataFrame, name: str = "", options: dict[str, Any] | None = None) -> list[Any]:
+    if (name, int((options or {}).get("operatorId", 0))) in OWN_PARTITIONING:
         df = df.drop("partition_id")
     return sorted((_plain(r) for r in df.collect()), key=repr)
 
@@ -265,10 +240,25 @@ def _read(spark: SparkSession, chk: str, system: str, **options: Any) -> DataFra
     return reader.load(chk)
 
 
-def _last_batch(spark: SparkSession, chk: str, system: str) -> int:
-    source = "state-metadata" if system == "spark" else "sparkstate-metadata"
-    meta = spark.read.format(source).load(chk).collect()
-    return int(meta[0]["maxBatchId"])
+@pytest.fixture(scope="module")
+def metadata(spark: SparkSession, checkpoints: dict[str, Any]) -> dict[str, Any]:
+    """Each checkpoint's ``state-metadata`` rows as Spark reads its own and ours reads ours:
+    name -> system -> (schema, rows), read once for every test."""
+    read: dict[str, Any] = {}  # by checkpoint: the two aggregations share Spark's
+    for systems in checkpoints.values():
+        for system, chk in systems.items():
+            if chk not in read:
+                source = "state-metadata" if system == "spark" else "sparkstate-metadata"
+                df = spark.read.format(source).load(chk)
+                read[chk] = (df.schema, [r.asDict() for r in df.collect()])
+    return {
+        name: {system: read[chk] for system, chk in systems.items()}
+        for name, systems in checkpoints.items()
+    }
+
+
+def _last_batch(metadata: dict[str, Any], name: str, system: str) -> int:
+    return int(metadata[name][system][1][0]["maxBatchId"])
 
 
 READS: list[tuple[str, dict[str, Any]]] = [
@@ -279,8 +269,8 @@ READS: list[tuple[str, dict[str, Any]]] = [
     ("applyInPandasWithState", {}),
     ("windows", {}),
     ("sessions", {}),
-    ("limit", {}),
-    ("dedup", {}),
+    ("dedup-limit", {}),
+    ("dedup-limit", {"operatorId": 1}),
     ("dedup-watermark", {}),
     ("dedup-within", {}),
     ("transformWithState", {"stateVarName": "count"}),
@@ -288,24 +278,28 @@ READS: list[tuple[str, dict[str, Any]]] = [
     ("transformWithState", {"stateVarName": "named"}),
     ("transformWithState", {"stateVarName": "seen", "flattenCollectionTypes": "false"}),
     ("transformWithState", {"stateVarName": "named", "flattenCollectionTypes": "false"}),
-    ("timers", {"readRegisteredTimers": "true"}),
+    ("transformWithState", {"readRegisteredTimers": "true"}),
 ]
 
 
-def test_state_rows_equal_sparks(spark: SparkSession, checkpoints: dict[str, Any]) -> None:
-    """After the last batch and after batch 1, every query's state as Spark reads its own."""
+def test_state_rows_equal_sparks(
+    spark: SparkSession, checkpoints: dict[str, Any], metadata: dict[str, Any]
+) -> None:
+    """After the last batch and after batch 0 (the first run's), every query's state as Spark
+    reads its own (the views that only reshape rows, after the last batch only)."""
     seen = 0
     for name, options in READS:
         spark_chk, ours_chk = checkpoints[name]["spark"], checkpoints[name]["ours"]
-        last = _last_batch(spark, spark_chk, "spark")
-        assert _last_batch(spark, ours_chk, "ours") == last, name  # the same batches ran
-        for batch in (None, 1):
+        last = _last_batch(metadata, name, "spark")
+        assert _last_batch(metadata, name, "ours") == last, name  # the same batches ran
+        reshaped = {"flattenCollectionTypes", "readRegisteredTimers"} & set(options)
+        for batch in (None,) if reshaped else (None, 0):
             opts = dict(options) if batch is None else {**options, "batchId": batch}
             theirs = _read(spark, spark_chk, "spark", **opts)
             ours = _read(spark, ours_chk, "ours", **opts)
             assert ours.schema.names == theirs.schema.names, (name, opts)
-            expected = _collect(theirs, name)
-            assert _collect(ours, name) == expected, (name, opts)
+            expected = _collect(theirs, name, opts)
+            assert _collect(ours, name, opts) == expected, (name, opts)
             seen += len(expected)
     assert seen > 50  # the state is not empty
 
@@ -314,39 +308,40 @@ CHANGES: list[tuple[str, dict[str, Any]]] = [
     ("aggregate", {}),
     ("aggregate-memory", {}),
     ("windows", {}),
-    ("dedup", {}),
+    ("dedup-limit", {"operatorId": 1}),
     ("dedup-within", {}),
     ("transformWithState", {"stateVarName": "count"}),
 ]
 
 
-def test_change_feed_equals_sparks(spark: SparkSession, checkpoints: dict[str, Any]) -> None:
+def test_change_feed_equals_sparks(
+    spark: SparkSession, checkpoints: dict[str, Any], metadata: dict[str, Any]
+) -> None:
     """The changes of every batch, and of a range that starts later, as Spark's feed has them."""
     for name, options in CHANGES:
         spark_chk, ours_chk = checkpoints[name]["spark"], checkpoints[name]["ours"]
-        last = _last_batch(spark, spark_chk, "spark")
-        for start, end in ((0, last), (1, 2)):
+        last = _last_batch(metadata, name, "spark")
+        for start, end in ((0, last), (1, last)):
             opts = {
                 **options,
                 "readChangeFeed": "true",
                 "changeStartBatchId": start,
                 "changeEndBatchId": end,
             }
-            theirs = _collect(_read(spark, spark_chk, "spark", **opts), name)
-            ours = _collect(_read(spark, ours_chk, "ours", **opts), name)
+            theirs = _collect(_read(spark, spark_chk, "spark", **opts), name, opts)
+            ours = _collect(_read(spark, ours_chk, "ours", **opts), name, opts)
             assert ours == theirs, (name, start, end)
             assert theirs, (name, start, end)
 
 
-def test_metadata_equals_sparks(spark: SparkSession, checkpoints: dict[str, Any]) -> None:
+def test_metadata_equals_sparks(metadata: dict[str, Any]) -> None:
     for name in QUERIES:
-        theirs = spark.read.format("state-metadata").load(checkpoints[name]["spark"])
-        ours = spark.read.format("sparkstate-metadata").load(checkpoints[name]["ours"])
-        assert ours.schema == theirs.schema
-        expected = [r.asDict() for r in theirs.collect()]
-        found = [r.asDict() for r in ours.collect()]
+        (their_schema, theirs), (our_schema, ours) = metadata[name]["spark"], metadata[name]["ours"]
+        assert our_schema == their_schema
+        expected = [dict(r) for r in theirs]
+        found = [dict(r) for r in ours]
         if name == "transformWithState":  # Spark's Python processor in Spark: same variables
-            assert ours.collect()[0]["operatorProperties"] is not None
+            assert found[0]["operatorProperties"] is not None
             for row in expected + found:
                 row.pop("operatorProperties")
         assert found == expected, name
@@ -380,7 +375,7 @@ def test_reader_without_spark(checkpoints: dict[str, Any]) -> None:
     """The reader core runs without a session (what ``inspect`` uses)."""
     from sparkstate.observe.reader import ReadRequest, StateReader
 
-    reader = StateReader(ReadRequest(checkpoints["dedup"]["ours"]))
+    reader = StateReader(ReadRequest(checkpoints["dedup-limit"]["ours"], operator_id=1))
     keys = sorted(
         k["k"]
         for p in range(reader.num_partitions)
@@ -389,9 +384,11 @@ def test_reader_without_spark(checkpoints: dict[str, Any]) -> None:
     )
     assert keys == ["a", "b", "c", "d", "e"]
     with pytest.raises(ConfigurationError, match="not a sparkstate checkpoint"):
-        StateReader(ReadRequest(str(Path(checkpoints["dedup"]["ours"]) / "nothing")))
+        StateReader(ReadRequest(str(Path(checkpoints["dedup-limit"]["ours"]) / "nothing")))
     with pytest.raises(MissingVersionError, match="changes of batch|committed batches up to"):
-        StateReader(ReadRequest(checkpoints["dedup"]["ours"], change_feed=True, change_start=50))
+        StateReader(
+            ReadRequest(checkpoints["dedup-limit"]["ours"], change_feed=True, change_start=50)
+        )
 
 
 def _all_rows(reader: Any) -> list[Any]:
