@@ -73,6 +73,13 @@ FILES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
 ]
 
 CONDITION = "click_ad = ad AND click_ts >= imp_ts AND click_ts <= imp_ts + interval 10 seconds"
+#: The same condition with its range written as SQL's BETWEEN (the left semi join's).
+BETWEEN = "click_ad = ad AND click_ts BETWEEN imp_ts AND imp_ts + interval 10 seconds"
+
+
+def condition_of(how: str) -> str:
+    """The condition a join type is written with here: the left semi join's with BETWEEN."""
+    return BETWEEN if how == "leftsemi" else CONDITION
 
 
 Inputs = Callable[[Any, Any], tuple[Any, Any]]
@@ -150,7 +157,7 @@ def run(
     sparkstate's."""
 
     def build(left: Any, right: Any) -> Any:
-        return left.join(right, F.expr(CONDITION), how)
+        return left.join(right, F.expr(condition_of(how)), how)
 
     return feed_query(spark, tmp, provider, build)
 
@@ -221,7 +228,7 @@ def test_join_matches_spark(
     provider: str,
 ) -> None:
     def build(left: Any, right: Any) -> Any:
-        return left.join(right, F.expr(CONDITION), how)
+        return left.join(right, F.expr(condition_of(how)), how)
 
     theirs, their_progress = spark_results.of(how, build)
     their_ops = [p["stateOperators"][0] for p in their_progress if p.get("stateOperators")]

@@ -116,11 +116,40 @@ class JoinAnalysis:
         names.append((name, F.expr(self.sql(expr))))
         return name
 
+    def _between(self, expr: Any) -> list[Any] | None:
+        """``x BETWEEN lo AND hi`` as its two comparisons, as Spark's optimizer hands it to its
+        own join; ``None`` for any other expression."""
+        if node_name(expr) != "Between":
+            return None
+        x, lo, hi = expr.input(), expr.lower(), expr.upper()
+        if not x.deterministic():
+            return None
+        expressions = self.jvm.org.apache.spark.sql.catalyst.expressions
+        return [expressions.GreaterThanOrEqual(x, lo), expressions.LessThanOrEqual(x, hi)]
+
+    def _condition(self) -> Any:
+        """The join's condition (a Scala ``Option``), its ``BETWEEN`` conjuncts as comparisons."""
+        cond = self.node.condition()
+        if not cond.isDefined():
+            return cond
+        conjuncts = conjuncts_of(cond.get())
+        parts = [p for c in conjuncts for p in (self._between(c) or [c])]
+        if len(parts) == len(conjuncts):
+            return cond
+        joined = parts[0]
+        for part in parts[1:]:
+            joined = self.jvm.org.apache.spark.sql.catalyst.expressions.And(joined, part)
+        return self.jvm.scala.Some(joined)
+
     def _pairs_expression(self, expr: Any) -> pc.Expression:
         """``expr`` over both sides as a pyarrow expression over side columns."""
         side = self._side_of(expr)
         if side is not None:
             return pc.field(self._computed(side, expr))
+        between = self._between(expr)
+        if between is not None:
+            low, high = (self._pairs_expression(c) for c in between)
+            return low & high
         kind = node_name(expr)
         children = seq_list(expr.children())
         if kind == "And":
@@ -140,7 +169,7 @@ class JoinAnalysis:
         raise ConfigurationError(msg)
 
     def plan(self) -> JoinPlan:
-        cond = self.node.condition()
+        cond = self._condition()
         conjuncts = conjuncts_of(cond.get()) if cond.isDefined() else []
         keys: list[tuple[Any, Any]] = []
         only: dict[str, list[Any]] = {"left": [], "right": []}
