@@ -270,6 +270,25 @@ def test_a_side_with_a_stateful_step_of_sparks_own_is_refused(
     assert joined.df.isStreaming
 
 
+#: The fields of each stateful operator's progress compared with Spark's, batch by batch.
+OPERATOR_FIELDS = (
+    "operatorName",
+    "numRowsTotal",
+    "numRowsUpdated",
+    "numRowsRemoved",
+    "numRowsDroppedByWatermark",
+)
+
+
+def operators_of(progress: list[dict[str, Any]]) -> list[list[list[Any]]]:
+    """Each batch's stateful operators, as :data:`OPERATOR_FIELDS`."""
+    return [
+        [[op[f] for f in OPERATOR_FIELDS] for op in p["stateOperators"]]
+        for p in progress
+        if p.get("stateOperators")
+    ]
+
+
 def windowed_count(left: Any, right: Any) -> Any:
     """A left outer join, then impressions and their clicks counted per 10-second window of
     the impression's time (append mode: each window once, when the join's watermark, behind
@@ -293,22 +312,7 @@ def test_a_left_outer_join_and_a_windowed_count_after_it_match_spark(
     ours, our_progress = feed_all(spark, tmp_path, PROVIDERS[-1], windowed_count)
     assert sum(len(rows) for rows in theirs.batches.values()) > 2
     assert_same_as_spark(ours, theirs)
-    fields = (
-        "operatorName",
-        "numRowsTotal",
-        "numRowsUpdated",
-        "numRowsRemoved",
-        "numRowsDroppedByWatermark",
-    )
-    ours_ops, their_ops = (
-        [
-            [[op[f] for f in fields] for op in p["stateOperators"]]
-            for p in progress
-            if p.get("stateOperators")
-        ]
-        for progress in (our_progress, their_progress)
-    )
-    assert ours_ops == their_ops
+    assert operators_of(our_progress) == operators_of(their_progress)
     joins = [p["stateOperators"][1] for p in our_progress if p.get("stateOperators")]
     assert sum(op["numRowsRemoved"] for op in joins) > 0
     assert_sides_add_up(joins)
@@ -406,20 +410,5 @@ def test_a_join_after_stateful_steps_matches_spark(
     ours, our_progress = feed_all(spark, tmp_path, provider, build, files=files)
     assert sum(len(rows) for rows in theirs.batches.values()) > 3
     assert_same_as_spark(ours, theirs)
-    fields = (
-        "operatorName",
-        "numRowsTotal",
-        "numRowsUpdated",
-        "numRowsRemoved",
-        "numRowsDroppedByWatermark",
-    )
-
-    def operators(progress: list[dict[str, Any]]) -> list[list[list[Any]]]:
-        return [
-            [[op[f] for f in fields] for op in p["stateOperators"]]
-            for p in progress
-            if p.get("stateOperators")
-        ]
-
-    assert operators(our_progress) == operators(their_progress)
+    assert operators_of(our_progress) == operators_of(their_progress)
     assert_sides_add_up([p["stateOperators"][0] for p in our_progress if p.get("stateOperators")])
