@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -114,20 +115,28 @@ class _FakeQuery:
 
 class _FakeSampler:
     peak_workers_mb = 300.0
+    takes = 0  # one per batch recorded
 
     def take_peaks(self) -> tuple[float, float]:
+        self.takes += 1
         return (700.0, self.peak_workers_mb)
 
 
 def _follow(
-    query: _FakeQuery, system: str, workers_mb: float = 300.0, **params: Any
+    query: _FakeQuery,
+    system: str,
+    workers_mb: float = 300.0,
+    clock: Callable[[_FakeSampler], float] | None = None,
+    **params: Any,
 ) -> tuple[list[dict[str, Any]], str | None, str | None]:
+    """``clock(sampler)``: the time ``follow`` sees (by default the real one)."""
     sampler = _FakeSampler()
     sampler.peak_workers_mb = workers_mb
     base = {"target_rows": 300, "time_budget_s": 30.0, "worker_budget_mb": 2048, "slowdown": 10.0}
     in_memory = system in scale.IN_MEMORY
+    timing = {} if clock is None else {"clock": lambda: clock(sampler)}
     return scale_follow.follow(
-        query, system, {**base, **params}, cast(Any, sampler), in_memory=in_memory
+        query, system, {**base, **params}, cast(Any, sampler), in_memory=in_memory, **timing
     )
 
 
@@ -165,7 +174,12 @@ def test_follow_stops_an_in_memory_system_over_its_budgets() -> None:
 def test_follow_holds_a_rocksdb_system_to_its_time_budget_only() -> None:
     query = _FakeQuery([500.0, 100.0])
     records, failed, stopped = _follow(
-        query, "sparkstate-rocksdb", workers_mb=5000.0, target_rows=1000, time_budget_s=0.5
+        query,
+        "sparkstate-rocksdb",
+        workers_mb=5000.0,
+        clock=lambda sampler: 0.0 if sampler.takes < 2 else 60.0,  # a minute after batch 2
+        target_rows=1000,
+        time_budget_s=30.0,
     )
     assert len(records) == 2 and failed is None
     assert stopped is not None and stopped.startswith("time budget of")

@@ -7,7 +7,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sparkstate.bench._spark import summarize, time_breakdown
@@ -125,19 +125,20 @@ def follow(
     sampler: RssSampler,
     *,
     in_memory: bool,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[list[dict[str, Any]], str | None, str | None]:
     """Follow the query until its state reaches ``params["target_rows"]``: one record per
     batch, and why it ended early: ``failed`` (a Spark failure; for an ``in_memory`` system,
-    :func:`stop_reason`) or ``stopped`` (``params["time_budget_s"]``)."""
+    :func:`stop_reason`) or ``stopped`` (``params["time_budget_s"]``, in seconds of ``clock``)."""
     records: list[dict[str, Any]] = []
     watch = _ProgressWatch(query)
-    started = last = time.monotonic()
+    started = last = clock()
     try:
         while True:
             failure = watch.failure  # read first: the batches before it are queued by then
             for p in watch.take(0 if failure else POLL_S):
-                records.append(batch_record(p, time.monotonic() - started, sampler.take_peaks()))
-                last = time.monotonic()
+                records.append(batch_record(p, clock() - started, sampler.take_peaks()))
+                last = clock()
                 r = records[-1]
                 print(
                     f"    {system}: batch {r['batchId']}: {r['input_rows']:,} rows in "
@@ -149,7 +150,7 @@ def follow(
                     return records, None, None
             if failure:
                 return records, failure, None
-            now = time.monotonic()
+            now = clock()
             if in_memory:
                 reason = stop_reason(
                     [r["batch_ms"] for r in records],
