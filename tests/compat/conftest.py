@@ -70,3 +70,27 @@ def spark() -> Iterator[Any]:
 def provider(request: pytest.FixtureRequest) -> str:
     """The state store provider a wrapped query runs on: every case runs on both."""
     return str(request.param)
+
+
+#: The two APIs of transformWithState: ``transformWithStateInPandas`` and ``transformWithState``.
+MODES = ("pandas", "row")
+_cases_in: dict[str, int] = {}
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures' own parameters
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A case that runs in both modes (a ``mode`` argument) and on both providers runs twice,
+    not four times: once in each mode, the modes on different providers, which providers
+    alternating from one case of a module to the next. Each case still runs on both providers and
+    in both modes, and each mode on both providers over the module: the mode is the API layer, the
+    provider the store below it, and the cases that differ between providers (restarts,
+    evolution, TTL) run on both either way."""
+    names = metafunc.fixturenames
+    if "mode" not in names or "provider" not in names:
+        return
+    module = metafunc.module.__name__
+    turn = _cases_in.get(module, 0)
+    _cases_in[module] = turn + 1
+    providers = PROVIDERS if turn % 2 == 0 else PROVIDERS[::-1]
+    pairs = list(zip(providers, MODES, strict=True))
+    metafunc.parametrize(("provider", "mode"), pairs, ids=[f"{p}-{m}" for p, m in pairs])

@@ -7,8 +7,9 @@ its other cases run no stateful operator) and
 6417a9390373 as stored, with the multiple-state-variable cases). Only the query's input is
 wrapped; Spark's ``spark._streamingCheckpointManager.repartition(checkpoint, n)`` is
 ``ss.repartition(spark, checkpoint, n)``. The repartition cases run with their suite's three
-shuffle partitions; the stream-running cases run on both providers, the three refusals (no
-query, no state) once.
+shuffle partitions; the stream-running cases run on both providers (a transformWithState case
+once in each mode, on the two providers: ``conftest.py``), the three refusals (no query, no
+state) once.
 
 =========================================================  ====================================
 Spark's case                                               here
@@ -313,7 +314,6 @@ def _tws(df: DataFrame, pandas: bool, cls: type[procs.Processor], output: Any) -
 
 
 @pytest.mark.usefixtures("three_partitions")
-@pytest.mark.parametrize("mode", ["row", "pandas"])
 def test_repartition_with_streaming_tws(
     spark: SparkSession, tmp_path: Path, provider: str, mode: str
 ) -> None:
@@ -349,7 +349,6 @@ def test_repartition_with_streaming_tws(
 
 
 @pytest.mark.usefixtures("three_partitions")
-@pytest.mark.parametrize("mode", ["row", "pandas"])
 def test_repartition_with_streaming_tws_multiple_state_vars(
     spark: SparkSession,
     tmp_path: Path,

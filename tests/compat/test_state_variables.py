@@ -6,7 +6,8 @@ Re-stated from Apache Spark's
 ``.../streaming/test_transform_with_state_state_variable.py`` (commit 611b1b43cfd4), which runs
 the same mixin with ``use_pandas() == False``; the processors are those of
 ``.../helper/helper_pandas_transform_with_state.py`` (``state_variable_processors.py`` here).
-Each case runs in both modes (``pandas`` / ``row``) on both providers, with the session conf of
+Each case runs in both modes (``pandas`` / ``row``) and on both providers (once in each mode,
+on the two providers: ``conftest.py``), with the session conf of
 Spark's suites (five shuffle partitions, UTC, two records per Arrow batch, no no-data batches).
 Only the query's input is wrapped; the state reads of the metadata cases use our reader's
 format names (``sparkstate`` for ``statestore``, ``sparkstate-metadata`` for ``state-metadata``)
@@ -96,12 +97,6 @@ class _conf:  # noqa: N801 - used as a context manager, as Spark's sql_conf
                 self.spark.conf.unset(key)
             else:
                 self.spark.conf.set(key, value)
-
-
-@pytest.fixture(params=["pandas", "row"])
-def mode(request: pytest.FixtureRequest) -> str:
-    """transformWithStateInPandas (Spark's pandas suite) or transformWithState (its row twin)."""
-    return str(request.param)
 
 
 def source(name: str) -> str:

@@ -5,7 +5,8 @@ Source: ``python/pyspark/sql/tests/pandas/streaming/test_pandas_transform_with_s
 pandas mode (``transformWithStateInPandas``) and, through ``test_transform_with_state.py``, in
 row mode (``transformWithState``); its processors are in
 ``python/pyspark/sql/tests/pandas/helper/helper_pandas_transform_with_state.py`` (008cbc1f),
-re-stated in ``tws_processors.py``. Every case runs in both modes on both providers, with
+re-stated in ``tws_processors.py``. Every case runs in both modes and on both providers (once
+in each mode, on the two providers: ``conftest.py``), with
 Spark's suite conf (``SUITE_CONF``) and Spark's inputs, processors, output schemas and modes
 and per-batch assertions; the only change is ``ss.stream(df)`` around the input, a checkpoint
 where Spark's case has none, file times set instead of sleeps, and ``availableNow`` triggers.
@@ -56,7 +57,6 @@ from . import tws_processors as P
 from .tws_support import (
     CHUNK_OUTPUT,
     COUNT_OUTPUT,
-    MODES,
     SUITE_CONF,
     Batches,
     TextFeed,
@@ -81,11 +81,6 @@ pytestmark = pytest.mark.spark
 def suite_conf(spark: Any) -> Iterator[None]:
     with sql_conf(spark, SUITE_CONF):
         yield
-
-
-@pytest.fixture(params=MODES)
-def mode(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 # ---------------------------------------------------------------------------------------------

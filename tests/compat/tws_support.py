@@ -20,8 +20,6 @@ import sparkstate as ss
 
 SPARK_ONLY = os.environ.get("SPARKSTATE_COMPAT_SPARK") == "1"
 
-MODES = ["pandas", "row"]
-
 #: What Spark's TransformWithStateIn{Pandas,PySpark}TestsMixin.conf() adds to the session (its
 #: shuffle partitions and time zone are the package's CONF already). The provider class is for
 #: Spark's own operator; a wrapped query takes ours from the ``stateStore`` option.
