@@ -49,15 +49,68 @@ def archive_path() -> Path:
     return cache_dir() / f"spark-classes-{key[:16]}.jsa"
 
 
-def java_options(base: str) -> str:
+#: The process writing the archive in the background (:func:`java_options`), for the tests'
+#: processes to wait on (:func:`wait_for_archive`).
+BUILDER = "SPARKSTATE_TEST_ARCHIVE_BUILDER"
+
+
+def java_options(base: str, *, background: bool = False) -> str:
     """``base`` and the archive's options when it exists (or can be written now), else ``base``.
+
+    ``background``: a missing archive is written by a process of its own while the caller goes
+    on, its pid in ``BUILDER``; a JVM started before it is there runs without it (the option
+    names a file that is not there yet, which the JVM takes as no archive).
 
     The JVM's own messages about the archive (for instance a class path that does not match)
     are turned off: they would go to the standard output of the process that started Spark."""
-    archive = ensure_archive(base)
+    archive = _start_archive(base) if background else ensure_archive(base)
     if archive is None:
         return base
     return f"{base} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def _start_archive(base: str) -> Path | None:
+    try:
+        target = archive_path()
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"no class archive for the tests' JVMs: {exc}", file=sys.stderr)
+        return None
+    if not target.exists():
+        env = {**os.environ, "SPARK_SUBMIT_OPTS": base}
+        builder = subprocess.Popen(  # noqa: S603 - this interpreter, this module
+            [sys.executable, "-m", "tests.class_archive"],
+            cwd=Path(__file__).resolve().parents[1],
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        os.environ[BUILDER] = str(builder.pid)
+        _BUILDERS.append(builder)  # reaped at exit (``wait_for_archive`` in this process)
+    return target
+
+
+_BUILDERS: list[subprocess.Popen[bytes]] = []
+
+
+def wait_for_archive() -> None:
+    """Wait for the background writer of the archive, if there is one, to end."""
+    for builder in _BUILDERS:
+        builder.wait()
+    pid = os.environ.get(BUILDER)
+    if pid is None:
+        return
+    deadline = time.monotonic() + 900
+    while _running(int(pid)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    del os.environ[BUILDER]
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (an ended child its parent has not reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return _alive(pid)
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def ensure_archive(base: str) -> Path | None:

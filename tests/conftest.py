@@ -7,7 +7,8 @@ benchmarks' systems; the standalone cluster sets its own) compiles with the JIT'
 only: the tests run small batches through many short queries, where the optimizing compiler's
 work is never paid back (a fifth less CPU for the same tests); and they map the classes of Spark
 from an archive written once per machine (``class_archive.py``), instead of loading them from
-the jars again. Behaviour does not change; set ``SPARK_SUBMIT_OPTS`` to override. The Python
+the jars again (under xdist written while the cluster's group runs, the other tests waiting for
+it). Behaviour does not change; set ``SPARK_SUBMIT_OPTS`` to override. The Python
 processes Spark starts import PySpark from the installed package rather than from its zipped copy
 (``python_start/sitecustomize.py``): the same code, compiled once instead of at every start.
 
@@ -28,12 +29,10 @@ _REPO = str(Path(__file__).resolve().parents[1])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from tests.class_archive import java_options  # noqa: E402
+from tests.class_archive import java_options, wait_for_archive  # noqa: E402
 
 #: The JIT's first tier only (see above).
 JIT_OPTS = "-XX:TieredStopAtLevel=1"
-if "SPARK_SUBMIT_OPTS" not in os.environ:  # xdist's processes inherit the controller's
-    os.environ["SPARK_SUBMIT_OPTS"] = java_options(JIT_OPTS)  # every spark-submit
 
 #: Every Python process the suite starts imports PySpark from the installed package, compiled,
 #: not from the zip Spark puts first on its path (``python_start/sitecustomize.py``).
@@ -47,16 +46,16 @@ if PYTHON_START not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 CLUSTER = "tests/cluster/"
 #: Modules that run for minutes, longest first (measured with ``--durations``).
 LONGEST = (
-    "tests/compat/test_transform_with_state.py",
-    "tests/bench/test_bench_smoke.py",
     "tests/connect/test_connect.py",
     "tests/engine/test_repartition.py",
-    "tests/compat/test_state_variables.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/compat/test_transform_with_state.py",
     "tests/engine/test_join.py",
     "tests/engine/test_aggregate_functions.py",
-    "tests/engine/test_port.py",
-    "tests/engine/test_arbitrary.py",
     "tests/engine/test_state_reader.py",
+    "tests/compat/test_state_variables.py",
+    "tests/engine/test_arbitrary.py",
+    "tests/engine/test_port.py",
 )
 
 
@@ -70,6 +69,26 @@ def _rank(item: pytest.Item) -> int:
     if group == "cluster":
         return 0
     return 1 + LONGEST.index(group) if group in LONGEST else 1 + len(LONGEST)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The options of every ``spark-submit`` (xdist's processes inherit the controller's). Under
+    xdist a missing class archive is written while the cluster's group, whose JVMs do not use
+    it, runs; the other tests wait for it (:func:`pytest_runtest_setup`)."""
+    if "SPARK_SUBMIT_OPTS" in os.environ:
+        return
+    parallel = bool(config.getoption("numprocesses", None))
+    os.environ["SPARK_SUBMIT_OPTS"] = java_options(JIT_OPTS, background=parallel)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start a JVM
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _group(item) != "cluster":
+        wait_for_archive()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    wait_for_archive()  # the controller's child, reaped
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
