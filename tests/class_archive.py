@@ -26,6 +26,9 @@ from pathlib import Path
 
 #: How long a JVM may take to write its archive after its Python process has gone.
 DUMP_TIMEOUT_S = 120.0
+#: How long the tests wait for the archive written in the background (its warm-up may take
+#: 600 s, its JVM's dump ``DUMP_TIMEOUT_S``).
+BUILD_TIMEOUT_S = 900.0
 
 
 def cache_dir() -> Path:
@@ -54,6 +57,15 @@ def archive_path() -> Path:
 BUILDER = "SPARKSTATE_TEST_ARCHIVE_BUILDER"
 
 
+def _target() -> Path | None:
+    """:func:`archive_path`, or ``None`` (and why, on stderr) when it cannot be known."""
+    try:
+        return archive_path()
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"no class archive for the tests' JVMs: {exc}", file=sys.stderr)
+        return None
+
+
 def java_options(base: str, *, background: bool = False) -> str:
     """``base`` and the archive's options when it exists (or can be written now), else ``base``.
 
@@ -69,13 +81,13 @@ def java_options(base: str, *, background: bool = False) -> str:
     return f"{base} -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
+#: This process's background writers of the archive (reaped by :func:`wait_for_archive`).
+_BUILDERS: list[subprocess.Popen[bytes]] = []
+
+
 def _start_archive(base: str) -> Path | None:
-    try:
-        target = archive_path()
-    except (OSError, subprocess.SubprocessError) as exc:
-        print(f"no class archive for the tests' JVMs: {exc}", file=sys.stderr)
-        return None
-    if not target.exists():
+    target = _target()
+    if target is not None and not target.exists():
         env = {**os.environ, "SPARK_SUBMIT_OPTS": base}
         builder = subprocess.Popen(  # noqa: S603 - this interpreter, this module
             [sys.executable, "-m", "tests.class_archive"],
@@ -84,11 +96,8 @@ def _start_archive(base: str) -> Path | None:
             stdout=subprocess.DEVNULL,
         )
         os.environ[BUILDER] = str(builder.pid)
-        _BUILDERS.append(builder)  # reaped at exit (``wait_for_archive`` in this process)
+        _BUILDERS.append(builder)
     return target
-
-
-_BUILDERS: list[subprocess.Popen[bytes]] = []
 
 
 def wait_for_archive() -> None:
@@ -98,30 +107,15 @@ def wait_for_archive() -> None:
     pid = os.environ.get(BUILDER)
     if pid is None:
         return
-    deadline = time.monotonic() + 900
-    while _running(int(pid)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    _wait_gone(int(pid), BUILD_TIMEOUT_S)  # the archive is there now, or will not be
     del os.environ[BUILDER]
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (an ended child its parent has not reaped yet does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return _alive(pid)
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def ensure_archive(base: str) -> Path | None:
     """The archive's path, written first when it is missing; ``None`` when it cannot be written
     (the suite then runs without one, and says why)."""
-    try:
-        target = archive_path()
-    except (OSError, subprocess.SubprocessError) as exc:
-        print(f"no class archive for the tests' JVMs: {exc}", file=sys.stderr)
-        return None
-    if target.exists():
+    target = _target()
+    if target is None or target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -156,24 +150,24 @@ def _jvm_pid(log: Path) -> int | None:
     return None
 
 
-def _wait_gone(pid: int) -> bool:
-    """Whether the JVM ``pid`` ended (it writes the archive as it exits) within the timeout."""
-    deadline = time.monotonic() + DUMP_TIMEOUT_S
-    while Path(f"/proc/{pid}").exists() or _alive(pid):
+def _wait_gone(pid: int, timeout_s: float = DUMP_TIMEOUT_S) -> bool:
+    """Whether process ``pid`` ended within ``timeout_s`` (a JVM writes the archive as it
+    exits)."""
+    deadline = time.monotonic() + timeout_s
+    while _running(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
     return True
 
 
-def _alive(pid: int) -> bool:
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (an ended child its parent has not reaped yet does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def warm_up() -> None:
