@@ -14,6 +14,7 @@ Every error is one of ours and also the builtin a caller would catch anyway::
     │   └── StoreClosedError (RuntimeError)       store used after commit/abort/close
     └── QueryError (RuntimeError)                 a streaming query failed or cannot start
         ├── CheckpointInUseError                  a second query on the same checkpoint
+        ├── StateHomeError                        the process holding an executor's state ended
         └── UserFunctionError                     a function of the user's raised
 
 Messages name the store, the version and the file involved, so that an operator of a production
@@ -34,6 +35,7 @@ __all__ = [
     "SchemaMismatchError",
     "SparkstateError",
     "StateFileError",
+    "StateHomeError",
     "StateStoreError",
     "StoreClosedError",
     "StoreLockedError",
@@ -87,6 +89,11 @@ class QueryError(SparkstateError, RuntimeError):
 
 class CheckpointInUseError(QueryError):
     """Another running query already uses this checkpoint location."""
+
+
+class StateHomeError(QueryError):
+    """The state home running a task (the executor's process that holds its partitions' state)
+    ended or could not start; Spark retries the task, and a new home restores the state."""
 
 
 class UserFunctionError(QueryError):

@@ -4,6 +4,8 @@ A test drops a marker file ``<state root>/kill-<when>-<version>-p<partition>``; 
 reaches that point deletes the marker and SIGKILLs its own Python worker, so Spark retries the
 task (the session runs ``local[2,2]``). ``when`` is ``open`` (right after loading the store) or
 ``commit`` (right after the version became durable, before the task's output reached Spark).
+``stall`` does not kill: the task writes its process id to ``<marker>.at`` and waits
+``STALL_S`` seconds after loading, so that a test can act while the task is in flight.
 Workers import this module by its dotted name: ``.option("stateStore", "tests.engine.faults:...")``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +34,20 @@ def _die_if_marked(provider: Any, when: str, version: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+STALL_S = 4.0
+
+
+def _stall_if_marked(provider: Any, version: int) -> None:
+    marker = _marker(provider, "stall", version)
+    if marker.exists():
+        marker.unlink()
+        marker.with_name(marker.name + ".at").write_text(str(os.getpid()))
+        time.sleep(STALL_S)
+
+
 def _arm(provider: Any, store: StateStore) -> StateStore:
     _die_if_marked(provider, "open", store.version + 1)
+    _stall_if_marked(provider, store.version + 1)
     commit = store._commit
 
     def commit_then_maybe_die() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,27 @@ def test_a_replay_reports_nothing_and_changes_nothing(tmp_path: Path) -> None:
     assert len(report) == 1
     provider = replay.provider(0)
     assert provider.latest_version() == 1
+    PROVIDERS.close_all()
+
+
+@pytest.mark.parametrize("provider", PROVIDER_NAMES)
+def test_each_run_of_the_query_gets_providers_of_its_own(tmp_path: Path, provider: str) -> None:
+    """A restart in the same process may bring new schemas: its tasks never get the provider
+    the run before made (Spark's StateStoreProviderId carries the run id the same way)."""
+    rows = pa.RecordBatch.from_pylist([{"k": "a", "v": 1}], schema=SCHEMA)
+    report: list[TaskReport] = []
+    first = dataclasses.replace(spec(tmp_path, provider, 0, {}), run="run-1")
+    list(run_task(first, 0, iter([rows]), report.append))
+    with PROVIDERS.holding(first.key(0), 1.0):
+        kept = first.provider(0)
+        assert first.provider(0) is kept  # the same run: the same provider, state kept open
+    lineage = {0: report[-1].checkpoint_id}
+    second = dataclasses.replace(spec(tmp_path, provider, 1, lineage), run="run-2")
+    out = list(run_task(second, 0, iter([rows]), report.append))
+    with PROVIDERS.holding(second.key(0), 1.0):
+        assert second.provider(0) is not kept
+    assert sum(b.num_rows for b in out) == 0  # the new run's provider found "a" in state
+    assert report[-1].version == 2
     PROVIDERS.close_all()
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "process_rss_kb",
     "processes",
     "python_workers",
+    "state_homes",
 ]
 
 PROC = "/proc"
@@ -87,6 +88,25 @@ def python_workers(procs: Mapping[int, tuple[int, str]], jvm_pid: int) -> list[i
     return [pid for pid in workers if procs[pid][1].startswith("python")]
 
 
+def state_homes(jvm_pid: int, proc: str = PROC) -> list[int]:
+    """The state homes of the executor whose JVM is ``jvm_pid`` (``--parent <pid>:...`` on
+    their command line): Python processes of the executor that are not its workers' children."""
+    found: list[int] = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "cmdline"), "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"sparkstate.runtime.home" in args and b"--parent" in args:
+            parent = args[args.index(b"--parent") + 1]
+            if parent.split(b":")[0] == str(jvm_pid).encode():
+                found.append(int(name))
+    return sorted(found)
+
+
 @dataclasses.dataclass(frozen=True)
 class RssSample:
     """One reading: seconds since the sampler started, the JVM's and all workers' RSS in MB."""
@@ -124,6 +144,7 @@ class RssSampler:
     def sample(self) -> RssSample:
         """Read once, record it and fold it into the peaks."""
         workers = python_workers(processes(self.proc), self.jvm_pid)
+        workers += state_homes(self.jvm_pid, self.proc)
         s = RssSample(
             time.monotonic() - self._started,
             process_rss_kb(self.jvm_pid, self.proc) / 1024,

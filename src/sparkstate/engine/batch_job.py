@@ -8,21 +8,22 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.engine.driver_config import DriverConfig
-from sparkstate.engine.executor import task_function
+from sparkstate.engine.executor import commit_untouched_task, snapshot_in_owner, task_function
 from sparkstate.engine.sinks import Sink
 from sparkstate.engine.spark_schema import quote
 from sparkstate.engine.stage import Stage
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import ReportDir
-from sparkstate.runtime.records import BatchIntent, TaskReport
-from sparkstate.runtime.tasks import TaskSpec, commit_untouched
+from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskReport
+from sparkstate.runtime.tasks import TaskSpec
 
-__all__ = ["engine_settings", "run_stages", "task_spec"]
+__all__ = ["engine_settings", "run_stages", "snapshot_at_stop", "task_spec"]
 
 log = logging.getLogger("sparkstate.engine")
 AQE = "spark.sql.adaptive.enabled"
@@ -36,6 +37,7 @@ def task_spec(
     intent: BatchIntent,
     lineage: dict[int, dict[int, str | None]],
     replay: bool,
+    owners: dict[int, dict[int, str]] | None = None,
 ) -> TaskSpec:
     """What the tasks of ``stage`` run in the batch of ``intent`` (``last``: the stage whose
     output goes to the sink, in the query's output mode)."""
@@ -51,6 +53,8 @@ def task_spec(
         store=config.store,
         lineage=lineage.get(stage.op_id, {}),
         replay=replay,
+        run=config.start_id,
+        owners=(owners or {}).get(stage.op_id, {}),
     )
 
 
@@ -64,6 +68,7 @@ def run_stages(
     lineage: dict[int, dict[int, str | None]],
     *,
     replay: bool = False,
+    owners: dict[int, dict[int, str]] | None = None,
 ) -> tuple[list[TaskReport], dict[str, int]]:
     """Run the stateful stages over batch ``df``: each stage's input shuffled by its key into
     the state partitions, its task over each partition's store; the sink's action runs them
@@ -76,7 +81,7 @@ def run_stages(
     outputs: dict[int, DataFrame] = {}
     specs: dict[int, TaskSpec] = {}
     for stage in stages:
-        spec = task_spec(config, stage, stage is stages[-1], intent, lineage, replay)
+        spec = task_spec(config, stage, stage is stages[-1], intent, lineage, replay, owners)
         specs[stage.op_id] = spec
         source = current if stage.source is None else stage.source(df, outputs)
         shuffled = stage.input_of(source, batch_id).repartition(
@@ -161,8 +166,26 @@ def _commit_untouched(
             for op_id, partition in zip(
                 batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
             ):
-                reports(commit_untouched(specs[op_id], partition))
+                reports(commit_untouched_task(specs[op_id], partition))
         return iter(())
 
     pairs = session.createDataFrame(missing, "op int, partition int")
     pairs.repartition(len(missing)).mapInArrow(commit, pairs.schema).collect()
+
+
+def snapshot_at_stop(config: DriverConfig, stages: list[Stage], last: BatchCommit) -> int:
+    """Snapshot every partition's newest version (that of ``last``) in the state home that
+    holds it, where none is stored yet, so that a restart on any executor downloads one
+    snapshot and replays no changelog. The driver asks each partition's owner directly (the
+    address the commit recorded); returns the snapshots written."""
+    if not config.store.conf.state_home:
+        return 0
+    intent = BatchIntent(last.batch_id + 1, last.watermark_ms, 0)
+    owners = last.owners()
+    work = [
+        (task_spec(config, s, False, intent, last.lineage(), False, owners), p, address)
+        for s in stages
+        for p, address in owners.get(s.op_id, {}).items()
+    ]
+    with ThreadPoolExecutor(4, thread_name_prefix="sparkstate-stop") as pool:
+        return sum(pool.map(lambda w: snapshot_in_owner(*w), work))

@@ -24,7 +24,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from sparkstate.engine.batch_job import engine_settings, run_stages
+from sparkstate.engine.batch_job import engine_settings, run_stages, snapshot_at_stop
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.session import is_connect
 from sparkstate.engine.sinks import Sink
@@ -85,6 +85,8 @@ class BatchDriver:
         #: Whether this is the copy in the Spark Connect server's process (unpickled there).
         self._in_server = False
         self.last_batch: int | None = None
+        #: The state homes holding the version the next batch loads (from the last commit).
+        self._owners: dict[int, dict[int, str]] = {}
         self.triggers = {
             s.op_id: s.operator.time_trigger()
             for s in stages
@@ -182,6 +184,30 @@ class BatchDriver:
         """Spark started the query under ``run_id`` (progress carries it)."""
         self.config.run_id = run_id
         self._started.set()
+
+    def snapshot_at_stop(self) -> None:
+        """The query stopped cleanly: snapshot each partition's newest version where its state
+        home holds it and no snapshot is stored, so a restart replays nothing. Best effort: a
+        failure is logged (the changelogs are durable) and never fails the stop."""
+        last = self.last_batch
+        if last is None or self.error is not None:
+            return
+        started = time.monotonic()
+        try:
+            commit = self.log.read_commit(last)
+            if commit is None:
+                return
+            written = snapshot_at_stop(self.config, self.stages, commit)
+        except Exception:  # noqa: BLE001 - the stop goes on; the next start replays instead
+            log.warning("could not snapshot the state at stop", exc_info=True)
+            return
+        if written:
+            log.info(
+                "stopped: %d snapshot(s) of version %d written in %.2f s",
+                written,
+                last + 1,
+                time.monotonic() - started,
+            )
 
     def request_stop(self, request: StopRequest) -> None:
         """From now on start no batch, and end the one in flight without committing it."""
@@ -298,6 +324,7 @@ class BatchDriver:
     def _lineage(self, batch_id: int) -> dict[int, dict[int, str | None]]:
         """Checkpoint id of version ``batch_id`` per operator and partition (previous commit)."""
         if batch_id == 0:
+            self._owners = {}
             return {s.op_id: {} for s in self.stages}
         previous = self.log.read_commit(batch_id - 1)
         if previous is None:
@@ -308,6 +335,7 @@ class BatchDriver:
                 "or start from a new checkpoint location."
             )
             raise QueryError(msg)
+        self._owners = previous.owners()  # the state homes that hold version ``batch_id``
         return previous.lineage()
 
     def _execute(
@@ -321,7 +349,15 @@ class BatchDriver:
     ) -> tuple[list[TaskReport], dict[str, int]]:
         reports_dir = self.log.new_report_dir(batch_id)
         return run_stages(
-            self.config, self.stages, self.sink, reports_dir, df, intent, lineage, replay=replay
+            self.config,
+            self.stages,
+            self.sink,
+            reports_dir,
+            df,
+            intent,
+            lineage,
+            replay=replay,
+            owners=self._owners,
         )
 
     def _commit(

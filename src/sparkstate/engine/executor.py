@@ -1,23 +1,35 @@
 """The Spark side of a stateful task: the ``mapInArrow`` function of one operator and batch.
 
 Everything the task does is :func:`sparkstate.runtime.tasks.run_task`; this module only asks
-Spark's ``TaskContext`` which partition and attempt it runs as, and records why a task failed.
+Spark's ``TaskContext`` which partition and attempt it runs as, records why a task failed, and,
+with ``state_home`` on, runs the task in the partition's state home instead of the worker
+(:mod:`sparkstate.runtime.home_client`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import dataclasses
+import functools
+import logging
+import os
+import socket
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 import pyarrow as pa
-from pyspark import TaskContext
+from pyspark import TaskContext, cloudpickle
 
 from sparkstate.engine.user_state import use_spark_errors
 from sparkstate.exceptions import QueryError
+from sparkstate.runtime import home, home_client
 from sparkstate.runtime.logs import ReportDir
-from sparkstate.runtime.records import TaskFailure
-from sparkstate.runtime.tasks import Attempt, TaskSpec, run_task
+from sparkstate.runtime.providers import PROVIDERS
+from sparkstate.runtime.records import TaskFailure, TaskReport
+from sparkstate.runtime.tasks import Attempt, TaskSpec, commit_untouched, run_task
 
-__all__ = ["task_function"]
+__all__ = ["commit_untouched_task", "snapshot_in_owner", "task_function"]
+
+log = logging.getLogger("sparkstate.engine")
 
 use_spark_errors()  # this module runs in the Python workers
 
@@ -44,9 +56,119 @@ def task_function(
             )
             raise QueryError(msg)
         try:
-            yield from run_task(spec, partition, batches, reports, attempt)
+            sock = _home(spec, partition)
+            if sock is None:
+                yield from run_task(spec, partition, batches, reports, attempt)
+            else:
+                job = functools.partial(_task_in_home, spec, partition, reports, attempt)
+                what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
+                yield from home_client.run_in_home(sock, _dumps(job), batches, what)
         except Exception as exc:
-            reports.failed(TaskFailure.of(exc, spec.op_id, partition))
+            if not getattr(exc, "raised_in_home", False):  # the home recorded that one
+                reports.failed(TaskFailure.of(exc, spec.op_id, partition))
             raise
 
     return run
+
+
+def commit_untouched_task(spec: TaskSpec, partition: int) -> TaskReport:
+    """:func:`~sparkstate.runtime.tasks.commit_untouched`, in the partition's home if it has one."""
+    sock = _home(spec, partition)
+    if sock is None:
+        return commit_untouched(spec, partition)
+    job = functools.partial(_untouched_in_home, spec, partition)
+    what = f"partition {partition} of operator {spec.op_id} (untouched) in batch {spec.batch_id}"
+    report: TaskReport = _result_in_home(sock, job, what)
+    return report
+
+
+def snapshot_in_owner(spec: TaskSpec, partition: int, owner: str) -> bool:
+    """Snapshot the partition's newest version in ``owner``, the state home that holds it (a
+    query that stops cleanly, from the driver); whether one was written. An owner that cannot
+    be reached holds nothing to write."""
+    sock = home_client.connect_owner(owner)
+    if sock is None:
+        return False
+    job = functools.partial(_snapshot_in_home, spec, partition)
+    what = f"the snapshot at stop of partition {partition} of operator {spec.op_id}"
+    return bool(_result_in_home(sock, job, what))
+
+
+def _result_in_home(sock: socket.socket, job: Callable[..., Any], what: str) -> Any:
+    """What a job without input or output returns, run in the home at the end of ``sock``."""
+    output = home_client.run_in_home(sock, _dumps(job), iter(()), what)
+    while True:
+        try:
+            next(output)
+        except StopIteration as done:
+            return done.value
+
+
+def _snapshot_in_home(
+    spec: TaskSpec,
+    partition: int,
+    batches: Iterator[pa.RecordBatch],
+    ready: Callable[[], None],
+) -> Generator[pa.RecordBatch, None, bool]:
+    return PROVIDERS.snapshot_now(spec.key(partition), spec.store.conf.lock_timeout_s)
+    yield  # a generator: the home runs every job as one
+
+
+def _dumps(job: Callable[..., Any]) -> bytes:
+    return cloudpickle.dumps(job)  # type: ignore[no-any-return,no-untyped-call]
+
+
+def _home(spec: TaskSpec, partition: int) -> socket.socket | None:
+    """A connection to the partition's state home, or None: the task runs in this worker.
+
+    The home is the partition's owner (the home that committed its last version, maybe on
+    another executor) while it can be reached, else this executor's home of its slot: the
+    partition moves here, once.
+    """
+    if not spec.store.conf.state_home:
+        return None
+    executor = home_client.executor_process()
+    if executor is None:
+        return None
+    slot = partition % max(1, spec.store.conf.python_workers)
+    owner = spec.owners.get(partition)
+    if owner is not None and owner != home_client.local_address(executor, slot):
+        sock = home_client.connect_owner(owner)
+        if sock is not None:
+            return sock
+        log.warning(
+            "partition %d of operator %d: its state home %s cannot be reached; the partition "
+            "moves to this executor",
+            partition,
+            spec.op_id,
+            owner.partition("/")[0],
+        )
+    return home_client.connect(executor, slot)
+
+
+def _task_in_home(
+    spec: TaskSpec,
+    partition: int,
+    reports: ReportDir,
+    attempt: Attempt,
+    batches: Iterator[pa.RecordBatch],
+    ready: Callable[[], None],
+) -> Iterator[pa.RecordBatch]:
+    """The job a state home runs for a task (pickled by reference: the home imports this)."""
+    here = dataclasses.replace(attempt, pid=os.getpid(), home=home.ADDRESS)  # reported
+    try:
+        yield from run_task(spec, partition, batches, reports, here, before_commit=ready)
+    except Exception as exc:
+        # Recorded here, where its traceback is whole (the driver raises the first recorded).
+        reports.failed(TaskFailure.of(exc, spec.op_id, partition))
+        raise
+
+
+def _untouched_in_home(
+    spec: TaskSpec,
+    partition: int,
+    batches: Iterator[pa.RecordBatch],
+    ready: Callable[[], None],
+) -> Generator[pa.RecordBatch, None, TaskReport]:
+    return commit_untouched(spec, partition)
+    yield  # a generator: the home runs every job as one

@@ -256,6 +256,8 @@ class StreamingQuery:
         if self._released:
             return
         self._released = True
+        if not self._remote and self._query.exception() is None:
+            self._driver.snapshot_at_stop()
         with _active_lock:
             if _active.get(self._log.root) is self:
                 del _active[self._log.root]

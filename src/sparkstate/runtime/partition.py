@@ -40,13 +40,16 @@ def run_partition(
     checkpoint_id: str | None = None,
     commit: bool = True,
     on_commit: Callable[[Committed], None] | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The operator's output for one partition of batch ``ctx.batch_id``.
 
     The store opens at version ``ctx.batch_id`` on the lineage of ``checkpoint_id`` (None: the
     newest). Once the output is consumed, version ``batch_id + 1`` is committed and ``on_commit``
-    told; ``commit=False`` aborts instead (a replay of a committed batch changes nothing). Any
-    failure, the consumer's included, aborts. ``operator=None`` commits the version unchanged.
+    told (``before_commit`` is called first, once the output is complete: a state home
+    waits there until its worker handed the output to Spark); ``commit=False`` aborts
+    instead (a replay of a committed batch changes nothing). Any failure, the consumer's
+    included, aborts. ``operator=None`` commits the version unchanged.
     """
     load_started = time.perf_counter()
     store = provider.get_store(ctx.batch_id, checkpoint_id)
@@ -60,6 +63,8 @@ def run_partition(
         return
     try:
         yield from output
+        if before_commit is not None:
+            before_commit()
         before = store.metrics()
         commit_started = time.perf_counter()
         version = store.commit()

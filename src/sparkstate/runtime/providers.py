@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from sparkstate.exceptions import StoreLockedError
 from sparkstate.store.base import StateStoreProvider, StoreConf, StoreId
+from sparkstate.store.capabilities import SnapshotsNow
 from sparkstate.store.registry import provider_class
 
 __all__ = ["PROVIDERS", "PartitionKey", "ProviderCache", "StoreSettings"]
@@ -42,10 +43,13 @@ class StoreSettings:
 
 
 class ProviderCache:
-    """One provider per (state root, operator, partition) in this Python process."""
+    """One provider per (state root, operator, partition) in this Python process, made for one
+    run of the query."""
 
     def __init__(self) -> None:
         self._providers: dict[PartitionKey, StateStoreProvider] = {}
+        #: The query run each provider was made for.
+        self._runs: dict[PartitionKey, str] = {}
         self._locks: dict[PartitionKey, threading.Lock] = {}
         self._last_maintenance: dict[PartitionKey, float] = {}
         self._guard = threading.Lock()
@@ -81,12 +85,20 @@ class ProviderCache:
         column_families: dict[str, tuple[pa.Schema, pa.Schema]],
         *,
         widening: bool = False,
+        run: str = "",
     ) -> StateStoreProvider:
-        """The cached provider of a partition (caller holds ``lock(key)``); ``widening``: the
-        operator's value schemas may widen a field's type (``StoreConf.value_widening``)."""
+        """The cached provider of a partition (caller holds ``lock(key)``) for the query's run
+        ``run`` (one provider per run); ``widening``: the operator's value schemas may widen a
+        field's type (``StoreConf.value_widening``)."""
         found = self._providers.get(key)
         if found is not None:
-            return found
+            if self._runs.get(key) == run:
+                return found
+            # A new run of the query (a restart) may bring new schemas, column families or
+            # partitions: it gets a provider of its own, as Spark's StateStoreProviderId
+            # carries the query's run id. The local state stays: the new one reopens it.
+            del self._providers[key]
+            found.close()
         provider = provider_class(settings.provider)()
         conf = dataclasses.replace(
             settings.conf,
@@ -101,6 +113,7 @@ class ProviderCache:
             column_families or None,
         )
         self._providers[key] = provider
+        self._runs[key] = run
         return provider
 
     def maintain_later(self, key: PartitionKey, interval_s: float) -> None:
@@ -126,6 +139,14 @@ class ProviderCache:
                 provider.do_maintenance()
             except Exception:  # maintenance is retried next time; a batch never fails for it
                 log.exception("state store maintenance failed for %s", key)
+
+    def snapshot_now(self, key: PartitionKey, timeout_s: float) -> bool:
+        """Snapshot the partition's newest version if its provider here holds it (a query that
+        stops cleanly); whether a snapshot was written."""
+        with self.holding(key, timeout_s):
+            provider = self._providers.get(key)
+            capable = SnapshotsNow.of(provider) if provider is not None else None
+            return capable is not None and capable.snapshot_now()
 
     def close_all(self) -> None:
         with self._guard:

@@ -74,6 +74,8 @@ class TaskReport:
     pid: int = 0
     #: Rows a catch-up commit's timeout pass emitted after the sink had consumed the batch.
     num_output_rows_dropped: int = 0
+    #: The address of the state home the attempt ran in (None: it ran in its Python worker).
+    home: str | None = None
 
     @property
     def rows_in_state(self) -> int:
@@ -171,6 +173,9 @@ class OperatorCommit:
 
     checkpoint_ids: dict[int, str | None]
     num_rows_total: int
+    #: The state home that holds each partition's committed version (its owner): the next
+    #: batch's tasks send the partition's input there, wherever Spark runs them.
+    homes: dict[int, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, reports: list[TaskReport]) -> OperatorCommit:
@@ -178,6 +183,7 @@ class OperatorCommit:
         return cls(
             checkpoint_ids={r.partition: r.checkpoint_id for r in ordered},
             num_rows_total=sum(r.rows_in_state for r in reports),
+            homes={r.partition: r.home for r in ordered if r.home},
         )
 
 
@@ -199,6 +205,10 @@ class BatchCommit:
         """Checkpoint id of version ``batch_id + 1`` per operator and partition."""
         return {op: dict(c.checkpoint_ids) for op, c in self.operators.items()}
 
+    def owners(self) -> dict[int, dict[int, str]]:
+        """The state home holding version ``batch_id + 1``, per operator and partition."""
+        return {op: dict(c.homes) for op, c in self.operators.items()}
+
     def to_json(self) -> str:
         extra = {} if self.repartition is None else {"repartition": self.repartition}
         return _dumps(
@@ -212,6 +222,11 @@ class BatchCommit:
                     str(op): {
                         "checkpoint_ids": {str(p): c for p, c in entry.checkpoint_ids.items()},
                         "num_rows_total": entry.num_rows_total,
+                        **(
+                            {"homes": {str(p): h for p, h in entry.homes.items()}}
+                            if entry.homes
+                            else {}
+                        ),
                     }
                     for op, entry in self.operators.items()
                 },
@@ -230,11 +245,16 @@ class BatchCommit:
                 int(op): OperatorCommit(
                     checkpoint_ids={int(p): c for p, c in entry["checkpoint_ids"].items()},
                     num_rows_total=int(entry.get("num_rows_total", 0)),
+                    homes={int(p): str(h) for p, h in entry.get("homes", {}).items()},
                 )
                 for op, entry in data["operators"].items()
             },
             repartition=_partition_counts(data.get("repartition")),
         )
+
+
+def _homes_json(homes: dict[int, str]) -> dict[str, dict[str, str]]:
+    return {"homes": {str(p): h for p, h in homes.items()}} if homes else {}
 
 
 #: Frames of sparkstate's own code, left out of a user function's traceback.

@@ -44,6 +44,10 @@ class TaskSpec:
     replay: bool = False
     #: The watermark late input rows are judged by (the previous batch's); None: ``watermark_ms``.
     late_watermark_ms: int | None = None
+    #: Which start of the query this batch runs in: each start gets providers of its own.
+    run: str = ""
+    #: The state home holding version ``batch_id`` per partition (from the previous commit).
+    owners: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def key(self, partition: int) -> PartitionKey:
         return (self.store.state_root, self.op_id, partition)
@@ -70,6 +74,7 @@ class TaskSpec:
             op.value_schema,
             op.column_families(),
             widening=op.value_widening,
+            run=self.run,
         )
 
 
@@ -80,6 +85,8 @@ class Attempt:
     number: int = 0
     task_attempt_id: int = -1
     pid: int = dataclasses.field(default_factory=os.getpid)
+    #: The address of the state home running the attempt (None: its Python worker).
+    home: str | None = None
 
 
 def run_task(
@@ -88,8 +95,10 @@ def run_task(
     batches: Iterator[pa.RecordBatch],
     publish: Callable[[TaskReport], None],
     attempt: Attempt | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The operator's output for one partition; the report is published after the commit."""
+    """The operator's output for one partition; the report is published after the commit
+    (``before_commit``: see :func:`run_partition`)."""
     attempt = attempt or Attempt()
     key = spec.key(partition)
     ctx = spec.context(partition)
@@ -104,6 +113,7 @@ def run_task(
             checkpoint_id=spec.lineage.get(partition),
             commit=not spec.replay,
             on_commit=done.append,
+            before_commit=before_commit,
         )
     if spec.replay:
         return
@@ -172,4 +182,5 @@ def _report(
         task_attempt_id=attempt.task_attempt_id,
         pid=attempt.pid,
         num_output_rows_dropped=dropped,
+        home=attempt.home,
     )

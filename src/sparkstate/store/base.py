@@ -31,6 +31,7 @@ from sparkstate.store.conf import DEFAULT_CF, StoreConf, StoreId, default_local_
 
 __all__ = [
     "DEFAULT_CF",
+    "FOUND_METRICS",
     "ColumnFamily",
     "KeyRows",
     "Row",
@@ -141,6 +142,8 @@ class StateStore(ABC):
         #: Providers set the load time; ``commit()`` measures the commit time.
         self.load_time_ms = 0
         self.commit_time_ms = 0
+        #: Where the provider found this version (:data:`FOUND_METRICS`); None: not said.
+        self.found: str | None = None
 
     # --- provider core -------------------------------------------------------------------------
 
@@ -419,7 +422,7 @@ class StateStore(ABC):
             memory_used_bytes=self._memory_used_bytes(),
             commit_time_ms=self.commit_time_ms,
             load_time_ms=self.load_time_ms,
-            custom=self._custom_metrics(),
+            custom={**self._custom_metrics(), **_found_metrics(self.found)},
         )
 
     def __enter__(self) -> StateStore:
@@ -427,6 +430,25 @@ class StateStore(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.abort()
+
+
+#: Where a provider found the version a store opened at, each a count in the store's custom
+#: metrics (progress sums them over partitions, so a user sees state move): ``open`` in this
+#: process at that version; ``local`` reopened from the executor's local copy at that version;
+#: ``caught_up`` from an older copy in this process or executor, the changes since replayed;
+#: ``restored`` from durable storage (a snapshot, or every change from the start).
+FOUND_METRICS = {
+    "open": "stateFoundOpen",
+    "local": "stateFoundLocal",
+    "caught_up": "stateCaughtUp",
+    "restored": "stateRestored",
+}
+
+
+def _found_metrics(found: str | None) -> dict[str, float]:
+    if found is None:
+        return {}
+    return {name: float(kind == found) for kind, name in FOUND_METRICS.items()}
 
 
 class StateStoreProvider(ABC):

@@ -37,6 +37,7 @@ __all__ = [
     "FileGroup",
     "ReadsChanges",
     "StoredFiles",
+    "SnapshotsNow",
     "WritesVersions",
     "provider_over_files",
     "shares_files",
@@ -67,6 +68,18 @@ class Capability(ABC):
             msg = f"state store provider {name!r} cannot {cls.action}: {purpose}"
             raise ConfigurationError(msg)
         return found
+
+
+class SnapshotsNow(Capability):
+    """Writes a snapshot of the newest version it committed, where none exists yet: a query
+    that stops cleanly leaves each partition one snapshot to restore and nothing to replay."""
+
+    action = "write a snapshot on demand"
+
+    @abstractmethod
+    def snapshot_now(self) -> bool:
+        """Snapshot the newest version this provider committed (still open in it) unless one
+        is stored already; whether one was written."""
 
 
 class ReadsChanges(Capability):

@@ -72,6 +72,10 @@ class StoreConf:
     #: RocksDB provider: count the rows in state (Spark's ``trackTotalNumberOfRows``); off, a
     #: write needs no read of its key, the store's count is -1 and progress shows 0, as Spark's.
     track_total_rows: bool = True
+    #: Run stateful tasks in the executor's state homes (long-lived processes that keep each
+    #: partition's state open from batch to batch, :mod:`sparkstate.runtime.home`); off, the
+    #: task runs in the Python worker Spark gives it.
+    state_home: bool = True
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.
     max_versions_in_memory: int = 2

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
-from sparkstate.store.base import StateStore
+from sparkstate.store.base import FOUND_METRICS, StateStore
 from sparkstate.store.spark_metrics import HDFS_METRICS
 from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
 from sparkstate.store.versions.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
@@ -317,7 +317,9 @@ class MemoryStateStoreProvider(VersionedProvider):
         # Entries written into ``data`` since it was copied from a cached version (None: not a
         # copy, its objects are its own).
         shared: int | None = 0
+        found: str | None = "open"
         if target is None:
+            found = None
             data: dict[bytes, bytes] = {}
         elif cached is not None:
             self.cache_hits += 1
@@ -330,6 +332,7 @@ class MemoryStateStoreProvider(VersionedProvider):
             from_local = plan.from_local and local is not None
             data = dict(self._cache[local]) if from_local and local else (snap or {})
             shared = 0 if from_local else None
+            found = "caught_up" if from_local else "restored"
             # The key order starts again (one sort at the first scan): replaying each delta's
             # changes into it costs more than that sort when the removals are scattered. One
             # delta is read at a time, applied a record batch at a time (what the map keeps is
@@ -354,6 +357,7 @@ class MemoryStateStoreProvider(VersionedProvider):
         )
         store.snapshots_skipped = self.corrupt_snapshots_skipped - skipped
         store.replayed = shared
+        store.found = found
         return store
 
     def get_store(self, version: int, checkpoint_id: str | None = None) -> MemoryStateStore:
@@ -387,9 +391,21 @@ class MemoryStateStoreProvider(VersionedProvider):
         if latest.version - newest_snap >= self.conf.min_deltas_for_snapshot:
             self.write_snapshot(latest, self._cache[latest])
 
+    def snapshot_now(self) -> bool:
+        latest = self._last_ref
+        if latest is None or latest not in self._cache or self.index().has(latest, "snapshot"):
+            return False
+        self.write_snapshot(latest, self._cache[latest])
+        return True
+
     @classmethod
     def supported_custom_metrics(cls) -> list[str]:
-        return ["deltaBytesWritten", "corruptSnapshotsSkipped", *HDFS_METRICS]
+        return [
+            "deltaBytesWritten",
+            "corruptSnapshotsSkipped",
+            *HDFS_METRICS,
+            *FOUND_METRICS.values(),
+        ]
 
     def close(self) -> None:
         self._cache.clear()

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
-from sparkstate.store.base import StoreConf, StoreId, default_local_dir
+from sparkstate.store.base import FOUND_METRICS, StoreConf, StoreId, default_local_dir
 from sparkstate.store.files.durable import FileEntry
 from sparkstate.store.handoff import listener
 from sparkstate.store.rocksdb.local import LocalDB, LocalDBConf, LocalStoreDir, local_key
@@ -219,10 +219,13 @@ class RocksDBStateStoreProvider(VersionedProvider):
             # One local database per partition: as in Spark, opening a version discards a
             # version still open in this provider (its writes were never committed).
             self._active.discard()
+        kept_open = self._db is not None
         db, local_ref, num_keys = self._open_local()
         self._db = db  # closed by release() if anything below fails
         if db is not None and local_ref == target:
-            return RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
+            store = RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
+            store.found = None if target is None else "open" if kept_open else "local"
+            return store
         usable = local_ref if db is not None and local_ref and target else None
         if usable is not None and target is not None and usable.version >= target.version:
             usable = None
@@ -262,7 +265,11 @@ class RocksDBStateStoreProvider(VersionedProvider):
             self._stats["changelogsReplayed"] += 1
             self._phases.changelogs_replayed += 1
         self._phases.replay_changelog_ms = (time.perf_counter() - started) * 1000
-        return RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
+        store = RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
+        from_local = plan is not None and plan.from_local and usable is not None
+        if target is not None:
+            store.found = "caught_up" if from_local else "restored"
+        return store
 
     def _sst_map_path(self) -> str:
         return os.path.join(self.local.path, "sst_map.json")
@@ -310,6 +317,29 @@ class RocksDBStateStoreProvider(VersionedProvider):
             os.rename(creating, self.local.scratch_path(f"pending-{ref}@{incarnation}"))
         store.capture_final_metrics()
         self.end_use()
+
+    def snapshot_now(self) -> bool:
+        """A local checkpoint of the newest committed version, if its database is open here at
+        that version and no snapshot of it exists (stored or pending), then uploaded."""
+        latest = self._last_ref
+        with self._mutex:
+            if latest is None or self._db is None or self._in_use:
+                return False
+            marker = self._db.read_marker() or {}
+            current = marker.get("version") == latest.version
+            if not current or marker.get("checkpoint_id") != latest.checkpoint_id:
+                return False
+            pending = {self._parse_pending(n)[0] for n in self._pending_snapshots()}
+            if latest not in pending and not self.index().has(latest, "snapshot"):
+                incarnation = SstMap(self._sst_map_path()).incarnation
+                creating = self.local.scratch_path(f"creating-{os.getpid()}-{latest}")
+                shutil.rmtree(creating, ignore_errors=True)
+                self._db.flush()
+                self._db.create_checkpoint(creating)
+                os.rename(creating, self.local.scratch_path(f"pending-{latest}@{incarnation}"))
+        before = self._stats["filesUploaded"] + self._stats["filesReused"]
+        self._maybe_snapshot(self.index())
+        return self._stats["filesUploaded"] + self._stats["filesReused"] > before
 
     def _snapshot_due(self, ref: VersionRef) -> bool:
         """Whether no snapshot (uploaded or pending) exists among ``ref``'s recent ancestors."""
@@ -435,6 +465,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "corruptSnapshotsSkipped",
             "localOpens",
             *ROCKSDB_METRICS,
+            *FOUND_METRICS.values(),
         ]
 
     def close(self) -> None:

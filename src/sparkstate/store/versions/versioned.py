@@ -28,6 +28,7 @@ from sparkstate.store.capabilities import (
     DescribesFiles,
     FileGroup,
     ReadsChanges,
+    SnapshotsNow,
     StoredFiles,
     WritesVersions,
 )
@@ -54,7 +55,9 @@ T = TypeVar("T")
 STALE_TMP_S = 3600.0
 
 
-class VersionedProvider(StateStoreProvider, ReadsChanges, DescribesFiles, WritesVersions):
+class VersionedProvider(
+    StateStoreProvider, ReadsChanges, DescribesFiles, WritesVersions, SnapshotsNow
+):
     """Base of providers that write one changelog per version and snapshots every N versions."""
 
     delta_ext: ClassVar[str]

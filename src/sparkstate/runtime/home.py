@@ -1,0 +1,311 @@
+"""A state home: the long-lived process of an executor in which its state partitions live.
+
+Spark runs a partition's task in whichever of its pooled Python workers is free, so state kept in
+a worker moves between processes from one batch to the next. A home stays: the task's worker
+streams its input to the home that owns the partition (:mod:`.home_client` finds or starts it) and
+streams the output back, and the home runs the task's job (:func:`sparkstate.runtime.tasks.
+run_task`, the user's functions included) against its provider cache, which holds the partition
+open from one batch to the next. A home serves each connection on a thread of its own.
+
+A home also listens on TCP for tasks that Spark ran on another executor (:data:`ADDRESS`, a
+random token in it: a task's report names it, the batch's commit records it as the partition's
+owner, and the next batch's task for the partition connects there wherever it runs), so that a
+partition stays with its state across executors too.
+
+A home ends with its executor (it watches the executor's JVM), when idle for ``idle_s`` seconds,
+or on SIGTERM; before it ends it closes its providers. Run as
+``python -m sparkstate.runtime.home --socket PATH --parent PID:START --idle-s S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hmac
+import logging
+import os
+import pickle
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from sparkstate.runtime.home_wire import (
+    AUTH,
+    BATCH,
+    CONSUMED,
+    END,
+    ERROR,
+    FINISHED,
+    JOB,
+    RESULT,
+    HomeLost,
+    decode_batch,
+    encode_batch,
+    pickled_error,
+    read_frame,
+    send_frame,
+)
+from sparkstate.runtime.providers import PROVIDERS
+
+__all__ = ["ADDRESS", "HomeJob", "ProcessRef", "address_file", "serve"]
+
+log = logging.getLogger("sparkstate.home")
+
+#: This home's TCP address, ``host:port/token`` (set when it serves; None in a worker).
+ADDRESS: str | None = None
+
+#: A home's job: ``job(input batches, ready)`` yields the output batches and returns the
+#: result; ``ready()`` is called once the output is complete, before the commit, and returns
+#: when the worker has handed all of it to Spark.
+HomeJob = Callable[[Iterator[pa.RecordBatch], Callable[[], None]], Iterator[pa.RecordBatch]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessRef:
+    """One process for its whole life: its pid and its start time (a pid is reused)."""
+
+    pid: int
+    start: int
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessRef | None:
+        stat = _stat(pid)
+        return None if stat is None else cls(pid, int(stat[19]))
+
+    @classmethod
+    def parse(cls, text: str) -> ProcessRef:
+        pid, start = text.split(":")
+        return cls(int(pid), int(start))
+
+    def __str__(self) -> str:
+        return f"{self.pid}:{self.start}"
+
+    def alive(self) -> bool:
+        """Whether the process runs (a zombie, killed and not yet reaped, does not)."""
+        stat = _stat(self.pid)
+        return stat is not None and int(stat[19]) == self.start and stat[0] not in ("Z", "X")
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command (the 4th field, ppid, is index 1)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def address_file(path: str) -> str:
+    """Where the home on the Unix socket ``path`` writes its TCP address."""
+    return path.removesuffix(".sock") + ".addr"
+
+
+def advertised_host() -> str:
+    """The host other executors reach this one at: ``SPARKSTATE_HOME_HOST``, else Spark's
+    ``SPARK_LOCAL_IP``, else the address this machine's name resolves to."""
+    host = os.environ.get("SPARKSTATE_HOME_HOST") or os.environ.get("SPARK_LOCAL_IP")
+    if host:
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class Home:
+    """The server: accepts connections on ``path`` (and on TCP, with a token) until its
+    executor or its idleness ends it."""
+
+    def __init__(self, path: str, parent: ProcessRef | None, idle_s: float) -> None:
+        self.path = path
+        self.parent = parent
+        self.idle_s = idle_s
+        self._active = 0
+        self._last_active = time.monotonic()
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> str:
+        """Serve until the end; returns why it ended."""
+        global ADDRESS
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(self.path)
+        server.listen(64)
+        server.settimeout(1.0)
+        host = advertised_host()
+        tcp = socket.create_server((host, 0), backlog=64)
+        tcp.settimeout(1.0)
+        token = secrets.token_hex(16)
+        ADDRESS = f"{host}:{tcp.getsockname()[1]}/{token}"
+        _write_atomic(address_file(self.path), ADDRESS)
+        threading.Thread(target=self._accept, args=(tcp, token), daemon=True).start()
+        try:
+            self._accept(server, None)
+        finally:
+            for leftover in (self.path, address_file(self.path)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
+            server.close()
+            tcp.close()
+        PROVIDERS.close_all()
+        return self._why_stop() or "asked to stop"
+
+    def _accept(self, server: socket.socket, token: str | None) -> None:
+        while self._why_stop() is None:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed as the home ends
+                return
+            conn.settimeout(None)
+            if token is not None:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._guard:
+                self._active += 1
+            threading.Thread(target=self._serve, args=(conn, token), daemon=True).start()
+
+    def _why_stop(self) -> str | None:
+        if self._stop.is_set():
+            return "asked to stop"
+        if self.parent is not None and not self.parent.alive():
+            return f"its executor (process {self.parent.pid}) ended"
+        with self._guard:
+            idle = self._active == 0 and time.monotonic() - self._last_active > self.idle_s
+        return f"idle for {self.idle_s:.0f} s" if idle else None
+
+    def _serve(self, conn: socket.socket, token: str | None) -> None:
+        try:
+            with conn:
+                if token is not None and not _authenticated(conn, token):
+                    return
+                _run_job(conn, f"state home {os.getpid()}")
+        finally:
+            with self._guard:
+                self._active -= 1
+                self._last_active = time.monotonic()
+
+
+def _authenticated(conn: socket.socket, token: str) -> bool:
+    conn.settimeout(10.0)
+    try:
+        kind, payload = read_frame(conn)
+    except (HomeLost, OSError):
+        return False
+    if kind != AUTH or not hmac.compare_digest(bytes(payload), token.encode()):
+        return False
+    conn.settimeout(None)
+    send_frame(conn, AUTH, b"")
+    return True
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class _Inputs:
+    """The task's input batches as they arrive, up to END."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.done = False
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while not self.done:
+            kind, payload = read_frame(self.conn)
+            if kind == END:
+                self.done = True
+            elif kind == BATCH:
+                yield decode_batch(payload)
+            else:
+                msg = f"unexpected frame {kind!r} in a task's input"
+                raise HomeLost(msg)
+
+    def drain(self) -> None:
+        for _ in self:
+            pass
+
+
+def _run_job(conn: socket.socket, where: str) -> None:
+    kind, payload = read_frame(conn)
+    if kind != JOB:
+        return
+    inputs = _Inputs(conn)
+
+    def ready() -> None:
+        send_frame(conn, FINISHED, b"")
+        inputs.drain()
+        if read_frame(conn)[0] != CONSUMED:
+            msg = "the worker did not confirm the task's output"
+            raise HomeLost(msg)
+
+    output: Iterator[pa.RecordBatch] | None = None
+    try:
+        paths, job_bytes = pickle.loads(payload)
+        sys.path.extend(p for p in paths if p not in sys.path)
+        job: HomeJob = pickle.loads(job_bytes)
+        output = job(iter(inputs), ready)
+        while True:
+            try:
+                batch = next(output)
+            except StopIteration as stop:
+                result: Any = stop.value
+                break
+            send_frame(conn, BATCH, encode_batch(batch))
+        send_frame(conn, RESULT, pickle.dumps(result))
+    except (HomeLost, OSError) as exc:
+        log.warning("%s: a task's worker went away: %s", where, exc)
+    except BaseException as exc:  # noqa: BLE001 - the task's error goes back to its worker
+        with contextlib.suppress(OSError):
+            send_frame(conn, ERROR, pickled_error(exc, where))
+    finally:
+        if output is not None and hasattr(output, "close"):
+            output.close()  # an unfinished job aborts its version
+
+
+def serve(path: str, parent: ProcessRef | None, idle_s: float) -> str:
+    home = Home(path, parent, idle_s)
+    signal.signal(signal.SIGTERM, lambda *_: home.stop())
+    return home.run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sparkstate.runtime.home")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--parent", type=ProcessRef.parse, default=None)
+    parser.add_argument("--idle-s", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    )
+    why = serve(args.socket, args.parent, args.idle_s)
+    log.info("state home %d on %s ended: %s", os.getpid(), args.socket, why)
+    # A clean end leaves nothing behind; the log of a home that crashed stays for its reader.
+    for leftover in (args.socket + ".lock", args.socket.removesuffix(".sock") + ".log"):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+
+
+if __name__ == "__main__":
+    # Serve from the module under its own name, whose ADDRESS the tasks' jobs read (``-m``
+    # runs this file a second time, as ``__main__``).
+    from sparkstate.runtime.home import main as serve_home
+
+    serve_home()

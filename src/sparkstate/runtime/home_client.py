@@ -1,0 +1,295 @@
+"""The worker's side of a state home: find the home of a partition, start it if need be, and run
+a task's job there, streaming the input to it and the output back (:mod:`.home_wire`).
+
+An executor has ``slots`` homes (its task slots), and partition ``p`` lives in home ``p % slots``,
+so partitions that Spark runs at the same time usually run in different homes. A home is named by
+its executor's JVM (pid and start time), the workers' environment and its slot: the workers of one
+executor find the same homes, and two applications, or two executors of one machine, never share
+one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from sparkstate.exceptions import StateHomeError
+from sparkstate.runtime.home import ProcessRef, _stat, address_file
+from sparkstate.runtime.home_wire import (
+    AUTH,
+    BATCH,
+    CONSUMED,
+    END,
+    ERROR,
+    FINISHED,
+    JOB,
+    RESULT,
+    HomeLost,
+    decode_batch,
+    encode_batch,
+    read_frame,
+    send_frame,
+)
+
+__all__ = [
+    "HOME_START_TIMEOUT_S",
+    "connect",
+    "connect_owner",
+    "executor_process",
+    "home_path",
+    "local_address",
+    "run_in_home",
+]
+
+#: How long a worker waits for a home it started to accept connections.
+HOME_START_TIMEOUT_S = 60.0
+#: How long a task waits to reach a partition's owner on another executor before it takes the
+#: partition over in its own.
+OWNER_TIMEOUT_S = 5.0
+#: How long a home with no task stays up.
+HOME_IDLE_S = 600.0
+#: Homes this worker started (reaped when they end, so none stays a zombie).
+_STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def home_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"sparkstate-homes-{os.getuid()}")
+
+
+@functools.cache
+def executor_process() -> ProcessRef | None:
+    """The executor's JVM this worker serves (the nearest ``java`` ancestor), or None where
+    there is none to find (then tasks run in the worker)."""
+    pid = os.getppid()
+    for _ in range(8):
+        if pid <= 1:
+            return None
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
+                comm = f.read().strip()
+        except OSError:
+            return None
+        if comm == "java":
+            return ProcessRef.of(pid)
+        stat = _stat(pid)
+        if stat is None:
+            return None
+        pid = int(stat[1])
+    return None
+
+
+@functools.cache
+def _environment() -> str:
+    """A digest of the environment this worker process started with: PySpark keeps a pool of
+    workers per environment (a UDF's ``SparkContext.environment``), and a home runs with the
+    environment of the worker that starts it, so each environment gets homes of its own."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        env = repr(sorted(os.environ.items())).encode()
+    return hashlib.sha1(env, usedforsecurity=False).hexdigest()[:10]
+
+
+def home_path(executor: ProcessRef, slot: int) -> str:
+    name = f"{executor.pid}-{executor.start}-{_environment()}-{slot}.sock"
+    return os.path.join(home_dir(), name)
+
+
+def connect(executor: ProcessRef, slot: int) -> socket.socket:
+    """A connection to the home of ``slot`` on this executor, started if there is none."""
+    path = home_path(executor, slot)
+    sock = _try_connect(path)
+    if sock is not None:
+        return sock
+    os.makedirs(home_dir(), exist_ok=True)
+    with open(path + ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts it; the others then connect
+        sock = _try_connect(path)
+        if sock is None:
+            sock = _start(path, executor)
+    return sock
+
+
+def local_address(executor: ProcessRef, slot: int) -> str | None:
+    """The TCP address of this executor's home of ``slot``, if it runs."""
+    try:
+        with open(address_file(home_path(executor, slot)), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def connect_owner(address: str) -> socket.socket | None:
+    """A connection to the home at ``address`` (``host:port/token``, most likely on another
+    executor), or None if it cannot be reached or is not that home any more."""
+    where, _, token = address.partition("/")
+    host, _, port = where.rpartition(":")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=OWNER_TIMEOUT_S)
+    except (OSError, ValueError):
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_frame(sock, AUTH, token.encode())
+        if read_frame(sock)[0] != AUTH:
+            raise HomeLost(address)
+    except (OSError, HomeLost):
+        sock.close()
+        return None
+    sock.settimeout(None)
+    return sock
+
+
+def _try_connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    return sock
+
+
+def _start(path: str, executor: ProcessRef) -> socket.socket:
+    _reap()
+    log_path = path[: -len(".sock")] + ".log"
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sparkstate.runtime.home",
+                "--socket",
+                path,
+                "--parent",
+                str(executor),
+                "--idle-s",
+                str(HOME_IDLE_S),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+    _STARTED.append(process)
+    deadline = time.monotonic() + HOME_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        sock = _try_connect(path)
+        if sock is not None:
+            return sock
+        if process.poll() is not None:
+            msg = (
+                f"the state home for {path} ended as it started (exit code "
+                f"{process.returncode}); its log {log_path} ends: {_tail(log_path)}"
+            )
+            raise StateHomeError(msg)
+        time.sleep(0.02)
+    process.kill()
+    msg = f"the state home for {path} did not start in {HOME_START_TIMEOUT_S:.0f} s"
+    raise StateHomeError(msg)
+
+
+def _reap() -> None:
+    _STARTED[:] = [p for p in _STARTED if p.poll() is None]
+
+
+def _tail(path: str, size: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode("utf-8", "replace").strip() or "(empty)"
+    except OSError as exc:
+        return f"(unreadable: {exc})"
+
+
+def _peer(sock: socket.socket) -> str:
+    """The home at the other end, for messages: its process, or its TCP address."""
+    if sock.family != socket.AF_UNIX:
+        host, port = sock.getpeername()[:2]
+        return f"at {host}:{port}"
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return f"process {struct.unpack('3i', creds)[0]}"
+
+
+def run_in_home(
+    sock: socket.socket, job: bytes, batches: Iterator[pa.RecordBatch], what: str
+) -> Generator[pa.RecordBatch, None, Any]:
+    """Run ``job`` (a pickled :data:`~sparkstate.runtime.home.HomeJob`) in the home at the
+    other end of ``sock`` over ``batches``; yields its output and returns its result.
+
+    The input goes on a thread of its own while the output comes back, so neither side waits
+    for the other's buffers. ``what`` names the task in errors.
+    """
+    home = _peer(sock)
+    sent: list[BaseException] = []
+
+    def send_inputs() -> None:
+        try:
+            for batch in batches:
+                send_frame(sock, BATCH, encode_batch(batch))
+            send_frame(sock, END, b"")
+        except BaseException as exc:  # noqa: BLE001 - raised by the task's thread below
+            sent.append(exc)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def failed(exc: BaseException) -> BaseException:
+        sender.join()
+        if sent and not isinstance(sent[0], OSError):
+            return sent[0]  # reading the task's input failed: that is the task's error
+        msg = (
+            f"the state home ({home}) running {what} ended in the middle of the "
+            f"task ({exc}); Spark retries the task, and a new home restores the state from "
+            f"the checkpoint. The home's log is beside its socket in {home_dir()}"
+        )
+        return StateHomeError(msg)
+
+    send_frame(sock, JOB, pickle.dumps(([p for p in sys.path if p], job)))
+    sender = threading.Thread(target=send_inputs, name="sparkstate-home-input", daemon=True)
+    sender.start()
+    try:
+        while True:
+            try:
+                kind, payload = read_frame(sock)
+            except (HomeLost, OSError) as exc:
+                raise failed(exc) from exc
+            if kind == BATCH:
+                yield decode_batch(payload)
+            elif kind == FINISHED:
+                sender.join()
+                if sent:
+                    raise failed(sent[0])
+                send_frame(sock, CONSUMED, b"")
+            elif kind == RESULT:
+                sender.join()
+                result: Any = pickle.loads(payload)
+                return result
+            elif kind == ERROR:
+                error: BaseException = pickle.loads(payload)
+                with contextlib.suppress(AttributeError, TypeError):
+                    error.raised_in_home = True  # type: ignore[attr-defined]
+                raise error
+            else:
+                raise failed(HomeLost(f"unexpected frame {kind!r}"))
+    finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        sender.join(timeout=5.0)

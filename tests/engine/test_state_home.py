@@ -1,0 +1,263 @@
+"""State homes: each partition's state stays open in one long-lived process of its executor.
+
+A task's Python worker streams its input to the partition's home and the output back; the home
+runs the task against the state it keeps open. Killing a home (in the middle of a task or of a
+commit) or the worker streaming to it loses nothing and counts nothing twice; two applications
+never share a home, and a home ends with its application.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate import functions as SF
+
+from .conftest import PROVIDERS, FileFeed
+from .faults import KILLING, arm
+from .helpers import normalize, oracle_update, run_batches, source
+
+SCHEMA = "k string, v int"
+HOME = "sparkstate.runtime.home"
+BATCHES: list[list[dict[str, Any]]] = [
+    [{"k": f"k{(i * 7) % 13}", "v": i} for i in range(40 + 10 * b)] for b in range(5)
+]
+FOUND = ("stateFoundOpen", "stateFoundLocal", "stateCaughtUp", "stateRestored")
+
+
+def spark_aggs() -> list[Any]:
+    return [F.count("*").alias("n"), F.sum("v").alias("total")]
+
+
+def start(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str, **options: str
+) -> Any:
+    writer = (
+        ss.stream(source(spark, feed, SCHEMA))
+        .groupBy("k")
+        .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+        .writeStream.outputMode("update")
+        .format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .option("stateStore", provider)
+        .option("stateStore.state_home", "true")
+    )
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    return writer.start()
+
+
+def assert_output_is_sparks(spark: SparkSession, tmp_path: Path) -> None:
+    assert_output_is_sparks_upto(spark, tmp_path, len(BATCHES))
+
+
+def assert_output_is_sparks_upto(spark: SparkSession, tmp_path: Path, batches: int) -> None:
+    expected = oracle_update(spark, SCHEMA, BATCHES[:batches], ["k"], spark_aggs)
+    want = normalize([r for b in sorted(expected) for r in expected[b]])
+    got = spark.read.schema("k string, n long, total long").parquet(str(tmp_path / "out"))
+    assert normalize(got.collect()) == want
+
+
+def found(query: Any) -> dict[int, dict[str, int]]:
+    """Per batch, where the partitions' state was found (progress custom metrics)."""
+    return {
+        p["batchId"]: {k: p["stateOperators"][0]["customMetrics"].get(k, 0) for k in FOUND}
+        for p in query.recentProgress
+        if p["stateOperators"]
+    }
+
+
+def homes(jvm: int) -> dict[int, str]:
+    """The state homes of the executor whose JVM is ``jvm``: pid -> socket."""
+    out: dict[int, str] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode() for a in args]
+        if HOME in words and "--parent" in words:
+            parent = words[words.index("--parent") + 1]
+            if parent.split(":")[0] == str(jvm):
+                out[int(pid)] = words[words.index("--socket") + 1]
+    return out
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_state_stays_open_in_its_home_and_a_killed_home_loses_nothing(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    state = tmp_path / "chk" / "sparkstate"
+    # batch 3 (version 4): the home dies right after loading partition 0's store; batch 4
+    # (version 5): the home of partition 1 dies after its version is durable, before the
+    # task's output reached Spark.
+    markers = [arm(state, "open", 4, 0), arm(state, "commit", 5, 1)]
+    q = start(spark, feed, tmp_path, KILLING[provider])
+    run_batches(feed, q, BATCHES)
+    assert not any(m.exists() for m in markers), "the faults did not fire"
+    assert_output_is_sparks(spark, tmp_path)
+    where = found(q)
+    # Batches 1 and 2: every partition's state was open in its home at the version asked for.
+    for batch in (1, 2):
+        assert where[batch]["stateFoundOpen"] == 4, where
+        assert where[batch]["stateRestored"] + where[batch]["stateCaughtUp"] == 0, where
+    # Batch 3: the retried task's new home restored partition 0 from the checkpoint.
+    assert where[3]["stateRestored"] >= 1, where
+    slots = {socket.rsplit("-", 1)[1] for socket in homes(jvm_pid(spark)).values()}
+    assert slots == {"0.sock", "1.sock"}  # a home per task slot of the executor
+
+
+def _kill_workers_when_stalled(marker: Path, jvm: int, killed: list[int]) -> None:
+    """Once a task is in flight in a home, SIGKILL the executor's Python workers (PySpark's
+    daemon's children): the one streaming to the home dies in the middle of its task."""
+    at = marker.with_name(marker.name + ".at")
+    deadline = time.monotonic() + 120
+    while not at.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemons = [p for p in _children(jvm) if b"pyspark.daemon" in _cmdline(p)]
+    for daemon in daemons:
+        for worker in _children(daemon):
+            os.kill(worker, signal.SIGKILL)
+            killed.append(worker)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):  # a JVM's children are its threads'
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_worker_killed_while_its_task_runs_in_the_home(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    state = tmp_path / "chk" / "sparkstate"
+    marker = arm(state, "stall", 3, 2)  # batch 2, partition 2: the home holds the task
+    jvm = jvm_pid(spark)
+    before: dict[int, str] = {}
+    killed: list[int] = []
+    killer = threading.Thread(target=_kill_workers_when_stalled, args=(marker, jvm, killed))
+    killer.start()
+    q = start(spark, feed, tmp_path, KILLING[provider])
+    try:
+        run_batches(feed, q, BATCHES, on_batch=lambda b: b or before.update(homes(jvm)))
+    finally:
+        killer.join()
+    assert killed, "no Python worker was killed"
+    assert_output_is_sparks(spark, tmp_path)
+    assert before
+    assert homes(jvm) == before  # the homes outlived the workers; the retry found its state
+
+
+APP = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    import sparkstate as ss
+
+    feed, chk = sys.argv[1], sys.argv[2]
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.readStream.schema("k string, v int").json(feed)
+    q = (ss.stream(df).groupBy("k").count().writeStream.outputMode("update").format("noop")
+         .option("checkpointLocation", chk).option("stateStore", "rocksdb")
+         .option("stateStore.state_home", "true").start())
+    q.processAllAvailable()
+    q.stop()
+    import glob, tempfile
+    jvm = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    where = os.path.join(tempfile.gettempdir(), f"sparkstate-homes-{os.getuid()}")
+    print("JVM", jvm, "HOMES", len(glob.glob(os.path.join(where, f"{jvm}-*.sock"))), flush=True)
+    """
+)
+
+
+def test_applications_keep_their_own_homes_and_none_outlives_its_application(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    q = start(spark, feed, tmp_path, "rocksdb")
+    run_batches(feed, q, BATCHES[:1])
+    ours = homes(jvm_pid(spark))
+    assert ours
+    script = tmp_path / "app.py"
+    script.write_text(APP)
+    done = subprocess.run(
+        [sys.executable, str(script), str(feed.path), str(tmp_path / "other")],
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    words = done.stdout.decode().split("JVM")[-1].split()
+    other, started = int(words[0]), int(words[2])
+    assert started == 2, "the other application ran no homes"
+    assert other != jvm_pid(spark)
+    deadline = time.monotonic() + 10
+    while homes(other) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert homes(other) == {}, "a home outlived its application"
+    assert not list(Path(next(iter(ours.values()))).parent.glob(f"{other}-*")), "files left"
+    assert homes(jvm_pid(spark)) == ours  # ours were not touched by the other application
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_clean_stop_leaves_a_snapshot_to_restore_and_nothing_to_replay(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    """A query that stops cleanly has each home snapshot its partitions' newest versions; a
+    restart on a new executor (no home, no local copy) restores them and replays nothing."""
+    local = tmp_path / "local"
+
+    def started() -> Any:
+        return start(spark, feed, tmp_path, provider, **{"stateStore.local_dir": str(local)})
+
+    run_batches(feed, started(), BATCHES[:3])  # versions 1-3; snapshots every 10 by default
+    state = tmp_path / "chk" / "sparkstate" / "state" / "0"
+    for part in range(4):
+        assert [p.name.split("_")[0] for p in (state / str(part)).glob("*.snapshot*")] == ["3"]
+    jvm = jvm_pid(spark)
+    for pid in homes(jvm):  # a new executor: its homes and local copies are gone
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while homes(jvm) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert homes(jvm) == {}
+    if local.exists():
+        shutil.rmtree(local)
+    q = started()
+    run_batches(feed, q, BATCHES[3:4])
+    metrics = q.lastProgress["stateOperators"][0]["customMetrics"]
+    assert metrics["stateRestored"] == 4, metrics
+    if provider == "rocksdb":
+        assert metrics["changelogsReplayed"] == 0, metrics
+    assert_output_is_sparks_upto(spark, tmp_path, 4)
