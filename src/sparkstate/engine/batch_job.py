@@ -181,11 +181,8 @@ def snapshot_at_stop(config: DriverConfig, stages: list[Stage], last: BatchCommi
     if not config.store.conf.state_home:
         return 0
     intent = BatchIntent(last.batch_id + 1, last.watermark_ms, 0)
-    owners = last.owners()
-    work = [
-        (task_spec(config, s, False, intent, last.lineage(), False, owners), p, address)
-        for s in stages
-        for p, address in owners.get(s.op_id, {}).items()
-    ]
+    owners, lineage = last.owners(), last.lineage()
+    specs = [task_spec(config, s, False, intent, lineage, False, owners) for s in stages]
+    work = [(spec, p, address) for spec in specs for p, address in spec.owners.items()]
     with ThreadPoolExecutor(4, thread_name_prefix="sparkstate-stop") as pool:
         return sum(pool.map(lambda w: snapshot_in_owner(*w), work))

@@ -298,23 +298,11 @@ class RocksDBStateStoreProvider(VersionedProvider):
     # --- commit, snapshots -----------------------------------------------------------------------
 
     def after_commit(self, store: RocksDBStateStore, ref: VersionRef) -> None:
-        """Take a local checkpoint when a snapshot is due, capture metrics, end the store's use.
-
-        The checkpoint is created under a private name and renamed to ``pending-...`` once
-        complete, so that maintenance in another worker process only ever claims whole ones.
-        """
-        assert self._db is not None
+        """Take a local checkpoint when a snapshot is due, capture metrics, end the store's
+        use."""
         if self._snapshot_due(ref):
-            incarnation = SstMap(self._sst_map_path()).incarnation
-            creating = self.local.scratch_path(f"creating-{os.getpid()}-{ref}")
-            shutil.rmtree(creating, ignore_errors=True)
-            started = time.perf_counter()
-            self._db.flush()
-            flushed = time.perf_counter()
-            self._db.create_checkpoint(creating)
-            store.phases.flush_ms = (flushed - started) * 1000
-            store.phases.checkpoint_ms = (time.perf_counter() - flushed) * 1000
-            os.rename(creating, self.local.scratch_path(f"pending-{ref}@{incarnation}"))
+            flush_ms, checkpoint_ms = self._take_local_checkpoint(ref)
+            store.phases.flush_ms, store.phases.checkpoint_ms = flush_ms, checkpoint_ms
         store.capture_final_metrics()
         self.end_use()
 
@@ -331,15 +319,27 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 return False
             pending = {self._parse_pending(n)[0] for n in self._pending_snapshots()}
             if latest not in pending and not self.index().has(latest, "snapshot"):
-                incarnation = SstMap(self._sst_map_path()).incarnation
-                creating = self.local.scratch_path(f"creating-{os.getpid()}-{latest}")
-                shutil.rmtree(creating, ignore_errors=True)
-                self._db.flush()
-                self._db.create_checkpoint(creating)
-                os.rename(creating, self.local.scratch_path(f"pending-{latest}@{incarnation}"))
+                self._take_local_checkpoint(latest)
         before = self._stats["filesUploaded"] + self._stats["filesReused"]
         self._maybe_snapshot(self.index())
         return self._stats["filesUploaded"] + self._stats["filesReused"] > before
+
+    def _take_local_checkpoint(self, ref: VersionRef) -> tuple[float, float]:
+        """A local checkpoint of the open database at ``ref``, for maintenance to upload: made
+        under a private name and renamed to ``pending-...`` once complete, so that maintenance
+        in another process only ever claims whole ones. Returns the flush's and the
+        checkpoint's milliseconds."""
+        assert self._db is not None
+        incarnation = SstMap(self._sst_map_path()).incarnation
+        creating = self.local.scratch_path(f"creating-{os.getpid()}-{ref}")
+        shutil.rmtree(creating, ignore_errors=True)
+        started = time.perf_counter()
+        self._db.flush()
+        flushed = time.perf_counter()
+        self._db.create_checkpoint(creating)
+        done = time.perf_counter()
+        os.rename(creating, self.local.scratch_path(f"pending-{ref}@{incarnation}"))
+        return (flushed - started) * 1000, (done - flushed) * 1000
 
     def _snapshot_due(self, ref: VersionRef) -> bool:
         """Whether no snapshot (uploaded or pending) exists among ``ref``'s recent ancestors."""
