@@ -25,13 +25,14 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
+from sparkstate.runtime.home import PROCESS_NAME
+from sparkstate.runtime.home_client import home_dir
 
 from .conftest import PROVIDERS, FileFeed
 from .faults import KILLING, arm
 from .helpers import normalize, oracle_update, run_batches, source
 
 SCHEMA = "k string, v int"
-HOME = "sparkstate.runtime.home"
 BATCHES: list[list[dict[str, Any]]] = [
     [{"k": f"k{(i * 7) % 13}", "v": i} for i in range(40 + 10 * b)] for b in range(5)
 ]
@@ -82,18 +83,17 @@ def found(query: Any) -> dict[int, dict[str, int]]:
 
 
 def homes(jvm: int) -> dict[int, str]:
-    """The state homes of the executor whose JVM is ``jvm``: pid -> socket."""
+    """The running state homes of the executor whose JVM is ``jvm``: pid -> socket (from the
+    homes' pid files; each process is named ``sparkstate-home``)."""
     out: dict[int, str] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid_file in Path(home_dir()).glob(f"{jvm}-*.pid"):
         try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            pid = int(pid_file.read_text())
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except (OSError, ValueError):  # a home ending right now
             continue
-        words = [a.decode() for a in args]
-        if HOME in words and "--parent" in words:
-            parent = words[words.index("--parent") + 1]
-            if parent.split(":")[0] == str(jvm):
-                out[int(pid)] = words[words.index("--socket") + 1]
+        assert name == PROCESS_NAME, (pid, name)
+        out[pid] = str(pid_file.with_suffix(".sock"))
     return out
 
 
@@ -261,3 +261,49 @@ def test_a_clean_stop_leaves_a_snapshot_to_restore_and_nothing_to_replay(
     if provider == "rocksdb":
         assert metrics["changelogsReplayed"] == 0, metrics
     assert_output_is_sparks_upto(spark, tmp_path, 4)
+
+
+def _stop_the_home_when_stalled(marker: Path, stopped: list[int]) -> None:
+    """Once the home runs the marked task, SIGSTOP it: it hangs, its heartbeat stops."""
+    at = marker.with_name(marker.name + ".at")
+    deadline = time.monotonic() + 120
+    while not at.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if at.exists():
+        pid = int(at.read_text())
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+
+
+def test_a_hung_home_fails_its_task_and_a_slow_one_does_not(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """With a 2 s silence limit: a task that takes longer in its home (stalled 4 s, its home's
+    heartbeat going) succeeds where it is; a home that hangs (SIGSTOPped in a task) is given
+    up and killed, and the retry's new home restores the state."""
+    state = tmp_path / "chk" / "sparkstate"
+    slow = arm(state, "stall", 2, 0)  # batch 1, partition 0: slow, alive
+    hung = arm(state, "stall", 4, 1)  # batch 3, partition 1: its home is stopped
+    stopped: list[int] = []
+    stopper = threading.Thread(target=_stop_the_home_when_stalled, args=(hung, stopped))
+    stopper.start()
+    jvm = jvm_pid(spark)
+    seen: dict[int, dict[int, str]] = {}
+    q = start(spark, feed, tmp_path, KILLING["rocksdb"], **{"stateStore.home_timeout_s": "2"})
+    try:
+        run_batches(feed, q, BATCHES, on_batch=lambda b: seen.update({b: homes(jvm)}))
+    finally:
+        stopper.join()
+    assert not slow.exists() and stopped, "the stalls did not happen"
+    assert_output_is_sparks(spark, tmp_path)
+    where = found(q)
+    assert seen[1] == seen[0] and where[1]["stateFoundOpen"] == 4, (seen, where)
+    assert stopped[0] in seen[2] and stopped[0] not in seen[3], (stopped, seen)
+    assert not Path(f"/proc/{stopped[0]}").exists() or _state(stopped[0]) in ("Z", "X")
+    assert len(seen[3]) == 2, seen  # the slot got a new home
+    assert where[3]["stateRestored"] >= 1, where
+
+
+def _state(pid: int) -> str:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2]

@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
+from sparkstate.runtime.home_client import home_dir
+
 __all__ = [
     "RssSample",
     "RssSampler",
@@ -88,22 +90,25 @@ def python_workers(procs: Mapping[int, tuple[int, str]], jvm_pid: int) -> list[i
     return [pid for pid in workers if procs[pid][1].startswith("python")]
 
 
-def state_homes(jvm_pid: int, proc: str = PROC) -> list[int]:
-    """The state homes of the executor whose JVM is ``jvm_pid`` (``--parent <pid>:...`` on
-    their command line): Python processes of the executor that are not its workers' children."""
+def state_homes(jvm_pid: int, proc: str = PROC, homes: str | None = None) -> list[int]:
+    """The running state homes of the executor whose JVM is ``jvm_pid``: the pids in the pid
+    files of its homes (``<jvm pid>-*.pid`` in ``homes``, the homes' directory by default)."""
+    homes = home_dir() if homes is None else homes
+    try:
+        names = os.listdir(homes)
+    except OSError:
+        return []
     found: list[int] = []
-    for name in os.listdir(proc):
-        if not name.isdigit():
+    for name in names:
+        if not (name.startswith(f"{jvm_pid}-") and name.endswith(".pid")):
             continue
         try:
-            with open(os.path.join(proc, name, "cmdline"), "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
+            with open(os.path.join(homes, name), encoding="utf-8") as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):  # a home ending right now
             continue
-        if b"sparkstate.runtime.home" in args and b"--parent" in args:
-            parent = args[args.index(b"--parent") + 1]
-            if parent.split(b":")[0] == str(jvm_pid).encode():
-                found.append(int(name))
+        if os.path.exists(os.path.join(proc, str(pid))):
+            found.append(pid)
     return sorted(found)
 
 

@@ -62,7 +62,9 @@ def task_function(
             else:
                 job = functools.partial(_task_in_home, spec, partition, reports, attempt)
                 what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
-                yield from home_client.run_in_home(sock, _dumps(job), batches, what)
+                yield from home_client.run_in_home(
+                    sock, _dumps(job), batches, what, spec.store.conf.home_timeout_s
+                )
         except Exception as exc:
             if not getattr(exc, "raised_in_home", False):  # the home recorded that one
                 reports.failed(TaskFailure.of(exc, spec.op_id, partition))
@@ -78,7 +80,7 @@ def commit_untouched_task(spec: TaskSpec, partition: int) -> TaskReport:
         return commit_untouched(spec, partition)
     job = functools.partial(_untouched_in_home, spec, partition)
     what = f"partition {partition} of operator {spec.op_id} (untouched) in batch {spec.batch_id}"
-    report: TaskReport = _result_in_home(sock, job, what)
+    report: TaskReport = _result_in_home(sock, job, what, spec.store.conf.home_timeout_s)
     return report
 
 
@@ -91,12 +93,14 @@ def snapshot_in_owner(spec: TaskSpec, partition: int, owner: str) -> bool:
         return False
     job = functools.partial(_snapshot_in_home, spec, partition)
     what = f"the snapshot at stop of partition {partition} of operator {spec.op_id}"
-    return bool(_result_in_home(sock, job, what))
+    return bool(_result_in_home(sock, job, what, spec.store.conf.home_timeout_s))
 
 
-def _result_in_home(sock: socket.socket, job: Callable[..., Any], what: str) -> Any:
+def _result_in_home(
+    sock: socket.socket, job: Callable[..., Any], what: str, silence_s: float
+) -> Any:
     """What a job without input or output returns, run in the home at the end of ``sock``."""
-    output = home_client.run_in_home(sock, _dumps(job), iter(()), what)
+    output = home_client.run_in_home(sock, _dumps(job), iter(()), what, silence_s)
     while True:
         try:
             next(output)

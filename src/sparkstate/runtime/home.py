@@ -13,15 +13,19 @@ owner, and the next batch's task for the partition connects there wherever it ru
 partition stays with its state across executors too.
 
 A home ends with its executor (it watches the executor's JVM), when idle for ``idle_s`` seconds,
-or on SIGTERM; before it ends it closes its providers. Run as
-``python -m sparkstate.runtime.home --socket PATH --parent PID:START --idle-s S``.
+or on SIGTERM; before it ends it closes its providers. Its process is named ``sparkstate-home``
+and its pid is in ``<socket>.pid`` (:func:`pid_file`) while it serves. A worker starts one by
+forking itself (:func:`become`: every module is imported already), or, where it cannot fork
+safely, as ``python -m sparkstate.runtime.home --socket PATH --parent PID:START --idle-s S``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
+import gc
 import hmac
 import logging
 import os
@@ -33,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -44,6 +48,7 @@ from sparkstate.runtime.home_wire import (
     END,
     ERROR,
     FINISHED,
+    HEARTBEAT,
     JOB,
     RESULT,
     HomeLost,
@@ -55,12 +60,23 @@ from sparkstate.runtime.home_wire import (
 )
 from sparkstate.runtime.providers import PROVIDERS
 
-__all__ = ["ADDRESS", "HomeJob", "ProcessRef", "address_file", "serve"]
+__all__ = [
+    "ADDRESS",
+    "PROCESS_NAME",
+    "HomeJob",
+    "ProcessRef",
+    "address_file",
+    "become",
+    "pid_file",
+    "serve",
+]
 
 log = logging.getLogger("sparkstate.home")
 
 #: This home's TCP address, ``host:port/token`` (set when it serves; None in a worker).
 ADDRESS: str | None = None
+#: A home's process name (what ``ps`` and ``pgrep`` show; at most 15 characters).
+PROCESS_NAME = "sparkstate-home"
 
 #: A home's job: ``job(input batches, ready)`` yields the output batches and returns the
 #: result; ``ready()`` is called once the output is complete, before the commit, and returns
@@ -109,6 +125,11 @@ def address_file(path: str) -> str:
     return path.removesuffix(".sock") + ".addr"
 
 
+def pid_file(path: str) -> str:
+    """Where the home on the Unix socket ``path`` writes its pid while it serves."""
+    return path.removesuffix(".sock") + ".pid"
+
+
 def advertised_host() -> str:
     """The host other executors reach this one at: ``SPARKSTATE_HOME_HOST``, else Spark's
     ``SPARK_LOCAL_IP``, else the address this machine's name resolves to."""
@@ -152,11 +173,12 @@ class Home:
         token = secrets.token_hex(16)
         ADDRESS = f"{host}:{tcp.getsockname()[1]}/{token}"
         _write_atomic(address_file(self.path), ADDRESS)
+        _write_atomic(pid_file(self.path), str(os.getpid()))
         threading.Thread(target=self._accept, args=(tcp, token), daemon=True).start()
         try:
             self._accept(server, None)
         finally:
-            for leftover in (self.path, address_file(self.path)):
+            for leftover in (self.path, address_file(self.path), pid_file(self.path)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(leftover)
             server.close()
@@ -243,14 +265,44 @@ class _Inputs:
             pass
 
 
+class _Replies:
+    """What the home sends on a task's connection: the job's frames, and a heartbeat every
+    ``every_s`` seconds (None: none) from a thread of its own (one lock keeps frames whole)."""
+
+    def __init__(self, conn: socket.socket, every_s: float | None) -> None:
+        self.conn = conn
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if every_s is not None:
+            threading.Thread(target=self._heartbeats, name="home-heartbeat", daemon=True).start()
+
+    def send(self, kind: bytes, payload: bytes | pa.Buffer) -> None:
+        with self._lock:
+            send_frame(self.conn, kind, payload)
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _heartbeats(self) -> None:
+        assert self.every_s is not None
+        while not self._done.wait(self.every_s):
+            try:
+                self.send(HEARTBEAT, b"")
+            except OSError:  # the worker went away: the job finds out too
+                return
+
+
 def _run_job(conn: socket.socket, where: str) -> None:
     kind, payload = read_frame(conn)
     if kind != JOB:
         return
+    paths, heartbeat_s, job_bytes = pickle.loads(payload)
     inputs = _Inputs(conn)
+    replies = _Replies(conn, heartbeat_s)
 
     def ready() -> None:
-        send_frame(conn, FINISHED, b"")
+        replies.send(FINISHED, b"")
         inputs.drain()
         if read_frame(conn)[0] != CONSUMED:
             msg = "the worker did not confirm the task's output"
@@ -258,7 +310,6 @@ def _run_job(conn: socket.socket, where: str) -> None:
 
     output: Iterator[pa.RecordBatch] | None = None
     try:
-        paths, job_bytes = pickle.loads(payload)
         sys.path.extend(p for p in paths if p not in sys.path)
         job: HomeJob = pickle.loads(job_bytes)
         output = job(iter(inputs), ready)
@@ -268,14 +319,15 @@ def _run_job(conn: socket.socket, where: str) -> None:
             except StopIteration as stop:
                 result: Any = stop.value
                 break
-            send_frame(conn, BATCH, encode_batch(batch))
-        send_frame(conn, RESULT, pickle.dumps(result))
+            replies.send(BATCH, encode_batch(batch))
+        replies.send(RESULT, pickle.dumps(result))
     except (HomeLost, OSError) as exc:
         log.warning("%s: a task's worker went away: %s", where, exc)
     except BaseException as exc:  # noqa: BLE001 - the task's error goes back to its worker
         with contextlib.suppress(OSError):
-            send_frame(conn, ERROR, pickled_error(exc, where))
+            replies.send(ERROR, pickled_error(exc, where))
     finally:
+        replies.close()
         if output is not None and hasattr(output, "close"):
             output.close()  # an unfinished job aborts its version
 
@@ -286,21 +338,72 @@ def serve(path: str, parent: ProcessRef | None, idle_s: float) -> str:
     return home.run()
 
 
+def _serve_and_leave_nothing(path: str, parent: ProcessRef | None, idle_s: float) -> None:
+    _name_process(PROCESS_NAME)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
+        force=True,
+    )
+    why = serve(path, parent, idle_s)
+    log.info("state home %d on %s ended: %s", os.getpid(), path, why)
+    # A clean end leaves nothing behind; the log of a home that crashed stays for its reader.
+    for leftover in (path + ".lock", path.removesuffix(".sock") + ".log"):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
+
+
+def become(path: str, parent: ProcessRef | None, idle_s: float, log_path: str) -> NoReturn:
+    """Turn this process, just forked from a Python worker, into the home on ``path``; never
+    returns (the worker's frames below it are never unwound).
+
+    What the worker had open stays behind: every inherited file descriptor is closed (the
+    worker's connection to the JVM, the lock the worker holds while it starts the home), and
+    the worker's objects are frozen out of the garbage collector, so that none of them is
+    finalized later and closes a descriptor number the home has reused.
+    """
+    code = 1
+    try:
+        gc.freeze()
+        for sig, handler in (
+            (signal.SIGINT, signal.default_int_handler),
+            (signal.SIGHUP, signal.SIG_DFL),
+            (signal.SIGCHLD, signal.SIG_DFL),
+            (signal.SIGTERM, signal.SIG_DFL),
+        ):
+            signal.signal(sig, handler)
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        _serve_and_leave_nothing(path, parent, idle_s)
+        code = 0
+    except BaseException:  # the log is the home's only reader
+        with contextlib.suppress(BaseException):
+            log.exception("state home %d on %s failed", os.getpid(), path)
+    finally:
+        with contextlib.suppress(BaseException):
+            logging.shutdown()
+        os._exit(code)
+
+
+def _name_process(name: str) -> None:
+    """Name this process (Linux ``prctl(PR_SET_NAME)``; nothing elsewhere)."""
+    pr_set_name = 15
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sparkstate.runtime.home")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--parent", type=ProcessRef.parse, default=None)
     parser.add_argument("--idle-s", type=float, default=600.0)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
-    )
-    why = serve(args.socket, args.parent, args.idle_s)
-    log.info("state home %d on %s ended: %s", os.getpid(), args.socket, why)
-    # A clean end leaves nothing behind; the log of a home that crashed stays for its reader.
-    for leftover in (args.socket + ".lock", args.socket.removesuffix(".sock") + ".log"):
-        with contextlib.suppress(OSError):
-            os.unlink(leftover)
+    _serve_and_leave_nothing(args.socket, args.parent, args.idle_s)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -29,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import StateHomeError
-from sparkstate.runtime.home import ProcessRef, _stat, address_file
+from sparkstate.runtime.home import ProcessRef, _stat, address_file, become
 from sparkstate.runtime.home_wire import (
     AUTH,
     BATCH,
@@ -37,14 +38,17 @@ from sparkstate.runtime.home_wire import (
     END,
     ERROR,
     FINISHED,
+    HEARTBEAT,
     JOB,
     RESULT,
     HomeLost,
+    HomeSilent,
     decode_batch,
     encode_batch,
     read_frame,
     send_frame,
 )
+from sparkstate.runtime.providers import PROVIDERS
 
 __all__ = [
     "HOME_START_TIMEOUT_S",
@@ -169,6 +173,61 @@ def _try_connect(path: str) -> socket.socket | None:
 def _start(path: str, executor: ProcessRef) -> socket.socket:
     _reap()
     log_path = path[: -len(".sock")] + ".log"
+    if _can_fork():
+        home = _fork(path, executor, log_path)
+        alive = home.alive if home is not None else lambda: False
+    else:
+        process = _spawn(path, executor, log_path)
+        alive = lambda: process.poll() is None  # noqa: E731
+    deadline = time.monotonic() + HOME_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        sock = _try_connect(path)
+        if sock is not None:
+            return sock
+        if not alive():
+            msg = f"the state home for {path} ended as it started; its log {log_path} ends: "
+            raise StateHomeError(msg + _tail(log_path))
+        time.sleep(0.005)
+    msg = f"the state home for {path} did not start in {HOME_START_TIMEOUT_S:.0f} s"
+    raise StateHomeError(msg)
+
+
+def _can_fork() -> bool:
+    """Whether this worker can start a home by forking itself: no other thread runs (one could
+    hold a lock the child would wait for forever) and it holds no store open (the child would
+    share it)."""
+    return hasattr(os, "fork") and threading.active_count() == 1 and PROVIDERS.empty()
+
+
+def _fork(path: str, executor: ProcessRef, log_path: str) -> ProcessRef | None:
+    """Start the home by forking twice (so that it is nobody's child to reap, in a session of
+    its own); the home's process, or None if it was gone before it could be named."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the intermediate process: start the home, say its pid, leave
+        code = 1
+        try:
+            os.close(read_end)
+            os.setsid()
+            home = os.fork()
+            if home == 0:
+                os.close(write_end)
+                become(path, executor, HOME_IDLE_S, log_path)
+            os.write(write_end, str(home).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as pipe:
+            pid = pipe.read()
+    finally:
+        os.waitpid(child, 0)
+    return ProcessRef.of(int(pid)) if pid else None
+
+
+def _spawn(path: str, executor: ProcessRef, log_path: str) -> subprocess.Popen[bytes]:
+    """Start the home as a new interpreter."""
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [
@@ -189,21 +248,7 @@ def _start(path: str, executor: ProcessRef) -> socket.socket:
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         )
     _STARTED.append(process)
-    deadline = time.monotonic() + HOME_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        sock = _try_connect(path)
-        if sock is not None:
-            return sock
-        if process.poll() is not None:
-            msg = (
-                f"the state home for {path} ended as it started (exit code "
-                f"{process.returncode}); its log {log_path} ends: {_tail(log_path)}"
-            )
-            raise StateHomeError(msg)
-        time.sleep(0.02)
-    process.kill()
-    msg = f"the state home for {path} did not start in {HOME_START_TIMEOUT_S:.0f} s"
-    raise StateHomeError(msg)
+    return process
 
 
 def _reap() -> None:
@@ -219,25 +264,34 @@ def _tail(path: str, size: int = 2000) -> str:
         return f"(unreadable: {exc})"
 
 
-def _peer(sock: socket.socket) -> str:
-    """The home at the other end, for messages: its process, or its TCP address."""
+def _peer(sock: socket.socket) -> tuple[str, int | None]:
+    """The home at the other end, for messages (its process, or its TCP address), and its pid
+    where it runs on this machine."""
     if sock.family != socket.AF_UNIX:
         host, port = sock.getpeername()[:2]
-        return f"at {host}:{port}"
+        return f"at {host}:{port}", None
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return f"process {struct.unpack('3i', creds)[0]}"
+    pid = struct.unpack("3i", creds)[0]
+    return f"process {pid}", pid
 
 
 def run_in_home(
-    sock: socket.socket, job: bytes, batches: Iterator[pa.RecordBatch], what: str
+    sock: socket.socket,
+    job: bytes,
+    batches: Iterator[pa.RecordBatch],
+    what: str,
+    silence_s: float | None = None,
 ) -> Generator[pa.RecordBatch, None, Any]:
     """Run ``job`` (a pickled :data:`~sparkstate.runtime.home.HomeJob`) in the home at the
     other end of ``sock`` over ``batches``; yields its output and returns its result.
 
     The input goes on a thread of its own while the output comes back, so neither side waits
-    for the other's buffers. ``what`` names the task in errors.
+    for the other's buffers. ``what`` names the task in errors. The home sends a heartbeat
+    every ``silence_s / 4`` seconds; one that sends nothing, not even that, for ``silence_s``
+    hangs: the task fails, and a home of this machine is killed, so that the retry starts a
+    new one.
     """
-    home = _peer(sock)
+    home, pid = _peer(sock)
     sent: list[BaseException] = []
 
     def send_inputs() -> None:
@@ -251,6 +305,8 @@ def run_in_home(
                 sock.shutdown(socket.SHUT_RDWR)
 
     def failed(exc: BaseException) -> BaseException:
+        if isinstance(exc, HomeSilent):
+            return hung()
         sender.join()
         if sent and not isinstance(sent[0], OSError):
             return sent[0]  # reading the task's input failed: that is the task's error
@@ -261,15 +317,33 @@ def run_in_home(
         )
         return StateHomeError(msg)
 
-    send_frame(sock, JOB, pickle.dumps(([p for p in sys.path if p], job)))
+    def hung() -> BaseException:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # frees the input's thread
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        msg = (
+            f"the state home ({home}) running {what} sent nothing for {silence_s:g} s, not even "
+            f"its heartbeat: it hangs"
+            + (" and was killed" if pid is not None else "")
+            + "; Spark retries the task, and a new home restores the state from the checkpoint."
+            f" The home's log is beside its socket in {home_dir()}"
+        )
+        return StateHomeError(msg)
+
+    heartbeat_s = None if silence_s is None else silence_s / 4
+    send_frame(sock, JOB, pickle.dumps(([p for p in sys.path if p], heartbeat_s, job)))
     sender = threading.Thread(target=send_inputs, name="sparkstate-home-input", daemon=True)
     sender.start()
     try:
         while True:
             try:
-                kind, payload = read_frame(sock)
+                kind, payload = read_frame(sock, silence_s)
             except (HomeLost, OSError) as exc:
                 raise failed(exc) from exc
+            if kind == HEARTBEAT:
+                continue
             if kind == BATCH:
                 yield decode_batch(payload)
             elif kind == FINISHED:

@@ -5,6 +5,11 @@ Every message is a frame: one kind byte, an 8-byte length, the payload. A task's
     worker -> home   [AUTH], JOB (the pickled job), BATCH* (its input), END, [CONSUMED]
     home -> worker   [AUTH], BATCH* (its output), [FINISHED], RESULT | ERROR
 
+and, from the home, a HEARTBEAT as often as the JOB asks while the job runs (a quarter of the
+worker's silence limit), so that the worker tells a slow task from a home that hangs (or a
+machine gone without closing its connections): a worker that hears nothing for its silence
+limit gives the home up (:class:`HomeSilent`).
+
 The home sends FINISHED when the job's output is complete and its version is about to be
 committed; it waits for CONSUMED, which the worker sends once Spark has taken every output batch,
 so that a version is committed only after its output reached Spark (as a task in the worker does).
@@ -15,6 +20,7 @@ its own (schema and one record batch).
 from __future__ import annotations
 
 import pickle
+import select
 import socket
 import struct
 import traceback
@@ -29,9 +35,11 @@ __all__ = [
     "END",
     "ERROR",
     "FINISHED",
+    "HEARTBEAT",
     "JOB",
     "RESULT",
     "HomeLost",
+    "HomeSilent",
     "decode_batch",
     "encode_batch",
     "pickled_error",
@@ -43,11 +51,16 @@ JOB, BATCH, END, CONSUMED, FINISHED, RESULT, ERROR = b"J", b"B", b"E", b"C", b"F
 #: A connection over TCP (a task on another executor) opens with the home's token; the home
 #: answers AUTH when it matches and closes the connection when it does not.
 AUTH = b"A"
+HEARTBEAT = b"H"
 _HEADER = struct.Struct("!cQ")
 
 
 class HomeLost(ConnectionError):
     """The other side of a task's conversation went away (its process ended or was killed)."""
+
+
+class HomeSilent(HomeLost):
+    """The other side said nothing, not even a heartbeat, for the reader's silence limit."""
 
 
 def send_frame(sock: socket.socket, kind: bytes, payload: bytes | memoryview | pa.Buffer) -> None:
@@ -57,24 +70,36 @@ def send_frame(sock: socket.socket, kind: bytes, payload: bytes | memoryview | p
         sock.sendall(view)
 
 
-def read_frame(sock: socket.socket) -> tuple[bytes, bytearray]:
-    """The next frame; :class:`HomeLost` if the peer closed the connection."""
-    header = _read_exact(sock, _HEADER.size)
+def read_frame(sock: socket.socket, silence_s: float | None = None) -> tuple[bytes, bytearray]:
+    """The next frame; :class:`HomeLost` if the peer closed the connection, :class:`HomeSilent`
+    if it sent nothing for ``silence_s`` seconds (None: wait as long as it takes)."""
+    header = _read_exact(sock, _HEADER.size, silence_s)
     kind, size = _HEADER.unpack(header)
-    return kind, _read_exact(sock, size)
+    return kind, _read_exact(sock, size, silence_s)
 
 
-def _read_exact(sock: socket.socket, size: int) -> bytearray:
+def _read_exact(sock: socket.socket, size: int, silence_s: float | None = None) -> bytearray:
     buf = bytearray(size)
     view = memoryview(buf)
     got = 0
     while got < size:
+        if silence_s is not None and not _readable(sock, silence_s):
+            msg = f"nothing came for {silence_s:g} s"
+            raise HomeSilent(msg)
         n = sock.recv_into(view[got:], size - got)
         if n == 0:
             msg = "the connection closed in the middle of a task"
             raise HomeLost(msg)
         got += n
     return buf
+
+
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether ``sock`` has bytes to read (or is closed) within ``timeout_s``; only reading
+    waits, so a send on another thread is never cut short."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
 
 
 def encode_batch(batch: pa.RecordBatch) -> pa.Buffer:

@@ -148,6 +148,11 @@ class ProviderCache:
             capable = SnapshotsNow.of(provider) if provider is not None else None
             return capable is not None and capable.snapshot_now()
 
+    def empty(self) -> bool:
+        """Whether this cache holds nothing open (no provider, no maintenance thread)."""
+        with self._guard:
+            return not self._providers and self._pool is None
+
     def close_all(self) -> None:
         with self._guard:
             keys = list(self._providers)

@@ -76,6 +76,10 @@ class StoreConf:
     #: partition's state open from batch to batch, :mod:`sparkstate.runtime.home`); off, the
     #: task runs in the Python worker Spark gives it.
     state_home: bool = True
+    #: How long a task waits for a word from its state home (output, or the heartbeat a home
+    #: sends every quarter of this) before it gives the home up as hung: the task fails, the
+    #: home (if on this machine) is killed, and Spark's retry gets a new home.
+    home_timeout_s: float = 120.0
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.
     max_versions_in_memory: int = 2
@@ -97,6 +101,9 @@ class StoreConf:
             if getattr(self, name) < 1:
                 msg = f"{name} must be >= 1 MB, got {getattr(self, name)}"
                 raise ConfigurationError(msg)
+        if self.home_timeout_s <= 0:
+            msg = f"home_timeout_s must be > 0, got {self.home_timeout_s}"
+            raise ConfigurationError(msg)
         for name in ("memory_budget_mb", "python_workers"):
             if getattr(self, name) < 0:
                 msg = f"{name} must be >= 0, got {getattr(self, name)}"

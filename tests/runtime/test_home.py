@@ -1,0 +1,109 @@
+"""A state home on its own, without Spark: started by a worker that forks itself, or as a new
+interpreter where the worker runs other threads; a slow job that keeps its heartbeat; a home
+that hangs, given up and killed.
+
+The worker is a small script in a process of its own (``WORKER``), which plays the executor too
+(the home ends with it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    import pyarrow as pa
+    from pyspark import cloudpickle
+    from sparkstate.exceptions import StateHomeError
+    from sparkstate.runtime import home_client
+    from sparkstate.runtime.home import ProcessRef
+
+    homes, mode = sys.argv[1], sys.argv[2]
+    home_client.home_dir = lambda: homes
+    if mode == "spawn":  # another thread runs: the worker must not fork
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    me = ProcessRef.of(os.getpid())
+
+    def slow(inputs, ready):
+        rows = 0
+        for batch in inputs:
+            rows += batch.num_rows
+            time.sleep(0.6)  # 2.4 s in all, the silence limit is 1 s
+        yield pa.record_batch({"rows": [rows]})
+        ready()
+        return os.getpid()
+
+    def run(job, batches, silence_s):
+        out = home_client.run_in_home(
+            home_client.connect(me, 0), cloudpickle.dumps(job), iter(batches), "a test job",
+            silence_s)
+        got = []
+        while True:
+            try:
+                got.append(next(out).to_pylist())
+            except StopIteration as done:
+                return got, done.value
+
+    batches = [pa.record_batch({"v": list(range(10))}) for _ in range(4)]
+    started = time.monotonic()
+    got, pid = run(slow, batches, 1.0)
+    report = {"output": got, "pid": pid, "slow_s": time.monotonic() - started}
+    with open(f"/proc/{pid}/comm") as f:
+        report["name"] = f.read().strip()
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        report["spawned"] = b"sparkstate.runtime.home" in f.read()
+    with open(os.path.join(homes, os.listdir(homes)[0].rsplit("-", 1)[0] + "-0.pid")) as f:
+        report["pid_file"] = int(f.read())
+
+    threading.Timer(0.5, os.kill, (pid, signal.SIGSTOP)).start()
+    started = time.monotonic()
+    try:
+        run(slow, batches, 1.0)
+    except StateHomeError as exc:
+        report["hung"] = str(exc)
+    report["hung_s"] = time.monotonic() - started
+    time.sleep(0.2)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        report["after"] = stat[stat.rindex(")") + 2]
+    except OSError:
+        report["after"] = "gone"
+    got, again = run(slow, batches[:1], 1.0)  # the next task starts a new home
+    report["again"] = [got, again != pid]
+    print("REPORT", json.dumps(report), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+def test_a_home_starts_keeps_its_heartbeat_and_a_hung_one_is_given_up(
+    tmp_path: Path, mode: str
+) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    homes = tmp_path / "homes"
+    homes.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script), str(homes), mode], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    report = json.loads(done.stdout.decode().split("REPORT", 1)[1])
+    assert report["output"] == [[{"rows": 40}]]
+    assert report["slow_s"] > 2.0  # slower than the silence limit, kept alive by its heartbeat
+    assert report["name"] == "sparkstate-home"
+    assert report["spawned"] == (mode == "spawn")
+    assert report["pid_file"] == report["pid"]
+    assert (
+        "sent nothing for 1 s, not even its heartbeat: it hangs and was killed" in report["hung"]
+    ), report
+    assert report["hung_s"] < 10, report
+    assert report["after"] in ("gone", "Z"), report  # killed (a spawned one is a zombie child)
+    assert report["again"] == [[[{"rows": 10}]], True], report
