@@ -1,4 +1,4 @@
-"""Streaming aggregation with the rocksdb provider on a two-executor standalone cluster.
+"""Streaming aggregation on a two-executor standalone cluster.
 
 The oracle is Spark's built-in streaming aggregation run over the same files on the same cluster
 (update mode, so every batch's output is compared). Our queries keep their local RocksDB copies in
@@ -6,13 +6,14 @@ a directory per executor (``stateStore.local_dir`` relative to the executor's wo
 so a partition that moves to another executor must restore from the durable state under the
 checkpoint. Where each partition ran is read back from those local copies after every batch.
 
-One fault run (module fixture ``fault_run``) serves three tests: a worker is SIGKILLed (with its
-executor and Python workers) while a batch runs, the stream continues on the other worker, the
+One fault run (module fixture ``fault_run``) serves most tests below: a worker is SIGKILLed (with
+its executor and Python workers) while a batch runs, the stream continues on the other worker, the
 worker comes back (a new executor with an empty local directory), and the query is restarted from
-its checkpoint. Its output must equal the reference run without faults; where partitions ran and
-what each move cost (restores, changelogs replayed, bytes downloaded, load time) is printed. The
-fault run's provider is ``tests.cluster.observed:ObservedRocksDB``: the rocksdb provider as it is,
-plus one log line per load (which executor, how long, the provider's counters before and after).
+its checkpoint. Two queries go through it side by side, one per provider
+(``tests.cluster.observed``: each provider as it is, plus one log line per load: which executor,
+how long, the provider's counters before and after). Each one's output, and its state read back,
+must equal the reference run without faults; where the rocksdb query's partitions ran and what each
+move cost (restores, changelogs replayed, bytes downloaded, load time) is printed.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ BATCHES[1] = []  # an empty batch
 #: one; after batch BACK_AFTER the worker comes back and the query restarts from its checkpoint.
 KILL_AT, BACK_AFTER = 2, 4
 OBSERVED = "tests.cluster.observed:ObservedRocksDB"
+OBSERVED_MEMORY = "tests.cluster.observed:ObservedMemory"
 STORE_OPTIONS = {
     "stateStore.local_dir": LOCAL_DIR,
     # Snapshots often and uploaded right away, so that moves restore from snapshots too.
@@ -187,15 +189,14 @@ def test_state_reader_on_cluster_reads_what_spark_reads(
     )
     placed = ours.select("partition_id", F.spark_partition_id().alias("task")).distinct()
     assert all(r["partition_id"] == r["task"] for r in placed.collect())
-
-    def rows(df: Any) -> list[Any]:
-        return sorted(
-            ((tuple(r.key), tuple(r.value), r.partition_id) for r in df.collect()), key=repr
-        )
-
-    expected = rows(theirs)
+    expected = state_rows(theirs)
     assert len(expected) > 1000
-    assert rows(ours) == expected
+    assert state_rows(ours) == expected
+
+
+def state_rows(df: Any) -> list[Any]:
+    """A state reader's rows: (key, value, partition), sorted."""
+    return sorted(((tuple(r.key), tuple(r.value), r.partition_id) for r in df.collect()), key=repr)
 
 
 # --------------------------------------------------------------------------- the fault run
@@ -210,6 +211,10 @@ class FaultRun:
     victim: str
     survivor: str
     events: list[str]
+    #: The memory provider's query, run beside the rocksdb one through the same faults.
+    memory_outputs: Batches
+    #: Each provider's checkpoint.
+    checkpoints: dict[str, Path]
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -237,10 +242,13 @@ def _choose_victim(cluster: Cluster, last: dict[int, str]) -> tuple[Worker, Work
 def fault_run(
     cluster: Cluster, cluster_spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 ) -> FaultRun:
+    """Our query on each provider, side by side over the same files, through one worker kill,
+    the worker's return and a restart of both queries."""
     root = tmp_path_factory.mktemp("fault-run")
     feed = FileFeed(root / "input")
-    checkpoint = root / "checkpoint"
-    out = Collector()
+    checkpoints = {"rocksdb": root / "checkpoint", "memory": root / "checkpoint-memory"}
+    providers = {"rocksdb": OBSERVED, "memory": OBSERVED_MEMORY}
+    outs = {name: Collector() for name in checkpoints}
     events: list[str] = []
     placements: dict[int, dict[int, str]] = {}
     started = time.monotonic()
@@ -248,47 +256,63 @@ def fault_run(
     def event(text: str) -> None:
         events.append(f"{time.monotonic() - started:6.1f}s  {text}")
 
-    q = start_ours(cluster_spark, feed, checkpoint, out, OBSERVED)
+    def start_all() -> dict[str, Any]:
+        return {
+            name: start_ours(cluster_spark, feed, checkpoints[name], outs[name], providers[name])
+            for name in checkpoints
+        }
+
+    def stop_all(queries: dict[str, Any]) -> None:
+        for q in queries.values():
+            q.stop()
+
+    def loaded(version: int) -> bool:
+        return all(
+            any(o["version"] == version for o in read_observed(c)) for c in checkpoints.values()
+        )
+
+    queries = start_all()
     victim = survivor = None
     try:
         for b, rows in enumerate(BATCHES):
             feed.add(rows)
             if b == KILL_AT:
                 victim, survivor = _choose_victim(cluster, placements[b - 1])
-                # Kill once a stateful task of this batch has loaded its store.
-                running = _wait_for(
-                    lambda: any(o["version"] == KILL_AT for o in read_observed(checkpoint)), 60
-                )
+                # Kill once a stateful task of this batch has loaded its store, in each query.
+                running = _wait_for(lambda: loaded(KILL_AT), 60)
                 cluster.kill_worker(victim)
                 event(
                     f"batch {b}: SIGKILLed worker {victim.name} (executor and Python workers) "
-                    + ("while the stateful stage ran" if running else "(no task seen yet)")
+                    + ("while the stateful stages ran" if running else "(no task seen yet)")
                 )
-            q.processAllAvailable()
-            placements[b] = placement(checkpoint, b, cluster.executor_dirs(LOCAL_DIR))
+            for q in queries.values():
+                q.processAllAvailable()
+            placements[b] = placement(checkpoints["rocksdb"], b, cluster.executor_dirs(LOCAL_DIR))
             event(f"batch {b} done")
             if b == BACK_AFTER:
                 assert victim is not None
-                q.stop()
+                stop_all(queries)
                 cluster.start_worker(victim, wait=False)
-                q = start_ours(cluster_spark, feed, checkpoint, out, OBSERVED)  # no data yet
+                queries = start_all()  # no data yet
                 cluster.wait_for_worker(victim)
                 wait_for_executors(cluster_spark, len(cluster.workers))
-                event(f"worker {victim.name} back (a new executor); query restarted")
+                event(f"worker {victim.name} back (a new executor); queries restarted")
     finally:
-        q.stop()
+        stop_all(queries)
         if victim is not None and victim.proc is None:  # leave the cluster whole
             cluster.start_worker(victim)
             wait_for_executors(cluster_spark, len(cluster.workers))
     assert victim is not None and survivor is not None
     return FaultRun(
-        outputs=out.batches,
+        outputs=outs["rocksdb"].batches,
         placements=placements,
-        progress=read_progress(checkpoint),
-        observed=read_observed(checkpoint),
+        progress=read_progress(checkpoints["rocksdb"]),
+        observed=read_observed(checkpoints["rocksdb"]),
         victim=victim.name,
         survivor=survivor.name,
         events=events,
+        memory_outputs=outs["memory"].batches,
+        checkpoints=checkpoints,
     )
 
 
@@ -300,6 +324,21 @@ def test_worker_loss_and_restarts_keep_output_equal_to_spark(
 ) -> None:
     print("\n" + "\n".join(fault_run.events))
     assert_same_batches(fault_run.outputs, clean_run.spark, len(BATCHES))
+    assert_same_batches(fault_run.memory_outputs, clean_run.spark, len(BATCHES))
+
+
+@pytest.mark.parametrize("provider", ["rocksdb", "memory"])
+def test_worker_loss_and_restarts_keep_the_state_of_a_run_without_faults(
+    fault_run: FaultRun, clean_run: CleanRun, cluster_spark: SparkSession, provider: str
+) -> None:
+    """The state the fault run left, read back, is the state Spark's own run left without
+    faults (its state reader over its checkpoint)."""
+    read = cluster_spark.read
+    ours = read.format("sparkstate").load(str(fault_run.checkpoints[provider]))
+    theirs = read.format("statestore").load(str(clean_run.checkpoints["spark"]))
+    expected = state_rows(theirs)
+    assert len(expected) > 1000
+    assert state_rows(ours) == expected
 
 
 def test_partitions_move_between_executors(fault_run: FaultRun) -> None:
