@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def _fake_proc(root: Path, procs: dict[int, tuple[int, int]]) -> None:
         name = "java" if pid == 10 else "python3"
         (d / "stat").write_text(f"{pid} ({name}) S {ppid} {pid} 1 0 -1\n")
         (d / "status").write_text(f"Name:\tpython3\nVmRSS:\t{kb} kB\n")
+        (d / "smaps_rollup").write_text(f"Rss:\t{kb} kB\nPss:\t{kb // 2} kB\n")
     (root / "self").mkdir(exist_ok=True)  # not a pid: skipped
 
 
@@ -59,6 +61,7 @@ def test_sampler_adds_up_the_workers_and_keeps_peaks(tmp_path: Path) -> None:
     # no sample since: the latest one stands for the window
     assert sampler.take_peaks() == (700, 800)
     assert (sampler.peak_jvm_mb, sampler.peak_workers_mb) == (900, 800)
+    assert sampler.peak_workers_pss_mb == 400  # the fake smaps_rollup says half
     assert second.as_list()[1:] == [700.0, 800.0, 2]
 
 
@@ -75,3 +78,34 @@ def test_sampler_thread_samples_until_stopped() -> None:
     count = len(sampler.samples)
     time.sleep(0.05)
     assert len(sampler.samples) == count
+
+
+def test_sampler_counts_the_state_homes_of_the_jvm(tmp_path: Path) -> None:
+    """A home is no child of the JVM: it is found by its pid file (``<jvm>-*.pid``)."""
+    proc, homes = tmp_path / "proc", tmp_path / "homes"
+    _fake_proc(proc, {10: (1, 1024 * 900), 11: (10, 1024 * 40), 12: (11, 1024 * 300)})
+    _fake_proc(proc, {30: (1, 1024 * 400), 31: (1, 1024 * 50)})
+    homes.mkdir()
+    (homes / "10-123-abc-0.pid").write_text("30")
+    (homes / "99-123-abc-0.pid").write_text("31")  # another executor's home
+    (homes / "10-123-abc-1.pid").write_text("32")  # a home that has ended
+    assert rss.state_homes(10, str(proc), str(homes)) == [30]
+
+
+def test_pss_counts_the_pages_forked_processes_share_once() -> None:
+    data = bytearray(os.urandom(64 * 2**20))  # 64 MB, touched
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        pids = (os.getpid(), child)
+        rss_kb = sum(rss.process_rss_kb(p) for p in pids)
+        pss_kb = sum(rss.process_pss_kb(p) for p in pids)
+        assert rss_kb - pss_kb > 48 * 1024, (rss_kb, pss_kb)
+        assert len(data) == 64 * 2**20
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert rss.process_pss_kb(child) == 0  # gone

@@ -4,8 +4,10 @@ PySpark's JVM starts one ``pyspark.daemon`` per interpreter, and the daemon fork
 workers that run the tasks; where the daemon is not used, the JVM starts the workers itself. So
 the workers are the grandchildren of the JVM and, for a child of the JVM that has none, that
 child; only Python processes count (the JVM also runs short commands of its own). Their
-``VmRSS`` is added up (pages a forked worker still shares with the daemon are counted in each).
-Linux only; nothing beyond the standard library.
+``VmRSS`` is added up (pages a forked worker still shares with the daemon are counted in each),
+and so is their ``Pss`` (``/proc/<pid>/smaps_rollup``: each shared page divided among the
+processes that share it, so the sum counts a page the workers and the state homes forked from
+them share once). Linux only; nothing beyond the standard library.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "RssSampler",
     "parse_stat",
     "parse_vm_rss_kb",
+    "process_pss_kb",
     "process_rss_kb",
     "processes",
     "python_workers",
@@ -74,6 +77,16 @@ def process_rss_kb(pid: int, proc: str = PROC) -> int:
     """``VmRSS`` of ``pid`` in kB; 0 if it is gone."""
     text = _read(os.path.join(proc, str(pid), "status"))
     return 0 if text is None else parse_vm_rss_kb(text)
+
+
+def process_pss_kb(pid: int, proc: str = PROC) -> int:
+    """``Pss`` of ``pid`` in kB (its private pages plus its share of shared ones); 0 if it is
+    gone or the kernel does not say."""
+    text = _read(os.path.join(proc, str(pid), "smaps_rollup"))
+    for line in (text or "").splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
 
 
 def python_workers(procs: Mapping[int, tuple[int, str]], jvm_pid: int) -> list[int]:
@@ -140,6 +153,8 @@ class RssSampler:
         self.samples: list[RssSample] = []
         self.peak_jvm_mb = 0.0
         self.peak_workers_mb = 0.0
+        #: The peak of the workers' and homes' summed PSS (shared pages counted once).
+        self.peak_workers_pss_mb = 0.0
         self._window: tuple[float, float] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -156,7 +171,9 @@ class RssSampler:
             _sum_mb(workers, self.proc),
             len(workers),
         )
+        pss_mb = sum(process_pss_kb(pid, self.proc) for pid in workers) / 1024
         with self._lock:
+            self.peak_workers_pss_mb = max(self.peak_workers_pss_mb, pss_mb)
             self.samples.append(s)
             self.peak_jvm_mb = max(self.peak_jvm_mb, s.jvm_mb)
             self.peak_workers_mb = max(self.peak_workers_mb, s.workers_mb)

@@ -19,7 +19,8 @@ each in a fresh subprocess (a JVM and Python workers of its own):
 Every system also stops at its time budget (``--time-budget-min``) and reports how far it got
 (``stopped``). The JVM's and the Python workers' resident memory is sampled every second
 (:mod:`.rss`). A system's result: ``state_rows_reached``, ``p50_batch_ms_early`` (batches 2-5),
-``p50_batch_ms_late`` (the last 10%), ``peak_worker_rss_mb`` (all Python workers together),
+``p50_batch_ms_late`` (the last 10%), ``peak_worker_rss_mb`` (all Python workers together;
+``peak_worker_pss_mb``: the same with shared pages counted once),
 ``peak_jvm_rss_mb``, ``state_bytes_on_disk`` (the checkpoint's state files, and the local copies
 of a RocksDB store), ``failed`` (None or why), and a record per batch for the plot.
 
@@ -266,6 +267,7 @@ def _grow(spark: Any, system: str, params: Mapping[str, Any], session: _Session)
         "failed": failed,
         "stopped": stopped,
         "peak_worker_rss_mb": round(session.sampler.peak_workers_mb, 1),
+        "peak_worker_pss_mb": round(session.sampler.peak_workers_pss_mb, 1),
         "peak_jvm_rss_mb": round(session.sampler.peak_jvm_mb, 1),
         "state_bytes_on_disk": _state_bytes(system, params["workdir"]),
         "run_s": run_s,

@@ -170,7 +170,8 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """One line per system: how far it got, early and late batches, memory, disk, recovery."""
     head = (
         f"{'system':<20}{'state rows':>13}{'early ms':>10}{'late ms':>10}{'late/early':>11}"
-        f"{'workers MB':>11}{'JVM MB':>8}{'chk MB':>9}{'local MB':>9}{'recovery ms':>12}  note"
+        f"{'workers MB':>11}{'PSS MB':>8}{'JVM MB':>8}{'chk MB':>9}{'local MB':>9}"
+        f"{'recovery ms':>12}  note"
     )
     lines = [head, "-" * len(head)]
     for system, r in results.items():
@@ -183,7 +184,8 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
         lines.append(
             f"{system:<20}{r['state_rows_reached']:>13,}{_fmt(r['p50_batch_ms_early'], ',.0f'):>10}"
             f"{_fmt(r['p50_batch_ms_late'], ',.0f'):>10}{_fmt(r['late_over_early'], '.2f'):>11}"
-            f"{_fmt(r['peak_worker_rss_mb'], ',.0f'):>11}{_fmt(r['peak_jvm_rss_mb'], ',.0f'):>8}"
+            f"{_fmt(r['peak_worker_rss_mb'], ',.0f'):>11}"
+            f"{_fmt(r.get('peak_worker_pss_mb'), ',.0f'):>8}{_fmt(r['peak_jvm_rss_mb'], ',.0f'):>8}"
             f"{_mb(disk.get('checkpoint')):>9}{_mb(disk.get('local')):>9}"
             f"{_fmt(r.get('recovery_ms'), ',.0f'):>12}  {note}"
         )
