@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import faulthandler
 import gc
 import hmac
 import logging
@@ -340,6 +341,7 @@ def serve(path: str, parent: ProcessRef | None, idle_s: float) -> str:
 
 def _serve_and_leave_nothing(path: str, parent: ProcessRef | None, idle_s: float) -> None:
     _name_process(PROCESS_NAME)
+    faulthandler.enable(file=sys.stderr)  # a crash's traceback goes to the home's log
     logging.basicConfig(
         level=logging.WARNING,
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
@@ -378,6 +380,7 @@ def become(path: str, parent: ProcessRef | None, idle_s: float, log_path: str) -
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        faulthandler.cancel_dump_traceback_later()  # the worker's, on a closed descriptor
         _serve_and_leave_nothing(path, parent, idle_s)
         code = 0
     except BaseException:  # the log is the home's only reader
