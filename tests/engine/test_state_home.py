@@ -27,6 +27,7 @@ import sparkstate as ss
 from sparkstate import functions as SF
 from sparkstate.runtime.home import PROCESS_NAME
 from sparkstate.runtime.home_client import home_dir
+from sparkstate.testing.differential import Collector
 
 from .conftest import PROVIDERS, FileFeed
 from .faults import KILLING, arm
@@ -307,3 +308,65 @@ def test_a_hung_home_fails_its_task_and_a_slow_one_does_not(
 def _state(pid: int) -> str:
     text = Path(f"/proc/{pid}/stat").read_text()
     return text[text.rindex(")") + 2]
+
+
+def test_the_users_function_sees_the_context_of_its_task_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """In a home, ``TaskContext.get()`` answers the task the function runs for (not None, and
+    not the task that started the home), as in Spark's own ``applyInPandasWithState``: the same
+    partition per key, attempt and local property."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    def count_with_task_context(key: Any, pdfs: Any, state: Any) -> Any:
+        """A count per key that also says which task ran it (``TaskContext.get()``)."""
+        import pandas as pd
+        from pyspark import TaskContext
+
+        n = sum(len(pdf) for pdf in pdfs) + (state.get[0] if state.exists else 0)
+        state.update((n,))
+        context = TaskContext.get()
+        yield pd.DataFrame(
+            {
+                "k": [key[0]],
+                "n": [n],
+                "part": [context.partitionId()],
+                "attempt": [context.attemptNumber()],
+                "pool": [context.getLocalProperty("spark.scheduler.pool") or ""],
+            }
+        )
+
+    schema = "k string, n long, part int, attempt int, pool string"
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", "counts")
+    queries = {}
+    sinks = {"spark": Collector(), "ours": Collector()}
+    try:
+        for name, wrap in (("spark", lambda df: df), ("ours", ss.stream)):
+            queries[name] = (
+                wrap(source(spark, feed, SCHEMA))
+                .groupBy("k")
+                .applyInPandasWithState(
+                    count_with_task_context,
+                    schema,
+                    "n long",
+                    "update",
+                    GroupStateTimeout.NoTimeout,
+                )
+                .writeStream.outputMode("update")
+                .foreachBatch(sinks[name])
+                .option("checkpointLocation", str(tmp_path / name / "chk"))
+                .start()
+            )
+        for rows in BATCHES[:3]:
+            feed.add(rows)
+            for q in queries.values():
+                q.processAllAvailable()
+    finally:
+        for q in queries.values():
+            q.stop()
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+    got = {name: sorted(r for b in c.batches.values() for r in b) for name, c in sinks.items()}
+    assert len(got["spark"]) > 13
+    assert {r[2] for r in got["spark"]} == {0, 1, 2, 3}
+    assert {r[4] for r in got["spark"]} == {"counts"}
+    assert got["ours"] == got["spark"]

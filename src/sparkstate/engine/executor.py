@@ -60,7 +60,8 @@ def task_function(
             if sock is None:
                 yield from run_task(spec, partition, batches, reports, attempt)
             else:
-                job = functools.partial(_task_in_home, spec, partition, reports, attempt)
+                context = home.task_context_fields()
+                job = functools.partial(_task_in_home, spec, partition, reports, attempt, context)
                 what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
                 yield from home_client.run_in_home(
                     sock, _dumps(job), batches, what, spec.store.conf.home_timeout_s
@@ -155,13 +156,17 @@ def _task_in_home(
     partition: int,
     reports: ReportDir,
     attempt: Attempt,
+    context: dict[str, Any] | None,
     batches: Iterator[pa.RecordBatch],
     ready: Callable[[], None],
 ) -> Iterator[pa.RecordBatch]:
-    """The job a state home runs for a task (pickled by reference: the home imports this)."""
+    """The job a state home runs for a task (pickled by reference: the home imports this), in
+    the worker's task context (``context``: what ``TaskContext.get()`` answers the user's
+    functions)."""
     here = dataclasses.replace(attempt, pid=os.getpid(), home=home.ADDRESS)  # reported
     try:
-        yield from run_task(spec, partition, batches, reports, here, before_commit=ready)
+        with home.running_task(context):
+            yield from run_task(spec, partition, batches, reports, here, before_commit=ready)
     except Exception as exc:
         # Recorded here, where its traceback is whole (the driver raises the first recorded).
         reports.failed(TaskFailure.of(exc, spec.op_id, partition))
