@@ -9,9 +9,11 @@ The worker is a small script in a process of its own (``WORKER``), which plays t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,31 @@ def test_a_home_starts_keeps_its_heartbeat_and_a_hung_one_is_given_up(
     assert report["hung_s"] < 10, report
     assert report["after"] in ("gone", "Z"), report  # killed (a spawned one is a zombie child)
     assert report["again"] == [[[{"rows": 10}]], True], report
+
+
+def test_a_home_is_reached_at_the_host_spark_gave_its_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Other executors reach a home at its executor's ``--hostname`` (what the driver reaches
+    the executor at), not at what the machine's name resolves to (loopback on many hosts)."""
+    from sparkstate.runtime.home import ProcessRef, advertised_host
+
+    monkeypatch.delenv("SPARKSTATE_HOME_HOST", raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.9.9.9")
+    code = "import time; time.sleep(30)"
+    args = ["--driver-url", "spark://x", "--executor-id", "3", "--hostname", "10.1.2.3"]
+    with subprocess.Popen([sys.executable, "-c", code, *args]) as executor:
+        try:
+            ref = ProcessRef.of(executor.pid)
+            deadline = time.monotonic() + 10
+            while b"--hostname" not in Path(f"/proc/{executor.pid}/cmdline").read_bytes():
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert advertised_host(ref) == "10.1.2.3"
+            monkeypatch.setenv("SPARKSTATE_HOME_HOST", "10.4.4.4")  # the user's word wins
+            assert advertised_host(ref) == "10.4.4.4"
+        finally:
+            executor.kill()
+    monkeypatch.delenv("SPARKSTATE_HOME_HOST")
+    # A local master's JVM (the driver) has no --hostname: Spark's SPARK_LOCAL_IP, if set.
+    assert advertised_host(ProcessRef.of(os.getpid())) == "10.9.9.9"

@@ -133,16 +133,35 @@ def pid_file(path: str) -> str:
     return path.removesuffix(".sock") + ".pid"
 
 
-def advertised_host() -> str:
-    """The host other executors reach this one at: ``SPARKSTATE_HOME_HOST``, else Spark's
-    ``SPARK_LOCAL_IP``, else the address this machine's name resolves to."""
-    host = os.environ.get("SPARKSTATE_HOME_HOST") or os.environ.get("SPARK_LOCAL_IP")
+def advertised_host(executor: ProcessRef | None = None) -> str:
+    """The host other executors reach this home at: ``SPARKSTATE_HOME_HOST``; else the host
+    Spark gave the executor (the ``--hostname`` on its JVM's command line, which the driver and
+    the other executors reach it at, on every cluster manager); else Spark's ``SPARK_LOCAL_IP``;
+    else the address this machine's name resolves to."""
+    host = (
+        os.environ.get("SPARKSTATE_HOME_HOST")
+        or _executor_hostname(executor)
+        or os.environ.get("SPARK_LOCAL_IP")
+    )
     if host:
         return host
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def _executor_hostname(executor: ProcessRef | None) -> str | None:
+    if executor is None:
+        return None
+    try:
+        with open(f"/proc/{executor.pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return None
+    if b"--hostname" not in args[:-1]:
+        return None  # a local master: the driver's JVM
+    return args[args.index(b"--hostname") + 1].decode() or None
 
 
 class Home:
@@ -170,7 +189,7 @@ class Home:
         server.bind(self.path)
         server.listen(64)
         server.settimeout(1.0)
-        host = advertised_host()
+        host = advertised_host(self.parent)
         tcp = socket.create_server((host, 0), backlog=64)
         tcp.settimeout(1.0)
         token = secrets.token_hex(16)
