@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -91,11 +92,10 @@ def test_a_home_starts_keeps_its_heartbeat_and_a_hung_one_is_given_up(
 ) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    homes = tmp_path / "homes"
-    homes.mkdir()
-    done = subprocess.run(
-        [sys.executable, str(script), str(homes), mode], capture_output=True, timeout=120
-    )
+    with tempfile.TemporaryDirectory(prefix="homes-") as homes:  # short, for sockets
+        done = subprocess.run(
+            [sys.executable, str(script), homes, mode], capture_output=True, timeout=120
+        )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     report = json.loads(done.stdout.decode().split("REPORT", 1)[1])
     assert report["output"] == [[{"rows": 40}]]
@@ -137,3 +137,21 @@ def test_a_home_is_reached_at_the_host_spark_gave_its_executor(
     monkeypatch.delenv("SPARKSTATE_HOME_HOST")
     # A local master's JVM (the driver) has no --hostname: Spark's SPARK_LOCAL_IP, if set.
     assert advertised_host(ProcessRef.of(os.getpid())) == "10.9.9.9"
+
+
+def test_homes_keep_their_sockets_where_a_sockets_path_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Unix socket's path has at most 107 bytes: under a long temp directory (a YARN
+    container's), the homes' directory is in /tmp instead, and every socket path fits."""
+    from sparkstate.runtime import home_client
+    from sparkstate.runtime.home import ProcessRef
+
+    me = ProcessRef.of(os.getpid())
+    assert me is not None
+    long_tmp = "/" + "/".join(["usercache", "appcache", "application_1_0001", "container_1"] * 3)
+    monkeypatch.setattr(tempfile, "tempdir", long_tmp)
+    assert home_client.home_dir() == f"/tmp/sparkstate-homes-{os.getuid()}"
+    assert len(os.fsencode(home_client.home_path(me, 127))) <= 107
+    monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")
+    assert home_client.home_dir() == f"/var/tmp/sparkstate-homes-{os.getuid()}"

@@ -71,8 +71,19 @@ HOME_IDLE_S = 600.0
 _STARTED: list[subprocess.Popen[bytes]] = []
 
 
+#: The longest directory of homes that leaves room for a socket's name within the 107 bytes a
+#: Unix socket's path may have (``<pid>-<start>-<env>-<slot>.sock`` takes at most 45).
+_HOME_DIR_MAX = 60
+
+
 def home_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), f"sparkstate-homes-{os.getuid()}")
+    """Where this user's homes keep their sockets: in the temp directory, or, where its path is
+    too long for a socket's (a YARN container's, for one), in ``/tmp``."""
+    name = f"sparkstate-homes-{os.getuid()}"
+    preferred = os.path.join(tempfile.gettempdir(), name)
+    if len(os.fsencode(preferred)) <= _HOME_DIR_MAX or not os.path.isdir("/tmp"):
+        return preferred
+    return os.path.join("/tmp", name)
 
 
 @functools.cache
