@@ -216,6 +216,11 @@ def failure(spark: SparkSession, workdir: Path) -> dict[str, Any]:
         ]
         result[attempt]["runId"] = handle.runId
         result[attempt]["found_by_id"] = spark.streams.get(handle.id) is not None
+        state_dir = Path(checkpoint, "sparkstate", "state", "0")
+        result[attempt]["snapshots"] = {
+            part.name: sorted(f.name.split("_")[0] for f in part.glob("*.snapshot*"))
+            for part in sorted(state_dir.iterdir())
+        }
     state = spark.read.format("sparkstate").load(checkpoint)  # the state reader, over Connect
     result["state"] = sorted((r.key.k, r.value[0]) for r in state.collect())
     result["rescaled_batch"] = ss.repartition(spark, checkpoint, 2)  # from the client

@@ -100,8 +100,9 @@ def test_failure_over_connect_commits_nothing_and_surfaces(
     """A foreachBatch function that fails in batch 1: the client catches sparkstate's
     ``UserFunctionError`` (also a ``StreamingQueryException``) with the user's traceback first;
     batch 1 is not committed; a restart with a working sink runs batches 1 and 2 on the state of
-    batch 0. Progress carries sparkstate's state operators and Spark's ids. The state reader
-    and ``ss.repartition`` work from the client."""
+    batch 0, and stops with a snapshot of each partition's newest version. Progress carries
+    sparkstate's state operators and Spark's ids. The state reader and ``ss.repartition`` work
+    from the client."""
     result = client(server, tmp_path, "failure")
     failing, restarted = result["failing"], result["restarted"]
     assert failing["user_function_error"]
@@ -119,6 +120,10 @@ def test_failure_over_connect_commits_nothing_and_surfaces(
         for progress in run["progress"]:
             assert (progress["id"], progress["runId"]) == (run["id"], run["runId"])
     assert [p["numRowsTotal"] for p in restarted["progress"]] == [[3], [4]]
+    # The query stopped cleanly: each partition's newest version (3) was snapshotted at stop
+    # (snapshots are otherwise due every 10 versions); the failed run left none.
+    assert restarted["snapshots"] == {str(p): ["3"] for p in range(4)}, restarted["snapshots"]
+    assert failing["snapshots"] == {str(p): [] for p in range(4)}, failing["snapshots"]
     assert result["memory_table"] == [["k0", 2], ["k1", 1], ["k2", 1], ["k3", 2]]
     assert result["state"] == result["memory_table"]  # the state reader from the client
     assert result["rescaled_batch"] == 3  # ss.repartition from the client: batch 3 holds it

@@ -14,6 +14,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming.listener import QueryProgressEvent, StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
+from sparkstate.engine.batch_job import snapshot_at_stop
 from sparkstate.engine.driver import BatchDriver
 from sparkstate.engine.failures import surfaced
 from sparkstate.engine.session import run_on_server
@@ -252,12 +253,32 @@ class StreamingQuery:
         print(text)
         return text
 
+    def _snapshot_on_server(self) -> None:
+        """The snapshot at stop of a query driven by a Spark Connect server (its driver's
+        process has ended): from a Spark task, which reaches the executors' state homes. Best
+        effort, as in a classic session."""
+        config, stages, log_ = self._driver.config, self._stages, self._log
+
+        def snapshot(_: None) -> int:
+            last = log_.latest_commit()
+            return 0 if last is None else snapshot_at_stop(config, stages, last)
+
+        try:
+            written = run_on_server(self._spark(), snapshot, None)
+        except Exception:  # noqa: BLE001 - the stop goes on; the next start replays instead
+            log.warning("could not snapshot the state at stop", exc_info=True)
+            return
+        log.info("stopped: %d snapshot(s) written", written)
+
     def _release(self) -> None:
         if self._released:
             return
         self._released = True
-        if not self._remote and self._query.exception() is None:
-            self._driver.snapshot_at_stop()
+        if self._query.exception() is None:
+            if self._remote:
+                self._snapshot_on_server()
+            else:
+                self._driver.snapshot_at_stop()
         with _active_lock:
             if _active.get(self._log.root) is self:
                 del _active[self._log.root]
