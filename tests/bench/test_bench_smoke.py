@@ -444,6 +444,7 @@ def test_scale_bench_tiny(tmp_path: Path) -> None:
         assert recovery["batch"]["state_rows"] == (recovery["batch"]["batchId"] + 1) * 20_000
     ours = report["systems"]["sparkstate-rocksdb"]
     assert ours["peak_worker_rss_mb"] > 0
+    assert 0 < ours["peak_worker_pss_mb"] <= ours["peak_worker_rss_mb"]  # shared pages once
     assert ours["recovery"]["local_bytes_deleted"] > 0  # Spark's JVM removes its own on exit
     assert ours["store_options"]["stateStore.local_dir"]
     assert report["systems"]["spark-rocksdb"]["peak_worker_rss_mb"] == 0  # all in the JVM
