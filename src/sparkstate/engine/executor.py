@@ -66,6 +66,7 @@ def task_function(
                 yield from home_client.run_in_home(
                     sock, _dumps(job), batches, what, spec.store.conf.home_timeout_s
                 )
+                home.release_free_memory()  # the batches this worker passed on
         except Exception as exc:
             if not getattr(exc, "raised_in_home", False):  # the home recorded that one
                 reports.failed(TaskFailure.of(exc, spec.op_id, partition))

@@ -69,6 +69,7 @@ __all__ = [
     "address_file",
     "become",
     "pid_file",
+    "release_free_memory",
     "running_task",
     "serve",
     "task_context_fields",
@@ -238,6 +239,7 @@ class Home:
                 if token is not None and not _authenticated(conn, token):
                     return
                 _run_job(conn, f"state home {os.getpid()}")
+            release_free_memory()  # the job's objects are gone now
         finally:
             with self._guard:
                 self._active -= 1
@@ -457,6 +459,15 @@ def become(path: str, parent: ProcessRef | None, idle_s: float, log_path: str) -
         with contextlib.suppress(BaseException):
             logging.shutdown()
         os._exit(code)
+
+
+def release_free_memory() -> None:
+    """Give the memory a finished task freed back to the system (glibc's ``malloc_trim`` and
+    Arrow's pool): a long-lived process otherwise keeps the high-water mark of its largest
+    task's Python objects and buffers for good."""
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _name_process(name: str) -> None:
