@@ -8,11 +8,13 @@ with ``state_home`` on, runs the task in the partition's state home instead of t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -60,7 +62,7 @@ def task_function(
             if sock is None:
                 yield from run_task(spec, partition, batches, reports, attempt)
             else:
-                context = home.task_context_fields()
+                context = _task_context_fields()
                 job = functools.partial(_task_in_home, spec, partition, reports, attempt, context)
                 what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
                 yield from home_client.run_in_home(
@@ -152,6 +154,53 @@ def _home(spec: TaskSpec, partition: int) -> socket.socket | None:
     return home_client.connect(executor, slot)
 
 
+#: The PySpark task context of the job that runs on each thread of a home.
+_RUNNING = threading.local()
+_PER_THREAD = threading.Lock()
+_per_thread_installed = False
+
+
+def _task_context_fields() -> dict[str, Any] | None:
+    """The fields of this worker's PySpark ``TaskContext`` (None outside a task), to give the
+    task's job in a home the same context (:func:`_running_task`)."""
+    context = TaskContext.get()
+    if context is None:
+        return None
+    return {k: v for k, v in vars(context).items() if k.startswith("_")}
+
+
+@contextlib.contextmanager
+def _running_task(fields: dict[str, Any] | None) -> Iterator[None]:
+    """While a task's job runs on this thread of a home, ``TaskContext.get()`` answers the
+    worker's context of that task (the partition, the attempt, the local properties...), as it
+    does in a Python worker; a home runs the jobs of several tasks at once, one per thread."""
+    _task_contexts_per_thread()
+    context = None
+    if fields is not None:
+        context = object.__new__(TaskContext)  # not the process's singleton
+        for name, value in fields.items():
+            setattr(context, name, value)
+    _RUNNING.context = context
+    try:
+        yield
+    finally:
+        _RUNNING.context = None
+
+
+def _task_contexts_per_thread() -> None:
+    """Make ``TaskContext.get()`` in this home answer the job running on the calling thread
+    (a forked home also forgets the context of the task that started it); once per home."""
+    global _per_thread_installed
+    with _PER_THREAD:
+        if _per_thread_installed:
+            return
+        TaskContext._setTaskContext(None)
+        TaskContext.get = classmethod(  # type: ignore[method-assign,assignment]
+            lambda cls: getattr(_RUNNING, "context", None)
+        )
+        _per_thread_installed = True
+
+
 def _task_in_home(
     spec: TaskSpec,
     partition: int,
@@ -166,7 +215,7 @@ def _task_in_home(
     functions)."""
     here = dataclasses.replace(attempt, pid=os.getpid(), home=home.ADDRESS)  # reported
     try:
-        with home.running_task(context):
+        with _running_task(context):
             yield from run_task(spec, partition, batches, reports, here, before_commit=ready)
     except Exception as exc:
         # Recorded here, where its traceback is whole (the driver raises the first recorded).

@@ -70,9 +70,7 @@ __all__ = [
     "become",
     "pid_file",
     "release_free_memory",
-    "running_task",
     "serve",
-    "task_context_fields",
 ]
 
 log = logging.getLogger("sparkstate.home")
@@ -356,51 +354,6 @@ def _run_job(conn: socket.socket, where: str) -> None:
             output.close()  # an unfinished job aborts its version
 
 
-#: The PySpark task context of the job that runs on each thread of a home.
-_RUNNING = threading.local()
-
-
-def task_context_fields() -> dict[str, Any] | None:
-    """The fields of this worker's PySpark ``TaskContext`` (None outside a task), to give the
-    task's job in a home the same context (:func:`running_task`)."""
-    from pyspark.taskcontext import TaskContext
-
-    context = TaskContext.get()
-    if context is None:
-        return None
-    return {k: v for k, v in vars(context).items() if k.startswith("_")}
-
-
-@contextlib.contextmanager
-def running_task(fields: dict[str, Any] | None) -> Iterator[None]:
-    """While a task's job runs on this thread of a home, ``TaskContext.get()`` answers the
-    worker's context of that task (the partition, the attempt, the local properties...), as it
-    does in a Python worker; a home runs the jobs of several tasks at once, one per thread."""
-    from pyspark.taskcontext import TaskContext
-
-    context = None
-    if fields is not None:
-        context = object.__new__(TaskContext)  # not the process's singleton
-        for name, value in fields.items():
-            setattr(context, name, value)
-    _RUNNING.context = context
-    try:
-        yield
-    finally:
-        _RUNNING.context = None
-
-
-def _task_contexts_per_thread() -> None:
-    """Make ``TaskContext.get()`` in this home answer the job running on the calling thread
-    (a forked home also forgets the context of the task that started it)."""
-    from pyspark.taskcontext import TaskContext
-
-    TaskContext._setTaskContext(None)
-    TaskContext.get = classmethod(  # type: ignore[method-assign,assignment]
-        lambda cls: getattr(_RUNNING, "context", None)
-    )
-
-
 def serve(path: str, parent: ProcessRef | None, idle_s: float) -> str:
     home = Home(path, parent, idle_s)
     signal.signal(signal.SIGTERM, lambda *_: home.stop())
@@ -410,7 +363,6 @@ def serve(path: str, parent: ProcessRef | None, idle_s: float) -> str:
 def _serve_and_leave_nothing(path: str, parent: ProcessRef | None, idle_s: float) -> None:
     _name_process(PROCESS_NAME)
     faulthandler.enable(file=sys.stderr)  # a crash's traceback goes to the home's log
-    _task_contexts_per_thread()
     logging.basicConfig(
         level=logging.WARNING,
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",

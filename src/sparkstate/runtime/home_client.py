@@ -186,9 +186,11 @@ def _start(path: str, executor: ProcessRef) -> socket.socket:
     log_path = path[: -len(".sock")] + ".log"
     if _can_fork():
         home = _fork(path, executor, log_path)
+        pid = home.pid if home is not None else None
         alive = home.alive if home is not None else lambda: False
     else:
         process = _spawn(path, executor, log_path)
+        pid = process.pid
         alive = lambda: process.poll() is None  # noqa: E731
     deadline = time.monotonic() + HOME_START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -199,6 +201,9 @@ def _start(path: str, executor: ProcessRef) -> socket.socket:
             msg = f"the state home for {path} ended as it started; its log {log_path} ends: "
             raise StateHomeError(msg + _tail(log_path))
         time.sleep(0.005)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     msg = f"the state home for {path} did not start in {HOME_START_TIMEOUT_S:.0f} s"
     raise StateHomeError(msg)
 
