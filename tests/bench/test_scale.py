@@ -4,6 +4,7 @@ system stops, the checks, ratios, targets and the plot."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -166,8 +167,16 @@ def test_follow_stops_an_in_memory_system_over_its_budgets() -> None:
     query = _FakeQuery([500.0, 100.0, 100.0])
     _, failed, _ = _follow(query, "sparkstate-memory", workers_mb=5000.0, target_rows=1000)
     assert failed is not None and "over the 2,048 MB budget" in failed
-    # a batch that does not finish, 10x the early ones
-    _, failed, _ = _follow(_FakeQuery([500.0, 10.0, 10.0]), "spark-hdfs", target_rows=1000)
+    # a batch that does not finish, 10x the early ones: time stands still until the third batch
+    # is recorded, then each look at the clock is a second later
+    ticks = itertools.count()
+
+    def clock(sampler: _FakeSampler) -> float:
+        return 0.0 if sampler.takes < 3 else float(next(ticks))
+
+    _, failed, _ = _follow(
+        _FakeQuery([500.0, 10.0, 10.0]), "spark-hdfs", clock=clock, target_rows=1000
+    )
     assert failed is not None and failed.startswith("batch 3 ran for"), failed
 
 

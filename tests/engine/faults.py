@@ -41,7 +41,10 @@ def _stall_if_marked(provider: Any, version: int) -> None:
     marker = _marker(provider, "stall", version)
     if marker.exists():
         marker.unlink()
-        marker.with_name(marker.name + ".at").write_text(str(os.getpid()))
+        at = marker.with_name(marker.name + ".at")
+        written = at.with_name(at.name + ".tmp")
+        written.write_text(str(os.getpid()))
+        written.rename(at)  # whole when it appears: a test reads it as soon as it exists
         time.sleep(STALL_S)
 
 
