@@ -343,6 +343,25 @@ def test_the_cache_blocks_are_shared_among_the_open_dbs_its_memtable_charge_left
         assert b not in res.open_dbs
 
 
+def test_a_version_over_the_memtable_budget_is_flushed_after_its_write(tmp_path: Path) -> None:
+    # Left in memory until the next write, it stayed charged to the block cache through the next
+    # batch's reads: the cache, overfull, kept no blocks (session windows, 1M keys: 4x slower).
+    with LocalDB(str(tmp_path / "small")) as small:
+        small.apply_batch({k(i): b"x" * 100 for i in range(1000)}, {"version": 1})
+        assert small.memory_stats()["live_sst_bytes"] == 0  # under the budget: not flushed
+    with LocalDB(str(tmp_path / "large")) as large:
+        budget = large.resources.write_buffer_bytes  # the process's, as large as any DB asked
+        n = budget // 1000 + 2000
+        large.apply_batch({k(i): os.urandom(1000) for i in range(n)}, {"version": 1})
+        deadline = time.monotonic() + 60
+        while large.memory_stats()["live_sst_bytes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = large.memory_stats()
+        assert stats["live_sst_bytes"] > budget  # the version is in a file
+        assert stats["memtable_bytes"] < budget // 4  # and out of memory
+        assert large.get(k(n - 1)) is not None and large.read_marker() == {"version": 1}
+
+
 def test_statistics_count_bytes_and_time_lookups_unless_disabled(tmp_path: Path) -> None:
     with LocalDB(str(tmp_path / "db")) as db:
         db.apply_batch({k(1): b"abc"}, {"version": 1})

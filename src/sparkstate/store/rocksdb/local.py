@@ -362,10 +362,20 @@ class LocalDB:
         size: int = batch.size_in_bytes()
         try:
             db.write(batch, self._write_opts)
+            if self._memtables_over_budget():
+                db.flush(False)
         except Exception as exc:
             _raise_translated(exc, "apply a write batch", self.path)
         self.bytes_written += size
         return size
+
+    def _memtables_over_budget(self) -> bool:
+        """Whether the process's memtables hold more than their share of the cache after a
+        write. RocksDB flushes them only at the next write, so a large version stayed in memory,
+        charged to the block cache, through the next batch's reads, and the cache, overfull,
+        kept no data, index or filter block: every read went to the file."""
+        res = self.resources
+        return int(res.write_buffer_manager.get_usage()) > res.write_buffer_bytes
 
     # -- metrics
 

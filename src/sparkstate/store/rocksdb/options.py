@@ -172,6 +172,12 @@ def db_options(conf: LocalDBConf, res: SharedResources, *, create: bool) -> rock
         table.set_bloom_filter(conf.bloom_bits_per_key, False)
     table.set_cache_index_and_filter_blocks(True)
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    # Index and filter in partitions of a few KB under a small top level that stays pinned:
+    # a whole filter is about 1.2 bytes per key, larger than a cache shard for a few million
+    # keys, and was read again, and checksummed, on every miss once the cache was full.
+    table.set_index_type(rocksdict.BlockBasedIndexType.two_level_index_search())
+    table.set_partition_filters(True)
+    table.set_pin_top_level_index_and_filter(True)
     table.set_format_version(5)
     opts.set_block_based_table_factory(table)
     opts.set_write_buffer_manager(res.write_buffer_manager)
