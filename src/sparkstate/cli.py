@@ -81,8 +81,22 @@ REMOTE_HELP = (
 )
 
 
+def _version() -> str:
+    """``sparkstate X`` and the PySpark it runs with (found without importing it: slow)."""
+    from importlib import metadata
+
+    from sparkstate import __version__
+
+    try:
+        pyspark = f"PySpark {metadata.version('pyspark')}"
+    except metadata.PackageNotFoundError:
+        pyspark = "PySpark not installed"
+    return f"sparkstate {__version__} ({pyspark})"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkstate", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the demo streaming pipeline")
