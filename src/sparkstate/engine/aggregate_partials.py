@@ -11,7 +11,6 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import (
     DataType,
     DateType,
@@ -24,6 +23,7 @@ from pyspark.sql.types import (
 )
 
 from sparkstate.engine.aggregate_recognise import MOMENTS
+from sparkstate.engine.spark_versions import to_arrow_type
 from sparkstate.functions import AggregateExpression
 from sparkstate.operators.aggregation import hll, hll_sketch
 from sparkstate.operators.aggregation.aggregate_functions import AggregateFunction, buffer_column
@@ -109,7 +109,7 @@ def aggregate_function(
     return AggregateFunction(
         agg.func,
         output_name,
-        to_arrow_type(output_type, timezone="UTC"),
+        to_arrow_type(output_type),
         _arrow_or_none(input_type),
         ignore_nulls=bool(agg.option("ignorenulls", False)),
         rsd=agg.option("rsd"),
@@ -125,7 +125,7 @@ def _arrow_or_none(typ: DataType | None) -> pa.DataType | None:
     if typ is None:
         return None
     try:
-        return to_arrow_type(typ, timezone="UTC")
+        return to_arrow_type(typ)
     except Exception:  # noqa: BLE001 - a type Arrow has no twin for: only min/max need none
         return None
 

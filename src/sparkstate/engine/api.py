@@ -8,7 +8,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from sparkstate.engine.clock import with_clock
+from sparkstate.engine.clock import AVAILABLE_NOW, with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.grouped import GroupedStream
 from sparkstate.engine.join_plan import JoinInput, plan_join, plan_join_after
@@ -18,6 +18,7 @@ from sparkstate.engine.rescale_job import rescale_at_start
 from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
+from sparkstate.engine.spark_versions import require
 from sparkstate.engine.stage import Stage
 from sparkstate.engine.state_source import register_once
 from sparkstate.engine.steps import DedupStep, JoinStep, LimitStep, StatelessStep, Step
@@ -440,6 +441,8 @@ class DataStreamWriter:
         log_ = CheckpointLog(checkpoint.engine_root)
         driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)
         if config.clock:
+            if self._trigger.get("availableNow") and not AVAILABLE_NOW:
+                require((4, 2), "trigger(availableNow=True) on a query that runs no-data batches")
             df = with_clock(df, checkpoint.engine_root)  # so that Spark runs no-data batches
         writer = df.writeStream.foreachBatch(driver)
         writer = writer.option("checkpointLocation", checkpoint.location)

@@ -33,12 +33,23 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from sparkstate.runtime.triggers import read_clock, wants_batch
 from sparkstate.store.files.durable import DurableDir, local_path
 
-__all__ = ["SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
+try:  # Python sources take the available-now contract from PySpark 4.2
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    #: Whether this PySpark's Python sources can take the available-now contract.
+    AVAILABLE_NOW = True
+except ImportError:  # 4.0, 4.1: a query with the clock refuses availableNow at start()
+    AVAILABLE_NOW = False
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """The contract's stand-in where PySpark has none; never used under availableNow."""
+
+
+__all__ = ["AVAILABLE_NOW", "SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
 
 SOURCE_NAME = "sparkstate_clock"
 #: Spark polls an idle source about every 10 ms: a local ``clock.json`` is read at every poll

@@ -24,11 +24,11 @@ from typing import Any, TypeVar
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import from_arrow_type
 
 from sparkstate.engine.batch_job import engine_settings
 from sparkstate.engine.query import release_if_finished
 from sparkstate.engine.session import is_connect, run_on_server
+from sparkstate.engine.spark_versions import from_arrow_type
 from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
 from sparkstate.runtime.logs import CheckpointLock, engine_root_of

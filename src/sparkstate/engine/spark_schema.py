@@ -7,9 +7,9 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructField, StructType, TimestampNTZType, TimestampType
 
+from sparkstate.engine.spark_versions import to_arrow_type
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 
@@ -36,7 +36,7 @@ def arrow_schema(struct: StructType, *, nullable: bool | None = None) -> pa.Sche
         [
             pa.field(
                 f.name,
-                to_arrow_type(f.dataType, timezone="UTC"),
+                to_arrow_type(f.dataType),
                 nullable=f.nullable if nullable is None else nullable,
             )
             for f in struct.fields

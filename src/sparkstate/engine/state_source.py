@@ -17,9 +17,9 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from sparkstate.engine.spark_versions import from_arrow_schema
 from sparkstate.observe.reader import METADATA_SCHEMA, ReadRequest, StateReader, state_metadata
 
 __all__ = ["METADATA_SOURCE", "STATE_SOURCE", "register", "register_once"]

@@ -189,7 +189,10 @@ def _add_filters(sc: SparkContext, run_id: str, query_id: str) -> tuple[Any, lis
     config = log4j.LogManager.getContext(False).getConfiguration()
     result = log4j.core.Filter.Result
     # the stream thread keeps the run id in its logging context under Spark's LogKeys.RUN_ID
-    stream_key = jvm.org.apache.spark.internal.LogKeys.RUN_ID.name()
+    try:  # a Java enum from Spark 4.1
+        stream_key = str(jvm.org.apache.spark.internal.LogKeys.RUN_ID.name())
+    except Exception:  # noqa: BLE001 - Spark 4.0: a Scala object, its key the lower-case name
+        stream_key = "run_id"
     pairs = sc._gateway.new_array(log4j.core.util.KeyValuePair, 2)  # type: ignore[union-attr]
     pairs[0] = log4j.core.util.KeyValuePair(stream_key, run_id)
     pairs[1] = log4j.core.util.KeyValuePair(TASK_RUN_KEY, run_id)

@@ -28,6 +28,7 @@ from pathlib import Path
 __all__ = ["ConnectServer"]
 
 SERVER_CLASS = "SparkConnectServer"
+_SERVER_MAIN = "org.apache.spark.sql.connect.service." + SERVER_CLASS
 
 
 def _free_port() -> int:
@@ -75,6 +76,7 @@ class ConnectServer:
             SPARK_LOG_DIR=str(self.workdir / "log"),
             PYSPARK_PYTHON=self.python,
             PYSPARK_DRIVER_PYTHON=self.python,
+            SPARK_CONNECT_MODE="0",  # as sbin/start-connect-server.sh (4.3) sets it
         )
         for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
             env.pop(name, None)
@@ -93,7 +95,11 @@ class ConnectServer:
             "spark.ui.enabled": "false",
             **self.conf,
         }
-        args = ["bash", f"{self.spark_home}/sbin/start-connect-server.sh", "--master", self.master]
+        # sbin/start-connect-server.sh is in the wheel from 4.3 only: what it runs, on 4.0+.
+        args = [
+            "bash", f"{self.spark_home}/sbin/spark-daemon.sh", "submit", _SERVER_MAIN, "1",
+            "--name", "Spark Connect server", "--master", self.master,
+        ]  # fmt: skip
         for key, value in conf.items():
             args += ["--conf", f"{key}={value}"]
         cwd = self.workdir / "cwd"  # the server's working directory: on its workers' sys.path
@@ -156,7 +162,7 @@ class ConnectServer:
         """Stop the server and its Python processes."""
         pid = self._pid()
         subprocess.run(
-            ["bash", f"{self.spark_home}/sbin/stop-connect-server.sh"],
+            ["bash", f"{self.spark_home}/sbin/spark-daemon.sh", "stop", _SERVER_MAIN, "1"],
             env=self._env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
