@@ -18,8 +18,11 @@ so that the processes end close together. Run in one process, the suite keeps py
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,13 @@ if PYTHON_START not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH", ""), PYTHON_START) if p
     )
+
+#: The local RocksDB copies of the suite's queries: a directory of this process's own, removed
+#: when it ends. The default one (``sparkstate-<uid>`` in the temp dir) keeps every query's copy
+#: across applications, so that a restart reopens it: thousands per run of the suite.
+if "SPARKSTATE_LOCAL_DIR" not in os.environ:
+    os.environ["SPARKSTATE_LOCAL_DIR"] = tempfile.mkdtemp(prefix="sparkstate-local-")
+    atexit.register(shutil.rmtree, os.environ["SPARKSTATE_LOCAL_DIR"], True)
 
 #: The cluster's package: one group, first.
 CLUSTER = "tests/cluster/"
