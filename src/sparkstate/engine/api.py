@@ -331,6 +331,8 @@ class DataStreamWriter:
         provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
         provider = provider_name(provider_class(provider_spec))
         self._store_conf(spark)  # bad options fail before the checkpoint is touched
+        if needs_clock(stages):  # its source needs 4.2's Python sources: offsets, availableNow
+            require((4, 2), "a query that runs batches without data (watermark, timeouts, timers)")
         request = StartRequest(
             location=self._checkpoint_location(spark),
             state_location=opts.get("stateLocation"),
@@ -441,8 +443,6 @@ class DataStreamWriter:
         log_ = CheckpointLog(checkpoint.engine_root)
         driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)
         if config.clock:
-            if self._trigger.get("availableNow"):  # Python sources take its contract from 4.2
-                require((4, 2), "trigger(availableNow=True) on a query that runs no-data batches")
             df = with_clock(df, checkpoint.engine_root)  # so that Spark runs no-data batches
         writer = df.writeStream.foreachBatch(driver)
         writer = writer.option("checkpointLocation", checkpoint.location)

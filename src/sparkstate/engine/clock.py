@@ -42,7 +42,7 @@ try:  # Python sources take the available-now contract from PySpark 4.2
 
     #: Whether this PySpark's Python sources can take the available-now contract.
     AVAILABLE_NOW = True
-except ImportError:  # 4.0, 4.1: a query with the clock refuses availableNow at start()
+except ImportError:  # 4.0, 4.1: a query that needs the clock is refused at start()
     AVAILABLE_NOW = False
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
