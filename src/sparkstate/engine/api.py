@@ -331,7 +331,8 @@ class DataStreamWriter:
         provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)
         provider = provider_name(provider_class(provider_spec))
         self._store_conf(spark)  # bad options fail before the checkpoint is touched
-        if needs_clock(stages):  # its source needs 4.2's Python sources: offsets, availableNow
+        clock = needs_clock(stages)
+        if clock:  # its source needs 4.2's Python sources: offsets, availableNow
             require((4, 2), "a query that runs batches without data (watermark, timeouts, timers)")
         request = StartRequest(
             location=self._checkpoint_location(spark),
@@ -341,7 +342,7 @@ class DataStreamWriter:
             default_partitions=int(spark.conf.get("spark.sql.shuffle.partitions") or 200),
             output_mode=self._mode,
             operators=[{"id": s.op_id, **s.operator.describe()} for s in stages],
-            clock=needs_clock(stages),
+            clock=clock,
             legacy_clock=needs_clock(stages, legacy=True),
         )
         if is_connect(spark):  # the client may not see the checkpoint: the server's side does

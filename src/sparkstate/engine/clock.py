@@ -39,17 +39,13 @@ from sparkstate.store.files.durable import DurableDir, local_path
 
 try:  # Python sources take the available-now contract from PySpark 4.2
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-
-    #: Whether this PySpark's Python sources can take the available-now contract.
-    AVAILABLE_NOW = True
 except ImportError:  # 4.0, 4.1: a query that needs the clock is refused at start()
-    AVAILABLE_NOW = False
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        """The contract's stand-in where PySpark has none; never used under availableNow."""
+        """The contract's stand-in where PySpark has none: the module imports, never runs."""
 
 
-__all__ = ["AVAILABLE_NOW", "SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
+__all__ = ["SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
 
 SOURCE_NAME = "sparkstate_clock"
 #: Spark polls an idle source about every 10 ms: a local ``clock.json`` is read at every poll
