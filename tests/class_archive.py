@@ -209,7 +209,9 @@ def warm_up() -> None:
             writer = writer.option("checkpointLocation", f"{tmp}/{name}")
             if provider:
                 writer = writer.option("stateStore", provider)
-            writer.trigger(availableNow=True).start().awaitTermination(300)
+            query = writer.start()  # the default trigger: every supported PySpark takes it
+            query.processAllAvailable()
+            query.stop()
 
         def watermarked() -> object:
             return feed.stream(spark, schema).withWatermark("ts", "5 seconds")

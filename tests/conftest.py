@@ -119,3 +119,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     config.option.loadscopereorder = False
     return ByModule(config, log)
+
+
+#: Set by ``scripts/compat``: a run of the compatibility suite (``-m versions``) on an older
+#: PySpark, where what that PySpark lacks is refused at ``start()`` ("... needs PySpark X").
+COMPAT_RUN = os.environ.get("SPARKSTATE_COMPAT_RUN") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """In a compatibility run, a test that the running PySpark refuses with the version it
+    needs is reported skipped, with the refusal as the reason (the table of ``scripts/compat``
+    lists them); any other failure stays a failure."""
+    outcome = yield
+    if not COMPAT_RUN or call.excinfo is None:
+        return
+    from sparkstate.exceptions import ConfigurationError
+
+    refusal = str(call.excinfo.value)
+    if call.excinfo.errisinstance(ConfigurationError) and " needs PySpark " in refusal:
+        report = outcome.get_result()
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"refused: {refusal}")

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 import sparkstate as ss
+from sparkstate.engine.spark_versions import PYSPARK
 from sparkstate.testing.differential import Batches as Batches
 from sparkstate.testing.differential import Collector as Collector
 from sparkstate.testing.differential import FileFeed as FileFeed
@@ -245,8 +246,7 @@ class Differential:
             writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
             if provider is not None:
                 writer = writer.option("stateStore", provider)
-            handle = writer.trigger(availableNow=True).start()
-            assert handle.awaitTermination(180), f"{self.name} did not end"
+            handle = run_available(writer, self.name)
             progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
         return collector, [p["stateOperators"] for p in progress if p.get("stateOperators")]
 
@@ -305,3 +305,25 @@ class SparkRuns:
         ours, operators = case.run(self.spark, tmp, provider)
         assert_same_as_spark(ours, self.of(case))
         return ours, operators
+
+
+#: Python sources take ``trigger(availableNow=True)`` from PySpark 4.2 (engine/clock.py).
+AVAILABLE_NOW = PYSPARK >= (4, 2)
+
+
+def run_available(writer: Any, name: str) -> Any:
+    """Run ``writer``'s query over the input there is, and end it: under
+    ``trigger(availableNow=True)``, or, before PySpark 4.2 (where sparkstate refuses it for a
+    query with batches without data), under the default trigger until ``processAllAvailable``
+    returns, then stopped. Both run one batch per ``maxFilesPerTrigger`` of input and then the
+    batch without data a moved watermark asks for (Spark's ``processAllAvailable`` returns once
+    a trigger finds no batch to run); the differential tests run Spark's query and ours the
+    same way."""
+    if AVAILABLE_NOW:
+        handle = writer.trigger(availableNow=True).start()
+        assert handle.awaitTermination(180), f"{name} did not end"
+        return handle
+    handle = writer.start()
+    handle.processAllAvailable()
+    handle.stop()
+    return handle

@@ -229,6 +229,7 @@ Variant = tuple[str, str, Callable[[Any], ss.StatefulStream], int | None]
 # --- tests ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.versions
 def test_count_and_remove_match_spark_aipws(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:
@@ -298,6 +299,7 @@ def _compare(
         assert ours.batches == theirs.batches, (name, provider)
 
 
+@pytest.mark.versions
 def test_count_and_clear_match_spark_tws(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:

@@ -76,6 +76,7 @@ def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
     return SparkRuns(spark, tmp_path_factory)
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize(
     ("case", "provider"),
     runs(CASES, on_memory=("with-event-time",), on_both=("within-watermark",)),

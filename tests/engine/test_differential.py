@@ -66,6 +66,7 @@ def spark_aggregates() -> list[Any]:
     ]
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("mode", ["update", "complete"])
 def test_aggregation_matches_spark(

@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
+from sparkstate.engine.spark_versions import PYSPARK
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
@@ -35,6 +36,7 @@ from .helpers import (
     SortedSetsCollector,
     assert_same_as_spark,
     at,
+    run_available,
     shuffle_partitions,
 )
 
@@ -144,8 +146,7 @@ def _feed_all(
         writer = writer.option("checkpointLocation", str(tmp / "checkpoint"))
         if provider is not None:
             writer = writer.option("stateStore", provider)
-        handle = writer.trigger(availableNow=True).start()
-        assert handle.awaitTermination(180)
+        handle = run_available(writer, "join")
         progress += [p if isinstance(p, dict) else p.asDict() for p in handle.recentProgress]
     return collector, progress
 
@@ -206,6 +207,11 @@ def assert_sides_add_up(ops: list[dict[str, Any]]) -> None:
             assert sides.get(f"left{name}", 0) + sides.get(f"right{name}", 0) == op[f]
 
 
+#: Whether sparkstate counts a join's state rows as the running Spark does: as 4.3 does. Before
+#: 4.3 Spark's own outer joins report no removed rows, and its left semi join more rows in state
+#: (the same output: only ``stateOperators`` differ; see the docs' PySpark versions).
+SPARKS_JOIN_COUNTS = PYSPARK >= (4, 3)
+
 #: The inner join on :data:`CONDITION` runs as :func:`deduplicated_join`'s, the left outer
 #: join as :func:`windowed_count`'s.
 JOIN_TYPES = ["rightouter", "full", "leftsemi"]
@@ -219,6 +225,7 @@ RUNS = [
 ]
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize(("how", "provider"), RUNS)
 def test_join_matches_spark(
     spark: SparkSession,
@@ -236,9 +243,10 @@ def test_join_matches_spark(
     assert sum(len(rows) for rows in theirs.batches.values()) > 3
     assert_same_as_spark(ours, theirs)
     fields = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved", "numRowsDroppedByWatermark")
-    assert [[op[f] for f in fields] for op in our_ops] == [
-        [op[f] for f in fields] for op in their_ops
-    ]
+    if SPARKS_JOIN_COUNTS:
+        assert [[op[f] for f in fields] for op in our_ops] == [
+            [op[f] for f in fields] for op in their_ops
+        ]
     assert_sides_add_up(our_ops)
 
 

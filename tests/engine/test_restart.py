@@ -61,6 +61,7 @@ def _as_earlier_version_wrote_it(chk: Path) -> None:
         file.write_text(json.dumps(described))
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize("written_by", ["this version", "an earlier version"])
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_restart_mid_stream_continues_the_state(

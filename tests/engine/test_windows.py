@@ -103,6 +103,7 @@ def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
 RUNS = runs(CASES, on_memory=("sliding-append",))
 
 
+@pytest.mark.versions
 @pytest.mark.parametrize(("case", "provider"), RUNS)
 def test_windowed_aggregation_matches_spark(
     spark_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str

@@ -46,6 +46,7 @@ def __getattr__(name: str) -> Any:
     if home is None:
         msg = f"module 'sparkstate.engine' has no attribute {name!r}"
         raise AttributeError(msg)
+    importlib.import_module("sparkstate.engine.spark_versions")  # refuses a PySpark too old
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value

@@ -332,8 +332,14 @@ class DataStreamWriter:
         provider = provider_name(provider_class(provider_spec))
         self._store_conf(spark)  # bad options fail before the checkpoint is touched
         clock = needs_clock(stages)
-        if clock:  # its source needs 4.2's Python sources: offsets, availableNow
-            require((4, 2), "a query that runs batches without data (watermark, timeouts, timers)")
+        if clock and self._trigger.get("availableNow"):  # engine/clock.py: Python sources
+            require(  # take availableNow from 4.2
+                (4, 2),
+                "trigger(availableNow=True) on a query that runs batches without data "
+                "(a watermark, timeouts, timers)",
+                instead="On it, use a processingTime trigger and stop the query once it has "
+                "caught up (processAllAvailable)",
+            )
         request = StartRequest(
             location=self._checkpoint_location(spark),
             state_location=opts.get("stateLocation"),
@@ -444,7 +450,7 @@ class DataStreamWriter:
         log_ = CheckpointLog(checkpoint.engine_root)
         driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)
         if config.clock:
-            df = with_clock(df, checkpoint.engine_root)  # so that Spark runs no-data batches
+            df = with_clock(df, checkpoint.engine_root, checkpoint.location)  # no-data batches
         writer = df.writeStream.foreachBatch(driver)
         writer = writer.option("checkpointLocation", checkpoint.location)
         if self._name:

@@ -22,10 +22,18 @@ moved the watermark, and then ends. One difference: with processing-time timeout
 runs no-data batches without end under ``availableNow`` and the query never finishes; a sparkstate
 query runs one when a timeout is already due and otherwise finishes (what comes due later fires in
 the next run).
+
+PySpark 4.0 and 4.1 ask a Python source for its latest offset without the start (Spark's offset
+of the last batch): the reader keeps the offset it answered last, and a new reader (a start or
+restart of the query) takes the clock's line of the newest batch in Spark's offset log. They also
+lack the available-now contract: Spark would read the clock once at the start of the run and run
+no batch without data after the last data batch, so a query that needs the clock is refused
+under ``availableNow`` there (:func:`sparkstate.engine.api.needs_clock`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -34,12 +42,14 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from sparkstate.exceptions import StateFileError
+from sparkstate.runtime.spark_checkpoint import OFFSETS_DIR
 from sparkstate.runtime.triggers import read_clock, wants_batch
 from sparkstate.store.files.durable import DurableDir, local_path
 
 try:  # Python sources take the available-now contract from PySpark 4.2
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-except ImportError:  # 4.0, 4.1: a query that needs the clock is refused at start()
+except ImportError:  # 4.0, 4.1: such a query under availableNow is refused at start()
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         """The contract's stand-in where PySpark has none: the module imports, never runs."""
@@ -56,8 +66,10 @@ REMOTE_REFRESH_S = 1.0
 class ClockReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets ``{"tick": ms}``; no partitions, no rows."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, checkpoint: str) -> None:
         self.root = root
+        self.checkpoint = checkpoint
+        self._at: dict[str, Any] | None = None  # the offset answered last
         self._dir: DurableDir | None = None
         self._request: dict[str, Any] = {}
         self._read_at = 0.0
@@ -71,7 +83,15 @@ class ClockReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 - PySpark's name
         return {"tick": 0}
 
-    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:  # noqa: N802
+    def latestOffset(  # noqa: N802 - PySpark's name
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
+        if start is None:  # PySpark 4.0, 4.1 (see the module)
+            start = self._at if self._at is not None else self._spark_position()
+        self._at = self._latest(start)
+        return self._at
+
+    def _latest(self, start: dict[str, Any]) -> dict[str, Any]:
         tick = int(start["tick"])
         now = time.time()
         if now - self._read_at >= self._refresh_s:
@@ -83,6 +103,24 @@ class ClockReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if wants_batch(self._request, tick, now_ms):
             return {"tick": max(now_ms, tick + 1)}
         return start
+
+    def _spark_position(self) -> dict[str, Any]:
+        """The clock's offset in the newest batch of Spark's offset log (where Spark starts
+        from); the initial offset before the first batch."""
+        offsets = DurableDir(self.checkpoint).child(OFFSETS_DIR)
+        try:
+            batches = sorted(int(e.name) for e in offsets.list() if e.name.isdigit())
+            lines = offsets.read(str(batches[-1])).decode("utf-8").splitlines() if batches else []
+        except StateFileError:
+            lines = []
+        for line in reversed(lines[2:]):  # the clock is the last source of the union
+            try:
+                offset = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(offset, dict) and set(offset) == {"tick"}:
+                return {"tick": int(offset["tick"])}
+        return self.initialOffset()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return []
@@ -102,14 +140,15 @@ class ClockSource(DataSource):
         return "tick long"
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802 - PySpark's name
-        return ClockReader(str(self.options["path"]))
+        return ClockReader(str(self.options["path"]), str(self.options["checkpoint"]))
 
 
 _REGISTER_LOCK = threading.Lock()
 
 
-def with_clock(df: DataFrame, engine_root: str) -> DataFrame:
-    """``df`` with the clock source unioned in (same schema, never a row from the clock)."""
+def with_clock(df: DataFrame, engine_root: str, checkpoint: str) -> DataFrame:
+    """``df`` with the clock source unioned in (same schema, never a row from the clock);
+    ``checkpoint``: Spark's checkpoint location of the query."""
     spark = df.sparkSession
     with _REGISTER_LOCK:  # Spark's registry checks, then adds: two at once may both add
         try:
@@ -119,6 +158,10 @@ def with_clock(df: DataFrame, engine_root: str) -> DataFrame:
             if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
                 raise
     clock = (
-        spark.readStream.format(SOURCE_NAME).schema(df.schema).option("path", engine_root).load()
+        spark.readStream.format(SOURCE_NAME)
+        .schema(df.schema)
+        .option("path", engine_root)
+        .option("checkpoint", checkpoint)
+        .load()
     )
     return df.union(clock)
