@@ -5,7 +5,7 @@
 2. For each PySpark version, an environment ``.compat/pyspark-<version>`` holds that PySpark,
    installed first, as on a machine that has it already; then the wheel is installed into it, and
    it must leave that PySpark in place. The environment is kept between runs (rebuilt when
-   ``pyproject.toml`` or ``constraints.txt`` change; only the wheel is installed again).
+   ``constraints.txt`` changes; the wheel, with what it needs, is installed again each run).
 3. In it, ``sparkstate --version`` and the demo run, then the compatibility suite: the tests of
    ``tests/`` marked ``versions``, importing the installed wheel. A test the version refuses at
    ``start()`` ("... needs PySpark X") is reported skipped, with the refusal.
@@ -178,8 +178,7 @@ def demo(env: Path, out: Path) -> None:
 
 def _digest(version: str) -> str:
     h = hashlib.sha256(version.encode())
-    for name in ("pyproject.toml", "constraints.txt"):
-        h.update((REPO / name).read_bytes())
+    h.update((REPO / "constraints.txt").read_bytes())
     return h.hexdigest()
 
 
