@@ -2,11 +2,13 @@
 classic session or a Spark Connect client's, not both) as
 ``python -m tests.connect.connect_cases <url> <workdir> <what>``; prints its results as JSON.
 
-``differential``: every case of ``tests/engine/test_port.py`` through Spark's own operators and
-through sparkstate on both providers, two ``availableNow`` runs on one checkpoint each, over the
-server. ``joins``: stream-stream joins of ``tests/engine/test_join.py`` the same way, their
-conditions written each way a PySpark user writes them. ``failure``: a ``foreachBatch``
-function that fails in batch 1, then a restart.
+``differential``: cases of ``tests/engine/test_port.py`` through sparkstate, two
+``availableNow`` runs on one checkpoint each, over the server. ``joins``: stream-stream joins of
+``tests/engine/test_join.py`` the same way, their conditions written each way a PySpark user
+writes them. ``failure``: a ``foreachBatch`` function that fails in batch 1, then a restart.
+Spark's own output of the same queries (:func:`run_system` and :func:`run_join` with
+``"spark"``), what sparkstate's must equal, is computed by ``test_connect.py`` in a classic
+session of its own process: it does not depend on the client.
 """
 
 from __future__ import annotations
@@ -67,20 +69,28 @@ class FileCollector:
 
 
 def differential(spark: SparkSession, workdir: Path) -> dict[str, Any]:
-    """Each case through the three systems at once (three queries on the server: their batches
-    are small, and each spends most of its time waiting on round trips)."""
-    out: dict[str, Any] = {}
-    for case in (c for c in CASES if c.name in CONNECT_CASES):
-        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-            runs = {
-                system: pool.submit(run_system, spark, workdir / case.name / system, case, system)
-                for system in ("spark", *PROVIDERS)
-            }
-            out[case.name] = {system: run.result() for system, run in runs.items()}
+    """Every case through sparkstate on each provider, two queries on the server at once (their
+    batches are small, and each spends most of its time waiting on round trips; not more: each
+    query's foreachBatch starts a Python process on the server, which must connect back within
+    Spark's ten seconds)."""
+    cases = [c for c in CASES if c.name in CONNECT_CASES]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {
+            (case.name, provider): pool.submit(
+                run_system, spark, workdir / case.name / provider, case, provider
+            )
+            for case in cases
+            for provider in PROVIDERS
+        }
+    out: dict[str, Any] = {case.name: {} for case in cases}
+    for (name, provider), run in runs.items():
+        out[name][provider] = run.result()
     return out
 
 
 def run_system(spark: SparkSession, tmp: Path, case: Case, system: str) -> dict[str, Any]:
+    """``case`` through ``system``: Spark's own operators (``"spark"``) or sparkstate on that
+    provider; each batch's rows and schema."""
     collector = FileCollector(tmp / "out", ordered=case.ordered)
     if system == "spark":
         run_twice(spark, tmp, case.query, case, None, collector)
@@ -130,17 +140,19 @@ JOINS = {
 
 
 def joins(spark: SparkSession, workdir: Path) -> dict[str, Any]:
-    """Each join through Spark's own operator and through sparkstate, at once."""
-    out: dict[str, Any] = {}
-    for name, (build, files) in JOINS.items():
-        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            runs = {
-                system: pool.submit(
-                    run_join, spark, workdir / name / system, build, files, system, name
-                )
-                for system in ("spark", *PROVIDERS)
-            }
-            out[name] = {system: run.result() for system, run in runs.items()}
+    """Each join through sparkstate on each provider, two joins at once; and a join Spark
+    would run after a stateful step of its own, refused."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {
+            (name, provider): pool.submit(
+                run_join, spark, workdir / name / provider, build, files, provider, name
+            )
+            for name, (build, files) in JOINS.items()
+            for provider in PROVIDERS
+        }
+    out: dict[str, Any] = {name: {} for name in JOINS}
+    for (name, provider), run in runs.items():
+        out[name][provider] = run.result()
     imps = FileFeed(workdir / "refused" / "imps").stream(spark, IMPRESSIONS)
     clicks = FileFeed(workdir / "refused" / "clicks").stream(spark, CLICKS)
     deduplicated = imps.withWatermark("imp_ts", "5 seconds").dropDuplicates(["imp_id"])

@@ -1,6 +1,8 @@
-"""sparkstate queries from a Spark Connect client, against Spark's own operators over the same
-server: a server started from the PySpark wheel on loopback, and clients in processes of their
-own (``connect_cases.py``; a process holds a classic or a Connect session, not both)."""
+"""sparkstate queries from a Spark Connect client, against Spark's own operators: a server
+started from the PySpark wheel on loopback, and clients in processes of their own
+(``connect_cases.py``; a process holds a classic or a Connect session, not both). Spark's output,
+the oracle, does not depend on the client: it comes from the same queries in this process's
+classic session (``conftest.py``), where they cost less than through the server."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.connect.connect_cases import CONNECT_CASES, JOINS, PROVIDERS
-from tests.engine.test_port import FILES
+from pyspark.sql import SparkSession
+from tests.connect.connect_cases import CONNECT_CASES, JOINS, PROVIDERS, run_join, run_system
+from tests.engine.test_port import CASES, FILES
 
 from sparkstate.testing.connect_server import ConnectServer
 
@@ -60,13 +63,28 @@ def differential(server: ConnectServer, tmp_path_factory: pytest.TempPathFactory
     return client(server, tmp_path_factory.mktemp("differential"), "differential")
 
 
+@pytest.fixture(scope="module")
+def spark_differential(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """Spark's own output of the ``differential`` cases, in the classic session."""
+    workdir = tmp_path_factory.mktemp("spark-differential")
+    return {
+        case.name: run_system(spark, workdir / case.name, case, "spark")
+        for case in CASES
+        if case.name in CONNECT_CASES
+    }
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("case", CONNECT_CASES)
-def test_query_over_connect_matches_spark(differential: Any, case: str, provider: str) -> None:
+def test_query_over_connect_matches_spark(
+    differential: Any, spark_differential: dict[str, Any], case: str, provider: str
+) -> None:
     """Batch by batch, rows and schema, through a restart: cases of ``test_port.py`` (complete
     aggregation with a sort after it, applyInPandasWithState with event-time timeouts,
     transformWithStateInPandas with eventTimeColumnName)."""
-    theirs = differential[case]["spark"]
+    theirs = spark_differential[case]
     ours = differential[case][provider]
     assert len(theirs) >= FILES  # a batch per file at least, over both runs
     assert ours == theirs
@@ -77,13 +95,25 @@ def joins(server: ConnectServer, tmp_path_factory: pytest.TempPathFactory) -> An
     return client(server, tmp_path_factory.mktemp("joins"), "joins")
 
 
+@pytest.fixture(scope="module")
+def spark_joins(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Spark's own output of the ``joins`` cases, in the classic session."""
+    workdir = tmp_path_factory.mktemp("spark-joins")
+    return {
+        name: run_join(spark, workdir / name, build, files, "spark", name)
+        for name, (build, files) in JOINS.items()
+    }
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("case", list(JOINS))
-def test_join_over_connect_matches_spark(joins: Any, case: str, provider: str) -> None:
+def test_join_over_connect_matches_spark(
+    joins: Any, spark_joins: dict[str, Any], case: str, provider: str
+) -> None:
     """Stream-stream joins from a Connect client, batch by batch through a restart: the
     condition as SQL, as Columns of both DataFrames, over aliased sides; a join after windowed
     aggregations on both sides."""
-    theirs = joins[case]["spark"]
+    theirs = spark_joins[case]
     ours = joins[case][provider]
     assert sum(len(batch["rows"]) for batch in theirs.values()) > 3
     assert ours == theirs
