@@ -25,6 +25,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p
 )
 
+from tests.module_session import module_session  # noqa: E402
+
 PROVIDERS = ["memory", "rocksdb"]
 
 #: What Spark's stateful test cases run with (its ReusedSQLTestCase plus the suites' own conf).
@@ -34,36 +36,18 @@ CONF = {
 }
 
 
+#: A new session's own settings (a running one keeps its own).
+SESSION = {
+    "spark.ui.enabled": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.streaming.schemaInference": "false",
+}
+
+
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    running = SparkSession.getActiveSession()
-    if running is None:
-        builder = SparkSession.builder.master("local[2,2]").appName("sparkstate-compat-tests")
-        for key, value in {
-            "spark.ui.enabled": "false",
-            "spark.python.worker.reuse": "true",
-            "spark.sql.streaming.schemaInference": "false",
-            **CONF,
-        }.items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
+    with module_session("sparkstate-compat-tests", CONF, SESSION, "local[2,2]") as session:
         yield session
-        session.stop()
-        return
-    before = {key: running.conf.get(key, None) for key in CONF}
-    for key, value in CONF.items():
-        running.conf.set(key, value)
-    try:
-        yield running
-    finally:
-        for key, value in before.items():
-            if value is None:
-                running.conf.unset(key)
-            else:
-                running.conf.set(key, value)
 
 
 @pytest.fixture(params=PROVIDERS)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tests.module_session import module_session
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -20,33 +21,15 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 CONF = {"spark.sql.shuffle.partitions": "4", "spark.sql.session.timeZone": "UTC"}
 
 
+#: A new session's own settings (a running one keeps its own).
+SESSION = {
+    "spark.ui.enabled": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.streaming.schemaInference": "false",
+}
+
+
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    running = SparkSession.getActiveSession()
-    if running is None:
-        builder = SparkSession.builder.master("local[2,2]").appName("sparkstate-connect-tests")
-        for key, value in {
-            "spark.ui.enabled": "false",
-            "spark.python.worker.reuse": "true",
-            "spark.sql.streaming.schemaInference": "false",
-            **CONF,
-        }.items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
+    with module_session("sparkstate-connect-tests", CONF, SESSION, "local[2,2]") as session:
         yield session
-        session.stop()
-        return
-    before = {key: running.conf.get(key, None) for key in CONF}
-    for key, value in CONF.items():
-        running.conf.set(key, value)
-    try:
-        yield running
-    finally:
-        for key, value in before.items():
-            if value is None:
-                running.conf.unset(key)
-            else:
-                running.conf.set(key, value)

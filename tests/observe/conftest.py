@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tests.module_session import module_session
 
 #: What the observe tests expect of the session: their checkpoints have two state partitions.
 CONF = {"spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"}
@@ -15,26 +16,7 @@ CONF = {"spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    running = SparkSession.getActiveSession()
-    if running is None:
-        builder = SparkSession.builder.master("local[2]").appName("sparkstate-observe-tests")
-        for key, value in {"spark.ui.enabled": "false", **CONF}.items():
-            builder = builder.config(key, value)
-        session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
+    with module_session(
+        "sparkstate-observe-tests", CONF, {"spark.ui.enabled": "false"}, "local[2]"
+    ) as session:
         yield session
-        session.stop()
-        return
-    before = {key: running.conf.get(key, None) for key in CONF}
-    for key, value in CONF.items():
-        running.conf.set(key, value)
-    try:
-        yield running
-    finally:
-        for key, value in before.items():
-            if value is None:
-                running.conf.unset(key)
-            else:
-                running.conf.set(key, value)
