@@ -43,7 +43,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from sparkstate.exceptions import StateFileError
-from sparkstate.runtime.spark_checkpoint import OFFSETS_DIR
+from sparkstate.runtime.spark_checkpoint import source_offsets, spark_batches
 from sparkstate.runtime.triggers import read_clock, wants_batch
 from sparkstate.store.files.durable import DurableDir, local_path
 
@@ -107,13 +107,13 @@ class ClockReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _spark_position(self) -> dict[str, Any]:
         """The clock's offset in the newest batch of Spark's offset log (where Spark starts
         from); the initial offset before the first batch."""
-        offsets = DurableDir(self.checkpoint).child(OFFSETS_DIR)
+        spark = DurableDir(self.checkpoint)
         try:
-            batches = sorted(int(e.name) for e in offsets.list() if e.name.isdigit())
-            lines = offsets.read(str(batches[-1])).decode("utf-8").splitlines() if batches else []
+            batches, _ = spark_batches(spark)
+            lines = source_offsets(spark, batches[-1]) if batches else []
         except StateFileError:
             lines = []
-        for line in reversed(lines[2:]):  # the clock is the last source of the union
+        for line in reversed(lines):  # the clock is the last source of the union
             try:
                 offset = json.loads(line)
             except ValueError:

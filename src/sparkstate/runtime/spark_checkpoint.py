@@ -25,6 +25,7 @@ from sparkstate.store.files.durable import DurableDir
 __all__ = [
     "copy_spark_batch",
     "input_digest",
+    "source_offsets",
     "drop_spark_batch",
     "spark_batches",
     "spark_query_id",
@@ -60,13 +61,18 @@ def input_digest(checkpoint: DurableDir, batch_id: int) -> str | None:
     """The digest of the source offsets of batch ``batch_id`` in Spark's offset log; None when
     the file cannot be read here (a file system the driver's Python cannot reach)."""
     try:
-        text = checkpoint.child(OFFSETS_DIR).read(str(batch_id))
+        sources = "\n".join(source_offsets(checkpoint, batch_id))
     except StateFileError as exc:
         log.debug("cannot read Spark's offsets of batch %d: %s", batch_id, exc)
         return None
-    lines = text.decode("utf-8", "replace").splitlines()
-    sources = "\n".join(line.strip() for line in lines[2:])
     return hashlib.sha256(sources.encode("utf-8")).hexdigest()[:32]
+
+
+def source_offsets(checkpoint: DurableDir, batch_id: int) -> list[str]:
+    """The lines of batch ``batch_id`` in Spark's offset log that hold its sources' offsets,
+    one per source, in the query's order of sources."""
+    text = checkpoint.child(OFFSETS_DIR).read(str(batch_id))
+    return [line.strip() for line in text.decode("utf-8", "replace").splitlines()[2:]]
 
 
 COMMITS_DIR = "commits"
