@@ -16,6 +16,7 @@ A table at the end: each version, its tests passed, failed and skipped, and the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -63,17 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for version in [*args.versions, *args.install_only]:
         env = build(root, version)
-        install(env, version, wheel)
+        installed = install(env, wheel)
         if args.build_only:
             continue
-        demo(env, root / f"demo-{version}")
+        demo(env, installed, root / f"demo-{version}")
         if version in args.install_only:
             continue
         pytest_args = words[cut + 1 :]
-        rows.append(run_suite(env, version, root / f"results-{version}.xml", pytest_args))
+        rows.append(run_suite(env, installed, root / f"results-{version}.xml", pytest_args))
     if rows:
         print_table(rows)
-    return 0 if all(r["failed"] == 0 and r["ran"] for r in rows) else 1
+    return 0 if all(r.failed == 0 and r.passed > 0 for r in rows) else 1
 
 
 def build_dist(out: Path) -> Path:
@@ -138,9 +139,9 @@ def _pyspark_version(env: Path) -> str:
     ).stdout.strip()
 
 
-def install(env: Path, version: str, wheel: Path) -> None:
+def install(env: Path, wheel: Path) -> str:
     """The wheel (with its ``connect`` extra) into ``env``, as a user installs it beside the
-    PySpark they have: that PySpark must stay."""
+    PySpark they have: that PySpark must stay. Its version."""
     before = _pyspark_version(env)
     pip = [str(env / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "uninstall", "-y", "sparkstate"], check=True, capture_output=True)
@@ -155,9 +156,10 @@ def install(env: Path, version: str, wheel: Path) -> None:
         [str(env / "bin" / "sparkstate"), "--version"], check=True, capture_output=True, text=True
     ).stdout.strip()
     print(f"{wheel.name} installed beside PySpark {before}: {shown}", flush=True)
+    return before
 
 
-def demo(env: Path, out: Path) -> None:
+def demo(env: Path, installed: str, out: Path) -> None:
     """The demo, from the installed wheel (a short run)."""
     shutil.rmtree(out, ignore_errors=True)
     started = time.monotonic()
@@ -170,7 +172,7 @@ def demo(env: Path, out: Path) -> None:
     )
     if done.returncode:
         print(done.stdout[-5000:], done.stderr[-5000:], sep="\n")
-        msg = f"the demo failed beside PySpark {_pyspark_version(env)} (exit {done.returncode})"
+        msg = f"the demo failed beside PySpark {installed} (exit {done.returncode})"
         raise SystemExit(msg)
     last = done.stdout.strip().splitlines()[-1:] or [""]
     print(f"the demo ran in {time.monotonic() - started:.0f} s: {last[0]}", flush=True)
@@ -182,9 +184,20 @@ def _digest(version: str) -> str:
     return h.hexdigest()
 
 
-def run_suite(env: Path, version: str, xml: Path, extra: list[str]) -> dict[str, object]:
+@dataclasses.dataclass
+class Result:
+    """One version's run of the suite: ``skipped`` counts the tests skipped by reason."""
+
+    version: str
+    seconds: float
+    passed: int = 0
+    failed: int = 0
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def run_suite(env: Path, installed: str, xml: Path, extra: list[str]) -> Result:
     python = env / "bin" / "python"
-    installed = _pyspark_version(env)
+    xml.unlink(missing_ok=True)  # a run that writes none must not read an earlier one's
     print(f"\n=== PySpark {installed}: the compatibility suite ===", flush=True)
     started = time.monotonic()
     cmd = [
@@ -210,41 +223,29 @@ def run_suite(env: Path, version: str, xml: Path, extra: list[str]) -> dict[str,
         "SPARK_SUBMIT_OPTS": os.environ.get("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1"),
     }
     subprocess.run(cmd, cwd=REPO, check=False, env=run_env)
-    return {"version": installed, "seconds": time.monotonic() - started, **_results(xml)}
+    result = Result(installed, time.monotonic() - started)
+    if xml.exists():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            skip = case.find("skipped")
+            if skip is not None:
+                reason = (skip.get("message") or "").removeprefix("Skipped: ")
+                result.skipped[reason] = result.skipped.get(reason, 0) + 1
+            elif case.find("failure") is not None or case.find("error") is not None:
+                result.failed += 1
+            else:
+                result.passed += 1
+    return result
 
 
-def _results(xml: Path) -> dict[str, object]:
-    passed = failed = 0
-    skipped: dict[str, int] = {}
-    if not xml.exists():
-        return {"ran": False, "passed": 0, "failed": 0, "skipped": {}}
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        skip = case.find("skipped")
-        if skip is not None:
-            reason = (skip.get("message") or "").removeprefix("Skipped: ")
-            skipped[reason] = skipped.get(reason, 0) + 1
-        elif case.find("failure") is not None or case.find("error") is not None:
-            failed += 1
-        else:
-            passed += 1
-    return {"ran": passed + failed > 0, "passed": passed, "failed": failed, "skipped": skipped}
-
-
-def print_table(rows: list[dict[str, object]]) -> None:
+def print_table(rows: list[Result]) -> None:
     print("\n| PySpark | passed | failed | skipped | time |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
-        skipped = r["skipped"]
-        assert isinstance(skipped, dict)
-        print(
-            f"| {r['version']} | {r['passed']} | {r['failed']} | {sum(skipped.values())} "
-            f"| {r['seconds']:.0f} s |"
-        )
+        skipped = sum(r.skipped.values())
+        print(f"| {r.version} | {r.passed} | {r.failed} | {skipped} | {r.seconds:.0f} s |")
     for r in rows:
-        skipped = r["skipped"]
-        assert isinstance(skipped, dict)
-        for reason, n in sorted(skipped.items()):
-            print(f"PySpark {r['version']}: {n} skipped: {reason}")
+        for reason, n in sorted(r.skipped.items()):
+            print(f"PySpark {r.version}: {n} skipped: {reason}")
 
 
 if __name__ == "__main__":
