@@ -83,8 +83,7 @@ def _check_report(path: Path, name: str, systems: list[str], keys: int) -> dict[
     return report
 
 
-@pytest.mark.spark
-@pytest.mark.slow
+@pytest.mark.spark  # the one benchmark run end to end in the default run (not slow)
 def test_aggregate_bench_tiny(tmp_path: Path) -> None:
     out = tmp_path / "aggregate.json"
     systems = ["spark-hdfs", "sparkstate-memory"]

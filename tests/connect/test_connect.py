@@ -111,8 +111,8 @@ def test_join_over_connect_matches_spark(
     joins: Any, spark_joins: dict[str, Any], case: str, provider: str
 ) -> None:
     """Stream-stream joins from a Connect client, batch by batch through a restart: the
-    condition as SQL, as Columns of both DataFrames, over aliased sides; a join after windowed
-    aggregations on both sides."""
+    condition as Columns of both DataFrames, over aliased sides; a join after windowed
+    aggregations on both sides, its condition as SQL."""
     theirs = spark_joins[case]
     ours = joins[case][provider]
     assert sum(len(batch["rows"]) for batch in theirs.values()) > 3

@@ -271,6 +271,20 @@ def runs(
     ]
 
 
+def compat(params: list[Any], *ids: str) -> list[Any]:
+    """``params`` (``pytest.param``s with ids), those of ``ids`` marked ``versions`` too: the
+    compatibility suite (``scripts/compat``) runs them on each supported PySpark, the main run
+    runs every one on the PySpark it has."""
+    unknown = set(ids) - {p.id for p in params}
+    assert not unknown, f"no such parameters: {sorted(unknown)}"
+    return [
+        pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.versions])
+        if p.id in ids
+        else p
+        for p in params
+    ]
+
+
 class SparkRuns:
     """Spark's own result of each :class:`Differential`, run at its first use and kept (it
     depends on no provider): one a module, from a module-scoped fixture."""

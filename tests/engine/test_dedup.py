@@ -25,7 +25,7 @@ import sparkstate as ss
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
-from .helpers import Differential, SparkRuns, at, runs
+from .helpers import PROVIDERS, Differential, SparkRuns, at, compat, runs
 
 SCHEMA = "k string, ts timestamp, v long"
 
@@ -76,10 +76,13 @@ def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
     return SparkRuns(spark, tmp_path_factory)
 
 
-@pytest.mark.versions
 @pytest.mark.parametrize(
     ("case", "provider"),
-    runs(CASES, on_memory=("with-event-time",), on_both=("within-watermark",)),
+    compat(
+        runs(CASES, on_memory=("with-event-time",), on_both=("within-watermark",)),
+        "with-event-time-memory",
+        f"within-watermark-{PROVIDERS[-1]}",
+    ),
 )
 def test_dedup_with_watermark_matches_spark(
     spark_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str

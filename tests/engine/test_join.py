@@ -36,6 +36,7 @@ from .helpers import (
     SortedSetsCollector,
     assert_same_as_spark,
     at,
+    compat,
     run_available,
     shuffle_partitions,
 )
@@ -229,8 +230,9 @@ RUNS = [
 ]
 
 
-@pytest.mark.versions
-@pytest.mark.parametrize(("how", "provider"), RUNS)
+@pytest.mark.parametrize(
+    ("how", "provider"), compat(RUNS, f"full-{PROVIDERS[0]}", f"leftsemi-{PROVIDERS[-1]}")
+)
 def test_join_matches_spark(
     spark: SparkSession,
     spark_results: SparkResults,

@@ -21,7 +21,7 @@ from sparkstate.exceptions import (
 )
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, normalize, oracle_update, run_batches, source, start_ours
+from .helpers import Collector, compat, normalize, oracle_update, run_batches, source, start_ours
 
 SCHEMA = "k string, v int"
 BATCHES: list[list[dict[str, Any]]] = [
@@ -61,9 +61,18 @@ def _as_earlier_version_wrote_it(chk: Path) -> None:
         file.write_text(json.dumps(described))
 
 
-@pytest.mark.versions
-@pytest.mark.parametrize("written_by", ["this version", "an earlier version"])
-@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(
+    ("provider", "written_by"),
+    compat(
+        [
+            pytest.param(provider, written_by, id=f"{provider}-{written_by}")
+            for provider in PROVIDERS
+            for written_by in ("this version", "an earlier version")
+        ],
+        "memory-this version",
+        f"{PROVIDERS[-1]}-an earlier version",
+    ),
+)
 def test_restart_mid_stream_continues_the_state(
     spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str, written_by: str
 ) -> None:

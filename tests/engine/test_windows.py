@@ -32,7 +32,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
 from .helpers import WIDE_SCHEMA as SCHEMA
-from .helpers import Differential, SparkRuns, aggregates, runs
+from .helpers import Differential, SparkRuns, aggregates, compat, runs
 from .helpers import wide_row as row
 
 #: Two files: the second has the late rows and comes after the restart.
@@ -103,8 +103,7 @@ def spark_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
 RUNS = runs(CASES, on_memory=("sliding-append",))
 
 
-@pytest.mark.versions
-@pytest.mark.parametrize(("case", "provider"), RUNS)
+@pytest.mark.parametrize(("case", "provider"), compat(RUNS, "sliding-append-memory"))
 def test_windowed_aggregation_matches_spark(
     spark_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str
 ) -> None:
