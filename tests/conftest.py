@@ -58,14 +58,15 @@ CLUSTER = "tests/cluster/"
 LONGEST = (
     "tests/connect/test_connect.py",
     "tests/engine/test_repartition.py",
-    "tests/bench/test_bench_smoke.py",
-    "tests/compat/test_transform_with_state.py",
     "tests/engine/test_join.py",
     "tests/engine/test_aggregate_functions.py",
+    "tests/compat/test_transform_with_state.py",
     "tests/engine/test_state_reader.py",
     "tests/compat/test_state_variables.py",
-    "tests/engine/test_arbitrary.py",
+    "tests/engine/test_state_home.py",
+    "tests/engine/test_checkpoint.py",
     "tests/engine/test_port.py",
+    "tests/engine/test_arbitrary.py",
 )
 
 
