@@ -70,10 +70,11 @@ def _query(df: Any, time_mode: str) -> Any:
     )
 
 
-def _run(query: Any, feed: FileFeed, checkpoint: Path) -> None:
-    """Both files read, then time for a batch without data; stopped by hand (with
-    processing-time timers Spark's query runs batches without end, so neither ``availableNow``
-    nor ``processAllAvailable`` would return)."""
+def _run(query: Any, feed: FileFeed, checkpoint: Path, time_mode: str) -> None:
+    """Both files read, then the batch without data the moved watermark asks for, committed in
+    Spark's log of the query (a loaded machine may take seconds); with processing-time timers,
+    a while for such batches (Spark's query runs them at every trigger, without end). Stopped by
+    hand: in that mode neither ``availableNow`` nor ``processAllAvailable`` would return."""
     q = (
         query.writeStream.outputMode("update")
         .format("noop")
@@ -87,7 +88,12 @@ def _run(query: Any, feed: FileFeed, checkpoint: Path) -> None:
             if sum(p["numInputRows"] for p in q.recentProgress) >= wanted:
                 break
             time.sleep(0.5)
-        time.sleep(SETTLE_S)
+        if time_mode == "ProcessingTime":
+            time.sleep(SETTLE_S)
+        else:
+            last = checkpoint / "commits" / str(len(BATCHES))
+            while time.time() < deadline and not last.exists():
+                time.sleep(0.2)
     finally:
         q.stop()
 
@@ -102,8 +108,8 @@ def test_metadata_lists_every_state_variable_as_spark(
             feed.add(rows)
         spark_chk, ours_chk = tmp_path / f"spark-{time_mode}", tmp_path / f"ours-{time_mode}"
         with spark_rocksdb(spark):
-            _run(_query(feed.stream(spark, SCHEMA), time_mode), feed, spark_chk)
-        _run(_query(ss.stream(feed.stream(spark, SCHEMA)), time_mode), feed, ours_chk)
+            _run(_query(feed.stream(spark, SCHEMA), time_mode), feed, spark_chk, time_mode)
+        _run(_query(ss.stream(feed.stream(spark, SCHEMA)), time_mode), feed, ours_chk, time_mode)
         theirs = spark.read.format("state-metadata").load(str(spark_chk))
         ours = spark.read.format("sparkstate-metadata").load(str(ours_chk))
         assert ours.schema == theirs.schema
