@@ -29,14 +29,21 @@ def module_session(
         finally:
             session.stop()
         return
-    before = {key: running.conf.get(key, None) for key in conf}
-    for key, value in conf.items():
-        running.conf.set(key, value)
-    try:
+    with session_conf(running, conf):
         yield running
+
+
+@contextlib.contextmanager
+def session_conf(session: Any, conf: Mapping[str, str]) -> Iterator[None]:
+    """``conf`` set on ``session`` inside, each setting restored (or unset) after."""
+    before = {key: session.conf.get(key, None) for key in conf}
+    for key, value in conf.items():
+        session.conf.set(key, value)
+    try:
+        yield
     finally:
         for key, value in before.items():
             if value is None:
-                running.conf.unset(key)
+                session.conf.unset(key)
             else:
-                running.conf.set(key, value)
+                session.conf.set(key, value)

@@ -52,6 +52,7 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+from tests.module_session import session_conf as sql_conf  # Spark's tests' name
 
 from . import tws_processors as P
 from .tws_support import (
@@ -67,7 +68,6 @@ from .tws_support import (
     input_df_3_cols,
     run_batches,
     schema,
-    sql_conf,
     start,
     transform,
 )

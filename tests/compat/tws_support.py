@@ -7,8 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,21 +58,6 @@ def expect_failure(request: pytest.FixtureRequest, *causes: Known) -> None:
     reasons = [c.reason for c in causes if provider in c.providers and mode in c.modes]
     if reasons:
         request.applymarker(pytest.mark.xfail(reason="; ".join(reasons), strict=True))
-
-
-@contextmanager
-def sql_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
-    before = {key: spark.conf.get(key, None) for key in conf}
-    for key, value in conf.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 # ---------------------------------------------------------------------------------------------
