@@ -39,3 +39,9 @@ def _zips_to_drop() -> set[str]:
 
 _DROP = _zips_to_drop()
 sys.path[:] = [entry for entry in sys.path if entry not in _DROP]
+
+# A test that records what every process does to durable storage (tests/sync_recorder.py).
+if os.environ.get("SPARKSTATE_RECORD_SYNCS"):
+    from tests.sync_recorder import install
+
+    install(os.environ["SPARKSTATE_RECORD_SYNCS"])

@@ -6,25 +6,83 @@ anything else ``pyarrow.fs.FileSystem.from_uri`` knows.
 
 A file becomes visible only once it is complete: on a file system with rename, it is written to a
 temporary name and renamed; on an object store, a single-object put is atomic by itself.
+
+A file a later read depends on also outlives a power cut or an operating system crash once its
+write has returned. On a local (or mounted) file system the data are flushed to the device with
+``fsync`` before the rename, and the directory after it, so that the new name is on the device
+too; a new directory is synced into its parent the same way. Without that, the kernel may keep the
+rename and lose the data (a complete name over an empty file) or lose the name while the logs of
+the next step, written after it, survive. Object stores make a completed put durable themselves.
+Other file systems behind ``pyarrow.fs`` (HDFS and the like) offer no sync through it: their
+durability is their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 
 import pyarrow.fs as pafs
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, StateFileError
 
-__all__ = ["TMP_PREFIX", "DurableDir", "FileEntry", "canonical_location", "join_uri", "local_path"]
+__all__ = [
+    "TMP_PREFIX",
+    "DurableDir",
+    "FileEntry",
+    "canonical_location",
+    "join_uri",
+    "local_path",
+    "make_dirs",
+    "sync_dir",
+    "sync_file",
+]
 
 #: Files whose name starts with this are being written; readers ignore them, maintenance deletes
 #: old ones.
 TMP_PREFIX = ".tmp-"
 _COPY_CHUNK = 8 << 20
+
+
+def sync_file(path: str) -> None:
+    """Flush a written file's data to the device (``fsync``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_dir(path: str) -> None:
+    """Flush a directory's entries (the names created, renamed or removed in it) to the device."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, each directory it creates synced into its parent."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+            continue  # made a moment ago by another process, which syncs it
+        sync_dir(os.path.dirname(directory))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +166,8 @@ class DurableDir:
         else:
             self.fs, self.path = _resolve(uri)
         self._renames = _has_atomic_rename(self.fs)
+        #: A directory of the operating system's: written through it, and synced (module doc).
+        self._local = isinstance(self.fs, pafs.LocalFileSystem)
         self._made = False
 
     def child(self, *parts: str) -> DurableDir:
@@ -124,18 +184,45 @@ class DurableDir:
 
     def _ensure_dir(self) -> None:
         if not self._made:
-            self.fs.create_dir(self.path, recursive=True)
+            if self._local:
+                make_dirs(self.path)
+            else:
+                self.fs.create_dir(self.path, recursive=True)
             self._made = True
+
+    def _tmp_name(self, name: str) -> str:
+        return self._full(f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+
+    def _publish(self, tmp: str, name: str) -> None:
+        """Rename the complete ``tmp`` to ``name``; on a local file system its data are synced
+        before and the directory after (module doc)."""
+        if self._local:
+            sync_file(tmp)
+        self.fs.move(tmp, self._full(name))
+        if self._local:
+            sync_dir(self.path)
+
+    @contextlib.contextmanager
+    def _cleared_on_failure(self, tmp: str | None) -> Iterator[None]:
+        """A write that fails (a full disk, a lost connection) leaves no temporary file."""
+        try:
+            yield
+        except BaseException:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    self.fs.delete_file(tmp)
+            raise
 
     def write_atomic(self, name: str, data: bytes) -> None:
         """Write ``name`` so that readers see either nothing or the whole file."""
         try:
             self._ensure_dir()
             if self._renames:
-                tmp = self._full(f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
-                with self.fs.open_output_stream(tmp) as out:
-                    out.write(data)
-                self.fs.move(tmp, self._full(name))
+                tmp = self._tmp_name(name)
+                with self._cleared_on_failure(tmp):
+                    with self.fs.open_output_stream(tmp) as out:
+                        out.write(data)
+                    self._publish(tmp, name)
             else:
                 with self.fs.open_output_stream(self._full(name)) as out:
                     out.write(data)
@@ -194,6 +281,8 @@ class DurableDir:
         """Delete ``name``; a file that is already gone is fine."""
         try:
             self.fs.delete_file(self._full(name))
+            if self._local:  # a removal that a power cut undid could bring back a rolled-back log
+                sync_dir(self.path)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -206,15 +295,12 @@ class DurableDir:
         """Copy a local file to ``name`` atomically; returns the bytes copied."""
         try:
             self._ensure_dir()
-            target = (
-                self._full(f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
-                if self._renames
-                else self._full(name)
-            )
-            with open(local_path, "rb") as src, self.fs.open_output_stream(target) as out:
-                shutil.copyfileobj(src, out, _COPY_CHUNK)
-            if self._renames:
-                self.fs.move(target, self._full(name))
+            target = self._tmp_name(name) if self._renames else self._full(name)
+            with self._cleared_on_failure(target if self._renames else None):
+                with open(local_path, "rb") as src, self.fs.open_output_stream(target) as out:
+                    shutil.copyfileobj(src, out, _COPY_CHUNK)
+                if self._renames:
+                    self._publish(target, name)
             return os.path.getsize(local_path)
         except OSError as exc:
             msg = f"cannot upload {local_path} to {self.where(name)}: {exc}"
@@ -237,7 +323,11 @@ class DurableDir:
         """Move file ``name`` into ``other`` (same file system) under the same name."""
         try:
             other._ensure_dir()
+            if self._local:  # written by another writer (Spark's, for a sink): on the device first
+                sync_file(self._full(name))
             self.fs.move(self._full(name), other._full(name))
+            if other._local:
+                sync_dir(other.path)
         except OSError as exc:
             msg = f"cannot move {self.where(name)} to {other.where(name)}: {exc}"
             raise StateFileError(msg) from exc
@@ -250,9 +340,15 @@ class DurableDir:
             msg = f"cannot append to {self.where(name)}: an object store has no append"
             raise StateFileError(msg)
         try:
-            os.makedirs(local, exist_ok=True)
-            with open(os.path.join(local, name), "ab") as out:
+            make_dirs(local)
+            path = os.path.join(local, name)
+            new = not os.path.exists(path)
+            with open(path, "ab") as out:
                 out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            if new:
+                sync_dir(local)
         except OSError as exc:
             msg = f"cannot append to {self.where(name)}: {exc}"
             raise StateFileError(msg) from exc
