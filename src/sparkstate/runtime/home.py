@@ -343,9 +343,10 @@ def _run_job(conn: socket.socket, where: str) -> None:
                 break
             replies.send(BATCH, encode_batch(batch))
         replies.send(RESULT, pickle.dumps(result))
-    except (HomeLost, OSError) as exc:
+    except ConnectionError as exc:  # HomeLost, a reset or broken connection
         log.warning("%s: a task's worker went away: %s", where, exc)
     except BaseException as exc:  # noqa: BLE001 - the task's error goes back to its worker
+        # (an OSError of the job's own, a full disk's, too: it is the task's error)
         with contextlib.suppress(OSError):
             replies.send(ERROR, pickled_error(exc, where))
     finally:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import shutil
 import uuid
@@ -35,17 +36,39 @@ __all__ = [
     "DurableDir",
     "FileEntry",
     "canonical_location",
+    "disk_full",
     "join_uri",
     "local_path",
     "make_dirs",
     "sync_dir",
     "sync_file",
+    "why",
 ]
 
 #: Files whose name starts with this are being written; readers ignore them, maintenance deletes
 #: old ones.
 TMP_PREFIX = ".tmp-"
 _COPY_CHUNK = 8 << 20
+
+
+#: What a full disk (or an exhausted quota) says, in the errors of Python, Arrow and RocksDB.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXT = ("No space left on device", "Disk quota exceeded")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota on it) is full."""
+    return getattr(exc, "errno", None) in _FULL or any(t in str(exc) for t in _FULL_TEXT)
+
+
+def why(exc: BaseException) -> str:
+    """The cause of a failed write as a user reads it: a full disk said so in words."""
+    if disk_full(exc):
+        return (
+            f"the disk is full ({exc}): free space there, then restart the query "
+            "(the batch did not commit; it runs again)"
+        )
+    return str(exc)
 
 
 def sync_file(path: str) -> None:
@@ -227,7 +250,7 @@ class DurableDir:
                 with self.fs.open_output_stream(self._full(name)) as out:
                     out.write(data)
         except OSError as exc:
-            msg = f"cannot write {self.where(name)}: {exc}"
+            msg = f"cannot write {self.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
 
     def write_if_absent(self, name: str, data: bytes) -> bool:
@@ -303,7 +326,7 @@ class DurableDir:
                     self._publish(target, name)
             return os.path.getsize(local_path)
         except OSError as exc:
-            msg = f"cannot upload {local_path} to {self.where(name)}: {exc}"
+            msg = f"cannot upload {local_path} to {self.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
 
     def download(self, name: str, local_path: str) -> int:
@@ -316,7 +339,7 @@ class DurableDir:
             msg = f"missing state file {self.where(name)}"
             raise MissingVersionError(msg) from exc
         except OSError as exc:
-            msg = f"cannot download {self.where(name)} to {local_path}: {exc}"
+            msg = f"cannot download {self.where(name)} to {local_path}: {why(exc)}"
             raise StateFileError(msg) from exc
 
     def move_to(self, name: str, other: DurableDir) -> None:
@@ -329,7 +352,7 @@ class DurableDir:
             if other._local:
                 sync_dir(other.path)
         except OSError as exc:
-            msg = f"cannot move {self.where(name)} to {other.where(name)}: {exc}"
+            msg = f"cannot move {self.where(name)} to {other.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
 
     def append(self, name: str, data: bytes) -> None:
@@ -350,7 +373,7 @@ class DurableDir:
             if new:
                 sync_dir(local)
         except OSError as exc:
-            msg = f"cannot append to {self.where(name)}: {exc}"
+            msg = f"cannot append to {self.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
 
     def delete_all(self) -> None:

@@ -21,7 +21,13 @@ import socket
 import time
 from types import TracebackType
 
-from sparkstate.exceptions import ConfigurationError, StoreLockedError
+from sparkstate.exceptions import (
+    ConfigurationError,
+    StateFileError,
+    StateStoreError,
+    StoreLockedError,
+)
+from sparkstate.store.files.durable import why
 from sparkstate.store.files.file_lock import FileLock
 from sparkstate.store.handoff import ask_to_release
 
@@ -98,12 +104,11 @@ class LocalStoreDir:
         if self.held:
             msg = f"local store directory {self.path} is already locked by this object"
             raise StoreLockedError(msg)
-        os.makedirs(self.path, exist_ok=True)
         start = time.monotonic()
         deadline = start + max(timeout_s, 0.0)
         delay = 0.001
         asked = -1.0
-        while not self._lock.try_acquire(self._record(owner, handoff)):
+        while not self._try_acquire(owner, handoff):
             now = time.monotonic()
             if now - asked >= _ASK_EVERY_S:
                 self._ask_holder()
@@ -119,6 +124,16 @@ class LocalStoreDir:
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 0.05)
         return time.monotonic() - start
+
+    def _try_acquire(self, owner: str, handoff: str | None) -> bool:
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            return self._lock.try_acquire(self._record(owner, handoff))
+        except StateStoreError:
+            raise
+        except OSError as exc:  # a full disk, a directory without permission
+            msg = f"cannot take the local store directory {self.path}: {why(exc)}"
+            raise StateFileError(msg) from exc
 
     @staticmethod
     def _record(owner: str, handoff: str | None = None) -> str:

@@ -32,6 +32,7 @@ from sparkstate.exceptions import (
     StoreClosedError,
     StoreLockedError,
 )
+from sparkstate.store.files.durable import why
 from sparkstate.store.files.local_dir import (
     DB_DIR_NAME,
     LOCK_FILE_NAME,
@@ -78,7 +79,7 @@ def _raise_translated(exc: Exception, action: str, path: str) -> NoReturn:
     Anything else (a ``KeyError`` for a non-bytes key, one of ours, ...) is re-raised unchanged.
     """
     text = str(exc)
-    msg = f"local RocksDB {path}: cannot {action}: {text}"
+    msg = f"local RocksDB {path}: cannot {action}: {why(exc)}"
     err: StateStoreError
     if isinstance(exc, rocksdict.DbClosedError):
         err = StoreClosedError(msg)
