@@ -1,6 +1,6 @@
 """A state home on its own, without Spark: started by a worker that forks itself, or as a new
 interpreter where the worker runs other threads; a slow job that keeps its heartbeat; a home
-that hangs, given up and killed.
+that hangs, given up and killed; a job that fails with an OSError of its own.
 
 The worker is a small script in a process of its own (``WORKER``), which plays the executor too
 (the home ends with it).
@@ -81,6 +81,18 @@ WORKER = textwrap.dedent(
         report["after"] = "gone"
     got, again = run(slow, batches[:1], 1.0)  # the next task starts a new home
     report["again"] = [got, again != pid]
+
+    def full(inputs, ready):  # a job whose own write fails: the task's error, the home lives on
+        for _ in inputs:
+            pass
+        raise OSError(28, "No space left on device")
+        yield
+
+    try:
+        run(full, batches[:1], 1.0)
+    except Exception as exc:
+        report["job_error"] = [type(exc).__name__, str(exc)]
+    report["after_error"] = run(slow, batches[:1], 1.0)[1] == again
     print("REPORT", json.dumps(report), flush=True)
     """
 )
@@ -109,6 +121,10 @@ def test_a_home_starts_keeps_its_heartbeat_and_a_hung_one_is_given_up(
     assert report["hung_s"] < 10, report
     assert report["after"] in ("gone", "Z"), report  # killed (a spawned one is a zombie child)
     assert report["again"] == [[[{"rows": 10}]], True], report
+    # An OSError of the job's own (a full disk) is the task's error, not a lost connection.
+    assert report["job_error"][0] == "OSError", report
+    assert "No space left on device" in report["job_error"][1], report
+    assert report["after_error"], report  # the same home runs the next task
 
 
 def test_a_home_is_reached_at_the_host_spark_gave_its_executor(
