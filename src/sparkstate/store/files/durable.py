@@ -15,6 +15,11 @@ rename and lose the data (a complete name over an empty file) or lose the name w
 the next step, written after it, survive. Object stores make a completed put durable themselves.
 Other file systems behind ``pyarrow.fs`` (HDFS and the like) offer no sync through it: their
 durability is their own.
+
+An object store's call that fails on the way (throttled with ``503 SlowDown``, a ``500``, a
+connection reset or timed out), once the S3 client's own retries are spent, is tried again whole
+(:data:`REMOTE_ATTEMPTS` attempts, waiting longer each time); a put is atomic, so a retried write
+never leaves half a file. When they run out, the error says so, with the last cause.
 """
 
 from __future__ import annotations
@@ -22,16 +27,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import logging
 import os
 import shutil
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pyarrow.fs as pafs
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, StateFileError
 
 __all__ = [
+    "REMOTE_ATTEMPTS",
     "TMP_PREFIX",
     "DurableDir",
     "FileEntry",
@@ -44,6 +53,26 @@ __all__ = [
     "sync_file",
     "why",
 ]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: Attempts of a call to an object store, in all (module doc); the first wait, doubled after
+#: each attempt up to the longest.
+REMOTE_ATTEMPTS = 6
+REMOTE_BACKOFF_S = 0.2
+REMOTE_BACKOFF_MAX_S = 5.0
+#: Errors no retry mends: a missing file or bucket, credentials refused.
+_PERMANENT = (
+    "not exist",
+    "NoSuchKey",
+    "NoSuchBucket",
+    "ACCESS_DENIED",
+    "AccessDenied",
+    "Forbidden",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+)
 
 #: Files whose name starts with this are being written; readers ignore them, maintenance deletes
 #: old ones.
@@ -210,7 +239,7 @@ class DurableDir:
             if self._local:
                 make_dirs(self.path)
             else:
-                self.fs.create_dir(self.path, recursive=True)
+                self._remote(lambda: self.fs.create_dir(self.path, recursive=True), self.uri)
             self._made = True
 
     def _tmp_name(self, name: str) -> str:
@@ -236,10 +265,32 @@ class DurableDir:
                     self.fs.delete_file(tmp)
             raise
 
+    def _remote(self, call: Callable[[], _T], what: str) -> _T:
+        """``call()``, tried again on an object store while it fails on the way (module doc);
+        on a local file system, once."""
+        if self._local:
+            return call()
+        delay = REMOTE_BACKOFF_S
+        started = time.monotonic()
+        for attempt in range(1, REMOTE_ATTEMPTS + 1):
+            try:
+                return call()
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError) or any(t in str(exc) for t in _PERMANENT):
+                    raise
+                if attempt == REMOTE_ATTEMPTS:
+                    took = time.monotonic() - started
+                    msg = f"gave up after {attempt} attempts over {took:.1f} s: {exc}"
+                    raise OSError(msg) from exc
+                log.info("%s failed (attempt %d), trying again: %s", what, attempt, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, REMOTE_BACKOFF_MAX_S)
+        raise AssertionError  # unreachable: the last attempt returns or raises
+
     def write_atomic(self, name: str, data: bytes) -> None:
         """Write ``name`` so that readers see either nothing or the whole file."""
-        try:
-            self._ensure_dir()
+
+        def write() -> None:
             if self._renames:
                 tmp = self._tmp_name(name)
                 with self._cleared_on_failure(tmp):
@@ -249,6 +300,10 @@ class DurableDir:
             else:
                 with self.fs.open_output_stream(self._full(name)) as out:
                     out.write(data)
+
+        try:
+            self._ensure_dir()
+            self._remote(write, f"writing {self.where(name)}")
         except OSError as exc:
             msg = f"cannot write {self.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
@@ -261,10 +316,13 @@ class DurableDir:
         return True
 
     def read(self, name: str) -> bytes:
-        try:
+        def read() -> bytes:
             with self.fs.open_input_stream(self._full(name)) as src:
                 data: bytes = src.read()
                 return data
+
+        try:
+            return self._remote(read, f"reading {self.where(name)}")
         except FileNotFoundError as exc:
             msg = f"missing state file {self.where(name)}"
             raise MissingVersionError(msg) from exc
@@ -272,17 +330,22 @@ class DurableDir:
             if "not exist" in str(exc) or "NoSuchKey" in str(exc):
                 msg = f"missing state file {self.where(name)}"
                 raise MissingVersionError(msg) from exc
-            msg = f"cannot read {self.where(name)}: {exc}"
+            msg = f"cannot read {self.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
 
     def exists(self, name: str) -> bool:
-        info = self.fs.get_file_info(self._full(name))
+        try:
+            info = self._remote(lambda: self.fs.get_file_info(self._full(name)), "a lookup")
+        except OSError as exc:
+            msg = f"cannot look up {self.where(name)}: {why(exc)}"
+            raise StateFileError(msg) from exc
         return bool(info.type != pafs.FileType.NotFound)
 
     def list(self, *, include_tmp: bool = False) -> list[FileEntry]:
         """Files directly in this directory (none if it does not exist)."""
         try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+            selector = pafs.FileSelector(self.path, allow_not_found=True)
+            infos = self._remote(lambda: self.fs.get_file_info(selector), f"listing {self.uri}")
         except OSError as exc:
             msg = f"cannot list {self.uri}: {exc}"
             raise StateFileError(msg) from exc
@@ -303,7 +366,7 @@ class DurableDir:
     def delete(self, name: str) -> None:
         """Delete ``name``; a file that is already gone is fine."""
         try:
-            self.fs.delete_file(self._full(name))
+            self._remote(lambda: self.fs.delete_file(self._full(name)), f"deleting {name}")
             if self._local:  # a removal that a power cut undid could bring back a rolled-back log
                 sync_dir(self.path)
         except FileNotFoundError:
@@ -316,14 +379,18 @@ class DurableDir:
 
     def upload(self, local_path: str, name: str) -> int:
         """Copy a local file to ``name`` atomically; returns the bytes copied."""
-        try:
-            self._ensure_dir()
+
+        def upload() -> None:
             target = self._tmp_name(name) if self._renames else self._full(name)
             with self._cleared_on_failure(target if self._renames else None):
                 with open(local_path, "rb") as src, self.fs.open_output_stream(target) as out:
                     shutil.copyfileobj(src, out, _COPY_CHUNK)
                 if self._renames:
                     self._publish(target, name)
+
+        try:
+            self._ensure_dir()
+            self._remote(upload, f"uploading {self.where(name)}")
             return os.path.getsize(local_path)
         except OSError as exc:
             msg = f"cannot upload {local_path} to {self.where(name)}: {why(exc)}"
@@ -331,9 +398,13 @@ class DurableDir:
 
     def download(self, name: str, local_path: str) -> int:
         """Copy ``name`` to a local file; returns the bytes copied."""
-        try:
+
+        def download() -> None:
             with self.fs.open_input_stream(self._full(name)) as src, open(local_path, "wb") as out:
                 shutil.copyfileobj(src, out, _COPY_CHUNK)
+
+        try:
+            self._remote(download, f"downloading {self.where(name)}")
             return os.path.getsize(local_path)
         except FileNotFoundError as exc:
             msg = f"missing state file {self.where(name)}"
@@ -379,7 +450,7 @@ class DurableDir:
     def delete_all(self) -> None:
         """Delete this directory and everything in it; a directory that is gone is fine."""
         try:
-            self.fs.delete_dir(self.path)
+            self._remote(lambda: self.fs.delete_dir(self.path), f"deleting {self.uri}")
         except FileNotFoundError:
             pass
         except OSError as exc:
