@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from tests.s3_fault_proxy import FaultProxy
 from tests.store.conftest import S3Endpoint
 from tests.store.conftest import s3_endpoint as s3_endpoint  # the loopback S3 server fixture
 
@@ -306,3 +307,34 @@ def test_repartition_moves_the_state_on_s3(
     assert outputs[rescaled] == oracle.batches[len(RUNS[0])]
     assert sorted(outputs) == [0, 1, rescaled]
     assert DurableDir(state).child("state", "0", "5").list()  # a partition only the rescale has
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_runs_through_a_misbehaving_s3_give_sparks_output(
+    spark: SparkSession,
+    s3: S3Endpoint,
+    oracle: Collector,
+    tmp_path: Path,
+    provider: str,
+) -> None:
+    """The same three runs with the state behind an endpoint that throttles, fails, stalls and
+    drops connections (``tests/s3_fault_proxy.py``, a third of the requests): Spark's output,
+    batch for batch, as without faults."""
+    proxy = FaultProxy((s3.host, s3.port), seed=11, rate=0.3, delay_s=0.2)
+    feed = FileFeed(tmp_path / "input")
+    state = s3.uri(f"engine/faults-{provider}-{tmp_path.name}")
+    state = state.replace(f"{s3.host}:{s3.port}", proxy.endpoint())
+    batches: dict[int, Any] = {}
+    try:
+        for files in RUNS:
+            _add(feed, files)
+            q, collector = _start(
+                spark, feed, tmp_path / "chk", state, tmp_path / "local", provider
+            )
+            assert q.awaitTermination(300)
+            assert q.exception() is None
+            batches.update(collector.batches)
+    finally:
+        proxy.close()
+    assert batches == oracle.batches
+    assert sum(proxy.faults.values()) >= 10, proxy.faults
