@@ -27,8 +27,9 @@ _ERRORS = {
 
 
 class FaultProxy:
-    """``rate``: the share of requests that meet a fault, drawn from ``kinds`` with ``seed``.
-    ``faults`` counts what was injected by kind, ``requests`` every request seen."""
+    """``rate``: the share of requests that meet a fault, drawn with ``seed``; each fault is the
+    kind of ``kinds`` injected least so far (of those that fit the request). ``faults`` counts
+    what was injected by kind, ``requests`` every request seen."""
 
     def __init__(
         self,
@@ -68,9 +69,10 @@ class FaultProxy:
             kinds = [
                 k for k in self.kinds if k != ("reset-download" if has_body else "reset-upload")
             ]
-            kind = self._random.choice(kinds) if kinds else None
-            if kind is not None:
-                self.faults[kind] += 1
+            if not kinds:
+                return None
+            kind = min(kinds, key=lambda k: self.faults[k])  # each kind as often as the others
+            self.faults[kind] += 1
             return kind
 
     def _accept(self) -> None:
