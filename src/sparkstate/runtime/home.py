@@ -199,12 +199,14 @@ class Home:
         try:
             self._accept(server, None)
         finally:
-            for leftover in (self.path, address_file(self.path), pid_file(self.path)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(leftover)
             server.close()
             tcp.close()
-        PROVIDERS.close_all()
+            try:  # the local copies closed (RocksDB writes its memtables) before the home is gone
+                PROVIDERS.close_all()
+            finally:
+                for leftover in (self.path, address_file(self.path), pid_file(self.path)):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(leftover)
         return self._why_stop() or "asked to stop"
 
     def _accept(self, server: socket.socket, token: str | None) -> None:
