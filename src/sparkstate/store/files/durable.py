@@ -100,22 +100,23 @@ def why(exc: BaseException) -> str:
     return str(exc)
 
 
-def sync_file(path: str) -> None:
-    """Flush a written file's data to the device (``fsync``)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def _fsync(path: str, flags: int = 0) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_file(path: str) -> None:
+    """Flush a written file's data to the device (``fsync``; on Linux whichever descriptor
+    wrote it)."""
+    _fsync(path)
 
 
 def sync_dir(path: str) -> None:
     """Flush a directory's entries (the names created, renamed or removed in it) to the device."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(path, os.O_DIRECTORY)
 
 
 def make_dirs(path: str) -> None:
