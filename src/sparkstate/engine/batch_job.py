@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from sparkstate.engine.attempts import CountedAttempts, winning_reports
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.executor import commit_untouched_task, snapshot_in_owner, task_function
 from sparkstate.engine.sinks import Sink
@@ -69,11 +70,13 @@ def run_stages(
     *,
     replay: bool = False,
     owners: dict[int, dict[int, str]] | None = None,
+    counted: CountedAttempts | None = None,
 ) -> tuple[list[TaskReport], dict[str, int]]:
     """Run the stateful stages over batch ``df``: each stage's input shuffled by its key into
     the state partitions, its task over each partition's store; the sink's action runs them
-    all once. Returns the tasks' reports (one per operator and partition: the partitions
-    Spark ran no task for are committed untouched) and the time the stateful job took."""
+    all once. Returns the tasks' reports (one per operator and partition: that of the attempt
+    Spark kept, as ``counted`` tells in a classic session; the partitions Spark ran no task for
+    are committed untouched) and the time the stateful job took."""
     batch_id = intent.batch_id
     session = df.sparkSession
     n = config.num_partitions
@@ -87,8 +90,10 @@ def run_stages(
         shuffled = stage.input_of(source, batch_id).repartition(
             n, *[quote(c) for c in stage.partition_columns]
         )
-        output = shuffled.mapInArrow(task_function(spec, reports_dir), stage.output_struct)
+        output = shuffled.mapInArrow(task_function(spec, reports_dir, counted), stage.output_struct)
         current = outputs[stage.op_id] = stage.output_of(output)
+    if counted is not None:
+        counted.start_batch()
     sink_started = time.time()
     try:
         sink.add_batch(batch_id, current, config.output_mode)
@@ -103,7 +108,7 @@ def run_stages(
     timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
     if replay:
         return [], timings
-    reports = _winning_reports(reports_dir.read())
+    reports = winning_reports(reports_dir.read(), counted.kept() if counted else None)
     missing = [(op_id, p) for op_id in specs for p in range(n) if (op_id, p) not in reports]
     if missing:
         if config.output_mode == "complete":
@@ -114,7 +119,7 @@ def run_stages(
             raise QueryError(msg)
         log.warning("batch %d: committing untouched partitions %s", batch_id, missing)
         _commit_untouched(session, specs, missing, reports_dir)
-        reports = _winning_reports(reports_dir.read())
+        reports = winning_reports(reports_dir.read(), counted.kept() if counted else None)
     return list(reports.values()), timings
 
 
@@ -138,18 +143,6 @@ def engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None
                 session.conf.unset(k)
             else:
                 session.conf.set(k, old)
-
-
-def _winning_reports(reports: list[TaskReport]) -> dict[tuple[int, int], TaskReport]:
-    """One report per (operator, partition): the newest attempt if a task ran more than once
-    (:meth:`TaskReport.wins_over`)."""
-    out: dict[tuple[int, int], TaskReport] = {}
-    for r in reports:
-        key = (r.op, r.partition)
-        old = out.get(key)
-        if old is None or r.wins_over(old):
-            out[key] = r
-    return out
 
 
 def _commit_untouched(

@@ -24,6 +24,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
+from sparkstate.engine.attempts import CountedAttempts
 from sparkstate.engine.batch_job import engine_settings, run_stages, snapshot_at_stop
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.session import is_connect
@@ -87,6 +88,10 @@ class BatchDriver:
         self.last_batch: int | None = None
         #: The state homes holding the version the next batch loads (from the last commit).
         self._owners: dict[int, dict[int, str]] = {}
+        #: Which task attempts Spark kept in a batch's job (made at the first batch; None under
+        #: Spark Connect).
+        self._counted: CountedAttempts | None = None
+        self._counted_made = False
         self.triggers = {
             s.op_id: s.operator.time_trigger()
             for s in stages
@@ -126,8 +131,9 @@ class BatchDriver:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in ("_lock", "_stop", "_in_batch", "_started", "recent", "error"):
+        for name in ("_lock", "_stop", "_in_batch", "_started", "recent", "error", "_counted"):
             del state[name]
+        state["_counted_made"] = False
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -137,6 +143,7 @@ class BatchDriver:
         self.__dict__.update(state)
         self.recent = []
         self.error = None
+        self._counted = None
         self._lock = threading.Lock()
         self._stop = None
         self._in_batch = threading.Event()
@@ -348,6 +355,9 @@ class BatchDriver:
         replay: bool = False,
     ) -> tuple[list[TaskReport], dict[str, int]]:
         reports_dir = self.log.new_report_dir(batch_id)
+        if not self._counted_made:
+            self._counted = CountedAttempts.of(df.sparkSession)
+            self._counted_made = True
         return run_stages(
             self.config,
             self.stages,
@@ -358,6 +368,7 @@ class BatchDriver:
             lineage,
             replay=replay,
             owners=self._owners,
+            counted=self._counted,
         )
 
     def _commit(

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark import TaskContext, cloudpickle
 
+from sparkstate.engine.attempts import CountedAttempts
 from sparkstate.engine.user_state import use_spark_errors
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime import home, home_client
@@ -44,13 +45,16 @@ def _task_identity() -> tuple[int, Attempt]:
 
 
 def task_function(
-    spec: TaskSpec, reports: ReportDir
+    spec: TaskSpec, reports: ReportDir, counted: CountedAttempts | None = None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of one operator in one batch. Its report goes to
-    ``reports``, and so does its failure, which Spark brings back to the driver only as text."""
+    ``reports``, and so does its failure, which Spark brings back to the driver only as text;
+    each attempt marks itself in ``counted``, which tells the driver the one Spark kept."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition, attempt = _task_identity()
+        if counted is not None:
+            counted.mark(spec.op_id, partition, attempt.task_attempt_id)
         if partition >= spec.num_partitions:  # a task of a union's stage, numbered across it
             msg = (
                 f"operator {spec.op_id} ran as partition {partition} of {spec.num_partitions} "

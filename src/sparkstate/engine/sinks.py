@@ -252,7 +252,9 @@ class ForeachBatchSink(Sink):
     def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
         cached = df.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            cached.count()  # the one run of the stateful stage
+            # The one run of the stateful stage, as the job's last stage: Spark keeps one attempt
+            # of each of its tasks, and its accumulators tell which (``engine.attempts``).
+            cached.write.format("noop").mode("overwrite").save()
         except BaseException:
             cached.unpersist()
             raise
