@@ -98,6 +98,9 @@ class Worker:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     port: int = 0
+    #: The address it binds and its executors advertise (loopback addresses other than
+    #: ``HOST`` make workers that Spark takes for other machines, as speculation needs).
+    host: str = HOST
 
     @property
     def local_dir(self) -> Path:
@@ -116,22 +119,31 @@ class Worker:
 
     @property
     def address(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{self.host}:{self.port}"
 
 
 class Cluster:
     """A master and workers started with ``spark-class`` on loopback."""
 
-    def __init__(self, root: Path, num_workers: int = 2, *, python_env: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        num_workers: int = 2,
+        *,
+        python_env: bool = True,
+        hosts: list[str] | None = None,
+    ) -> None:
         """``python_env=False``: the daemons (and so the executors) get neither this process's
-        ``PYTHONPATH`` nor a ``PYSPARK_PYTHON``, as on nodes where nothing is installed."""
+        ``PYTHONPATH`` nor a ``PYSPARK_PYTHON``, as on nodes where nothing is installed.
+        ``hosts``: each worker's loopback address (all ``HOST`` by default)."""
         self.root = root
         self.python_env = python_env
         self.port = free_port()
         self.web_port = free_port()
         self.master_url = f"spark://{HOST}:{self.port}"
         self.master: subprocess.Popen[bytes] | None = None
-        self.workers = [Worker(f"w{i}", root / f"w{i}") for i in range(num_workers)]
+        hosts = hosts or [HOST] * num_workers
+        self.workers = [Worker(f"w{i}", root / f"w{i}", host=hosts[i]) for i in range(num_workers)]
 
     # --- processes -------------------------------------------------------------------------------
 
@@ -198,12 +210,12 @@ class Cluster:
         w.work_dir.mkdir(parents=True, exist_ok=True)
         w.starts += 1
         w.port = free_port()
-        env = self._env({"SPARKSTATE_LOCAL_DIR": str(w.local_dir)})
+        env = self._env({"SPARKSTATE_LOCAL_DIR": str(w.local_dir), "SPARK_LOCAL_IP": w.host})
         w.proc = self._spawn(
             [
                 "org.apache.spark.deploy.worker.Worker",
                 "--host",
-                HOST,
+                w.host,
                 "--port",
                 str(w.port),
                 "--webui-port",
