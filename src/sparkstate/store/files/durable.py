@@ -24,6 +24,7 @@ never leaves half a file. When they run out, the error says so, with the last ca
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import errno
@@ -360,7 +361,7 @@ class DurableDir:
             out.append(FileEntry(info.base_name, info.size or 0, mtime))
         return out
 
-    def names(self) -> list[str]:
+    def names(self) -> builtins.list[str]:  # ``list`` here is the method above
         """The names of the files directly in this directory (none if it does not exist)."""
         return [e.name for e in self.list()]
 
