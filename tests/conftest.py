@@ -57,6 +57,7 @@ CLUSTER = "tests/cluster/"
 #: Modules that run for minutes, longest first (measured with ``--durations``).
 LONGEST = (
     "tests/connect/test_connect.py",
+    "tests/chaos/test_chaos.py",
     "tests/engine/test_repartition.py",
     "tests/engine/test_join.py",
     "tests/engine/test_aggregate_functions.py",

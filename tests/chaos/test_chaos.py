@@ -1,0 +1,27 @@
+"""The chaos run, short: a dozen batches of the three queries on a two-worker cluster, one fault
+of each kind (a Python worker, a state home, an executor and the driver SIGKILLed at random
+moments), and every sink's rows and every query's state equal to the run without faults.
+
+The long run is ``./scripts/chaos`` (200 batches, 60 faults by default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.chaos.run import KINDS, chaos, describe
+from tests.cluster.conftest import java_missing
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_short_chaos_run_loses_nothing_and_counts_nothing_twice(tmp_path: Path) -> None:
+    reason = java_missing()
+    if reason:
+        pytest.skip(reason)
+    summary = chaos(batches=12, faults=len(KINDS), seed=3, gap=(3.0, 6.0), work=tmp_path)
+    assert summary["faults"] == {kind: 1 for kind in KINDS}, describe(summary)
+    assert summary["driver_starts"] >= 2, describe(summary)
+    compared = summary["compared"]
+    assert all(c["rows"] > 0 for c in compared.values()), describe(summary)
+    assert summary["differences"] == 0, describe(summary)
