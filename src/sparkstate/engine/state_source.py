@@ -34,7 +34,8 @@ _REGISTERED: set[int] = set()
 
 
 def _spark_schema(schema: pa.Schema) -> StructType:
-    return from_arrow_schema(schema)
+    spark_schema: StructType = from_arrow_schema(schema)
+    return spark_schema
 
 
 class _StateReader(DataSourceReader):

@@ -35,6 +35,7 @@ from sparkstate.operators.arbitrary.flat_map_groups import (
     FlatMapGroupsWithState,
 )
 from sparkstate.operators.arbitrary.group_state import GroupStateTimeout
+from sparkstate.operators.arbitrary.processor_input import UNLIMITED
 from sparkstate.operators.arbitrary.schemas import SchemaLike, to_arrow_schema
 from sparkstate.operators.arbitrary.state_collections import decode_list, decode_map
 from sparkstate.operators.arbitrary.state_vars import VarSpec, elements_cf_name
@@ -42,7 +43,6 @@ from sparkstate.operators.arbitrary.timers import TIMERS_CF, TimeMode
 from sparkstate.operators.arbitrary.transform_with_state import (
     INITIAL_STATE_MARKER,
     MAX_RECORDS_PER_BATCH,
-    UNLIMITED,
     TransformWithState,
 )
 from sparkstate.operators.base import BatchContext, OperatorMetrics, StatefulOperator
