@@ -30,6 +30,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from tests.cluster.conftest import SESSION_CONF as CLUSTER_SESSION_CONF
 
 import sparkstate as ss
 from sparkstate.testing.differential import FileFeed
@@ -45,16 +46,8 @@ QUERIES = ("aggregate", "dedup", "join")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 #: Spark's settings of the chaos sessions.
 SESSION_CONF = {
-    "spark.sql.shuffle.partitions": "4",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.executor.memory": "1g",
-    "spark.executor.cores": "1",
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    **CLUSTER_SESSION_CONF,
     "spark.python.worker.reuse": "true",
-    "spark.locality.wait": "0s",
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     # A task whose worker, home or executor is killed more than once in a row still goes on.
     "spark.task.maxFailures": "8",

@@ -337,6 +337,25 @@ def wait_for_executors(spark: SparkSession, n: int, timeout_s: float = START_TIM
     raise RuntimeError(msg)
 
 
+#: The settings of every session on the cluster (these tests', the speculation job's, the chaos
+#: run's): one 1-core executor per worker, the driver on loopback.
+SESSION_CONF = {
+    "spark.executor.memory": "1g",
+    "spark.executor.cores": "1",
+    # Small jobs on a busy 2-core machine: C1 only and serial GC start executors faster.
+    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.driver.host": HOST,
+    "spark.driver.bindAddress": HOST,
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.pyspark.python": sys.executable,
+    "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+    # Place tasks where a core is free now: waiting for shuffle locality would pin partitions.
+    "spark.locality.wait": "0s",
+}
+
+
 @pytest.fixture(scope="package")
 def cluster_spark(cluster: Cluster) -> Iterator[SparkSession]:
     """A ``SparkSession`` whose master is the cluster; one executor per worker."""
@@ -349,24 +368,12 @@ def cluster_spark(cluster: Cluster) -> Iterator[SparkSession]:
     session = (
         SparkSession.builder.master(cluster.master_url)
         .appName("sparkstate-cluster-tests")
-        .config("spark.executor.memory", "1g")
-        .config("spark.executor.cores", "1")
-        # Small jobs on a busy 2-core machine: C1 only and serial GC start executors faster.
-        .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .config("spark.driver.host", HOST)
-        .config("spark.driver.bindAddress", HOST)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
+        .config(map=SESSION_CONF)
         .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.python.worker.reuse", "true")
-        .config("spark.pyspark.python", sys.executable)
         .config("spark.pyspark.driver.python", sys.executable)
-        .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
         .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "90s")
-        # Place tasks where a core is free now: waiting for shuffle locality would pin partitions.
-        .config("spark.locality.wait", "0s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -26,7 +26,7 @@ if REPO not in sys.path:
 
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
-from tests.cluster.conftest import HOST, Cluster, wait_for_executors  # noqa: E402
+from tests.cluster.conftest import HOST, SESSION_CONF, Cluster, wait_for_executors  # noqa: E402
 from tests.cluster.helpers import SCHEMA, Collector, FileFeed, make_batches  # noqa: E402
 from tests.cluster.slow_attempt import SLOW_ENV, read_attempts  # noqa: E402
 
@@ -51,17 +51,7 @@ def session(cluster: Cluster) -> SparkSession:
     return (
         SparkSession.builder.master(cluster.master_url)
         .appName("sparkstate-speculation")
-        .config("spark.executor.memory", "1g")
-        .config("spark.executor.cores", "1")
-        .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .config("spark.driver.host", HOST)
-        .config("spark.driver.bindAddress", HOST)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
-        .config("spark.locality.wait", "0s")
+        .config(map=SESSION_CONF)
         # A copy of a task that runs 1.5 times the median, once half the stage's tasks are done.
         .config("spark.speculation", "true")
         .config("spark.speculation.interval", "100ms")

@@ -108,7 +108,8 @@ def run_stages(
     timings = {"statefulStage": int((time.time() - sink_started) * 1000)}
     if replay:
         return [], timings
-    reports = winning_reports(reports_dir.read(), counted.kept() if counted else None)
+    kept = counted.kept() if counted is not None else None
+    reports = winning_reports(reports_dir.read(), kept)
     missing = [(op_id, p) for op_id in specs for p in range(n) if (op_id, p) not in reports]
     if missing:
         if config.output_mode == "complete":
@@ -119,7 +120,7 @@ def run_stages(
             raise QueryError(msg)
         log.warning("batch %d: committing untouched partitions %s", batch_id, missing)
         _commit_untouched(session, specs, missing, reports_dir)
-        reports = winning_reports(reports_dir.read(), counted.kept() if counted else None)
+        reports = winning_reports(reports_dir.read(), kept)
     return list(reports.values()), timings
 
 
