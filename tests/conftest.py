@@ -11,6 +11,10 @@ the jars again (under xdist written while the cluster's group runs, the other te
 it). Behaviour does not change; set ``SPARK_SUBMIT_OPTS`` to override. The Python
 processes Spark starts import PySpark from the installed package rather than from its zipped copy
 (``python_start/sitecustomize.py``): the same code, compiled once instead of at every start.
+Spark itself runs those JVMs with :data:`SPARK_DEFAULTS`: interpreted execution instead of
+generated code, and no capture of call sites for error messages. Spark's results are the same
+either way (each differential test runs Spark's query and ours in the same JVM), and the
+compatibility run (``scripts/compat``), the demo and ``sparkstate bench`` keep Spark's defaults.
 
 Under xdist, the standalone-cluster package is one group, first: its driver needs a process
 with no local ``SparkContext`` yet (one per process). The modules that take longest come next,
@@ -33,6 +37,17 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from tests.class_archive import java_options, wait_for_archive  # noqa: E402
+
+#: Spark's defaults in the suite's JVMs (see above), but in a compatibility run.
+SPARK_DEFAULTS = {
+    # Spark's interpreted execution: compiling the generated code of the suite's thousands of
+    # small queries (Janino) was the largest single share of its JVMs' CPU.
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    # PySpark's capture of each call site for error messages: eight round trips to the JVM
+    # around every function call of a classic session.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
+}
 
 #: The JIT's first tier only (see above).
 JIT_OPTS = "-XX:TieredStopAtLevel=1"
@@ -90,7 +105,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if "SPARK_SUBMIT_OPTS" in os.environ:
         return
     parallel = bool(config.getoption("numprocesses", None))
-    os.environ["SPARK_SUBMIT_OPTS"] = java_options(JIT_OPTS, background=parallel)
+    base = JIT_OPTS if COMPAT_RUN else " ".join([JIT_OPTS, *spark_properties(SPARK_DEFAULTS)])
+    os.environ["SPARK_SUBMIT_OPTS"] = java_options(base, background=parallel)
+
+
+def spark_properties(conf: dict[str, str]) -> list[str]:
+    """``conf`` as the JVM's system properties, which Spark takes as its defaults."""
+    return [f"-D{key}={value}" for key, value in conf.items()]
 
 
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures start a JVM
