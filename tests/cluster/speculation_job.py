@@ -34,8 +34,10 @@ import sparkstate as ss  # noqa: E402
 from sparkstate import functions as SF  # noqa: E402
 from sparkstate.runtime.logs import CheckpointLog  # noqa: E402
 
-#: (provider, state homes on): the cases run, one query each.
-CASES = [("memory", False), ("rocksdb", False), ("rocksdb", True)]
+#: (provider, state homes on): the cases run, one query each. Each provider once, and each way a
+#: task reaches its store (in the Python worker, through a state home) once: which attempt's
+#: report counts is chosen by the driver, the same for every provider.
+CASES = [("memory", False), ("rocksdb", True)]
 PROVIDERS = {
     "memory": "tests.cluster.slow_attempt:SlowMemory",
     "rocksdb": "tests.cluster.slow_attempt:SlowRocksDB",
