@@ -105,13 +105,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if "SPARK_SUBMIT_OPTS" in os.environ:
         return
     parallel = bool(config.getoption("numprocesses", None))
-    base = JIT_OPTS if COMPAT_RUN else " ".join([JIT_OPTS, *spark_properties(SPARK_DEFAULTS)])
+    # Spark takes the JVM's ``spark.*`` system properties as its defaults.
+    properties = [] if COMPAT_RUN else [f"-D{k}={v}" for k, v in SPARK_DEFAULTS.items()]
+    base = " ".join([JIT_OPTS, *properties])
     os.environ["SPARK_SUBMIT_OPTS"] = java_options(base, background=parallel)
-
-
-def spark_properties(conf: dict[str, str]) -> list[str]:
-    """``conf`` as the JVM's system properties, which Spark takes as its defaults."""
-    return [f"-D{key}={value}" for key, value in conf.items()]
 
 
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures start a JVM

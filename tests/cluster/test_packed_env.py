@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import HOST, SPARK_HOME, Cluster, java_missing
+from .conftest import HOST, SESSION_CONF, SPARK_HOME, Cluster, java_missing
 
 pytestmark = pytest.mark.cluster
 
@@ -142,18 +142,9 @@ def test_a_packed_environment_runs_a_stateful_query(bare_cluster: Cluster, tmp_p
             "PYSPARK_PYTHON": "./environment/bin/python",
         }
     )
-    conf = {
-        "spark.executor.memory": "1g",
-        "spark.executor.cores": "1",
-        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        "spark.driver.host": HOST,
-        "spark.driver.bindAddress": HOST,
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.locality.wait": "0s",
-        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-        "spark.scheduler.maxRegisteredResourcesWaitingTime": "90s",
-    }
+    # The cluster's session settings, but the workers' Python: the archive's (PYSPARK_PYTHON).
+    conf = {k: v for k, v in SESSION_CONF.items() if k != "spark.pyspark.python"}
+    conf["spark.scheduler.maxRegisteredResourcesWaitingTime"] = "90s"
     command = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", bare_cluster.master_url]
     command += ["--archives", f"{archive}#environment"]
     for k, v in conf.items():
