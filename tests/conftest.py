@@ -12,9 +12,10 @@ it). Behaviour does not change; set ``SPARK_SUBMIT_OPTS`` to override. The Pytho
 processes Spark starts import PySpark from the installed package rather than from its zipped copy
 (``python_start/sitecustomize.py``): the same code, compiled once instead of at every start.
 Spark itself runs those JVMs with :data:`SPARK_DEFAULTS`: interpreted execution instead of
-generated code, and no capture of call sites for error messages. Spark's results are the same
-either way (each differential test runs Spark's query and ours in the same JVM), and the
-compatibility run (``scripts/compat``), the demo and ``sparkstate bench`` keep Spark's defaults.
+generated code, no capture of call sites for error messages, and its checkpoint files written
+through Hadoop's FileSystem. Spark's results are the same either way (each differential test runs
+Spark's query and ours in the same JVM), and the compatibility run (``scripts/compat``), the
+demo and ``sparkstate bench`` keep Spark's defaults.
 
 Under xdist, the standalone-cluster package is one group, first: its driver needs a process
 with no local ``SparkContext`` yet (one per process). The modules that take longest come next,
@@ -27,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,14 @@ if _REPO not in sys.path:
 
 from tests.class_archive import java_options, wait_for_archive  # noqa: E402
 
+#: Spark's checkpoint file manager over Hadoop's FileSystem (in a package of its own from 4.1).
+_STREAMING = "org.apache.spark.sql.execution.streaming"
+_CHECKPOINT_FILE_MANAGER = (
+    f"{_STREAMING}.FileSystemBasedCheckpointFileManager"
+    if version("pyspark").startswith("4.0.")
+    else f"{_STREAMING}.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+
 #: Spark's defaults in the suite's JVMs (see above), but in a compatibility run.
 SPARK_DEFAULTS = {
     # Spark's interpreted execution: compiling the generated code of the suite's thousands of
@@ -47,6 +57,11 @@ SPARK_DEFAULTS = {
     # PySpark's capture of each call site for error messages: eight round trips to the JVM
     # around every function call of a classic session.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # Spark's checkpoint files through Hadoop's FileSystem instead of its FileContext: the local
+    # FileContext starts a process (readlink) for each file it renames or looks up, the
+    # FileSystem does not; the files and their checksum files are the same (half the processes
+    # the JVM starts, a seventh of its CPU in a micro-batch of Spark's own aggregation).
+    "spark.sql.streaming.checkpointFileManagerClass": _CHECKPOINT_FILE_MANAGER,
 }
 
 #: The JIT's first tier only (see above).
