@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import tempfile
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +39,13 @@ if _REPO not in sys.path:
 
 from tests.class_archive import java_options, wait_for_archive  # noqa: E402
 
+from sparkstate.engine.spark_versions import PYSPARK  # noqa: E402
+
 #: Spark's checkpoint file manager over Hadoop's FileSystem (in a package of its own from 4.1).
 _STREAMING = "org.apache.spark.sql.execution.streaming"
 _CHECKPOINT_FILE_MANAGER = (
     f"{_STREAMING}.FileSystemBasedCheckpointFileManager"
-    if version("pyspark").startswith("4.0.")
+    if PYSPARK < (4, 1)
     else f"{_STREAMING}.checkpointing.FileSystemBasedCheckpointFileManager"
 )
 
