@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("versions", nargs="*", metavar="VERSION", help="default: all")
-    parser.add_argument("--build-only", action="store_true", help="build the environments only")
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the environments only (each PySpark with the test tools; no wheel)",
+    )
     parser.add_argument(
         "--install-only",
         action="append",
@@ -60,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unsupported PySpark version(s) {unknown}; supported: {list(SUPPORTED)}")
     root = Path(os.environ.get("SPARKSTATE_COMPAT_DIR", REPO / ".compat"))
+    if args.build_only:  # each version's PySpark and test tools; no wheel yet
+        for version in [*args.versions, *args.install_only]:
+            build(root, version)
+        return 0
     wheel = build_dist(root / "dist")
     rows = []
     for version in [*args.versions, *args.install_only]:
         env = build(root, version)
         installed = install(env, wheel)
-        if args.build_only:
-            continue
         demo(env, installed, root / f"demo-{version}")
         if version in args.install_only:
             continue
