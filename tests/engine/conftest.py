@@ -23,6 +23,11 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 from sparkstate.testing import FileFeed  # noqa: E402
 
+#: The session's ``spark.sql.shuffle.partitions``: the state partitions of every query that does
+#: not choose its own. Two, as many as the session has cores: every batch's stateful tasks run in
+#: one wave (with four, each batch scheduled two, and each query kept twice the stores).
+PARTITIONS = 2
+
 PROVIDERS = ["memory"]
 try:
     from sparkstate.store.registry import provider_class
@@ -39,7 +44,7 @@ def spark() -> Iterator[SparkSession]:
         SparkSession.builder.master("local[2,2]")  # two cores; a failed task is retried once
         .appName("sparkstate-tests")
         .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", str(PARTITIONS))
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.schemaInference", "false")

@@ -14,7 +14,7 @@ import sparkstate as ss
 from sparkstate import functions as SF
 from sparkstate.store.spark_metrics import HDFS_METRICS, ROCKSDB_METRICS
 
-from .conftest import PROVIDERS, FileFeed
+from .conftest import PARTITIONS, PROVIDERS, FileFeed
 from .helpers import run_batches, source
 
 #: Keys 0..n-1 per batch: each batch touches the keys of the one before and four times as many.
@@ -53,7 +53,7 @@ def test_memory_follows_the_state_and_spark_names_describe_the_batch(
     assert all(m1 - m0 >= 20 * (n1 - n0) for (m0, m1), (n0, n1) in steps), memory
     for op, stored in zip(ops, [0, *SIZES], strict=False):
         custom = op["customMetrics"]
-        shown = [f"SnapshotLastUploaded.partition_{p}_default" for p in range(4)]
+        shown = [f"SnapshotLastUploaded.partition_{p}_default" for p in range(PARTITIONS)]
         assert all(custom[name] == -1 for name in shown)  # no snapshot uploaded yet
         if provider == "memory":
             assert set(HDFS_METRICS) <= set(custom)

@@ -35,7 +35,7 @@ from sparkstate import functions as SF
 from sparkstate.exceptions import CheckpointInUseError, ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
-from .helpers import spark_rocksdb
+from .helpers import shuffle_partitions, spark_rocksdb
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -176,36 +176,32 @@ def runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[
     root = tmp_path_factory.mktemp("rescale")
     feed = FileFeed(root / "input")
     out: dict[Any, Any] = {"feed": feed}
-    spark.conf.set("spark.sql.shuffle.partitions", str(COUNTS[0]))
-    try:
-        with spark_rocksdb(spark):
-            for run, count in enumerate(COUNTS):
-                for batch in range(3):
-                    feed.add(_batch(run, batch))
-                for name in QUERIES:
-                    for system in ("spark", "spark-unchanged"):
-                        if system == "spark-unchanged" and name != "aggregate":
-                            continue
-                        chk = root / f"{name}-{system}"
-                        collector = out.setdefault((name, system), Collector())
-                        if run and system == "spark":
-                            spark._streamingCheckpointManager.repartition(str(chk), count)
-                        _start(spark, feed, name, "spark", chk, collector)
-                        out[(name, system, "chk")] = chk
-                    for name_, provider, how in OURS:
-                        if name_ != name:
-                            continue
-                        chk = root / f"{name}-{provider}-{how}"
-                        collector = out.setdefault((name, provider, how), Collector())
-                        options = {"stateStore": provider}
-                        if how == "repartition" and run:
-                            ss.repartition(spark, str(chk), count)
-                        if how == "restart":
-                            options["numPartitions"] = str(count)
-                        _start(spark, feed, name, "ours", chk, collector, **options)
-                        out[(name, provider, how, "chk")] = chk
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", "4")
+    with shuffle_partitions(spark, COUNTS[0]), spark_rocksdb(spark):
+        for run, count in enumerate(COUNTS):
+            for batch in range(3):
+                feed.add(_batch(run, batch))
+            for name in QUERIES:
+                for system in ("spark", "spark-unchanged"):
+                    if system == "spark-unchanged" and name != "aggregate":
+                        continue
+                    chk = root / f"{name}-{system}"
+                    collector = out.setdefault((name, system), Collector())
+                    if run and system == "spark":
+                        spark._streamingCheckpointManager.repartition(str(chk), count)
+                    _start(spark, feed, name, "spark", chk, collector)
+                    out[(name, system, "chk")] = chk
+                for name_, provider, how in OURS:
+                    if name_ != name:
+                        continue
+                    chk = root / f"{name}-{provider}-{how}"
+                    collector = out.setdefault((name, provider, how), Collector())
+                    options = {"stateStore": provider}
+                    if how == "repartition" and run:
+                        ss.repartition(spark, str(chk), count)
+                    if how == "restart":
+                        options["numPartitions"] = str(count)
+                    _start(spark, feed, name, "ours", chk, collector, **options)
+                    out[(name, provider, how, "chk")] = chk
     return out
 
 
@@ -425,7 +421,8 @@ def test_a_failed_last_batch_is_refused_or_skipped(
     batch = ss.repartition(spark, str(chk), 4, enforce_exactly_once_sink=False)
     assert batch == last  # the failed batch was rolled back: the rescale took its id
     ours = Collector()
-    _start(spark, runs["feed"], "aggregate", "ours", chk, ours, stateStore="memory")
+    with shuffle_partitions(spark, 4):  # what it was rescaled to: no rescale at this start
+        _start(spark, runs["feed"], "aggregate", "ours", chk, ours, stateStore="memory")
     assert min(ours.batches) == last + 1
     # The skipped batch's file is read again (with what Spark's file source plans next): every
     # key ends at its count and sum over all files, none counted twice, none lost.

@@ -35,7 +35,7 @@ from sparkstate import functions as SF
 from sparkstate.store.files.durable import DurableDir, join_uri
 from sparkstate.testing import FileFeed
 
-from .conftest import PROVIDERS
+from .conftest import PARTITIONS, PROVIDERS
 from .helpers import Collector
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
@@ -49,7 +49,6 @@ RUNS: list[list[list[tuple[str, int]]]] = [
 ]
 #: The batches of the last run, the first of which the new workers run.
 LAST_RUN = (3, 4)
-PARTITIONS = 4  # the session's spark.sql.shuffle.partitions
 
 
 def _add(feed: FileFeed, run: list[list[tuple[str, int]]]) -> None:

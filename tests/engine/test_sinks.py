@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 import sparkstate as ss
 from sparkstate import functions as SF
 
-from .conftest import PROVIDERS, FileFeed
+from .conftest import PARTITIONS, PROVIDERS, FileFeed
 from .helpers import normalize, oracle_update, run_batches, source
 
 SCHEMA = "k string, v int"
@@ -156,7 +156,7 @@ def test_foreach_batch_gets_a_materialized_frame(
 
     def fn(df: DataFrame, batch_id: int) -> None:
         # the user's code runs with the user's settings, not the engine's
-        assert df.sparkSession.conf.get("spark.sql.shuffle.partitions") == "4"
+        assert df.sparkSession.conf.get("spark.sql.shuffle.partitions") == str(PARTITIONS)
         assert df.sparkSession.conf.get("spark.sql.adaptive.enabled") == "true"
         seen.append(df.count())
         seen.append(len(df.collect()))
@@ -235,7 +235,7 @@ def test_progress_listener_json_lines_and_state_location(
     op = last["stateOperators"][0]
     assert op["operatorName"] == "stateStoreSave"
     assert op["numRowsTotal"] == 3 and op["numRowsUpdated"] == 2
-    assert op["numShufflePartitions"] == 4 and op["numRowsDroppedByWatermark"] == 0
+    assert op["numShufflePartitions"] == PARTITIONS and op["numRowsDroppedByWatermark"] == 0
     for field in ("commitTimeMs", "memoryUsedBytes", "numRowsRemoved", "customMetrics"):
         assert field in op
     assert [p["batchId"] for p in received if p["name"] == "progress_q"] == [0, 1]

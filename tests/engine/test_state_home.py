@@ -29,7 +29,7 @@ from sparkstate.runtime.home import PROCESS_NAME
 from sparkstate.runtime.home_client import home_dir
 from sparkstate.testing.differential import Collector
 
-from .conftest import PROVIDERS, FileFeed
+from .conftest import PARTITIONS, PROVIDERS, FileFeed
 from .faults import KILLING, arm
 from .helpers import normalize, oracle_update, run_batches, source
 
@@ -118,7 +118,7 @@ def test_state_stays_open_in_its_home_and_a_killed_home_loses_nothing(
     where = found(q)
     # Batches 1 and 2: every partition's state was open in its home at the version asked for.
     for batch in (1, 2):
-        assert where[batch]["stateFoundOpen"] == 4, where
+        assert where[batch]["stateFoundOpen"] == PARTITIONS, where
         assert where[batch]["stateRestored"] + where[batch]["stateCaughtUp"] == 0, where
     # Batch 3: the retried task's new home restored partition 0 from the checkpoint.
     assert where[3]["stateRestored"] >= 1, where
@@ -162,7 +162,7 @@ def test_worker_killed_while_its_task_runs_in_the_home(
     spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
 ) -> None:
     state = tmp_path / "chk" / "sparkstate"
-    marker = arm(state, "stall", 3, 2)  # batch 2, partition 2: the home holds the task
+    marker = arm(state, "stall", 3, 1)  # batch 2, partition 1: the home holds the task
     jvm = jvm_pid(spark)
     before: dict[int, str] = {}
     killed: list[int] = []
@@ -244,7 +244,7 @@ def test_a_clean_stop_leaves_a_snapshot_to_restore_and_nothing_to_replay(
 
     run_batches(feed, started(), BATCHES[:3])  # versions 1-3; snapshots every 10 by default
     state = tmp_path / "chk" / "sparkstate" / "state" / "0"
-    for part in range(4):
+    for part in range(PARTITIONS):
         assert [p.name.split("_")[0] for p in (state / str(part)).glob("*.snapshot*")] == ["3"]
     jvm = jvm_pid(spark)
     for pid in homes(jvm):  # a new executor: its homes and local copies are gone
@@ -258,7 +258,7 @@ def test_a_clean_stop_leaves_a_snapshot_to_restore_and_nothing_to_replay(
     q = started()
     run_batches(feed, q, BATCHES[3:4])
     metrics = q.lastProgress["stateOperators"][0]["customMetrics"]
-    assert metrics["stateRestored"] == 4, metrics
+    assert metrics["stateRestored"] == PARTITIONS, metrics
     if provider == "rocksdb":
         assert metrics["changelogsReplayed"] == 0, metrics
     assert_output_is_sparks_upto(spark, tmp_path, 4)
@@ -298,7 +298,7 @@ def test_a_hung_home_fails_its_task_and_a_slow_one_does_not(
     assert not slow.exists() and stopped, "the stalls did not happen"
     assert_output_is_sparks(spark, tmp_path)
     where = found(q)
-    assert seen[1] == seen[0] and where[1]["stateFoundOpen"] == 4, (seen, where)
+    assert seen[1] == seen[0] and where[1]["stateFoundOpen"] == PARTITIONS, (seen, where)
     assert stopped[0] in seen[2] and stopped[0] not in seen[3], (stopped, seen)
     assert not Path(f"/proc/{stopped[0]}").exists() or _state(stopped[0]) in ("Z", "X")
     assert len(seen[3]) == 2, seen  # the slot got a new home
@@ -367,6 +367,6 @@ def test_the_users_function_sees_the_context_of_its_task_as_in_spark(
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
     got = {name: sorted(r for b in c.batches.values() for r in b) for name, c in sinks.items()}
     assert len(got["spark"]) > 13
-    assert {r[2] for r in got["spark"]} == {0, 1, 2, 3}
+    assert {r[2] for r in got["spark"]} == set(range(PARTITIONS))
     assert {r[4] for r in got["spark"]} == {"counts"}
     assert got["ours"] == got["spark"]
