@@ -6,7 +6,8 @@ batch; runs the README's query (update mode, Parquet sink) once without a stop, 
 then, for each provider, starts the query, lets one batch finish, stops the query at a random
 moment of the next batch's sink action (which runs its stateful stage), and starts it again, a few
 times. It prints one line of JSON: what every stop did, and whether the outputs equal the
-reference's, batch for batch.
+reference's, batch for batch; where they do not, the batches that differ and the entries of the
+checkpoint's logs (Spark's and sparkstate's).
 """
 
 from __future__ import annotations
@@ -124,6 +125,17 @@ def batch_rows(out: Path) -> dict[str, list[list[Any]]]:
     return rows
 
 
+def logs(checkpoint: Path) -> dict[str, list[str]]:
+    """The entries of Spark's logs (offsets, commits, the file source's) and sparkstate's."""
+    names = ("offsets", "commits", "sources/0", "sparkstate/batches", "sparkstate/commits")
+    return {name: _entries(checkpoint / name) for name in names if (checkpoint / name).is_dir()}
+
+
+def _entries(log: Path) -> list[str]:
+    names = [p.name for p in log.iterdir() if not p.name.startswith(".")]
+    return sorted(names, key=lambda name: (len(name), name))  # 2 before 10
+
+
 def stop_inside_batches(
     spark: SparkSession, feed: Path, base: Path, provider: str, rng: random.Random, probe: Probe
 ) -> list[dict[str, Any]]:
@@ -187,7 +199,15 @@ def main(work: Path, providers: list[str], seed: int) -> dict[str, Any]:
     for provider in providers:
         base = work / provider
         report["stops"] += stop_inside_batches(spark, feed.path, base, provider, rng, probe)
-        report["equal"][provider] = batch_rows(base / "out") == want
+        got = batch_rows(base / "out")
+        report["equal"][provider] = got == want
+        if got != want:  # what differs, and where each log stands
+            report.setdefault("differs", {})[provider] = {
+                b: {"want": want.get(b), "got": got.get(b)}
+                for b in sorted(set(want) | set(got), key=lambda name: (len(name), name))
+                if want.get(b) != got.get(b)
+            }
+            report.setdefault("logs", {})[provider] = logs(base / "chk")
         staging = base / "out" / "_sparkstate_staging"
         report.setdefault("staging_left", {})[provider] = (
             sorted(p.name for p in staging.iterdir()) if staging.exists() else []
