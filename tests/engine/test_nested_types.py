@@ -53,7 +53,10 @@ class Nested(StatefulProcessor):
         )
 
     def handleInputRows(  # noqa: N802 - PySpark's names
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any  # noqa: N803
+        self,
+        key: Any,
+        rows: Iterator[pd.DataFrame],
+        timerValues: Any,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
         frames = list(rows)
         new = [None if pd.isna(v) else int(v) for f in frames for v in f["v"]]

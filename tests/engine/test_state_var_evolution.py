@@ -42,7 +42,10 @@ class Counter(StatefulProcessor):
         self.count = handle.getValueState("count", self.state_schema)
 
     def handleInputRows(  # noqa: N802 - PySpark's names
-        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any  # noqa: N803
+        self,
+        key: Any,
+        rows: Iterator[pd.DataFrame],
+        timerValues: Any,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
         frames = list(rows)
         seen = sum(len(f) for f in frames)

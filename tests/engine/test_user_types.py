@@ -38,15 +38,45 @@ SCHEMA = "k string, ts timestamp, n long, flag boolean, day date, amount decimal
 #: Key "a" has no nulls, key "b" has some: PySpark types each group's frame on its own.
 BATCHES: list[list[dict[str, Any]]] = [
     [
-        {"k": "a", "ts": "2024-03-10 00:30:00", "n": 1, "flag": True, "day": "2024-03-10",
-         "amount": "1.25", "raw": "eHk="},
-        {"k": "b", "ts": "2024-11-03 00:30:00", "n": None, "flag": None, "day": None,
-         "amount": None, "raw": None},
-        {"k": "b", "ts": "2024-07-01 12:00:00.123456", "n": 7, "flag": False,
-         "day": "2024-07-01", "amount": "3.50", "raw": "AAE="},
+        {
+            "k": "a",
+            "ts": "2024-03-10 00:30:00",
+            "n": 1,
+            "flag": True,
+            "day": "2024-03-10",
+            "amount": "1.25",
+            "raw": "eHk=",
+        },
+        {
+            "k": "b",
+            "ts": "2024-11-03 00:30:00",
+            "n": None,
+            "flag": None,
+            "day": None,
+            "amount": None,
+            "raw": None,
+        },
+        {
+            "k": "b",
+            "ts": "2024-07-01 12:00:00.123456",
+            "n": 7,
+            "flag": False,
+            "day": "2024-07-01",
+            "amount": "3.50",
+            "raw": "AAE=",
+        },
     ],
-    [{"k": "a", "ts": None, "n": 2, "flag": True, "day": "2024-01-01", "amount": "0.01",
-      "raw": "eHk="}],
+    [
+        {
+            "k": "a",
+            "ts": None,
+            "n": 2,
+            "flag": True,
+            "day": "2024-01-01",
+            "amount": "0.01",
+            "raw": "eHk=",
+        }
+    ],
 ]
 OUTPUT = "k string, kinds string, secs long, later timestamp"
 
