@@ -19,6 +19,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +133,12 @@ def logs(checkpoint: Path) -> dict[str, list[str]]:
 
 
 def _entries(log: Path) -> list[str]:
-    names = [p.name for p in log.iterdir() if not p.name.startswith(".")]
-    return sorted(names, key=lambda name: (len(name), name))  # 2 before 10
+    return _in_order(p.name for p in log.iterdir() if not p.name.startswith("."))
+
+
+def _in_order(names: Iterable[str]) -> list[str]:
+    """Batch ids and log entries in their numeric order (2 before 10)."""
+    return sorted(names, key=lambda name: (len(name), name))
 
 
 def stop_inside_batches(
@@ -204,7 +209,7 @@ def main(work: Path, providers: list[str], seed: int) -> dict[str, Any]:
         if got != want:  # what differs, and where each log stands
             report.setdefault("differs", {})[provider] = {
                 b: {"want": want.get(b), "got": got.get(b)}
-                for b in sorted(set(want) | set(got), key=lambda name: (len(name), name))
+                for b in _in_order(set(want) | set(got))
                 if want.get(b) != got.get(b)
             }
             report.setdefault("logs", {})[provider] = logs(base / "chk")
