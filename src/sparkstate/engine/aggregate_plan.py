@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from sparkstate.engine.aggregate_analysis import split_aggregates
 from sparkstate.engine.aggregate_partials import (
     aggregate_function,
     input_types,
@@ -25,7 +26,7 @@ from sparkstate.engine.aggregate_partials import (
 from sparkstate.engine.aggregate_recognise import recognise
 from sparkstate.engine.spark_schema import arrow_schema, is_time, quote, with_watermark
 from sparkstate.engine.stage import PlanContext, Planned, Stage
-from sparkstate.engine.steps import AggregateStep
+from sparkstate.engine.steps import AggregateStep, StatelessStep
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import SessionWindow, TimeWindow, WindowTime
 from sparkstate.operators.aggregation.aggregate import (
@@ -83,9 +84,10 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
     op_id, df, event_time = at.op_id, at.df, at.event_time
     watermark_present, query_mode = at.watermark_present, at.output_mode
     keys = [grouping_column(k) for k in step.keys]
-    aggs = [recognise(agg) for agg in step.aggregates]
-    in_types = input_types(df, aggs)
     analysed = with_watermark(df, event_time, at.watermark_delay_ms)
+    split = split_aggregates(analysed, keys, step.aggregates)
+    aggs = split.aggregates
+    in_types = input_types(df, aggs)
     final = analysed.groupBy(*keys).agg(*[spark_twin(a) for a in aggs])
     struct = final.schema
     nkeys = len(keys)
@@ -139,7 +141,12 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
         return batch.groupBy(*keys).agg(*partials).select(*flat)
 
     stage = Stage(op_id, operator, struct, [f.name for f in layout.state_fields], prepare)
-    return Planned(stage, final)
+    if split.projection is None:
+        return Planned(stage, final)
+    # Spark evaluates the expressions around the merged aggregates, over the operator's output.
+    output, projections = split.output_of(final)
+    stage.after += [StatelessStep("select", tuple(p)) for p in projections]
+    return Planned(stage, output)
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
 from sparkstate.operators.aggregation import hll, hll_sketch
 
-__all__ = ["MOMENTS", "recognise"]
+__all__ = ["MOMENTS", "Node", "checked", "recognise", "twin_of_function"]
 
 MOMENTS = ("stddev", "std", "stddev_samp", "stddev_pop", "variance", "var_samp", "var_pop")
 #: Functions of two columns: the second is the aggregate's ``others[0]``.
@@ -98,17 +98,18 @@ _SUPPORTED = ", ".join(
 
 
 @dataclasses.dataclass
-class _Node:
+class Node:
     """One node of a column's expression tree, whichever client built it."""
 
-    kind: str  # alias | function | column | star | literal | other
+    kind: str  # alias | function | column | expression | star | literal | other
     name: str = ""
     args: list[Any] = dataclasses.field(default_factory=list)
     distinct: bool = False
     #: column: the name parts (classic) or the unparsed identifier (Connect); alias: the names.
     parts: list[str] = dataclasses.field(default_factory=list)
     value: Any = None
-    #: The client's own node (Connect: an expression a Column can wrap).
+    #: The client's own node (Connect: an expression a Column can wrap); of an expression, the
+    #: Column that computes it.
     raw: Any = None
 
 
@@ -117,35 +118,35 @@ def _seq(seq: Any) -> list[Any]:
     return [seq.apply(i) for i in range(seq.length())]
 
 
-def _classic_node(node: Any) -> _Node:
+def _classic_node(node: Any) -> Node:
     kind = node.getClass().getSimpleName()
     if kind == "Alias":
-        return _Node("alias", args=[node.child()], parts=[str(n) for n in _seq(node.name())])
+        return Node("alias", args=[node.child()], parts=[str(n) for n in _seq(node.name())])
     if kind == "UnresolvedFunction":
         args = _seq(node.arguments())
-        return _Node("function", node.functionName(), args, bool(node.isDistinct()))
+        return Node("function", node.functionName(), args, bool(node.isDistinct()))
     if kind == "UnresolvedAttribute":
-        return _Node("column", parts=[str(p) for p in _seq(node.nameParts())], raw=node)
+        return Node("column", parts=[str(p) for p in _seq(node.nameParts())], raw=node)
     if kind == "UnresolvedStar":
-        return _Node("star" if not node.unparsedTarget().isDefined() else "other")
+        return Node("star" if not node.unparsedTarget().isDefined() else "other")
     if kind == "Literal":
-        return _Node("literal", value=node.value())
-    return _Node("other", kind)
+        return Node("literal", value=node.value())
+    return Node("other", kind)
 
 
-def _connect_node(expr: Any) -> _Node:
+def _connect_node(expr: Any) -> Node:
     kind = type(expr).__name__
     if kind == "ColumnAlias":
-        return _Node("alias", args=[expr._child], parts=list(expr._alias))
+        return Node("alias", args=[expr._child], parts=list(expr._alias))
     if kind == "UnresolvedFunction":
-        return _Node("function", expr._name, list(expr._args), bool(expr._is_distinct))
+        return Node("function", expr._name, list(expr._args), bool(expr._is_distinct))
     if kind == "ColumnReference":
-        return _Node("column", parts=[expr._unparsed_identifier], raw=expr)
+        return Node("column", parts=[expr._unparsed_identifier], raw=expr)
     if kind == "UnresolvedStar":
-        return _Node("star" if expr._unparsed_target is None else "other")
+        return Node("star" if expr._unparsed_target is None else "other")
     if kind == "LiteralExpression":
-        return _Node("literal", value=expr._value)
-    return _Node("other", kind)
+        return Node("literal", value=expr._value)
+    return Node("other", kind)
 
 
 def _is_connect(column_class: type) -> bool:
@@ -159,17 +160,21 @@ def _quoted(part: str) -> str:
 def recognise(agg: Any) -> AggregateExpression:
     """``agg`` as a sparkstate aggregate: an ``SF`` aggregate as it is, a ``pyspark.sql.functions``
     aggregate of a plain column (or ``*``) as its twin; anything else fails naming what to use."""
-    out = agg if isinstance(agg, AggregateExpression) else _twin_of(agg)
-    if out.func == "approx_count_distinct":
-        hll.precision(out.option("rsd"))  # before Spark analyses it, with our message
-    if out.func == "hll_sketch_agg":  # Spark checks it only when the batch runs
-        hll_sketch.check_lg_k(out.option("lgConfigK", hll_sketch.DEFAULT_LG_K))
-    return out
+    return checked(agg if isinstance(agg, AggregateExpression) else _twin_of(agg))
+
+
+def checked(agg: AggregateExpression) -> AggregateExpression:
+    """``agg``, its options checked with our messages (before Spark analyses them)."""
+    if agg.func == "approx_count_distinct":
+        hll.precision(agg.option("rsd"))
+    if agg.func == "hll_sketch_agg":  # Spark checks it only when the batch runs
+        hll_sketch.check_lg_k(agg.option("lgConfigK", hll_sketch.DEFAULT_LG_K))
+    return agg
 
 
 def _twin_of(agg: Any) -> AggregateExpression:
     shown = str(agg)
-    node_of: Callable[[Any], _Node]
+    node_of: Callable[[Any], Node]
     if _is_connect(type(agg)):
         node_of, root = _connect_node, agg._expr
     elif type(agg).__name__ == "Column" and hasattr(agg, "_jc"):
@@ -196,9 +201,23 @@ def _twin_of(agg: Any) -> AggregateExpression:
         )
         msg = f"{shown} is {what}; use one of {_SUPPORTED}"
         raise ConfigurationError(msg)
+    return twin_of_function(node, node_of, shown, name, agg, type(agg))
+
+
+def twin_of_function(
+    node: Node,
+    node_of: Callable[[Any], Node],
+    shown: str,
+    name: str | None,
+    source: Any,
+    column_class: type,
+) -> AggregateExpression:
+    """The sparkstate aggregate of one aggregate function's ``node`` (its arguments read with
+    ``node_of``), output as ``name``; ``source`` is Spark's column it reproduces, if it names
+    the output."""
     args = [node_of(a) for a in node.args]
     func = _TWINS.get(node.name)
-    column = _column_of(args[0], type(agg)) if args else None
+    column = _column_of(args[0], column_class) if args else None
     col = repr(column) if isinstance(column, str) else "<column>"
     if node.distinct or func is None:
         key = node.name + ("_distinct" if node.distinct else "")
@@ -221,7 +240,7 @@ def _twin_of(agg: Any) -> AggregateExpression:
     others: tuple[Any, ...] = ()
     rest = args[1:]
     if func in _PAIRS:
-        other = _column_of(rest[0], type(agg)) if rest else None
+        other = _column_of(rest[0], column_class) if rest else None
         if other is None:
             msg = (
                 f"{shown}: sparkstate takes PySpark's {node.name}() over plain columns only; "
@@ -233,13 +252,15 @@ def _twin_of(agg: Any) -> AggregateExpression:
     if func in ("percentile", "percentile_approx", "approx_percentile") and is_list:
         items = [node_of(a) for a in rest[0].args]  # a list of percentages
         if all(i.kind == "literal" for i in items):
-            rest = [_Node("literal", value=[i.value for i in items]), *rest[1:]]
+            rest = [Node("literal", value=[i.value for i in items]), *rest[1:]]
     options = _options(func, rest, shown)
-    return AggregateExpression(func, column, name, options, source=agg, others=others)
+    return AggregateExpression(func, column, name, options, source=source, others=others)
 
 
-def _column_of(node: _Node, column_class: type) -> Any:
+def _column_of(node: Node, column_class: type) -> Any:
     """The column a plain reference names (a name, or a Column for a nested or quoted one)."""
+    if node.kind == "expression":  # an expression Spark computes (read off Spark's plan)
+        return node.raw
     if node.kind != "column":
         return None
     parts = node.parts
@@ -249,7 +270,7 @@ def _column_of(node: _Node, column_class: type) -> Any:
     return parts[0] if len(parts) == 1 else F.col(".".join(_quoted(p) for p in parts))
 
 
-def _options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+def _options(func: str, rest: list[Node], shown: str) -> tuple[tuple[str, Any], ...]:
     if func == "percentile":
         return _percentile_options(rest, shown)
     if func in ("percentile_approx", "approx_percentile"):
@@ -270,7 +291,7 @@ def _options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any],
     raise ConfigurationError(msg)
 
 
-def _percentile_options(rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+def _percentile_options(rest: list[Node], shown: str) -> tuple[tuple[str, Any], ...]:
     """``percentile(col, percentage[, frequency])`` with literal percentages and frequency 1."""
     values = rest[0].value if rest and rest[0].kind == "literal" else None
     frequency = rest[1].value if len(rest) > 1 and rest[1].kind == "literal" else None
@@ -287,7 +308,7 @@ def _percentile_options(rest: list[_Node], shown: str) -> tuple[tuple[str, Any],
         raise ConfigurationError(msg) from None
 
 
-def _approx_options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+def _approx_options(func: str, rest: list[Node], shown: str) -> tuple[tuple[str, Any], ...]:
     """``percentile_approx(col, percentage, accuracy)`` with literals."""
     literals = [r.value for r in rest if r.kind == "literal"]
     if len(literals) != len(rest) or len(rest) > 2:
@@ -303,7 +324,7 @@ def _approx_options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str
         raise ConfigurationError(msg) from None
 
 
-def _sketch_options(func: str, rest: list[_Node], shown: str) -> tuple[tuple[str, Any], ...]:
+def _sketch_options(func: str, rest: list[Node], shown: str) -> tuple[tuple[str, Any], ...]:
     """``hll_sketch_agg(col, lgConfigK)`` and ``hll_union_agg(col, allowDifferentLgConfigK)``
     with a literal second argument."""
     if not rest:
