@@ -108,3 +108,44 @@ def test_expressions_over_a_windowed_aggregation_in_append_mode(
     case = append_case()
     ours, _ = spark_runs.check(case, tmp_path, PROVIDERS[-1])
     assert sum(len(rows) for rows in ours.batches.values()) >= 5
+
+
+def projected_case(name: str, mode: str) -> Differential:
+    """A projection before the aggregation drops the watermarked column: the event time lives
+    on in a window struct, an alias of the column's own name, or nowhere (Spark's watermark is
+    still the largest event time read, and its no-data batches follow it)."""
+    shapes = {
+        "window-alias": lambda df: (
+            df.select(F.window("ts", "10 seconds").alias("ts"), "k", "v")
+            .groupBy("ts", "k")
+            .agg(F.sum("v").alias("total"))
+        ),
+        "session-alias": lambda df: (
+            df.select(F.session_window("ts", "5 seconds").alias("s"), "k").groupBy("s", "k").count()
+        ),
+        "dropped": lambda df: df.select("k", "v").groupBy("k").agg(F.max("v")),
+    }
+
+    def build(df: DataFrame, ours: bool) -> Any:
+        df = df.withWatermark("ts", "5 seconds")
+        return shapes[name](ss.stream(df) if ours else df)
+
+    return Differential(f"{name}-{mode}", SCHEMA, FILES, mode, build)
+
+
+@pytest.mark.parametrize(
+    ("name", "mode", "provider"),
+    [
+        ("window-alias", "append", PROVIDERS[-1]),
+        ("session-alias", "append", PROVIDERS[0]),
+        ("dropped", "update", PROVIDERS[0]),
+    ],
+)
+def test_a_projection_before_the_aggregation_keeps_spark_s_watermark(
+    spark: SparkSession, spark_runs: SparkRuns, tmp_path: Path, name: str, mode: str, provider: str
+) -> None:
+    """``select(F.window("ts", ...).alias("ts"), ...).groupBy("ts", ...)`` and its kin: Spark's
+    batches, windows closed by the watermark, no-data batches included."""
+    case = projected_case(name, mode)
+    ours, _ = spark_runs.check(case, tmp_path, provider)
+    assert sum(len(rows) for rows in ours.batches.values()) >= 3

@@ -18,10 +18,18 @@ from sparkstate.engine.rescale_job import rescale_at_start
 from sparkstate.engine.session import is_connect, on_server
 from sparkstate.engine.sinks import FILE_FORMATS, make_sink
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
+from sparkstate.engine.spark_schema import quote
 from sparkstate.engine.spark_versions import require
 from sparkstate.engine.stage import Stage
 from sparkstate.engine.state_source import register_once
-from sparkstate.engine.steps import DedupStep, JoinStep, LimitStep, StatelessStep, Step
+from sparkstate.engine.steps import (
+    AggregateStep,
+    DedupStep,
+    JoinStep,
+    LimitStep,
+    StatelessStep,
+    Step,
+)
 from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,
@@ -49,6 +57,8 @@ DEFAULT_PROVIDER = "memory"
 _ENGINE_OPTIONS = {"checkpointLocation", "stateLocation", "stateStore", "numPartitions"}
 _STORE_PREFIX = "stateStore."
 _MAINTENANCE = "stateStore.maintenanceIntervalSeconds"
+#: The event time, carried past a projection before an aggregation that dropped it.
+EVENT_TIME_CARRIER = "__ss_event_time"
 
 
 def stream(df: DataFrame) -> StatefulStream:
@@ -87,6 +97,10 @@ class StatefulStream:
     #: then those called on the stream. Spark tracks each and combines them with
     #: ``spark.sql.streaming.multipleWatermarkPolicy``; the event-time column is the last one's.
     watermarks: tuple[WatermarkSpec, ...] = ()
+    #: ``df`` with the event time carried along in :data:`EVENT_TIME_CARRIER`, where a step
+    #: before the first stateful one dropped the watermark's column (``select(window(...))``):
+    #: Spark's watermark is the largest event time of the rows it reads, before any projection.
+    timed: DataFrame | None = None
 
     @property
     def watermark(self) -> WatermarkSpec | None:
@@ -195,9 +209,29 @@ class StatefulStream:
 
     def _stateless(self, method: str, *args: Any, **kwargs: Any) -> StatefulStream:
         if not self.steps:
-            return dataclasses.replace(self, df=getattr(self.df, method)(*args, **kwargs))
+            out = getattr(self.df, method)(*args, **kwargs)
+            timed = self._timed_after(out, method, args, kwargs)
+            return dataclasses.replace(self, df=out, timed=timed)
         step = StatelessStep(method, args, tuple(kwargs.items()))
         return dataclasses.replace(self, steps=(*self.steps, step))
+
+    def _timed_after(
+        self, out: DataFrame, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> DataFrame | None:
+        """:attr:`timed` after ``method`` (``out`` being ``df`` after it): the event time carried
+        through a projection that drops the watermark's column; None where nothing dropped it,
+        or where it cannot be carried."""
+        wm = self.watermark
+        base = self.timed
+        if base is None:
+            if wm is None or wm.column not in self.df.columns or _kept(wm.column, self.df, out):
+                return None
+            base = self.df.withColumn(EVENT_TIME_CARRIER, quote(wm.column))
+        timed = getattr(base, method)(*args, **kwargs)
+        if EVENT_TIME_CARRIER not in timed.columns and method in ("select", "selectExpr"):
+            cols = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+            timed = getattr(base, method)(*cols, EVENT_TIME_CARRIER)
+        return timed if EVENT_TIME_CARRIER in timed.columns else None
 
     def select(self, *cols: Any) -> StatefulStream:
         return self._stateless("select", *cols)
@@ -238,6 +272,13 @@ class StatefulStream:
     @property
     def writeStream(self) -> DataStreamWriter:  # noqa: N802 - PySpark's name
         return DataStreamWriter(self)
+
+
+def _kept(column: str, before: DataFrame, after: DataFrame) -> bool:
+    """Whether ``after`` still has ``before``'s ``column`` (not another column of its name)."""
+    if column not in after.columns:
+        return False
+    return bool(after.schema[column].dataType == before.schema[column].dataType)
 
 
 #: Spark's switch for the no-data batches stateful operators ask for (read at start, as Spark).
@@ -313,14 +354,14 @@ class DataStreamWriter:
     def start(self, path: str | None = None) -> StreamingQuery:
         if path is not None:
             self._options["path"] = path
-        df = self._stream.df
+        df, event_time = self._input()
         spark = df.sparkSession
         wm = self._stream.watermark
         stages = plan_stages(
             df,
             self._stream.steps,
             self._mode,
-            wm.column if wm else None,
+            event_time,
             wm.delay_ms if wm else None,
         )
         if self._format in FILE_FORMATS and self._mode == "complete" and self._foreach is None:
@@ -374,6 +415,16 @@ class DataStreamWriter:
         except BaseException:
             lock.release()
             raise
+
+    def _input(self) -> tuple[DataFrame, str | None]:
+        """The DataFrame the query runs, and its event-time column: an aggregation whose input
+        dropped the watermark's column reads the event time from :data:`EVENT_TIME_CARRIER`."""
+        stream = self._stream
+        wm = stream.watermark
+        first = next((s for s in stream.steps if not isinstance(s, StatelessStep)), None)
+        if stream.timed is not None and isinstance(first, AggregateStep):
+            return stream.timed, EVENT_TIME_CARRIER
+        return stream.df, wm.column if wm else None
 
     def _store_conf(self, spark: Any) -> tuple[StoreConf, float]:
         """The store's options (``stateStore.*``, over Spark's own state store settings of the
