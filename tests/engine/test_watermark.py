@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.watermark import WatermarkTracker, parse_delay_ms
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, run_batches, source
+from .helpers import Collector, normalize, run_batches, source
 
 SCHEMA = "k string, ts timestamp, v int"
 
@@ -143,3 +144,59 @@ def test_a_row_before_the_epoch_is_late_in_the_first_batch_like_spark(
     run_batches(feed, spark_q, BEFORE_EPOCH)
     assert ours.batches == theirs.batches
     assert [p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress][0] == 1
+
+
+#: Event times past 9999, where Python's datetime ends and Spark's timestamps go on.
+PAST_9999: list[list[dict[str, Any]]] = [
+    [{"k": "a", "ts": "9999-12-31T23:59:30Z", "v": 1}],
+    [
+        {"k": "a", "ts": "10000-01-01T00:00:30Z", "v": 2},
+        {"k": "b", "ts": "12345-06-07T08:09:10.123Z", "v": 3},
+    ],
+]
+
+
+class AsText(Collector):
+    """A ``foreachBatch`` function that reads its rows as text, as it must here: PySpark's rows
+    cannot hold a time past 9999."""
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.schema = df.schema
+        text = df.select([F.col(c).cast("string") for c in df.columns])
+        self.batches[batch_id] = normalize(text.collect())
+
+
+def test_event_times_past_9999_run_and_show_in_progress_as_in_spark(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    def query(df: Any, fns: Any) -> Any:
+        return df.groupBy(fns.window("ts", "1 minute"), "k").agg(fns.count("*").alias("n"))
+
+    def event_times(progress: list[Any]) -> list[dict[str, str]]:
+        times = [(p if isinstance(p, dict) else json.loads(p.json))["eventTime"] for p in progress]
+        return [{k: t[k] for k in ("watermark", "max") if k in t} for t in times]
+
+    ours, theirs = AsText(), AsText()
+    q = (
+        query(ss.stream(source(spark, feed, SCHEMA).withWatermark("ts", "10 seconds")), SF)
+        .writeStream.outputMode("append")
+        .foreachBatch(ours)
+        .option("checkpointLocation", str(tmp_path / "a"))
+        .option("stateStore", PROVIDERS[-1])
+        .start()
+    )
+    run_batches(feed, q, PAST_9999)
+    progress = event_times(q.recentProgress)
+    feed.reset()
+    spark_q = (
+        query(source(spark, feed, SCHEMA).withWatermark("ts", "10 seconds"), F)
+        .writeStream.outputMode("append")
+        .foreachBatch(theirs)
+        .option("checkpointLocation", str(tmp_path / "b"))
+        .start()
+    )
+    run_batches(feed, spark_q, PAST_9999)
+    assert ours.batches == theirs.batches
+    assert any(rows for rows in theirs.batches.values())
+    assert progress == event_times(spark_q.recentProgress)
+    assert progress[-1]["watermark"].startswith("+")  # Spark writes a year past 9999 so

@@ -16,13 +16,37 @@ from sparkstate.operators.base import OperatorMetrics, StatefulOperator
 from sparkstate.runtime.records import TaskReport
 from sparkstate.store.spark_metrics import combine
 
-__all__ = ["build_progress", "format_time", "progress_as_dict", "state_operator_progress"]
+__all__ = [
+    "build_progress",
+    "format_time",
+    "format_time_ms",
+    "progress_as_dict",
+    "state_operator_progress",
+]
 
 
 def format_time(seconds: float) -> str:
     """Spark's progress timestamp format: ``2024-01-01T00:00:00.000Z``."""
-    t = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    return format_time_ms(round(seconds * 1_000_000) // 1000)
+
+
+#: The days of 400 Gregorian years, after which the calendar repeats.
+_CYCLE_DAYS = 146_097
+_CYCLE_MS = _CYCLE_DAYS * 86_400_000
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def format_time_ms(ms: int) -> str:
+    """The progress timestamp of ``ms`` after the epoch as Spark writes it, for every time an
+    event time can hold: the year of the era in at least four digits, ``+`` before a year past
+    9999 (java.time's ``yyyy``). Python's datetime ends at 9999: it formats the time's place in
+    its 400-year cycle, and the year is counted on."""
+    cycles, in_cycle = divmod(ms, _CYCLE_MS)
+    t = _EPOCH + datetime.timedelta(milliseconds=in_cycle)
+    year = t.year + 400 * cycles
+    of_era = year if year > 0 else 1 - year
+    text = f"{of_era:04d}" if of_era < 10_000 else f"+{of_era}"
+    return f"{text}-{t:%m-%dT%H:%M:%S}.{t.microsecond // 1000:03d}Z"
 
 
 def state_operator_progress(
@@ -106,10 +130,10 @@ def build_progress(
         },
     }
     if watermark_ms is not None:
-        event_time: dict[str, str] = {"watermark": format_time(watermark_ms / 1000)}
+        event_time: dict[str, str] = {"watermark": format_time_ms(watermark_ms)}
         max_ms = totals[0].max_event_time_ms if totals else None
         if max_ms is not None:
-            event_time["max"] = format_time(max_ms / 1000)
+            event_time["max"] = format_time_ms(max_ms)
         progress["eventTime"] = event_time
     return progress
 

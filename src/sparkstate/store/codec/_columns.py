@@ -42,7 +42,8 @@ class Column:
 
     ``phys`` is the physical kind: ``int``/``uint`` (a Python int of ``width`` bytes), ``float``,
     ``bool`` or ``var`` (bytes). ``to_phys`` validates a Python value; ``from_phys`` (None for the
-    identity) gives the value as pyarrow's ``to_pylist()`` does. A list column (values only) is a
+    identity) gives the value as pyarrow's ``to_pylist()`` does (a timestamp outside datetime's
+    years 1..9999, which pyarrow cannot give, as its count). A list column (values only) is a
     ``var`` column whose bytes are laid out by :class:`ListLayout`.
     """
 
@@ -269,8 +270,8 @@ class Column:
             try:
                 value = base + datetime.timedelta(microseconds=i * step)
                 return value if tz is None else value.astimezone(tz)
-            except OverflowError:  # outside datetime's range: whatever pyarrow does
-                return pa.scalar(i, typ).as_py()
+            except OverflowError:  # outside datetime's range (past 9999): the count, which
+                return i  # Arrow and to_phys take back as the same time
 
         return decode
 
