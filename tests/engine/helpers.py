@@ -143,6 +143,24 @@ def run_batches(
         query.stop()
 
 
+def batches_to_parquet(out: Path) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function writing each batch's rows as Parquet under ``out/batch=<id>``
+    (a replayed batch's over its earlier files): update mode's rows in files, as a Spark user
+    writes them, Spark's file sinks taking append mode only. Read them back with
+    :func:`read_batches`."""
+
+    def write(df: DataFrame, batch_id: int) -> None:
+        df.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
+
+    return write
+
+
+def read_batches(spark: SparkSession, out: Path, schema: str) -> list[Any]:
+    """The rows :func:`batches_to_parquet` wrote under ``out``, in ``schema``'s columns."""
+    names = [field.name for field in spark.createDataFrame([], schema).schema]
+    return spark.read.parquet(str(out)).select(*names).collect()
+
+
 def start_ours(
     stream: ss.StatefulStream,
     mode: str,

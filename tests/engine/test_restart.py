@@ -227,7 +227,7 @@ def test_unsupported_shapes_fail_at_start(
         start(ss.stream(df).groupBy("k").agg(SF.approx_count_distinct("d", 0.5)), "update")
     with pytest.raises(ConfigurationError, match="possible 'correctness' issue"):
         start(ss.stream(df).groupBy("k").count().dropDuplicates(), "update")
-    with pytest.raises(ConfigurationError, match="complete mode"):
+    with pytest.raises(ConfigurationError, match="not supported in Data Source parquet"):
         start(ss.stream(df).groupBy("k").count(), "complete", "parquet")
     with pytest.raises(ConfigurationError, match="cannot be merged"):
         start(ss.stream(df).groupBy("k").agg(F.countDistinct("v")), "update")  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ from sparkstate.testing.differential import Collector
 
 from .conftest import PARTITIONS, PROVIDERS, FileFeed
 from .faults import KILLING, arm
-from .helpers import normalize, oracle_update, run_batches, source
+from .helpers import batches_to_parquet, normalize, oracle_update, read_batches, run_batches, source
 
 SCHEMA = "k string, v int"
 BATCHES: list[list[dict[str, Any]]] = [
@@ -52,8 +52,7 @@ def start(
         .groupBy("k")
         .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
         .writeStream.outputMode("update")
-        .format("parquet")
-        .option("path", str(tmp_path / "out"))
+        .foreachBatch(batches_to_parquet(tmp_path / "out"))
         .option("checkpointLocation", str(tmp_path / "chk"))
         .option("stateStore", provider)
         .option("stateStore.state_home", "true")
@@ -70,8 +69,8 @@ def assert_output_is_sparks(spark: SparkSession, tmp_path: Path) -> None:
 def assert_output_is_sparks_upto(spark: SparkSession, tmp_path: Path, batches: int) -> None:
     expected = oracle_update(spark, SCHEMA, BATCHES[:batches], ["k"], spark_aggs)
     want = normalize([r for b in sorted(expected) for r in expected[b]])
-    got = spark.read.schema("k string, n long, total long").parquet(str(tmp_path / "out"))
-    assert normalize(got.collect()) == want
+    got = read_batches(spark, tmp_path / "out", "k string, n long, total long")
+    assert normalize(got) == want
 
 
 def found(query: Any) -> dict[int, dict[str, int]]:

@@ -16,7 +16,7 @@ from sparkstate.engine.plan import plan_stages
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.rescale_job import rescale_at_start
 from sparkstate.engine.session import is_connect, on_server
-from sparkstate.engine.sinks import FILE_FORMATS, make_sink
+from sparkstate.engine.sinks import check_output_mode, make_sink
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
 from sparkstate.engine.spark_schema import quote
 from sparkstate.engine.spark_versions import require
@@ -356,6 +356,8 @@ class DataStreamWriter:
             self._options["path"] = path
         df, event_time = self._input()
         spark = df.sparkSession
+        if self._foreach is None:  # Spark asks the sink before it analyses the query
+            check_output_mode(self._format, self._mode)
         wm = self._stream.watermark
         stages = plan_stages(
             df,
@@ -364,9 +366,6 @@ class DataStreamWriter:
             event_time,
             wm.delay_ms if wm else None,
         )
-        if self._format in FILE_FORMATS and self._mode == "complete" and self._foreach is None:
-            msg = f"the {self._format} sink does not take complete mode (as in Spark); use update"
-            raise ConfigurationError(msg)
         opts = dict(self._options)
         check_num_partitions(opts.get("numPartitions"))
         provider_spec = opts.get("stateStore", DEFAULT_PROVIDER)

@@ -24,6 +24,7 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
+from sparkstate.engine.errors import SparkAnalysisError
 from sparkstate.exceptions import ConfigurationError, StateFileError
 from sparkstate.store.files.durable import DurableDir, local_path
 
@@ -35,6 +36,7 @@ __all__ = [
     "MemorySink",
     "NoopSink",
     "Sink",
+    "check_output_mode",
     "make_sink",
 ]
 
@@ -112,9 +114,7 @@ class FileSink(Sink):
         if self.committed(batch_id):
             df.write.format("noop").mode("overwrite").save()  # reproduce the state only
             return
-        if output_mode == "complete":
-            msg = "the file sink cannot take complete output mode (as in Spark); use update"
-            raise ConfigurationError(msg)
+        check_output_mode(self.fmt, output_mode)
         staging = self.dir.child(STAGING_DIR, f"{batch_id}-{uuid.uuid4().hex}")
         self._staging = staging
         where = staging.path if self.local else staging.uri
@@ -268,6 +268,20 @@ class ForeachBatchSink(Sink):
             self.fn(cached, batch_id)
         finally:
             cached.unpersist()
+
+
+def check_output_mode(fmt: str, mode: str) -> None:
+    """Refuse, as Spark does at ``start()``, an output mode the sink ``fmt`` does not take: a
+    file sink only adds files, so it takes append mode only; the others take every mode."""
+    if fmt in FILE_FORMATS and mode != "append":
+        msg = (
+            f"Invalid streaming output mode: {mode}. This output mode is not supported in Data "
+            f"Source {fmt} (as in Spark: a file sink only adds files, so it takes append mode "
+            "only); use outputMode('append'), or .foreachBatch(fn) to write each batch's rows "
+            "yourself"
+        )
+        parameters = {"className": fmt, "outputMode": mode}
+        raise SparkAnalysisError(msg, "STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE", parameters)
 
 
 def make_sink(

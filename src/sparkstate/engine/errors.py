@@ -1,0 +1,42 @@
+"""Spark's errors, raised where sparkstate refuses what Spark's analyzer refuses.
+
+A query Spark refuses fails with PySpark's ``AnalysisException`` carrying an error condition
+(``STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE``); users catch it by type and branch on
+``getCondition()``. Ours is the same exception with the same condition and parameters, and also
+the :class:`~sparkstate.exceptions.ConfigurationError` sparkstate raises for a query it cannot
+run, with sparkstate's message (what to do instead). It lives here, not in
+``sparkstate.exceptions``, which the layers without pyspark import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.errors import AnalysisException
+
+from sparkstate.exceptions import ConfigurationError
+
+__all__ = ["SQLSTATES", "SparkAnalysisError"]
+
+#: The SQLSTATE of each error class sparkstate raises, from Spark's ``error-conditions.json``
+#: (PySpark's own copy holds only the errors raised in Python, so it cannot say).
+SQLSTATES = {"STREAMING_OUTPUT_MODE": "42KDE"}
+
+
+class SparkAnalysisError(ConfigurationError, AnalysisException):
+    """A query that Spark's analyzer refuses with ``condition`` and ``parameters``.
+
+    ``str()`` is ``[condition] message``, as PySpark shows its own; ``message`` is sparkstate's,
+    and starts with Spark's text where the condition has one."""
+
+    def __init__(self, message: str, condition: str, parameters: dict[str, str]) -> None:
+        ConfigurationError.__init__(self, message)
+        AnalysisException.__init__(
+            self, message=message, errorClass=condition, messageParameters=parameters
+        )
+
+    def getSqlState(self) -> str | None:  # noqa: N802 - PySpark's name
+        return SQLSTATES.get(str(self.getCondition()).split(".")[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self._message, self.getCondition(), self.getMessageParameters())
