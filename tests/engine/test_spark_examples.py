@@ -8,6 +8,8 @@ file source, one file per micro-batch, and the query is the example's code uncha
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +113,44 @@ def test_sessionization_in_update_mode_fails_as_in_spark(
         errors.append(str(caught.value))
     expected = "This output mode is not supported for session window streaming aggregations"
     assert all(expected in e for e in errors)
+
+
+def network_word_count(lines: Any) -> Any:
+    """``structured_network_wordcount.py`` from its input to its ``writeStream``."""
+    words = lines.select(explode(split(lines.value, " ")).alias("word"))
+    return words.groupBy("word").count()
+
+
+def test_the_wrapped_stream_answers_as_sparks_dataframe(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """What code asks a streaming DataFrame before it writes it (its columns, types, schema
+    tree, a column by attribute, name or index), asked of the network word count's input and
+    of its count, Spark's and wrapped: the same answers."""
+
+    def answers(stream: Any, names: list[str]) -> list[Any]:
+        tree = io.StringIO()
+        with contextlib.redirect_stdout(tree):
+            stream.printSchema()
+        picked = [getattr(stream, names[0]), stream[names[-1]], stream[0]]
+        return [
+            stream.columns,
+            stream.dtypes,
+            stream.schema,
+            tree.getvalue(),
+            stream.isStreaming,
+            [str(c) for c in picked],
+            [stream.select(c).schema for c in picked],
+            stream[names].columns,
+        ]
+
+    theirs, ours = (FileFeed(tmp_path / name).stream(spark, "value string") for name in "ab")
+    inputs = [answers(lines, ["value"]) for lines in (theirs, ss.stream(ours))]
+    assert inputs[0] == inputs[1]
+    counts = [
+        answers(network_word_count(lines), ["word", "count"]) for lines in (theirs, ss.stream(ours))
+    ]
+    assert counts[0] == counts[1]
+    assert counts[0][0] == ["word", "count"]
+    with pytest.raises(AttributeError, match="nope"):
+        _ = network_word_count(ss.stream(ours)).nope

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.errors import PySparkAttributeError, PySparkTypeError
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.grouped import GroupedStream
 from sparkstate.engine.join_plan import JoinInput, plan_join, plan_join_after
-from sparkstate.engine.plan import plan_stages
+from sparkstate.engine.plan import output_of, plan_stages
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.rescale_job import rescale_at_start
 from sparkstate.engine.session import is_connect, on_server
@@ -106,6 +110,78 @@ class StatefulStream:
     def watermark(self) -> WatermarkSpec | None:
         """The watermark whose column is the event time (the last declared)."""
         return self.watermarks[-1] if self.watermarks else None
+
+    # --- what the stream's rows look like (PySpark's DataFrame names) -----------------------------
+    #
+    # The rows the sink would get: the input's, or after stateful steps the output Spark's
+    # analyzer gives those steps (planned once per stream object, in an output mode they run in).
+
+    @functools.cached_property
+    def _output(self) -> DataFrame:
+        """A DataFrame standing for the stream's rows as the sink gets them."""
+        if not self.steps:
+            return self.df
+        wm = self.watermark
+        return output_of(
+            self.df, self.steps, wm.column if wm else None, wm.delay_ms if wm else None
+        )
+
+    @property
+    def schema(self) -> StructType:
+        return self._output.schema
+
+    @property
+    def columns(self) -> list[str]:
+        return self._output.columns
+
+    @property
+    def dtypes(self) -> list[tuple[str, str]]:
+        return self._output.dtypes
+
+    @property
+    def isStreaming(self) -> bool:  # noqa: N802 - PySpark's name
+        """True: a stream (``ss.stream()`` takes streaming DataFrames only)."""
+        return True
+
+    def printSchema(self, level: int | None = None) -> None:  # noqa: N802 - PySpark's name
+        """Print the schema as Spark's tree, as ``DataFrame.printSchema``."""
+        self._output.printSchema(level)
+
+    def __getitem__(self, item: Any) -> Any:
+        """As ``DataFrame.__getitem__``: a name or an index gives the column, a Column filters,
+        a list or tuple selects. Before the stateful steps the column is the input's own (it
+        tells the two sides of a join apart); after them, the output's column by name, which
+        the steps after them apply to each batch's output."""
+        if isinstance(item, Column):
+            return self.where(item)
+        if isinstance(item, list | tuple):
+            return self.select(*item)
+        if isinstance(item, int):
+            item = self.columns[item]
+        if not isinstance(item, str):
+            raise PySparkTypeError(
+                errorClass="NOT_EXPECTED_TYPE",
+                messageParameters={
+                    "expected_type": "Column, float, integer, list or string",
+                    "arg_name": "item",
+                    "arg_type": type(item).__name__,
+                },
+            )
+        column = self._output[item]  # an unknown name fails here, with Spark's error
+        return column if not self.steps else F.col(item)
+
+    def __getattr__(self, name: str) -> Column:
+        """``stream.value``: the column ``value``, as PySpark's ``DataFrame.value``. Names that
+        start with ``_`` are never columns here, so that Python's own lookups (copying,
+        pickling, the dataclass's fields before they are set) fail as they should."""
+        if name.startswith("_") or "steps" not in vars(self):
+            raise AttributeError(name)
+        if name not in self.columns:
+            raise PySparkAttributeError(
+                errorClass="ATTRIBUTE_NOT_SUPPORTED", messageParameters={"attr_name": name}
+            )
+        column: Column = self[name]
+        return column
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StatefulStream:  # noqa: N802,N803
         """Track ``eventTime``'s watermark: its largest value seen minus ``delayThreshold``."""

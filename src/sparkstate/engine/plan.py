@@ -46,6 +46,7 @@ __all__ = [
     "StatelessStep",
     "Step",
     "arrow_schema",
+    "output_of",
     "plan_chain",
     "plan_stages",
     "quote",
@@ -140,6 +141,29 @@ def plan_chain(
             stage.operator.check_output_mode(output_mode)
         _check_storable(stage)
     return stages, current
+
+
+#: The output modes :func:`output_of` plans steps in, in turn.
+_SHAPE_MODES = ("update", "append", "complete")
+
+
+def output_of(
+    df: DataFrame,
+    steps: Sequence[Step],
+    event_time: str | None,
+    watermark_delay_ms: int | None = None,
+) -> DataFrame:
+    """The DataFrame that stands for the output of ``steps`` over ``df``, before an output mode
+    is chosen: the output's columns and types are the same in every mode the steps run in, so
+    they are planned in the first mode Spark takes them in (the error of the first, if none)."""
+    first: ConfigurationError | None = None
+    for mode in _SHAPE_MODES:
+        try:
+            return plan_chain(df, steps, mode, event_time, watermark_delay_ms)[1]
+        except ConfigurationError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
 
 
 def _with_limits_checked(steps: Sequence[Step], mode: str) -> list[Step]:
