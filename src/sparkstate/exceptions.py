@@ -20,7 +20,9 @@ Every error is one of ours and also the builtin a caller would catch anyway::
 Messages name the store, the version and the file involved, so that an operator of a production
 pipeline can act on the message alone. A query that fails raises, from ``awaitTermination()``,
 the sparkstate error that failed it (one of these classes, also PySpark's
-``StreamingQueryException``).
+``StreamingQueryException``). A query that ``start()`` refuses as Spark's analyzer refuses it
+(an output mode its sink or its operations do not take) raises a ``ConfigurationError`` that is
+also PySpark's ``AnalysisException``, with Spark's error condition (``sparkstate.engine.errors``).
 """
 
 from __future__ import annotations

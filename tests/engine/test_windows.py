@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -125,12 +126,23 @@ def test_windowed_aggregation_matches_spark(
         assert sum(op["numRowsRemoved"] for op in ops) == 0
 
 
-def test_append_needs_a_watermarked_key(spark: SparkSession, tmp_path: Path) -> None:
+def test_append_needs_a_watermarked_key_as_in_spark(spark: SparkSession, tmp_path: Path) -> None:
+    """Refused at ``start()`` with Spark's AnalysisException (its condition and parameters),
+    also a ConfigurationError with sparkstate's message."""
     df = FileFeed(tmp_path / "input").stream(spark, SCHEMA)
-    no_watermark = ss.stream(df).groupBy(SF.window("ts", "10 seconds")).agg(SF.count("*"))
-    not_on_key = ss.stream(df.withWatermark("ts", "5 seconds")).groupBy("k").agg(SF.count("*"))
-    for query in (no_watermark, not_on_key):
-        with pytest.raises(ConfigurationError, match="Append output mode not supported"):
-            query.writeStream.outputMode("append").foreachBatch(Collector()).option(
-                "checkpointLocation", str(tmp_path / "c")
-            ).start()
+    queries = [
+        lambda wrap, fn: wrap(df).groupBy(fn.window("ts", "10 seconds")).agg(fn.count("*")),
+        lambda wrap, fn: wrap(df.withWatermark("ts", "5 seconds")).groupBy("k").agg(fn.count("*")),
+    ]
+    for i, query in enumerate(queries):
+        errors = []
+        for wrap, fn in ((lambda d: d, F), (ss.stream, SF)):
+            with pytest.raises(AnalysisException) as refused:
+                query(wrap, fn).writeStream.outputMode("append").foreachBatch(Collector()).option(
+                    "checkpointLocation", str(tmp_path / f"c{i}")
+                ).start()
+            e = refused.value
+            errors.append((e.getCondition(), e.getMessageParameters(), e.getSqlState()))
+        assert errors[0] == errors[1]
+        assert isinstance(refused.value, ConfigurationError)
+        assert "Append output mode not supported" in str(refused.value)

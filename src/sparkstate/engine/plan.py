@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame
 
 from sparkstate.engine.aggregate_plan import AGGREGATIONS, closes_by_watermark
+from sparkstate.engine.errors import SparkAnalysisError
 from sparkstate.engine.limit_plan import check_limit
 from sparkstate.engine.planners import planner_for
 from sparkstate.engine.spark_schema import arrow_schema, event_time_of, quote
@@ -125,7 +126,8 @@ def plan_chain(
             "watermarked column, or by that column, or use outputMode('update') or "
             "outputMode('complete')"
         )
-        raise ConfigurationError(msg)
+        operation = "streaming aggregations without watermark"
+        raise unsupported_operation(msg, output_mode, operation)
     arbitrary = [s.api for s in steps if isinstance(s, ArbitraryStep)]
     if output_mode == "complete" and arbitrary:
         msg = f"{arbitrary[0]} does not support complete output mode (as in Spark); use update"
@@ -135,7 +137,7 @@ def plan_chain(
             "complete output mode needs a streaming aggregation; use outputMode('append') or "
             "outputMode('update')"
         )
-        raise ConfigurationError(msg)
+        raise unsupported_operation(msg, output_mode, "no streaming aggregations")
     for stage in stages:
         if not has_agg or isinstance(stage.operator, AGGREGATIONS):
             stage.operator.check_output_mode(output_mode)
@@ -164,6 +166,12 @@ def output_of(
             first = first or exc
     assert first is not None
     raise first
+
+
+def unsupported_operation(message: str, mode: str, operation: str) -> SparkAnalysisError:
+    """Spark's error for an output mode that the query's operations do not take."""
+    parameters = {"outputMode": mode, "operation": operation}
+    return SparkAnalysisError(message, "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION", parameters)
 
 
 def _with_limits_checked(steps: Sequence[Step], mode: str) -> list[Step]:
