@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from sparkstate.engine.carried_time import carry_event_time
 from sparkstate.engine.join_connect import ConnectJoin
 from sparkstate.engine.join_expressions import (
     conjuncts_of,
@@ -58,6 +59,8 @@ COMPARISONS = {
     "GreaterThan": pc.greater,
     "GreaterThanOrEqual": pc.greater_equal,
 }
+#: The column of each side that carries its event time past its projections.
+CARRIED = {"left": "__ss_lcarried", "right": "__ss_rcarried"}
 #: A watermark far from 0, so that Spark's state watermark of it is defined: the difference is
 #: the state's offset (Spark's formula is linear in the watermark).
 PROBE_WATERMARK_MS = 10**12
@@ -98,6 +101,9 @@ class JoinAnalysis:
         self.left_set = node.left().outputSet()
         self.right_set = node.right().outputSet()
         self.extras: dict[str, list[tuple[str, Column]]] = {"left": [], "right": []}
+        self.is_connect = connect is not None
+        #: The sides whose event time is carried past their projections (carried_time.py).
+        self.carried: dict[str, DataFrame] = {}
 
     # --- the condition ---------------------------------------------------------------------------
 
@@ -201,15 +207,23 @@ class JoinAnalysis:
 
     # --- watermarks ------------------------------------------------------------------------------
 
-    def _watermark_attr(self, attrs: list[Any], upstream: bool) -> Any | None:
+    def _watermark_attr(self, side: str) -> Any | None:
         """The side's event-time column: its watermarked timestamp. A window of it carries the
-        watermark too; the time itself must be there, since the watermark is its maximum,
-        unless a stateful step before the join observes it (``upstream``): then the window
-        is the side's event time, as Spark's join finds it."""
+        watermark too: where the time itself is gone, it is carried past the side's
+        projections (the watermark is its maximum), unless a stateful step before the join
+        observes it (an upstream side): then the window is the side's event time, as Spark's
+        join finds it."""
+        attrs = self.left_attrs if side == "left" else self.right_attrs
         marked = [a for a in attrs if a.metadata().contains(WATERMARK_DELAY_KEY)]
         times = [a for a in marked if struct_fields(a) is None]
-        if upstream:
+        if side in self.upstream:
             return (times or marked or [None])[0]
+        frame = self.left if side == "left" else self.right
+        if marked and not times and not self.upstream and not self.is_connect:
+            carried = carry_event_time(frame, CARRIED[side])
+            if carried is not None:
+                self.carried[side] = carried
+                return marked[0]
         if marked and not times:
             msg = (
                 f"join: the side with columns {[str(a.name()) for a in attrs]} carries its "
@@ -243,8 +257,8 @@ class JoinAnalysis:
     ) -> JoinPlan:
         jt = self.join_type
         wm: dict[str, Any] = {
-            "left": self._watermark_attr(self.left_attrs, "left" in self.upstream),
-            "right": self._watermark_attr(self.right_attrs, "right" in self.upstream),
+            "left": self._watermark_attr("left"),
+            "right": self._watermark_attr("right"),
         }
         key_wm = next(
             (i for i, (a, b) in enumerate(keys) if is_watermarked(a) or is_watermarked(b)), None
@@ -276,10 +290,12 @@ class JoinAnalysis:
         }
         frames: dict[str, DataFrame] = {}
         shapes: dict[str, Callable[[DataFrame], DataFrame]] = {}
-        parts: dict[str, tuple[list[StructField], str | None, pc.Expression | None]] = {}
+        parts: dict[str, tuple[list[StructField], str | None, str | None, pc.Expression | None]]
+        parts = {}
+        sides = {"left": self.left, "right": self.right, **self.carried}
         for s, df, attrs in (
-            ("left", self.left, self.left_attrs),
-            ("right", self.right, self.right_attrs),
+            ("left", sides["left"], self.left_attrs),
+            ("right", sides["right"], self.right_attrs),
         ):
             cols: list[Column] = []
             for i, a in enumerate(attrs):
@@ -293,10 +309,15 @@ class JoinAnalysis:
                     extra_cols.append(F.coalesce(pred, F.lit(False)).alias(f"__ss_{s[0]}only"))
                     side_only = pc.field(f"__ss_{s[0]}only")
                     pred = None
-            event_time = None
+            event_time = late_time = None
             if wm[s] is not None:
                 event_time = f"__ss_{s[0]}wm"
-                extra_cols.append(time_of(F.col(quoted(wm[s].name())), wm[s]).alias(event_time))
+                time = time_of(F.col(quoted(wm[s].name())), wm[s])
+                if s in self.carried:  # the watermark from the time, late rows by the window
+                    late_time = f"__ss_{s[0]}late"
+                    extra_cols.append(time.alias(late_time))
+                    time = F.col(CARRIED[s])
+                extra_cols.append(time.alias(event_time))
             if key_wm is not None:
                 k = keys[key_wm][0 if s == "left" else 1]
                 extra_cols.append(time_of(F.expr(self.sql(k)), k).alias(f"__ss_{s[0]}key"))
@@ -308,19 +329,20 @@ class JoinAnalysis:
             shapes[s] = side_shape(pred, [*key_cols, *cols, *extra_cols])
             frames[s] = shapes[s](df)
             fields = [f for f in frames[s].schema.fields if not f.name.startswith("__ss_k")]
-            parts[s] = (fields, event_time, side_only)
+            parts[s] = (fields, event_time, late_time, side_only)
         # Key types: the left side's; the right side's keys are cast to them.
         key_struct = StructType(
             [f for f in frames["left"].schema.fields if f.name.startswith("__ss_k")]
         )
         built: dict[str, JoinSide] = {}
         for s in ("left", "right"):
-            fields, event_time, side_only = parts[s]
+            fields, event_time, late_time, side_only = parts[s]
             arrow = arrow_schema(StructType(fields), nullable=True)
             built[s] = JoinSide(
                 s,
                 tuple(arrow),
                 event_time=event_time,
+                late_time=late_time,
                 state_time=state_cols[s],
                 state_offset_ms=offsets[s] or 0,
                 only=side_only,
@@ -334,7 +356,7 @@ class JoinAnalysis:
             self._column_names(keys),
         )
         union_of = self._union(frames, key_struct, shapes)
-        union = union_of(self.left, self.right, ())
+        union = union_of(sides["left"], sides["right"], ())
         output_struct = StructType(
             [
                 StructField(f.name, spark_type_of(f, frames), True, metadata_of(f.name, frames))

@@ -101,7 +101,7 @@ class StreamingJoin(StatefulOperator):
             msg = f"join: key and side columns must have distinct names, got {names}"
             raise ConfigurationError(msg)
         for side in (left, right):
-            for col in (side.event_time, side.state_time):
+            for col in (side.event_time, side.state_time, side.late_time):
                 if col is not None and col not in side.names:
                     msg = f"join: {side.name} side has no column {col!r} ({side.names})"
                     raise ConfigurationError(msg)
@@ -300,6 +300,8 @@ class StreamingJoin(StatefulOperator):
             return rows
         times = rows.column(side.event_time)
         ctx.metrics.observe_input_event_time(side.name, max_event_time_ms(times))
+        if side.late_time is not None:
+            times = rows.column(side.late_time)
         late = is_late(times, ctx.watermark_for_late_rows_ms)
         dropped = int(pc.sum(late).as_py() or 0)
         if not dropped:

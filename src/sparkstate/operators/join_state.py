@@ -55,7 +55,9 @@ class JoinSide:
 
     ``fields`` are its columns in the input (and output) batches. ``event_time`` is the column
     of its watermark: its rows at or below the previous batch's watermark are late and dropped,
-    and its largest time is reported as the input ``name``. ``state_time`` is the column whose
+    and its largest time is reported as the input ``name`` (``late_time``, where given, is the
+    column that says which rows are late instead: a window of the side's time whose time itself
+    was projected away, as Spark's join reads the window). ``state_time`` is the column whose
     value says when a stored row can no longer match: it is evicted once that value is at or
     below the batch's watermark minus ``state_offset_ms`` (None: kept forever).
     """
@@ -65,6 +67,7 @@ class JoinSide:
     event_time: str | None = None
     state_time: str | None = None
     state_offset_ms: int = 0
+    late_time: str | None = None
     #: The conjuncts of the condition over this side's columns alone: a row that fails them
     #: joins nothing (an outer side emits it at once with nulls; Spark's ``preJoinFilter``).
     only: pc.Expression | None = None
