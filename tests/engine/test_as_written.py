@@ -8,18 +8,21 @@ expressions around them (engine/aggregate_analysis.py)."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQueryListener
 
 import sparkstate as ss
 from sparkstate import functions as SF
 
 from .conftest import PROVIDERS
-from .helpers import Differential, SparkRuns, at
+from .helpers import Differential, FileFeed, SparkRuns, at, run_available
 
 SCHEMA = "k string, v long, d double, ts timestamp"
 
@@ -149,3 +152,70 @@ def test_a_projection_before_the_aggregation_keeps_spark_s_watermark(
     case = projected_case(name, mode)
     ours, _ = spark_runs.check(case, tmp_path, provider)
     assert sum(len(rows) for rows in ours.batches.values()) >= 3
+
+
+class ProgressEvents(StreamingQueryListener):
+    """A user's listener, added with ``spark.streams.addListener``: the progress of every
+    batch of every query, by run id."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[dict[str, Any]]] = {}
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - PySpark's names
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        progress = json.loads(event.progress.json)
+        self.runs.setdefault(progress["runId"], []).append(progress)
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def of(self, query: Any) -> list[dict[str, Any]]:
+        """The query's progress events, once as many have come as it ran batches."""
+        wanted = len(query.recentProgress)
+        deadline = time.monotonic() + 30
+        while len(self.runs.get(str(query.runId), [])) < wanted and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.runs.get(str(query.runId), [])
+
+
+def test_spark_s_own_listeners_see_the_state_operators_as_in_spark_s_run(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A user's ``StreamingQueryListener`` sees, for the wrapped query, the state operators'
+    counts of Spark's own run, batch by batch, the sink the user wrote and the user's sources
+    only (not sparkstate's clock)."""
+    listener = ProgressEvents()
+    spark.streams.addListener(listener)
+    feed = FileFeed(tmp_path / "input")
+    for rows in FILES:
+        feed.add(rows)
+    seen = {}
+    try:
+        for ours in (False, True):
+            df = feed.stream(spark, SCHEMA).withWatermark("ts", "5 seconds")
+            counts = (ss.stream(df) if ours else df).groupBy(F.window("ts", "10 seconds")).count()
+            writer = counts.writeStream.outputMode("append").foreachBatch(lambda d, _: d.collect())
+            writer = writer.option("checkpointLocation", str(tmp_path / f"chk-{ours}"))
+            seen[ours] = listener.of(run_available(writer, "listened"))
+    finally:
+        spark.streams.removeListener(listener)
+    fields = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved", "numRowsDroppedByWatermark")
+
+    def shown(events: list[dict[str, Any]]) -> list[Any]:
+        return [
+            (
+                p["batchId"],
+                [[op[f] for f in fields] for op in p.get("stateOperators", [])],
+                p["sink"]["description"],
+                [s["description"] for s in p["sources"]],
+            )
+            for p in events
+        ]
+
+    assert shown(seen[True]) == shown(seen[False])
+    assert len(seen[True]) >= len(FILES) and all(p["stateOperators"] for p in seen[True])

@@ -584,5 +584,6 @@ class DataStreamWriter:
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         spark_query = writer.start()
-        driver.started(str(spark_query.runId))
-        return StreamingQuery(spark_query, driver, lock, sink, stages, log_)
+        handle = StreamingQuery(spark_query, driver, lock, sink, stages, log_)
+        driver.started(str(spark_query.runId))  # the first batch goes on from here
+        return handle

@@ -19,6 +19,7 @@ from sparkstate.engine.driver import BatchDriver
 from sparkstate.engine.failures import surfaced
 from sparkstate.engine.session import run_on_server
 from sparkstate.engine.sinks import Sink
+from sparkstate.engine.spark_listeners import register_run, without_clock
 from sparkstate.engine.stage import Stage
 from sparkstate.engine.stopping import RunTasks, StopRequest, cancel_batch, quiet_run
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
@@ -112,6 +113,8 @@ class StreamingQuery:
         self._remote = lock is None
         with _active_lock:
             _active[log_.root] = self
+        if not self._remote:  # Spark's own Python listeners see the state operators too
+            register_run(str(spark_query.runId), self._progress_of)
 
     @property
     def id(self) -> str:
@@ -241,6 +244,14 @@ class StreamingQuery:
         latest = {p["batchId"]: p for p in recorded if p.get("batchId") in spark}
         return [latest[b] for b in sorted(latest)]
 
+    def _progress_of(self, spark: dict[str, Any]) -> dict[str, Any] | None:
+        """Spark's progress of one of this run's batches as :attr:`recentProgress` shows it;
+        None before the driver has its own."""
+        for ours in reversed(self._driver.recent_progress()):
+            if ours.get("batchId") == spark.get("batchId"):
+                return _merge(ours, spark)
+        return None
+
     def explain(self) -> str:
         lines = [f"sparkstate query {self._id} ({self._driver.config.output_mode} mode)"]
         for stage in self._stages:
@@ -303,7 +314,7 @@ def _merge(ours: dict[str, Any], spark: dict[str, Any] | None) -> dict[str, Any]
     """Spark's progress of the batch (sources, input rates) with our state operators on it."""
     if spark is None:
         return dict(ours)
-    merged = dict(spark)
+    merged = without_clock(spark)
     merged["stateOperators"] = ours["stateOperators"]
     merged["sink"] = ours["sink"]
     merged["durationMs"] = {**spark.get("durationMs", {}), **ours["durationMs"]}
