@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 import sparkstate as ss
 from sparkstate import functions as SF
@@ -184,11 +184,12 @@ class ProgressEvents(StreamingQueryListener):
 
 
 def test_spark_s_own_listeners_see_the_state_operators_as_in_spark_s_run(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A user's ``StreamingQueryListener`` sees, for the wrapped query, the state operators'
     counts of Spark's own run, batch by batch, the sink the user wrote and the user's sources
-    only (not sparkstate's clock)."""
+    only (not sparkstate's clock). The started query is PySpark's ``StreamingQuery``, whose
+    ``explain()`` prints Spark's plan of what it runs, and sparkstate's operators."""
     listener = ProgressEvents()
     spark.streams.addListener(listener)
     feed = FileFeed(tmp_path / "input")
@@ -201,7 +202,13 @@ def test_spark_s_own_listeners_see_the_state_operators_as_in_spark_s_run(
             counts = (ss.stream(df) if ours else df).groupBy(F.window("ts", "10 seconds")).count()
             writer = counts.writeStream.outputMode("append").foreachBatch(lambda d, _: d.collect())
             writer = writer.option("checkpointLocation", str(tmp_path / f"chk-{ours}"))
-            seen[ours] = listener.of(run_available(writer, "listened"))
+            handle = run_available(writer, "listened")
+            seen[ours] = listener.of(handle)
+            assert isinstance(handle, StreamingQuery)  # PySpark's, wrapped or not
+            handle.explain()
+            shown = capsys.readouterr().out
+            assert "== Physical Plan ==" in shown  # Spark's plan of what it runs
+            assert ("op 0: aggregate" in shown) == ours  # and sparkstate's operators
     finally:
         spark.streams.removeListener(listener)
     fields = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved", "numRowsDroppedByWatermark")

@@ -88,8 +88,9 @@ def release_if_finished(root: str) -> None:
         handle._release()
 
 
-class StreamingQuery:
-    """A running sparkstate query: the names and behaviour of PySpark's ``StreamingQuery``."""
+class StreamingQuery(SparkStreamingQuery):
+    """A running sparkstate query: PySpark's ``StreamingQuery`` (``isinstance`` holds in a
+    classic session), with sparkstate's progress, stop and failures."""
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class StreamingQuery:
     ) -> None:
         """``lock`` None: the driver runs in a process of the Spark Connect server's, and what
         it records (progress, the error that failed it) is read back through the session."""
+        self._jsq = getattr(spark_query, "_jsq", None)  # PySpark's own methods, classic only
         self._query = spark_query
         self._driver = driver
         self._lock = lock
@@ -127,8 +129,9 @@ class StreamingQuery:
         return str(self._query.runId)
 
     @property
-    def name(self) -> str | None:
-        return self._driver.config.name
+    def name(self) -> str:
+        """The query's name (``queryName``), None where it has none, as PySpark's."""
+        return self._driver.config.name  # type: ignore[return-value]
 
     @property
     def isActive(self) -> bool:  # noqa: N802 - PySpark's name
@@ -252,7 +255,9 @@ class StreamingQuery:
                 return _merge(ours, spark)
         return None
 
-    def explain(self) -> str:
+    def explain(self, extended: bool = False) -> None:
+        """As PySpark's: print the physical plan of the query Spark runs (its last batch's;
+        ``extended``: the logical plans too), then sparkstate's stateful operators."""
         lines = [f"sparkstate query {self._id} ({self._driver.config.output_mode} mode)"]
         for stage in self._stages:
             op = stage.operator
@@ -260,9 +265,8 @@ class StreamingQuery:
                 f"  op {stage.op_id}: {op.kind} by {stage.partition_columns} "
                 f"-> {list(op.output_schema.names)}"
             )
-        text = "\n".join(lines)
-        print(text)
-        return text
+        self._query.explain(extended)
+        print("\n".join(lines))
 
     def _snapshot_on_server(self) -> None:
         """The snapshot at stop of a query driven by a Spark Connect server (its driver's
