@@ -179,9 +179,9 @@ CASES = [
         lambda df: (
             with_watermark(df)
             .groupBy("k")
-            .count()
+            .agg(F.count("*").alias("count"), (F.max("v") - F.min("v")).alias("spread"))
             .filter("k != 'k3'")
-            .select("k", F.col("count").alias("n"))
+            .select("k", F.col("count").alias("n"), "spread")
             .orderBy(F.col("n").desc(), "k")
         ),
         mode="complete",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -23,7 +23,8 @@ from pyspark.sql.types import StructType
 
 from sparkstate.engine.aggregate_partials import spark_twin
 from sparkstate.engine.aggregate_recognise import Node, checked, recognise, twin_of_function
-from sparkstate.engine.join_expressions import node_name, quoted, seq_list
+from sparkstate.engine.join_connect import stand_in_aggregate
+from sparkstate.engine.join_expressions import node_name, quoted, seq_list, sql_of
 from sparkstate.engine.session import is_connect
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
@@ -83,23 +84,28 @@ def split_aggregates(df: DataFrame, keys: Sequence[Column], aggs: Sequence[Any])
     refused = [t for t in taken if isinstance(t, ConfigurationError)]
     if not refused:
         return AggregateSplit([t for t in taken if isinstance(t, AggregateExpression)])
-    if is_connect(df.sparkSession) or not hasattr(df, "_jdf"):
-        raise refused[0]  # Spark Connect: no analyzed plan in this process (yet)
     for agg, took in zip(aggs, taken, strict=True):
-        if isinstance(took, ConfigurationError) and not isinstance(agg, Column):
+        if isinstance(took, ConfigurationError) and not hasattr(agg, "alias"):
             raise took  # not a column for Spark to analyse
     columns = [
         spark_twin(t) if isinstance(t, AggregateExpression) else a
         for t, a in zip(taken, aggs, strict=True)
     ]
     spark_output = df.groupBy(*keys).agg(*columns)  # Spark's errors for what it refuses
-    node = _aggregate_node(spark_output._jdf.queryExecution().analyzed())  # noqa: SLF001
+    sql: Callable[[Any], str] = sql_of
+    if is_connect(df.sparkSession):  # the plan of a local JVM's analysis (as a join's)
+        analysis = stand_in_aggregate(df, list(keys), columns)
+        plan, sql = analysis.plan, analysis.sql
+        _ = spark_output.schema  # the server's errors for what it refuses
+    else:
+        plan = spark_output._jdf.queryExecution().analyzed()  # noqa: SLF001
+    node = _aggregate_node(plan)
     outputs = seq_list(node.aggregateExpressions())
     nkeys = len(outputs) - len(aggs)
     fields = spark_output.schema.fields
     projection = [F.col(quoted(f.name)) for f in fields[:nkeys]]
     merged: list[AggregateExpression] = []
-    inner = _Inner(merged)
+    inner = _Inner(merged, sql)
     for i, agg in enumerate(taken):
         field = fields[nkeys + i]
         if isinstance(agg, AggregateExpression):
@@ -124,8 +130,10 @@ def _aggregate_node(plan: Any) -> Any:
 class _Inner:
     """The aggregate functions inside the user's output columns, each merged once."""
 
-    def __init__(self, merged: list[AggregateExpression]) -> None:
+    def __init__(self, merged: list[AggregateExpression], sql: Callable[[Any], str]) -> None:
         self.merged = merged
+        #: An expression of Spark's plan as SQL over the input's columns.
+        self.sql = sql
         #: Each aggregate function's SQL, and its own name and Catalyst expression.
         self.by_sql: dict[str, tuple[str, Any]] = {}
 
@@ -133,7 +141,7 @@ class _Inner:
         """``output`` (an ``Alias`` of Spark's plan) over the operator's output: its aggregate
         functions replaced by the columns the operator merges them in."""
         expr = output.child() if node_name(output) == "Alias" else output
-        sql = str(expr.sql())
+        sql = self.sql(expr)
         found: list[Any] = []
         _aggregates_in(expr, found)
         for ae in found:
@@ -144,7 +152,7 @@ class _Inner:
         return F.expr(sql)
 
     def _merge(self, ae: Any, shown: str) -> None:
-        sql = str(ae.sql())
+        sql = self.sql(ae)
         if sql in self.by_sql:
             if not ae.semanticEquals(self.by_sql[sql][1]):
                 msg = (
@@ -155,7 +163,7 @@ class _Inner:
             return
         name = f"{INNER_PREFIX}{len(self.by_sql)}"
         self.by_sql[sql] = (name, ae)
-        self.merged.append(checked(_twin_of_plan(ae, name, shown)))
+        self.merged.append(checked(_twin_of_plan(ae, name, shown, self.sql)))
 
 
 def _aggregates_in(expr: Any, out: list[Any]) -> None:
@@ -166,7 +174,7 @@ def _aggregates_in(expr: Any, out: list[Any]) -> None:
         _aggregates_in(child, out)
 
 
-def _twin_of_plan(ae: Any, name: str, shown: str) -> AggregateExpression:
+def _twin_of_plan(ae: Any, name: str, shown: str, sql: Callable[[Any], str]) -> AggregateExpression:
     """The sparkstate aggregate of one of Spark's analysed aggregate expressions."""
     fn = ae.aggregateFunction()
     fname = str(fn.prettyName())
@@ -185,16 +193,16 @@ def _twin_of_plan(ae: Any, name: str, shown: str) -> AggregateExpression:
                 "before the aggregation"
             )
             raise ConfigurationError(msg)
-        condition = str(ae.filter().get().sql())
+        condition = sql(ae.filter().get())
         inputs = (
             2
             if len(args) > 1 and fname in ("max_by", "min_by", "corr", "covar_pop", "covar_samp")
             else 1
         )
-        filtered = [_when(condition, a) for a in args[:inputs]]
-        nodes = filtered + [_node(a) for a in args[inputs:]]
+        filtered = [_when(condition, sql(a)) for a in args[:inputs]]
+        nodes = filtered + [_node(a, sql) for a in args[inputs:]]
     else:
-        nodes = [_argument(a, i, fname) for i, a in enumerate(args)]
+        nodes = [_argument(a, i, fname, sql) for i, a in enumerate(args)]
     node = Node("function", fname, [*nodes, *flags], bool(ae.isDistinct()))
     return twin_of_function(node, _same, shown, name, None, Column)
 
@@ -211,32 +219,32 @@ def _same(node: Node) -> Node:
     return node
 
 
-def _when(condition: str, arg: Any) -> Node:
+def _when(condition: str, arg: str) -> Node:
     """``arg`` where ``condition`` holds, null elsewhere (a ``FILTER`` moved into the input)."""
-    return Node("expression", raw=F.expr(f"CASE WHEN {condition} THEN {arg.sql()} END"))
+    return Node("expression", raw=F.expr(f"CASE WHEN {condition} THEN {arg} END"))
 
 
-def _argument(arg: Any, position: int, fname: str) -> Node:
+def _argument(arg: Any, position: int, fname: str, sql: Callable[[Any], str]) -> Node:
     """An argument of an aggregate function: its input columns as columns or expressions (a
     literal ``count(1)`` as it is); its parameters as literals."""
-    node = _node(arg)
+    node = _node(arg, sql)
     is_input = position == 0 or (
         position == 1 and fname in ("max_by", "min_by", "corr", "covar_pop", "covar_samp")
     )
     if is_input and node.kind == "literal" and fname != "count":
-        return Node("expression", raw=F.expr(str(arg.sql())))
+        return Node("expression", raw=F.expr(sql(arg)))
     return node
 
 
-def _node(expr: Any) -> Node:
+def _node(expr: Any, sql: Callable[[Any], str]) -> Node:
     kind = node_name(expr)
     if kind == "AttributeReference":
         return Node("column", parts=[str(expr.name())])
     if kind == "Literal":
         return Node("literal", value=_literal(expr))
     if kind == "CreateArray":
-        return Node("function", "array", [_node(c) for c in seq_list(expr.children())])
-    return Node("expression", raw=F.expr(str(expr.sql())))
+        return Node("function", "array", [_node(c, sql) for c in seq_list(expr.children())])
+    return Node("expression", raw=F.expr(sql(expr)))
 
 
 def _literal(expr: Any) -> Any:

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame
 
 from sparkstate.exceptions import ConfigurationError
 
-__all__ = ["ConnectJoin", "connect_stateful_step", "stand_in_join"]
+__all__ = ["ConnectJoin", "connect_stateful_step", "stand_in_aggregate", "stand_in_join"]
 
 #: The session settings that change how Spark analyses a join, copied from the user's session.
 _ANALYSIS_CONF = (
@@ -125,6 +125,32 @@ def stand_in_join(left: DataFrame, right: DataFrame, on: Any, how: str) -> Conne
         msg = f"join: {_java_message(exc)}"
         raise ConfigurationError(msg) from exc
     return ConnectJoin(plan, jvm, qualifiers)
+
+
+def stand_in_aggregate(df: DataFrame, keys: list[Any], aggs: list[Any]) -> ConnectJoin:
+    """Spark's analyzed plan of ``df.groupBy(*keys).agg(*aggs)`` for a Connect DataFrame (keys
+    and aggregates names or Columns of the client), made as a join's over a stand-in."""
+    jvm, jspark = _planning_session(df.sparkSession)
+    sides = {"left": df}
+    aliases: dict[str, str | None] = {"left": None}
+    stand_in = _stand_in(jvm, jspark, df).alias(_SIDE_ALIAS["left"])
+    functions = jvm.org.apache.spark.sql.functions
+
+    def column(c: Any) -> Any:
+        if isinstance(c, str):
+            return functions.col(_quoted(c))
+        return functions.expr(condition_sql(c, sides, aliases))
+
+    try:
+        grouped = stand_in.groupBy(_seq(jvm, [column(k) for k in keys]))
+        first, *rest = [column(a) for a in aggs]
+        plan = grouped.agg(first, _seq(jvm, rest)).queryExecution().analyzed()
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        msg = f"agg: {_java_message(exc)}"
+        raise ConfigurationError(msg) from exc
+    return ConnectJoin(plan, jvm, (_SIDE_ALIAS["left"],))
 
 
 def connect_stateful_step(df: DataFrame) -> str | None:
@@ -234,6 +260,8 @@ def _sql(e: Any, ids: dict[str, set[int]], aliases: dict[str, str | None]) -> st
         branches = "".join(f" WHEN {sub(c)} THEN {sub(v)}" for c, v in e._branches)  # noqa: SLF001
         other = f" ELSE {sub(e._else_value)}" if e._else_value is not None else ""  # noqa: SLF001
         return f"(CASE{branches}{other} END)"
+    if kind == "UnresolvedStar" and e._unparsed_target is None:  # noqa: SLF001
+        return "*"
     if kind == "UnresolvedExtractValue":
         return f"{sub(e._child)}[{sub(e._extraction)}]"  # noqa: SLF001
     msg = (
