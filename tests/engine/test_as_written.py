@@ -9,20 +9,23 @@ expressions around them (engine/aggregate_analysis.py)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 import sparkstate as ss
 from sparkstate import functions as SF
+from sparkstate.engine.errors import SparkAnalysisError
 
 from .conftest import PROVIDERS
-from .helpers import Differential, FileFeed, SparkRuns, at, run_available
+from .helpers import Collector, Differential, FileFeed, SparkRuns, at, run_available
 
 SCHEMA = "k string, v long, d double, ts timestamp"
 
@@ -226,3 +229,54 @@ def test_spark_s_own_listeners_see_the_state_operators_as_in_spark_s_run(
 
     assert shown(seen[True]) == shown(seen[False])
     assert len(seen[True]) >= len(FILES) and all(p["stateOperators"] for p in seen[True])
+
+
+#: Queries keyed by collated strings, as a user writes them: Spark keeps state by a key's bytes,
+#: so it refuses every collation but UTF8_BINARY in a state key (at the first batch).
+COLLATED: dict[str, Any] = {
+    "count-lcase": lambda df: df.groupBy(F.collate("k", "UTF8_LCASE").alias("k")).count(),
+    "dedup-ci": lambda df: df.withColumn("k", F.collate("k", "UNICODE_CI")).dropDuplicates(["k"]),
+    "window-rtrim": lambda df: (
+        df.withWatermark("ts", "5 seconds")
+        .groupBy(F.window("ts", "10 seconds"), F.collate("k", "UTF8_BINARY_RTRIM").alias("k"))
+        .agg(F.sum("v"))
+    ),
+    "count-binary": lambda df: df.groupBy(F.collate("k", "UTF8_BINARY").alias("k")).count(),
+}
+
+
+@pytest.mark.parametrize("name", list(COLLATED))
+def test_collated_string_keys_are_refused_as_spark_refuses_them(
+    spark: SparkSession, tmp_path: Path, name: str
+) -> None:
+    """Where Spark's query fails (a collated key of an aggregation, of a window's aggregation,
+    of a deduplication), ours fails at ``start()`` with Spark's condition, before it touches
+    the checkpoint; where Spark's runs (UTF8_BINARY), ours delivers Spark's batch."""
+    feed = FileFeed(tmp_path / "input")
+    feed.add([row("Abc", 1, None, 1), row("abc", 2, None, 2), row("Abc ", 3, None, 3)])
+
+    def writer(ours: bool, collector: Collector) -> Any:
+        df = feed.stream(spark, SCHEMA)
+        query = COLLATED[name](ss.stream(df) if ours else df)
+        out = query.writeStream.outputMode("update").foreachBatch(collector)
+        return out.option("checkpointLocation", str(tmp_path / f"checkpoint-{ours}"))
+
+    theirs, ours = Collector(), Collector()
+    try:
+        run_available(writer(False, theirs), name)
+    except StreamingQueryException as failure:
+        with pytest.raises(SparkAnalysisError) as refused:
+            writer(True, ours).start()
+        error = refused.value
+        assert f"[{error.getCondition()}]" in str(failure)
+        assert f"SQLSTATE: {error.getSqlState()}" in str(failure)
+        # The key's collations as Spark names them (the key's column names are Spark's own).
+        collations = re.findall(r'"(?:spark|icu)\.\w+"', error.getMessageParameters()["schema"])
+        assert collations and all(c in str(failure) for c in collations)
+        assert not (tmp_path / "checkpoint-True").exists()
+        assert name != "count-binary"
+        return
+    assert name == "count-binary"
+    run_available(writer(True, ours).option("stateStore", PROVIDERS[0]), name)
+    assert ours.batches == theirs.batches
+    assert len(ours.batches[0]) == 3

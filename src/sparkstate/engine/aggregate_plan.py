@@ -141,6 +141,7 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
         return batch.groupBy(*keys).agg(*partials).select(*flat)
 
     stage = Stage(op_id, operator, struct, [f.name for f in layout.state_fields], prepare)
+    stage.key_struct = StructType(key_fields)
     if split.projection is None:
         return Planned(stage, final)
     # Spark evaluates the expressions around the merged aggregates, over the operator's output.

@@ -4,6 +4,8 @@ them."""
 
 from __future__ import annotations
 
+from pyspark.sql.types import StructType
+
 from sparkstate.engine.initial_state import plan_initial_state
 from sparkstate.engine.spark_conf import arrow_batch_limits, state_encoding_format
 from sparkstate.engine.spark_schema import (
@@ -106,4 +108,5 @@ def plan_arbitrary(step: ArbitraryStep, at: PlanContext) -> Planned:
         )
     add_initial = None if initial is None else initial.add_to
     stage = Stage(at.op_id, operator, out_struct, keys, lambda batch: batch, add_initial)
+    stage.key_struct = StructType([df.schema[k] for k in keys])
     return Planned(stage, output_shape(df, out_struct))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pyspark.sql.types import StructType
+
 from sparkstate.engine.spark_schema import arrow_schema, with_watermark
 from sparkstate.engine.stage import PlanContext, Planned, Stage
 from sparkstate.engine.steps import DedupStep
@@ -42,4 +44,6 @@ def plan_dedup(step: DedupStep, at: PlanContext) -> Planned:
         )
     # Downstream steps find the event time as Spark's analyzer does, by the column's metadata.
     planned = with_watermark(df, event_time, delay_ms)
-    return Planned(Stage(at.op_id, operator, df.schema, columns, lambda batch: batch), planned)
+    stage = Stage(at.op_id, operator, df.schema, columns, lambda batch: batch)
+    stage.key_struct = StructType([df.schema[c] for c in columns])
+    return Planned(stage, planned)

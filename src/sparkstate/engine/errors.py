@@ -20,7 +20,10 @@ __all__ = ["SQLSTATES", "SparkAnalysisError"]
 
 #: The SQLSTATE of each error class sparkstate raises, from Spark's ``error-conditions.json``
 #: (PySpark's own copy holds only the errors raised in Python, so it cannot say).
-SQLSTATES = {"STREAMING_OUTPUT_MODE": "42KDE"}
+SQLSTATES = {
+    "STATE_STORE_UNSUPPORTED_OPERATION_BINARY_INEQUALITY": "XXKST",
+    "STREAMING_OUTPUT_MODE": "42KDE",
+}
 
 
 class SparkAnalysisError(ConfigurationError, AnalysisException):

@@ -380,6 +380,7 @@ class JoinAnalysis:
             union_of,
             {side: "input" if i == 0 else f"input.{i}" for i, (side, *_) in enumerate(watermarks)},
             pushed=self._pushed(keys, only, preserved),
+            key_struct=key_struct,
         )
 
     def _pushed(

@@ -10,6 +10,7 @@ Spark checks them, and attaches the stateless steps to the stage before them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame
@@ -18,7 +19,7 @@ from sparkstate.engine.aggregate_plan import AGGREGATIONS, closes_by_watermark
 from sparkstate.engine.errors import SparkAnalysisError
 from sparkstate.engine.limit_plan import check_limit
 from sparkstate.engine.planners import planner_for
-from sparkstate.engine.spark_schema import arrow_schema, event_time_of, quote
+from sparkstate.engine.spark_schema import arrow_schema, event_time_of, is_binary_stable, quote
 from sparkstate.engine.stage import PlanContext, Stage
 from sparkstate.engine.steps import (
     ARBITRARY_FUNCTION_APIS,
@@ -61,8 +62,13 @@ def plan_stages(
     event_time: str | None,
     watermark_delay_ms: int | None = None,
 ) -> list[Stage]:
-    """The stages of a query, checked against ``output_mode`` as Spark would check them."""
-    return plan_chain(df, steps, output_mode, event_time, watermark_delay_ms)[0]
+    """The stages of a query, checked against ``output_mode`` as Spark would check them, and
+    their state as Spark checks it when the query starts (the stream's columns are known
+    before, as Spark's are)."""
+    stages = plan_chain(df, steps, output_mode, event_time, watermark_delay_ms)[0]
+    for stage in stages:
+        _check_storable(stage)
+    return stages
 
 
 def plan_chain(
@@ -141,7 +147,6 @@ def plan_chain(
     for stage in stages:
         if not has_agg or isinstance(stage.operator, AGGREGATIONS):
             stage.operator.check_output_mode(output_mode)
-        _check_storable(stage)
     return stages, current
 
 
@@ -273,8 +278,23 @@ def _plan_stateless(stage: Stage, output: DataFrame, step: StatelessStep, mode: 
     return result
 
 
+#: Spark's condition for a state key that equal values may spell in other bytes.
+BINARY_INEQUALITY = "STATE_STORE_UNSUPPORTED_OPERATION_BINARY_INEQUALITY"
+
+
 def _check_storable(stage: Stage) -> None:
-    """Fail at start, not in a task, when the state's key or value types cannot be stored."""
+    """Fail at start, not in a task, when the state's key or value types cannot be stored:
+    a key Spark refuses (a collated string: state finds a key by its bytes, which equal strings
+    of that collation need not share) with Spark's error, one our codec cannot encode with ours."""
+    if not is_binary_stable(stage.key_struct):
+        schema = json.dumps(stage.key_struct.jsonValue(), separators=(",", ":"))
+        msg = (
+            f"Binary inequality column is not supported with state store. Provided schema: "
+            f"{schema} (as in Spark: operator {stage.op_id} ({stage.operator.kind}) would keep "
+            "state by a collated string, whose equal values need not be equal bytes. Key it by "
+            "the string in UTF8_BINARY, e.g. by F.lower(col) for a case-insensitive key)"
+        )
+        raise SparkAnalysisError(msg, BINARY_INEQUALITY, {"schema": schema})
     op = stage.operator
     families = {DEFAULT_CF: (op.key_schema, op.value_schema), **op.column_families()}
     for name, (key, value) in families.items():

@@ -48,6 +48,8 @@ class JoinPlan:
     #: Per side, the filters Spark's optimizer moves into the side's input: the columns each
     #: reads and its SQL (:meth:`sparkstate.engine.join_analysis.JoinAnalysis.pushed`).
     pushed: dict[str, list[tuple[frozenset[str], str]]] = dataclasses.field(default_factory=dict)
+    #: Spark's types of the join key's columns, the key of both sides' state.
+    key_struct: StructType = dataclasses.field(default_factory=StructType)
 
     def _chain_ids(self, op_id: int) -> dict[str, list[int]]:
         """Operator ids of each side's steps, in the order they run, below the join ``op_id``

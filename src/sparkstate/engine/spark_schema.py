@@ -7,7 +7,16 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from sparkstate.engine.spark_versions import to_arrow_type
 from sparkstate.exceptions import ConfigurationError
@@ -16,6 +25,7 @@ from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 __all__ = [
     "arrow_schema",
     "event_time_of",
+    "is_binary_stable",
     "is_time",
     "output_shape",
     "quote",
@@ -46,6 +56,26 @@ def arrow_schema(struct: StructType, *, nullable: bool | None = None) -> pa.Sche
 
 def is_time(data_type: Any) -> bool:
     return isinstance(data_type, TimestampType | TimestampNTZType)
+
+
+#: The one collation whose equal strings are equal bytes (Spark's ``supportsBinaryEquality``).
+BINARY_COLLATION = "UTF8_BINARY"
+
+
+def is_binary_stable(data_type: DataType) -> bool:
+    """Whether equal values of ``data_type`` are equal bytes, as Spark's state store needs of a
+    key (``UnsafeRowUtils.isBinaryStable``): no string inside it has a collation but
+    UTF8_BINARY (``UTF8_LCASE``, ``UNICODE_CI`` and even ``UTF8_BINARY_RTRIM`` compare other
+    bytes equal)."""
+    if isinstance(data_type, StringType):
+        return str(getattr(data_type, "collation", BINARY_COLLATION)).upper() == BINARY_COLLATION
+    if isinstance(data_type, StructType):
+        return all(is_binary_stable(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return is_binary_stable(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return is_binary_stable(data_type.keyType) and is_binary_stable(data_type.valueType)
+    return True
 
 
 def with_watermark(df: DataFrame, event_time: str | None, delay_ms: int | None) -> DataFrame:

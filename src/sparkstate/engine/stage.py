@@ -44,6 +44,10 @@ class Stage:
     #: The tracker's names of the watermarks whose event times this operator observes, when
     #: it is not the first stage (the first step of a join's side).
     event_time_inputs: tuple[str, ...] = ()
+    #: Spark's types of the columns Spark's operator keys its state by (the grouping keys, the
+    #: columns deduplicated, the join keys), for the checks Spark makes of a state key; empty
+    #: for a state of no key columns (the limit's).
+    key_struct: StructType = dataclasses.field(default_factory=StructType)
 
     def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The operator's input in batch ``batch_id``."""
