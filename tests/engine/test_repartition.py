@@ -1,12 +1,14 @@
 """Rescaling state, against Spark's own repartition.
 
 Each query (an aggregation, a deduplication, a transformWithState, a stream-stream join) runs
-three times with ``availableNow`` over three new files each (one batch per file):
-on 3 partitions, then 5, then 2. Spark's query is rescaled between runs by its own
-``StreamingCheckpointManager.repartition``; ours by ``ss.repartition`` (on each provider), and
-again by a restart that asks for the new count (``numPartitions``). Every batch's output must
-equal Spark's, batch ids included (each rescale is a batch of its own, in both); and Spark's
-rescaled run must give what its unchanged query gives.
+three times with ``availableNow`` over three new files each (one batch per file), the session's
+shuffle partitions 3, then 5, then 2. Spark's query is rescaled between runs by its own
+``StreamingCheckpointManager.repartition``, and ours by ``ss.repartition`` (on each provider):
+each rescale is a batch of its own, in both. Ours is rescaled again by a restart that asks for
+the new count (the session's shuffle partitions, or ``numPartitions``): that takes no batch id,
+as Spark's restart with another count (which keeps the checkpoint's) takes none. Every batch's
+output must equal Spark's, batch ids included; and Spark's rescaled run must give what its
+unchanged query gives.
 """
 
 from __future__ import annotations
@@ -124,7 +126,8 @@ JOIN_CONDITION = "rk = k AND rts >= ts AND rts <= ts + interval 10 seconds"
 #: The aggregation and the join rescaled by ``ss.repartition`` on memory and by a restart on
 #: rocksdb; the deduplication only the first way, transformWithState only the second: the two
 #: ways run the same job, which reads and writes through either provider (CI time is kept for
-#: what differs).
+#: what differs). The aggregation's restart asks by the session's shuffle partitions, as
+#: Spark's unchanged query is restarted; the others by ``numPartitions``.
 OURS = [
     ("aggregate", "memory", "repartition"),
     ("aggregate", "rocksdb", "restart"),
@@ -176,54 +179,76 @@ def runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> dict[
     root = tmp_path_factory.mktemp("rescale")
     feed = FileFeed(root / "input")
     out: dict[Any, Any] = {"feed": feed}
-    with shuffle_partitions(spark, COUNTS[0]), spark_rocksdb(spark):
+    with spark_rocksdb(spark):
         for run, count in enumerate(COUNTS):
-            for batch in range(3):
-                feed.add(_batch(run, batch))
-            for name in QUERIES:
-                for system in ("spark", "spark-unchanged"):
-                    if system == "spark-unchanged" and name != "aggregate":
-                        continue
-                    chk = root / f"{name}-{system}"
-                    collector = out.setdefault((name, system), Collector())
-                    if run and system == "spark":
-                        spark._streamingCheckpointManager.repartition(str(chk), count)
-                    _start(spark, feed, name, "spark", chk, collector)
-                    out[(name, system, "chk")] = chk
-                for name_, provider, how in OURS:
-                    if name_ != name:
-                        continue
-                    chk = root / f"{name}-{provider}-{how}"
-                    collector = out.setdefault((name, provider, how), Collector())
-                    options = {"stateStore": provider}
-                    if how == "repartition" and run:
-                        ss.repartition(spark, str(chk), count)
-                    if how == "restart":
-                        options["numPartitions"] = str(count)
-                    _start(spark, feed, name, "ours", chk, collector, **options)
-                    out[(name, provider, how, "chk")] = chk
+            with shuffle_partitions(spark, count):
+                _run(spark, feed, root, out, run, count)
     return out
+
+
+def _run(
+    spark: SparkSession, feed: FileFeed, root: Path, out: dict[Any, Any], run: int, count: int
+) -> None:
+    """Run ``run`` of every system, on ``count`` partitions."""
+    for batch in range(3):
+        feed.add(_batch(run, batch))
+    for name in QUERIES:
+        for system in ("spark", "spark-unchanged"):
+            if system == "spark-unchanged" and name != "aggregate":
+                continue
+            chk = root / f"{name}-{system}"
+            collector = out.setdefault((name, system), Collector())
+            if run and system == "spark":
+                spark._streamingCheckpointManager.repartition(str(chk), count)
+            _start(spark, feed, name, "spark", chk, collector)
+            out[(name, system, "chk")] = chk
+        for name_, provider, how in OURS:
+            if name_ != name:
+                continue
+            chk = root / f"{name}-{provider}-{how}"
+            collector = out.setdefault((name, provider, how), Collector())
+            options = {"stateStore": provider}
+            if how == "repartition" and run:
+                ss.repartition(spark, str(chk), count)
+            if how == "restart" and name != "aggregate":
+                options["numPartitions"] = str(count)
+            _start(spark, feed, name, "ours", chk, collector, **options)
+            out[(name, provider, how, "chk")] = chk
+
+
+def _without_rescales(batches: dict[int, Any]) -> dict[int, Any]:
+    """Spark's batches after its repartitions as its restarts without them number them: the
+    ids of the two rescale batches (which reach no sink) taken out."""
+    rescales = [b for b in range(max(batches) + 1) if b not in batches]
+    assert len(rescales) == len(COUNTS) - 1
+    return {b - sum(r < b for r in rescales): rows for b, rows in batches.items()}
 
 
 @pytest.mark.parametrize(("name", "provider", "how"), OURS)
 def test_output_equals_sparks_after_its_repartition(
     runs: dict[Any, Any], name: str, provider: str, how: str
 ) -> None:
+    """Rescaled by ``ss.repartition``: Spark's batches after its own repartition, whose rescale
+    batches took ids. Rescaled by a restart: Spark's batches, ids included, after the same
+    restart (the aggregation: Spark's own run; the others: as Spark numbers them without the
+    rescale batches, which for the aggregation is its own run)."""
     theirs = runs[(name, "spark")].batches
     ours = runs[(name, provider, how)].batches
     assert len(theirs) >= 9
+    if how == "restart":
+        unchanged = runs.get((name, "spark-unchanged"))
+        theirs = unchanged.batches if unchanged else _without_rescales(theirs)
+        assert sorted(ours) == list(range(len(ours)))  # the rescales took no id
     assert ours == theirs
 
 
 def test_sparks_rescaled_run_equals_its_unchanged_one(runs: dict[Any, Any]) -> None:
-    """Spark's rescaled query gives what its unchanged one gives, batch for batch, but for the
-    ids the rescale batches take: so ours does too."""
-    rescaled = [rows for _, rows in sorted(runs[("aggregate", "spark")].batches.items())]
-    unchanged = [rows for _, rows in sorted(runs[("aggregate", "spark-unchanged")].batches.items())]
-    assert rescaled == unchanged
-    assert sorted(runs[("aggregate", "spark")].batches) != sorted(
-        runs[("aggregate", "spark-unchanged")].batches
-    )  # the two rescale batches took ids
+    """Spark's rescaled query gives what its restarted unchanged one gives, batch for batch,
+    but for the ids the rescale batches take: so ours does too."""
+    rescaled = runs[("aggregate", "spark")].batches
+    unchanged = runs[("aggregate", "spark-unchanged")].batches
+    assert _without_rescales(rescaled) == unchanged
+    assert sorted(rescaled) != sorted(unchanged)  # the two rescale batches took ids
 
 
 @pytest.mark.parametrize(("name", "provider", "how"), OURS)
@@ -244,18 +269,22 @@ def test_the_state_is_in_the_new_partitions(
     assert [len(o["checkpoint_ids"]) for o in last["operators"].values()] == [COUNTS[-1]]
     progress = [json.loads(line) for line in (engine / "progress.jsonl").read_text().splitlines()]
     assert progress[-1]["stateOperators"][0]["numShufflePartitions"] == COUNTS[-1]
+    if how == "restart":  # each rescale rewrote the outcome of the batch before the restart
+        assert set(rescales) <= set(runs[(name, provider, how)].batches)
+        return
     offsets = chk / "offsets" / str(rescales[-1])
     conf = json.loads(offsets.read_text().splitlines()[1])["conf"]
     assert conf["spark.sql.shuffle.partitions"] == str(COUNTS[-1])
 
 
 def test_the_reader_reads_the_rescaled_state(spark: SparkSession, runs: dict[Any, Any]) -> None:
-    """The reader on the last batch and on a batch before the rescales: the same keys."""
+    """The reader on the last batch and on a batch before the rescales: the same keys. (The
+    state after batch 2 is in 5 partitions: the restart after it rescaled it in place.)"""
     chk = str(runs[("aggregate", "rocksdb", "restart", "chk")])
     ss.register(spark)
     now = spark.read.format("sparkstate").load(chk)
     assert {r["partition_id"] for r in now.collect()} <= set(range(COUNTS[-1]))
-    first = spark.read.format("sparkstate").option("batchId", 2).load(chk).collect()
+    first = spark.read.format("sparkstate").option("batchId", 1).load(chk).collect()
     assert {r["partition_id"] for r in first} <= set(range(COUNTS[0]))
     keys_then = {r["key"]["k"] for r in first}
     assert keys_then <= {r["key"]["k"] for r in now.collect()}
@@ -321,7 +350,8 @@ def test_a_start_before_any_commit_takes_the_new_count(
 
 
 #: A child process that rescales and is killed at ``POINT``: before the commit (the state
-#: written, the commit not), or after it (before Spark's logs have the batch).
+#: written, the commit not), or after it (before Spark's logs have the batch); or that rescales
+#: in place, as a start does, killed before the commit (``start-commit``).
 KILLED = textwrap.dedent(
     """
     import importlib, os, signal, sys
@@ -336,13 +366,16 @@ KILLED = textwrap.dedent(
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if point == "commit":
+    if point in ("commit", "start-commit"):
         rep.commit_rescale = die
     else:
         rescale.copy_spark_batch = die
     builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
     spark = builder.getOrCreate()
-    ss.repartition(spark, chk, count)
+    if point.startswith("start-"):
+        rep.rescale_at_start(spark, chk, count)
+    else:
+        ss.repartition(spark, chk, count)
     """
 )
 
@@ -362,32 +395,40 @@ def _kill_halfway(chk: Path, count: int, point: str) -> None:
 def test_a_killed_repartition_leaves_the_checkpoint_or_completes(
     spark: SparkSession, runs: dict[Any, Any], tmp_path: Path
 ) -> None:
-    """Killed before its commit: the checkpoint is as it was (Spark's logs, the count), and
-    running it again completes it; killed after: the next start finishes it. Either way the
-    next run gives Spark's output."""
+    """Killed before its commit: the checkpoint is as it was (Spark's logs, the count, the
+    last batch's outcome), and running it again completes it (``ss.repartition``, or the start
+    that asks for the count, in place); killed after: the next start finishes it. Either way
+    the next run gives Spark's output, after a rescale batch (``ss.repartition``) or none (in
+    place)."""
     import shutil
 
     source = runs[("aggregate", "rocksdb", "restart", "chk")]
-    expected = runs[("aggregate", "spark")]
+    expected = runs[("aggregate", "spark-unchanged")]  # the batches of the restarts' rescales
+    last = max(expected.batches)
     for batch in range(3):  # a fourth run's files, read by the checkpoints copied below
         runs["feed"].add(_batch(len(COUNTS), batch))
-    for point in ("commit", "spark-logs"):
+    for point in ("commit", "spark-logs", "start-commit"):
         chk = tmp_path / point
         shutil.copytree(source, chk)
         engine = chk / "sparkstate"
         offsets_before = sorted(os.listdir(chk / "offsets"))
+        outcome = (engine / "commits" / f"{last}.json").read_text()
         _kill_halfway(chk, 4, point)
         metadata = json.loads((engine / "metadata.json").read_text())
-        if point == "commit":
+        in_place = point == "start-commit"
+        if point.endswith("commit"):
             assert sorted(os.listdir(chk / "offsets")) == offsets_before
+            assert (engine / "commits" / f"{last}.json").read_text() == outcome
             assert metadata["num_partitions"] == 2
+        if point == "commit":
             ss.repartition(spark, str(chk), 4)
         ours = Collector()
-        _start(spark, runs["feed"], "aggregate", "ours", chk, ours, stateStore="rocksdb")
+        options = {"stateStore": "rocksdb", **({"numPartitions": "4"} if in_place else {})}
+        _start(spark, runs["feed"], "aggregate", "ours", chk, ours, **options)
         assert json.loads((engine / "metadata.json").read_text())["num_partitions"] == 4
-        last = max(expected.batches)
         new = {b: rows for b, rows in ours.batches.items() if b > last}
-        assert sorted(new) == [last + 2, last + 3, last + 4], point  # after the rescale batch
+        first = last + 1 if in_place else last + 2  # after the rescale batch, if any
+        assert sorted(new) == [first, first + 1, first + 2], point
         for j, b in enumerate(sorted(new)):
             assert [r[:3] for r in new[b]] == _totals(len(COUNTS), j), (point, b)
 

@@ -7,7 +7,8 @@ a task per old partition reads its state (:func:`~sparkstate.observe.rescale.rea
 Spark's ``repartition(n, *key columns)`` sends each key where the next batch's shuffle will
 (the same hash on the same typed columns), and a task per new partition writes what it got
 (:func:`~sparkstate.observe.rescale.write_partition`). The same runs at a start that asks for
-another partition count (:func:`rescale_at_start`).
+another partition count (:func:`rescale_at_start`), into the last batch's outcome: Spark's
+batch ids go on there, as Spark's restart keeps its count.
 """
 
 from __future__ import annotations
@@ -120,22 +121,27 @@ def rescale_locked(
     *,
     enforce_exactly_once_sink: bool = True,
     progress: bool = False,
+    in_place: bool = False,
 ) -> int:
-    """:func:`repartition` for a caller that holds the checkpoint's lock."""
+    """:func:`repartition` for a caller that holds the checkpoint's lock; ``in_place``: into
+    the last batch's outcome, taking no batch id (:mod:`sparkstate.runtime.rescale`)."""
     started = time.perf_counter()
     plan, moves = _on_checkpoint(
-        spark, _plan, (location, num_partitions, enforce_exactly_once_sink, is_connect(spark))
+        spark,
+        _plan,
+        (location, num_partitions, enforce_exactly_once_sink, is_connect(spark), in_place),
     )
     written = _move(spark, plan, moves, progress and not is_connect(spark))
     _on_checkpoint(spark, _commit, (plan, moves, written))
     rows = sum(n for parts in written.values() for _, n in parts.values())
     log.warning(
-        "%s: rescaled the state of %d operator(s) from %d to %d partitions in batch %d "
+        "%s: rescaled the state of %d operator(s) from %d to %d partitions %s batch %d "
         "(%d keys, %.1f s)",
         plan.location,
         len(moves),
         plan.from_partitions,
         plan.to_partitions,
+        "after" if plan.in_place else "in",
         plan.batch_id,
         rows,
         time.perf_counter() - started,
@@ -149,13 +155,15 @@ def _on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
     return run_on_server(spark, func, arg) if is_connect(spark) else func(arg)
 
 
-def _plan(arg: tuple[str, int, bool, bool]) -> tuple[RescalePlan, list[OperatorMove]]:
-    location, num_partitions, enforce, probe_lock = arg
+def _plan(arg: tuple[str, int, bool, bool, bool]) -> tuple[RescalePlan, list[OperatorMove]]:
+    location, num_partitions, enforce, probe_lock, in_place = arg
     if probe_lock:  # from a Spark Connect client, which cannot hold it: refused if in use
         lock = CheckpointLock(engine_root_of(canonical_location(location)))
         lock.acquire()
         lock.release()
-    plan = plan_rescale(location, num_partitions, enforce_exactly_once_sink=enforce)
+    plan = plan_rescale(
+        location, num_partitions, enforce_exactly_once_sink=enforce, in_place=in_place
+    )
     try:
         moves = plan_moves(plan.location, plan.last_batch, plan.from_partitions, plan.to_partitions)
     except BaseException:
@@ -320,7 +328,9 @@ def _bar(done: int, total: int, width: int = 12) -> str:
 
 def rescale_at_start(spark: SparkSession, location: str, num_partitions: int) -> int:
     """Rescale at a start that asks for ``num_partitions`` partitions (the caller holds the
-    checkpoint's lock): the query's first batch holds its state in the new partitioning."""
+    checkpoint's lock), in place: the batch the query runs next loads its state in the new
+    partitioning and has the id it would have had, as Spark's restart goes on with its ids.
+    Returns the last committed batch (-1: none)."""
     if _on_checkpoint(spark, _without_state, (location, num_partitions)):
         log.warning(
             "%s: no batch has committed: the state starts with %d partitions",
@@ -328,7 +338,9 @@ def rescale_at_start(spark: SparkSession, location: str, num_partitions: int) ->
             num_partitions,
         )
         return -1
-    return rescale_locked(spark, location, num_partitions, progress=sys.stderr.isatty())
+    return rescale_locked(
+        spark, location, num_partitions, progress=sys.stderr.isatty(), in_place=True
+    )
 
 
 def _without_state(arg: tuple[str, int]) -> bool:

@@ -14,6 +14,16 @@ this order, so that a rescale killed at any point either never happened or compl
    ``spark.sql.shuffle.partitions`` set to the new count) and ``commits/R``. A start, or the
    rescale run again, finishes these when it finds step 3 done (:func:`settle_rescale`).
 
+A start that asks for another partition count rescales *in place* instead (``in_place``): Spark
+keeps the checkpoint's count across such a restart and its batch ids go on, so the rescale takes
+no id of its own. The state of version ``L + 1`` (the one batch ``L + 1`` loads) is written into
+the new partitioning under fresh checkpoint ids (step 2; the old lineage's files of that version
+keep theirs), then ``commits/L.json`` is rewritten to name them, marked as a rescale (the commit
+point, as step 3), and ``metadata.json`` takes the new count (step 4). Spark's logs are not
+touched. Killed before the commit point, the checkpoint is as it was (the files written are
+named by no commit); after it, the next start finishes step 4. Reading batch ``L``'s state
+afterwards finds it in the new partitioning.
+
 Step 2 is the engine's distributed job (:mod:`sparkstate.engine.rescale_job`), over the
 partition reader and writer of :mod:`sparkstate.observe.rescale`.
 """
@@ -53,7 +63,8 @@ log = logging.getLogger("sparkstate.engine")
 @dataclasses.dataclass(frozen=True)
 class RescalePlan:
     """One rescale: batch ``batch_id`` moves the state of batch ``last_batch`` from
-    ``from_partitions`` to ``to_partitions``."""
+    ``from_partitions`` to ``to_partitions`` (in place: ``batch_id`` is ``last_batch``, whose
+    outcome it rewrites)."""
 
     location: str
     engine_root: str
@@ -72,6 +83,11 @@ class RescalePlan:
     def version(self) -> int:
         """The state version the rescale writes (the one batch ``batch_id + 1`` loads)."""
         return self.batch_id + 1
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the rescale rewrites the last batch's outcome instead of taking a batch id."""
+        return self.batch_id == self.last_batch
 
 
 def _log_of(location: str) -> tuple[str, CheckpointLog, dict[str, Any]]:
@@ -165,10 +181,15 @@ def rescale_without_state(location: str, num_partitions: int) -> bool:
 
 
 def plan_rescale(
-    location: str, num_partitions: int, *, enforce_exactly_once_sink: bool = True
+    location: str,
+    num_partitions: int,
+    *,
+    enforce_exactly_once_sink: bool = True,
+    in_place: bool = False,
 ) -> RescalePlan:
     """Check that the checkpoint can be rescaled to ``num_partitions`` and write the intent of
-    the rescale batch (step 1). The caller holds the checkpoint's lock."""
+    the rescale batch (step 1; none ``in_place``, which takes no batch id). The caller holds
+    the checkpoint's lock."""
     if not isinstance(num_partitions, int) or isinstance(num_partitions, bool):
         msg = f"the number of partitions must be an int, got {num_partitions!r}"
         raise ConfigurationError(msg)
@@ -221,17 +242,18 @@ def plan_rescale(
             "commit of it; the checkpoint's logs do not match: restore the checkpoint"
         )
         raise ConfigurationError(msg)
-    batch_id = last_committed + 1
-    log_.write_intent(
-        BatchIntent(
-            batch_id,
-            watermark_ms=int(commit.watermark.get("watermark_ms", commit.watermark_ms)),
-            batch_timestamp_ms=int(time.time() * 1000),
-            input_digest=input_digest(spark, last_committed),
-            late_watermark_ms=commit.watermark_ms,
-            repartition={"from": current, "to": num_partitions, "after": last_committed},
+    batch_id = last_committed if in_place else last_committed + 1
+    if not in_place:
+        log_.write_intent(
+            BatchIntent(
+                batch_id,
+                watermark_ms=int(commit.watermark.get("watermark_ms", commit.watermark_ms)),
+                batch_timestamp_ms=int(time.time() * 1000),
+                input_digest=input_digest(spark, last_committed),
+                late_watermark_ms=commit.watermark_ms,
+                repartition={"from": current, "to": num_partitions, "after": last_committed},
+            )
         )
-    )
     state_root = metadata.get("state_location") or engine_root
     return RescalePlan(
         location=location,
@@ -248,8 +270,9 @@ def plan_rescale(
 
 
 def commit_rescale(plan: RescalePlan, written: dict[int, dict[int, tuple[str, int]]]) -> None:
-    """Commit the rescale batch (step 3) and finish it (step 4). ``written``: per operator, per
-    new partition, the checkpoint id of the version written and its number of keys."""
+    """Commit the rescale batch (step 3; in place, the last batch's outcome rewritten) and
+    finish it (step 4). ``written``: per operator, per new partition, the checkpoint id of the
+    version written and its number of keys."""
     log_ = CheckpointLog(plan.engine_root)
     previous = log_.read_commit(plan.last_batch)
     assert previous is not None
@@ -270,7 +293,7 @@ def commit_rescale(plan: RescalePlan, written: dict[int, dict[int, tuple[str, in
             batch_id=plan.batch_id,
             watermark_ms=previous.watermark_ms,
             watermark=previous.watermark,
-            committed_at=format_time(time.time()),
+            committed_at=previous.committed_at if plan.in_place else format_time(time.time()),
             operators=operators,
             repartition={
                 "from": plan.from_partitions,
