@@ -8,11 +8,17 @@ file source, one file per micro-batch, and the query is the example's code uncha
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
+import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -154,3 +160,150 @@ def test_the_wrapped_stream_answers_as_sparks_dataframe(
     assert counts[0][0] == ["word", "count"]
     with pytest.raises(AttributeError, match="nope"):
         _ = network_word_count(ss.stream(ours)).nope
+
+
+# --- PySpark's stateful example programs, as shipped ----------------------------------------------
+
+#: Where the installed PySpark keeps Spark's Python examples of Structured Streaming.
+SHIPPED = Path(pyspark.__file__).parent / "examples/src/main/python/sql/streaming"
+#: The stateful ones, with the arguments each takes (host and port go to the swapped source).
+PROGRAMS = {
+    "structured_kafka_wordcount.py": ["localhost:9092", "subscribe", "topic"],
+    "structured_network_wordcount.py": ["localhost", "9999"],
+    "structured_network_wordcount_session_window.py": ["localhost", "9999"],
+    "structured_network_wordcount_windowed.py": ["localhost", "9999", "10", "5"],
+    "structured_sessionization.py": ["localhost", "9999"],
+}
+#: Two batches of lines, as the socket source gives them with ``includeTimestamp``.
+PROGRAM_INPUT = [lines_of(0), lines_of(1)]
+
+
+def _chain(node: ast.expr) -> list[ast.Call]:
+    """The calls of a method chain ``a.b(...).c(...)``, outermost first."""
+    calls = []
+    while isinstance(node, ast.Call | ast.Attribute):
+        if isinstance(node, ast.Call):
+            calls.append(node)
+            node = node.func
+        else:
+            node = node.value
+    return calls
+
+
+def swapped(text: str) -> str:
+    """The program ``text`` with its source (the ``readStream ... load()`` expression) read by
+    ``__source__()``, its console sink (``format('console')``) swapped for
+    ``foreachBatch(__sink__)`` on the checkpoint ``__checkpoint__``, and
+    ``query.awaitTermination()`` for ``__run__(query)``; the rest of the text as shipped."""
+    raw = text.encode()
+    starts = [0]
+    for line in raw.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def offset(line: int | None, col: int | None) -> int:
+        assert line is not None and col is not None
+        return starts[line - 1] + col
+
+    def start_of(node: ast.expr) -> int:
+        return offset(node.lineno, node.col_offset)
+
+    def end_of(node: ast.expr) -> int:
+        return offset(node.end_lineno, node.end_col_offset)
+
+    edits: list[tuple[int, int, str]] = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        segment = ast.get_source_segment(text, node) or ""
+        if node.func.attr == "load" and "readStream" in segment:
+            edits.append((start_of(node), end_of(node), "__source__()"))
+        elif node.func.attr == "start" and "writeStream" in segment:
+            for call in _chain(node):
+                if isinstance(call.func, ast.Attribute) and call.func.attr == "format":
+                    sink = '.foreachBatch(__sink__).option("checkpointLocation", __checkpoint__)'
+                    edits.append((end_of(call.func.value), end_of(call), sink))
+        elif node.func.attr == "awaitTermination":
+            query = ast.get_source_segment(text, node.func.value)
+            edits.append((start_of(node), end_of(node), f"__run__({query})"))
+    assert len(edits) == 3, edits  # one source, one sink, one wait
+    for start, end, new in sorted(edits, reverse=True):
+        raw = raw[:start] + new.encode() + raw[end:]
+    return raw.decode()
+
+
+def files_read(query: Any) -> int:
+    """How many files of the file source the query's batches have read, by its last progress."""
+    progress = query.lastProgress
+    if progress is None:
+        return 0
+    data = progress if isinstance(progress, dict) else json.loads(progress.json)
+    for source in data["sources"]:
+        if source["description"].startswith("FileStreamSource"):
+            end = source["endOffset"]
+            end = json.loads(end) if isinstance(end, str) else end
+            return int(end["logOffset"]) + 1 if end else 0
+    return 0
+
+
+def run_files(feed: FileFeed, query: Any, batches: list[list[dict[str, Any]]]) -> None:
+    """Feed one file per batch, wait until the query has read it, and stop the query at the
+    end. (``processAllAvailable`` never returns for Spark's query with a processing-time
+    timeout: Spark runs a batch without data after every batch.)"""
+    try:
+        for i, rows in enumerate(batches):
+            feed.add(rows)
+            deadline = time.monotonic() + 120
+            while files_read(query) <= i:
+                assert query.exception() is None, query.exception()
+                assert time.monotonic() < deadline, f"file {i} not read"
+                time.sleep(0.1)
+    finally:
+        query.stop()
+
+
+def outcome(run: Callable[[], Collector]) -> Any:
+    """What ``run`` gave: the schema and the batches with rows, or the type and condition of
+    the AnalysisException it raised."""
+    try:
+        sink = run()
+    except AnalysisException as exc:
+        return AnalysisException, exc.getCondition(), exc.getMessageParameters()
+    assert sink.schema is not None
+    return sink.schema, {b: rows for b, rows in sink.batches.items() if rows}
+
+
+@pytest.mark.skipif(not SHIPPED.is_dir(), reason="this PySpark ships no examples")
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_pysparks_example_programs_run_wrapped_as_shipped(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, program: str
+) -> None:
+    """Each stateful program PySpark ships, its text as shipped but for the source (a file
+    source of the same columns), the console sink (``foreachBatch``) and the wait (two batches,
+    then a stop), run plain and with ``ss.stream()`` around its input: the same rows batch by
+    batch, or the same AnalysisException. The session-window program's sessions close after a
+    processing-time timeout of 10 s, longer than its run here: its output is empty both ways
+    (what it checks is that the program runs wrapped, applyInPandasWithState included)."""
+    text = (SHIPPED / program).read_text()
+    schema = SCHEMA if "includeTimestamp" in text else "value string"
+    monkeypatch.setattr(sys, "argv", [program, *PROGRAMS[program]])
+    code = compile(swapped(text), program, "exec")
+
+    def run(wrap: bool) -> Collector:
+        feed, sink = FileFeed(tmp_path / f"input-{wrap}"), Collector()
+
+        def source() -> Any:
+            lines = feed.stream(spark, schema)
+            return ss.stream(lines) if wrap else lines
+
+        names = {
+            "__name__": "__main__",
+            "__source__": source,
+            "__sink__": sink,
+            "__checkpoint__": str(tmp_path / f"checkpoint-{wrap}"),
+            "__run__": lambda query: run_files(feed, query, PROGRAM_INPUT),
+        }
+        exec(code, names)  # noqa: S102 - PySpark's own program
+        return sink
+
+    theirs, ours = outcome(lambda: run(False)), outcome(lambda: run(True))
+    assert ours == theirs

@@ -34,6 +34,7 @@ from sparkstate.engine.steps import (
     is_processor,
 )
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators.aggregation.session_window import SessionWindowAggregate
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 
 __all__ = [
@@ -146,7 +147,7 @@ def plan_chain(
         raise unsupported_operation(msg, output_mode, "no streaming aggregations")
     for stage in stages:
         if not has_agg or isinstance(stage.operator, AGGREGATIONS):
-            stage.operator.check_output_mode(output_mode)
+            _check_output_mode(stage, output_mode)
     return stages, current
 
 
@@ -177,6 +178,19 @@ def unsupported_operation(message: str, mode: str, operation: str) -> SparkAnaly
     """Spark's error for an output mode that the query's operations do not take."""
     parameters = {"outputMode": mode, "operation": operation}
     return SparkAnalysisError(message, "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION", parameters)
+
+
+def _check_output_mode(stage: Stage, mode: str) -> None:
+    """The operator's own check of ``mode``; a session window's refusal is Spark's error."""
+    try:
+        stage.operator.check_output_mode(mode)
+    except SparkAnalysisError:
+        raise
+    except ConfigurationError as exc:
+        if isinstance(stage.operator, SessionWindowAggregate):
+            operation = "session window streaming aggregations"
+            raise unsupported_operation(str(exc), mode, operation) from None
+        raise
 
 
 def _with_limits_checked(steps: Sequence[Step], mode: str) -> list[Step]:

@@ -22,6 +22,7 @@ current one (:mod:`sparkstate.store.evolution`); a ``sparkstate.PICKLED`` state 
 
 from __future__ import annotations
 
+import functools
 import pickle
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,7 +42,12 @@ from sparkstate.operators.arbitrary.group_state import (
 )
 from sparkstate.operators.arbitrary.nested_values import user_converter
 from sparkstate.operators.arbitrary.schemas import SchemaLike, state_schema_of, to_arrow_schema
-from sparkstate.operators.arbitrary.user_types import DEFAULT_TIME_ZONE, empty_timed_out_frame
+from sparkstate.operators.arbitrary.user_types import (
+    DEFAULT_TIME_ZONE,
+    empty_timed_out_frame,
+    state_instant,
+    state_wall_clock,
+)
 from sparkstate.operators.base import (
     BatchContext,
     OperatorMetrics,
@@ -446,6 +452,29 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
             state_classes=state_classes,
         )
 
+    @functools.cached_property
+    def _timestamp_fields(self) -> list[int]:
+        """The state fields that are timestamps with a zone (``timestamp``, not ``_ntz``)."""
+        if self.pickled:
+            return []
+        return [i for i, f in enumerate(self.state_schema) if _zoned(f.type)]
+
+    def _decode_states(
+        self, fam: ColumnFamily, raws: Sequence[bytes | None]
+    ) -> list[tuple[Any, ...] | None]:
+        """As PySpark's state gives them: timestamps naive, in the session time zone."""
+        rows = super()._decode_states(fam, raws)
+        fields, tz = self._timestamp_fields, self.time_zone
+        if not fields:
+            return rows
+        return [None if r is None else _mapped(r, fields, state_wall_clock, tz) for r in rows]
+
+    def _apply(self, store: StateStore, fam: ColumnFamily, p: _Pending, m: OperatorMetrics) -> None:
+        fields, tz = self._timestamp_fields, self.time_zone
+        if fields:
+            p.put_values = [_mapped(r, fields, state_instant, tz) for r in p.put_values]
+        super()._apply(store, fam, p, m)
+
     def _collector(self) -> OutputCollector:
         where = f"{self.kind} function"
         return OutputCollector(self.output_schema, where, self.time_zone, exact_width=True)
@@ -458,3 +487,17 @@ class ApplyInPandasWithState(FlatMapGroupsWithState):
 
     def _emitter(self, out: OutputCollector) -> Callable[[Any], None]:
         return out.frame_sink()
+
+
+def _zoned(t: pa.DataType) -> bool:
+    return pa.types.is_timestamp(t) and t.tz is not None
+
+
+def _mapped(
+    row: tuple[Any, ...], fields: list[int], convert: Callable[[Any, str], Any], tz: str
+) -> tuple[Any, ...]:
+    """``row`` with ``convert(value, tz)`` applied to the values at ``fields``."""
+    out = list(row)
+    for i in fields:
+        out[i] = convert(out[i], tz)
+    return tuple(out)

@@ -12,10 +12,15 @@ Python values from Arrow, timestamps aware in the session time zone.
 
 On the way back, a naive ``datetime64`` column of a returned frame is wall clock in the session
 time zone (the earlier instant where the clock falls back), as PySpark reads it.
+
+``applyInPandasWithState``'s ``GroupState`` holds a timestamp field as PySpark's does: ``get``
+gives a naive ``datetime`` of the session time zone's wall clock, and ``update`` takes a naive
+one (``datetime`` or ``pd.Timestamp``) as that wall clock, an aware one as its instant.
 """
 
 from __future__ import annotations
 
+import datetime
 import keyword
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,6 +36,8 @@ __all__ = [
     "frame_of",
     "in_session_zone",
     "rebuilt_from_rows",
+    "state_instant",
+    "state_wall_clock",
     "to_utc",
 ]
 
@@ -312,3 +319,28 @@ def to_utc(series: Any, time_zone: str) -> Any:
     if getattr(dtype, "tz", None) is None:
         return series.dt.tz_localize(time_zone, ambiguous=False).dt.tz_convert("UTC")
     return series.dt.tz_convert("UTC")
+
+
+def state_wall_clock(value: Any, time_zone: str) -> Any:
+    """A stored timestamp (an aware ``datetime``) as ``applyInPandasWithState``'s state gives
+    it: a naive ``datetime``, the wall clock in ``time_zone``."""
+    import pandas as pd
+
+    if value is None:
+        return None
+    ts = pd.Timestamp(value)
+    ts = ts.tz_localize("UTC") if ts.tzinfo is None else ts
+    return ts.tz_convert(time_zone).tz_localize(None).to_pydatetime()
+
+
+def state_instant(value: Any, time_zone: str) -> Any:
+    """A timestamp a function put in ``applyInPandasWithState``'s state, as an aware
+    ``datetime`` to store: a naive one is wall clock in ``time_zone``."""
+    import pandas as pd
+
+    if not isinstance(value, datetime.datetime | np.datetime64):
+        return value  # the codec says what else it takes
+    ts = pd.Timestamp(value)
+    if ts.tzinfo is None:
+        ts = ts.tz_localize(time_zone, ambiguous=False, nonexistent="shift_forward")
+    return ts.tz_convert("UTC").to_pydatetime()
