@@ -105,6 +105,34 @@ def test_delay_strings() -> None:
         parse_delay_ms("soon")
 
 
+def run_both(  # noqa: PLR0913 - the two runs' shared settings
+    spark: SparkSession,
+    feed: FileFeed,
+    tmp_path: Path,
+    query: Any,
+    delay: str,
+    provider: str,
+    collectors: tuple[Collector, Collector],
+    batches: list[list[dict[str, Any]]],
+) -> tuple[list[Any], list[Any]]:
+    """``query(df, fns)`` over ``batches`` in append mode with a watermark of ``delay``:
+    sparkstate's (``SF``, wrapped, on ``provider``) into the first collector, then Spark's
+    (``F``) into the second; each run's progress."""
+    progress = []
+    for ours, collector in zip((True, False), collectors, strict=True):
+        df = source(spark, feed, SCHEMA).withWatermark("ts", delay)
+        writer = query(ss.stream(df) if ours else df, SF if ours else F).writeStream
+        writer = writer.outputMode("append").foreachBatch(collector)
+        writer = writer.option("checkpointLocation", str(tmp_path / ("a" if ours else "b")))
+        if ours:
+            writer = writer.option("stateStore", provider)
+        q = writer.start()
+        run_batches(feed, q, batches)
+        progress.append(q.recentProgress)
+        feed.reset()
+    return progress[0], progress[1]
+
+
 BEFORE_EPOCH: list[list[dict[str, Any]]] = [
     # Spark's watermark is 0 from the first batch: a window ending at the epoch is late at once
     [
@@ -123,25 +151,9 @@ def test_a_row_before_the_epoch_is_late_in_the_first_batch_like_spark(
         return df.groupBy(fns.window("ts", "1 minute"), "k").agg(fns.count("*").alias("n"))
 
     ours, theirs = Collector(), Collector()
-    q = (
-        query(ss.stream(source(spark, feed, SCHEMA).withWatermark("ts", "1 minute")), SF)
-        .writeStream.outputMode("append")
-        .foreachBatch(ours)
-        .option("checkpointLocation", str(tmp_path / "a"))
-        .option("stateStore", provider)
-        .start()
+    progress, _ = run_both(
+        spark, feed, tmp_path, query, "1 minute", provider, (ours, theirs), BEFORE_EPOCH
     )
-    run_batches(feed, q, BEFORE_EPOCH)
-    progress = q.recentProgress
-    feed.reset()
-    spark_q = (
-        query(source(spark, feed, SCHEMA).withWatermark("ts", "1 minute"), F)
-        .writeStream.outputMode("append")
-        .foreachBatch(theirs)
-        .option("checkpointLocation", str(tmp_path / "b"))
-        .start()
-    )
-    run_batches(feed, spark_q, BEFORE_EPOCH)
     assert ours.batches == theirs.batches
     assert [p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress][0] == 1
 
@@ -177,26 +189,11 @@ def test_event_times_past_9999_run_and_show_in_progress_as_in_spark(
         return [{k: t[k] for k in ("watermark", "max") if k in t} for t in times]
 
     ours, theirs = AsText(), AsText()
-    q = (
-        query(ss.stream(source(spark, feed, SCHEMA).withWatermark("ts", "10 seconds")), SF)
-        .writeStream.outputMode("append")
-        .foreachBatch(ours)
-        .option("checkpointLocation", str(tmp_path / "a"))
-        .option("stateStore", PROVIDERS[-1])
-        .start()
+    mine, spark_progress = run_both(
+        spark, feed, tmp_path, query, "10 seconds", PROVIDERS[-1], (ours, theirs), PAST_9999
     )
-    run_batches(feed, q, PAST_9999)
-    progress = event_times(q.recentProgress)
-    feed.reset()
-    spark_q = (
-        query(source(spark, feed, SCHEMA).withWatermark("ts", "10 seconds"), F)
-        .writeStream.outputMode("append")
-        .foreachBatch(theirs)
-        .option("checkpointLocation", str(tmp_path / "b"))
-        .start()
-    )
-    run_batches(feed, spark_q, PAST_9999)
+    progress = event_times(mine)
     assert ours.batches == theirs.batches
     assert any(rows for rows in theirs.batches.values())
-    assert progress == event_times(spark_q.recentProgress)
+    assert progress == event_times(spark_progress)
     assert progress[-1]["watermark"].startswith("+")  # Spark writes a year past 9999 so
