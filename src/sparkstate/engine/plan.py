@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from sparkstate.engine.aggregate_plan import AGGREGATIONS, closes_by_watermark
@@ -312,12 +313,18 @@ def _check_storable(stage: Stage) -> None:
     op = stage.operator
     families = {DEFAULT_CF: (op.key_schema, op.value_schema), **op.column_families()}
     for name, (key, value) in families.items():
+        nested = [f.name for f in key if pa.types.is_nested(f.type)]
         try:
+            if nested and not op.nested_keys:
+                msg = f"key columns {nested} are of nested types"
+                raise ConfigurationError(msg)
             ColumnFamily(name, key, value)
         except ConfigurationError as exc:
+            supported = "plain columns, structs and arrays"
+            if not op.nested_keys:
+                supported = "plain columns (struct, array and map keys are not supported here)"
             msg = (
                 f"operator {stage.op_id} ({op.kind}) keeps state by {stage.partition_columns}: "
-                f"{exc}. Group or deduplicate by plain columns or window() keys (struct, array "
-                "and map keys are not supported)"
+                f"{exc}. Key it by {supported}"
             )
             raise ConfigurationError(msg) from exc

@@ -43,6 +43,7 @@ class Deduplicate(StatefulOperator):
     """``dropDuplicates(columns)``; with ``event_time`` among them, keys expire by watermark."""
 
     kind: ClassVar[str] = "dedup"
+    nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "dedupe"
     output_in_state: ClassVar[bool] = False
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")

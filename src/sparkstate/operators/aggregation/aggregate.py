@@ -85,6 +85,7 @@ class StreamingAggregate(StatefulOperator):
     """
 
     kind: ClassVar[str] = "aggregate"
+    nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "stateStoreSave"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
 

@@ -98,7 +98,9 @@ class Column:
             layout = ListLayout(self)
             self._set("var", 0, "", layout.encode, {list, tuple, np.ndarray})
             self.from_phys = layout.decode
-        elif role == "value" and _is_nested_value_type(t):
+        elif (role == "value" and _is_nested_value_type(t)) or (
+            role == "key" and pa.types.is_nested(t) and not _has_map(t)
+        ):
             from sparkstate.store.codec._nested import NestedLayout  # (it builds on Column)
 
             layout_of = NestedLayout(field)
@@ -106,12 +108,11 @@ class Column:
             self.from_phys = layout_of.decode
         else:
             lists = ", and in values lists, structs and maps of those" if role == "value" else ""
+            if role == "key":
+                lists = ", and lists and structs of those"
             nested = ""
             if pa.types.is_nested(t) and role == "key":
-                nested = (
-                    "; keys of nested types (array, struct, map) are not supported, as grouping "
-                    "keys or as MapState user keys: use scalar columns (a struct's fields, say)"
-                )
+                nested = "; keys holding a map are not supported (as in Spark)"
             msg = (
                 f"{role} column {self.name!r} has Arrow type {t}, which the {role} codec does not "
                 "support (supported: integers, float32/64, bool, string, binary, timestamp, "
@@ -363,6 +364,15 @@ def _is_nested_value_type(t: pa.DataType) -> bool:
         or pa.types.is_map(t)
         or (pa.types.is_list(t) and pa.types.is_nested(t.value_type))
     )
+
+
+def _has_map(t: pa.DataType) -> bool:
+    """Whether ``t`` is or holds a map."""
+    if pa.types.is_map(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_map(t.field(i).type) for i in range(t.num_fields))
+    return bool(pa.types.is_list(t) and _has_map(t.value_type))
 
 
 def _utf8(b: bytes) -> str:

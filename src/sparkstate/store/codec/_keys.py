@@ -8,7 +8,11 @@ Spark's ascending sort). Per column: a marker byte (``0x00`` null, ``0x01`` pres
 * floats: IEEE bits big-endian, all bits flipped if negative else the sign bit; ``-0.0`` is stored
   as ``0.0`` and every NaN as one NaN that sorts after ``+inf`` (Spark's float normalisation);
 * bool: one byte; strings (UTF-8) and binary: ``0x00`` escaped as ``0x00 0xFF``, ended by
-  ``0x00 0x00``, so that a prefix sorts first and composite keys stay unambiguous.
+  ``0x00 0x00``, so that a prefix sorts first and composite keys stay unambiguous;
+* lists and structs (of any depth, no maps): their payload as the value codec lays it out
+  (:mod:`._nested`), escaped and ended as a string. Equal values have equal bytes and the key
+  stays unambiguous, but such a column orders by those bytes, not by its values: it is a key
+  compared for equality (a grouping key), never the leading column a range scan orders by.
 
 A null fixed-width column is its marker and zeros, so fixed-width schemas have fixed-width keys.
 """
@@ -40,6 +44,7 @@ from sparkstate.store.codec._arrow import (
     validity,
 )
 from sparkstate.store.codec._columns import Column, Row, check_arity, columns_of
+from sparkstate.store.codec._nested import nested_payloads
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = ["KEY_FORMAT_VERSION", "KeyCodec"]
@@ -186,6 +191,14 @@ def _key_fixed_into(m: Bytes2D, start: int, col: Column, arr: pa.Array) -> None:
         m[~valid, start : start + 1 + width] = 0
 
 
+def _key_nested_piece(col: Column, arr: pa.Array) -> pa.Array:
+    """:func:`_key_var_piece` of a nested column's payloads (null where the value is)."""
+    payloads = nested_payloads(col.type, arr, col.name)
+    if arr.null_count:
+        payloads = pc.if_else(arr.is_valid(), payloads, pa.scalar(None, LB))
+    return _key_var_piece(payloads)
+
+
 def _key_var_piece(arr: pa.Array) -> pa.Array:
     """Escaped, terminated, marked key bytes of a string/binary column (null: one zero byte)."""
     escaped = pc.replace_substring(arr.cast(LB), b"\x00", b"\x00\xff")
@@ -271,7 +284,8 @@ class KeyCodec:
             if run or lead:
                 pieces.append(self._fixed_matrix(run, n, lead))
                 run, lead = [], b""
-            pieces.append(_key_var_piece(arr))
+            nested = pa.types.is_nested(col.type)
+            pieces.append(_key_nested_piece(col, arr) if nested else _key_var_piece(arr))
         if run or lead:
             pieces.append(self._fixed_matrix(run, n, lead))
         return assemble(pieces)
