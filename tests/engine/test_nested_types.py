@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from pyspark import cloudpickle
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
@@ -29,7 +30,7 @@ from pyspark.sql.types import (
 import sparkstate as ss
 
 from .conftest import PROVIDERS
-from .helpers import Differential, SparkRuns, spark_rocksdb
+from .helpers import Differential, FileFeed, SparkRuns, spark_rocksdb
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -170,3 +171,18 @@ def test_array_and_struct_keys_match_spark(
     case = KEYED_CASES[mode]
     ours, _ = spark_runs.check(case, tmp_path / mode, provider)
     assert sum(len(rows) for rows in ours.batches.values()) >= 6
+
+
+def test_a_map_to_deduplicate_is_refused_as_spark_refuses_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``dropDuplicates`` over a map: Spark's analyzer refuses it where the query is written;
+    ours fails with Spark's error when it is planned, at the latest at ``start()``."""
+    df = FileFeed(tmp_path / "input").stream(spark, "m map<string, int>, v int")
+    with pytest.raises(AnalysisException) as theirs:
+        df.dropDuplicates(["m"])
+    writer = ss.stream(df).dropDuplicates(["m"]).writeStream.format("noop")
+    with pytest.raises(AnalysisException) as ours:
+        writer.option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+    assert ours.value.getCondition() == theirs.value.getCondition()
+    assert not (tmp_path / "checkpoint").exists()

@@ -23,6 +23,7 @@ def plan_dedup(step: DedupStep, at: PlanContext) -> Planned:
     if missing:
         msg = f"{step.api}: no column(s) {missing}; the stream has {df.columns}"
         raise ConfigurationError(msg)
+    _ = df.dropDuplicates(columns).schema  # what Spark's analyzer refuses (a map) fails as there
     schema = arrow_schema(df.schema)
     operator: Deduplicate
     if step.within_watermark:
