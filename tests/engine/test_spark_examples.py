@@ -12,8 +12,10 @@ import ast
 import contextlib
 import io
 import json
+import re
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import pyspark
 import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.functions import count, explode, session_window, split, window
 
 import sparkstate as ss
@@ -307,3 +310,111 @@ def test_pysparks_example_programs_run_wrapped_as_shipped(
 
     theirs, ours = outcome(lambda: run(False)), outcome(lambda: run(True))
     assert ours == theirs
+
+
+# --- the wrapped stream as a DataFrame ------------------------------------------------------------
+
+#: DataFrame methods that Spark takes on a stream, each called as a user would: before the
+#: stateful step and after it (where it applies to each batch's output).
+STREAM_METHODS: dict[str, Callable[[Any, DataFrame], Any]] = {
+    "alias": lambda s, _: s.alias("t"),
+    "toDF": lambda s, _: s.toDF(*[f"c{i}" for i in range(len(s.columns))]),
+    "hint": lambda s, _: s.hint("broadcast"),
+    "dropna": lambda s, _: s.dropna(subset=["k"]),
+    "fillna": lambda s, _: s.fillna("none"),
+    "na.drop": lambda s, _: s.na.drop(how="all"),
+    "na.fill": lambda s, _: s.na.fill({"k": "none"}),
+    "na.replace": lambda s, _: s.na.replace("a", "b"),
+    "replace": lambda s, _: s.replace({"a": "b"}, subset=["k"]),
+    "join": lambda s, static: s.join(static, "k"),
+    "join left": lambda s, static: s.join(static, on="k", how="left"),
+    "crossJoin": lambda s, static: s.crossJoin(static.select("label")),
+    "transform": lambda s, _: s.transform(lambda d, n: d.withColumn("n", F.lit(n)), 2),
+    "repartition": lambda s, _: s.repartition(3, "k"),
+    "repartitionByRange": lambda s, _: s.repartitionByRange(2, "k"),
+    "coalesce": lambda s, _: s.coalesce(1),
+    "sample": lambda s, _: s.sample(0.5, seed=3),
+    "sortWithinPartitions": lambda s, _: s.sortWithinPartitions("k"),
+    "withMetadata": lambda s, _: s.withMetadata("k", {"note": "key"}),
+}
+#: Taken before the stateful step only (sparkstate refuses them after one, see the test).
+INPUT_METHODS: dict[str, Callable[[Any, DataFrame], Any]] = {
+    "union": lambda s, _: s.union(s),
+    "unionByName": lambda s, _: s.unionByName(s.select("v", "k")),
+    "distinct": lambda s, _: s.distinct(),
+}
+#: What Spark refuses on a stream, each called as a user would.
+REFUSED: dict[str, Callable[[Any], Any]] = {
+    "count": lambda s: s.count(),
+    "collect": lambda s: s.collect(),
+    "show": lambda s: s.show(),
+    "toPandas": lambda s: s.toPandas(),
+    "head": lambda s: s.head(),
+    "take": lambda s: s.take(1),
+    "first": lambda s: s.first(),
+    "tail": lambda s: s.tail(1),
+    "isEmpty": lambda s: s.isEmpty(),
+    "foreach": lambda s: s.foreach(print),
+    "foreachPartition": lambda s: s.foreachPartition(print),
+    "toLocalIterator": lambda s: list(s.toLocalIterator()),
+    "toArrow": lambda s: s.toArrow(),
+    "cache": lambda s: s.cache(),
+    "persist": lambda s: s.persist(),
+    "checkpoint": lambda s: s.checkpoint(),
+    "localCheckpoint": lambda s: s.localCheckpoint(),
+    "inputFiles": lambda s: s.inputFiles(),
+    "rdd": lambda s: s.rdd,
+    "write": lambda s: s.write,
+}
+
+
+def plan_text(stream: Any) -> str:
+    """What ``explain(True)`` prints from the analyzed plan on (the parsed plan spells a count
+    as it was written: ``count(*)`` or ``count(1)``), without Spark's expression ids."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        stream.explain(True)
+    text = out.getvalue()
+    text = re.sub(r"#\d+L?", "#", text[text.index("== Analyzed Logical Plan ==") :])
+    text = re.sub(r"plan_id=\d+", "plan_id=", text)
+    return re.sub(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", "<id>", text)
+
+
+def test_the_wrapped_stream_takes_sparks_dataframe_methods(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Each DataFrame method Spark takes on a stream, called on Spark's stream and on the
+    wrapped one, before a ``groupBy("k").count()`` and after it: the same columns and schema;
+    each method Spark refuses on a stream (an action, ``cache``, ``rdd``, ``write``): the same
+    AnalysisException (type, condition); ``explain(True)``: the same plans.
+
+    Left out: ``union``/``unionByName`` and ``distinct`` after a stateful step (sparkstate
+    refuses a second stream's steps and a deduplication after an aggregation there; Spark
+    takes them when defined, and refuses most at start), ``observe`` (its metrics would need
+    the progress sparkstate builds), ``createOrReplaceTempView`` (a view of the wrapped stream
+    would be Spark's own query), ``randomSplit``, ``describe``/``summary`` (aggregations Spark
+    runs unwrapped), ``stat``, ``groupingSets``/``cube``/``rollup``, ``mapInPandas`` and the
+    other Python UDF steps."""
+    static = spark.createDataFrame([("a", 1), ("b", 2)], "k string, label int")
+    theirs = FileFeed(tmp_path / "input").stream(spark, "k string, v long")
+    ours = ss.stream(theirs)
+    counts = (theirs.groupBy("k").count(), ours.groupBy("k").count())
+    steps = {  # after the count, a few refusals: they go the same way as before it
+        "input": (theirs, ours, {**STREAM_METHODS, **INPUT_METHODS}, list(REFUSED)),
+        "count": (*counts, STREAM_METHODS, ["count", "collect", "toPandas", "rdd", "write"]),
+    }
+    for where, (spark_stream, wrapped, methods, refused_names) in steps.items():
+        for name, method in methods.items():
+            expected, got = method(spark_stream, static), method(wrapped, static)
+            assert isinstance(got, ss.StatefulStream), (where, name)
+            assert (got.columns, got.schema) == (expected.columns, expected.schema), (where, name)
+        for name in refused_names:
+            refused = REFUSED[name]
+            errors = []
+            for stream in (spark_stream, wrapped):
+                with pytest.raises(AnalysisException) as caught, warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # toPandas warns of Arrow before the error
+                    refused(stream)
+                errors.append((type(caught.value), caught.value.getCondition()))
+            assert errors[0] == errors[1], (where, name)
+        assert plan_text(wrapped) == plan_text(spark_stream), where

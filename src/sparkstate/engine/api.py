@@ -63,6 +63,8 @@ _STORE_PREFIX = "stateStore."
 _MAINTENANCE = "stateStore.maintenanceIntervalSeconds"
 #: The event time, carried past a projection before an aggregation that dropped it.
 EVENT_TIME_CARRIER = "__ss_event_time"
+#: ``replace(to_replace)`` without a value (a dict), told from ``value=None``.
+_NO_VALUE: Any = object()
 
 
 def stream(df: DataFrame) -> StatefulStream:
@@ -176,12 +178,74 @@ class StatefulStream:
         pickling, the dataclass's fields before they are set) fail as they should."""
         if name.startswith("_") or "steps" not in vars(self):
             raise AttributeError(name)
+        if name in SPARK_REFUSES:
+            return self._refused(name)  # type: ignore[no-any-return]
         if name not in self.columns:
             raise PySparkAttributeError(
                 errorClass="ATTRIBUTE_NOT_SUPPORTED", messageParameters={"attr_name": name}
             )
         column: Column = self[name]
         return column
+
+    def _refused(self, name: str) -> Any:
+        """``name`` of Spark's streaming DataFrame for the stream's rows: Spark refuses it on a
+        stream, and raises its own error (calling it, or, for ``rdd`` and ``write``, reading
+        it)."""
+        output = self._output
+        assert output.isStreaming  # so what Spark refuses on a stream never runs a batch job
+        return getattr(output, name)
+
+    def explain(self, extended: Any = None, mode: str | None = None) -> None:
+        """Print Spark's plans (as ``DataFrame.explain``) of the query as written so far: the
+        input's, or after stateful steps Spark's own plan of those steps over the input (the
+        query Spark would run unwrapped, with its state operators). sparkstate runs it
+        otherwise: the input in Spark's ``foreachBatch``, the state operators in Python
+        workers."""
+        self._output.explain(extended, mode)
+
+    @property
+    def na(self) -> NaFunctions:
+        """``stream.na.drop()`` / ``.fill()`` / ``.replace()``, as ``DataFrame.na``."""
+        return NaFunctions(self)
+
+    def transform(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> StatefulStream:
+        """``func(self, *args, **kwargs)``, which returns a stream, as ``DataFrame.transform``."""
+        result = func(self, *args, **kwargs)
+        assert isinstance(result, StatefulStream), (
+            f"Func returned an instance of type [{type(result)}], should have been a stream."
+        )
+        return result
+
+    def distinct(self) -> StatefulStream:
+        """The distinct rows: ``dropDuplicates()``, as Spark plans ``distinct()`` on a stream."""
+        return self.dropDuplicates()
+
+    def union(self, other: Any) -> StatefulStream:
+        """The rows of both streams (by position), as ``DataFrame.union``: before stateful
+        steps, of streams without a watermark."""
+        return self._union("union", other)
+
+    unionAll = union  # noqa: N815 - PySpark's name
+
+    def unionByName(self, other: Any, allowMissingColumns: bool = False) -> StatefulStream:  # noqa: N802,N803
+        """The rows of both streams by column name, as ``DataFrame.unionByName`` (see union)."""
+        return self._union("unionByName", other, allowMissingColumns=allowMissingColumns)
+
+    def _union(self, method: str, other: Any, **kwargs: Any) -> StatefulStream:
+        right = other if isinstance(other, StatefulStream) else None
+        other_df = right.df if right is not None else other
+        if self.steps or (right is not None and right.steps):
+            msg = f"{method}() of streams is supported before their stateful steps only"
+            raise ConfigurationError(msg)
+        marked = self.watermarks or (right is not None and right.watermarks)
+        if marked or (isinstance(other_df, DataFrame) and declared_watermarks(other_df)):
+            msg = (
+                f"{method}() of streams with a watermark is not supported yet (Spark keeps one "
+                "watermark per side); call withWatermark() after the union"
+            )
+            raise ConfigurationError(msg)
+        out = getattr(self.df, method)(other_df, **kwargs)
+        return dataclasses.replace(self, df=out, timed=None)
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StatefulStream:  # noqa: N802,N803
         """Track ``eventTime``'s watermark: its largest value seen minus ``delayThreshold``."""
@@ -235,7 +299,12 @@ class StatefulStream:
         condition's time range) say they can no longer match.
 
         Either side may be the output of stateful steps (a deduplication, an aggregation in
-        append mode), as in Spark 4: wrap that side's input in ``ss.stream()`` too."""
+        append mode), as in Spark 4: wrap that side's input in ``ss.stream()`` too.
+
+        ``other`` a static (batch) DataFrame: a stream-static join, which Spark evaluates,
+        before the stateful steps on the input, after them on each batch's output."""
+        if isinstance(other, DataFrame) and not other.isStreaming:
+            return self._stateless("join", other, on, how)
         if self.steps or (isinstance(other, StatefulStream) and other.steps):
             return self._join_after(other, on, how)
         right = other._with_watermarks() if isinstance(other, StatefulStream) else other
@@ -341,6 +410,54 @@ class StatefulStream:
 
     sort = orderBy
 
+    def alias(self, alias: str) -> StatefulStream:
+        return self._stateless("alias", alias)
+
+    def toDF(self, *cols: str) -> StatefulStream:  # noqa: N802 - PySpark's name
+        return self._stateless("toDF", *cols)
+
+    def hint(self, name: str, *parameters: Any) -> StatefulStream:
+        return self._stateless("hint", name, *parameters)
+
+    def dropna(
+        self, how: str = "any", thresh: int | None = None, subset: Any = None
+    ) -> StatefulStream:
+        return self._stateless("dropna", how=how, thresh=thresh, subset=subset)
+
+    def fillna(self, value: Any, subset: Any = None) -> StatefulStream:
+        return self._stateless("fillna", value, subset)
+
+    def replace(
+        self, to_replace: Any, value: Any = _NO_VALUE, subset: Any = None
+    ) -> StatefulStream:
+        if value is _NO_VALUE:
+            return self._stateless("replace", to_replace, subset=subset)
+        return self._stateless("replace", to_replace, value, subset)
+
+    def crossJoin(self, other: DataFrame) -> StatefulStream:  # noqa: N802 - PySpark's name
+        """A cross join with a static DataFrame (see :meth:`join`)."""
+        return self._stateless("crossJoin", other)
+
+    def withMetadata(self, columnName: str, metadata: dict[str, Any]) -> StatefulStream:  # noqa: N802,N803
+        return self._stateless("withMetadata", columnName, metadata)
+
+    def sample(self, *args: Any, **kwargs: Any) -> StatefulStream:
+        return self._stateless("sample", *args, **kwargs)
+
+    def repartition(self, numPartitions: Any, *cols: Any) -> StatefulStream:  # noqa: N803
+        """Before stateful steps, the input's partitioning (the state's is sparkstate's own:
+        ``numPartitions`` and the keys); after them, each batch's output's."""
+        return self._stateless("repartition", numPartitions, *cols)
+
+    def repartitionByRange(self, numPartitions: Any, *cols: Any) -> StatefulStream:  # noqa: N802,N803
+        return self._stateless("repartitionByRange", numPartitions, *cols)
+
+    def coalesce(self, numPartitions: int) -> StatefulStream:  # noqa: N803
+        return self._stateless("coalesce", numPartitions)
+
+    def sortWithinPartitions(self, *cols: Any, **kwargs: Any) -> StatefulStream:  # noqa: N802
+        return self._stateless("sortWithinPartitions", *cols, **kwargs)
+
     def _with_step(self, step: Step) -> StatefulStream:
         """This stream with ``step`` after its steps."""
         return dataclasses.replace(self, steps=(*self.steps, step))
@@ -348,6 +465,55 @@ class StatefulStream:
     @property
     def writeStream(self) -> DataStreamWriter:  # noqa: N802 - PySpark's name
         return DataStreamWriter(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class NaFunctions:
+    """``stream.na``: PySpark's ``DataFrameNaFunctions`` over a stream."""
+
+    stream: StatefulStream
+
+    def drop(
+        self, how: str = "any", thresh: int | None = None, subset: Any = None
+    ) -> StatefulStream:
+        return self.stream.dropna(how, thresh, subset)
+
+    def fill(self, value: Any, subset: Any = None) -> StatefulStream:
+        return self.stream.fillna(value, subset)
+
+    def replace(
+        self, to_replace: Any, value: Any = _NO_VALUE, subset: Any = None
+    ) -> StatefulStream:
+        return self.stream.replace(to_replace, value, subset)
+
+
+#: What Spark refuses on a streaming DataFrame ("Queries with streaming sources must be executed
+#: with writeStream.start()"; ``write``: CALL_ON_STREAMING_DATASET_UNSUPPORTED): the wrapped
+#: stream hands them to Spark's streaming DataFrame of its rows, which raises Spark's own error.
+SPARK_REFUSES = frozenset(
+    {
+        "cache",
+        "checkpoint",
+        "collect",
+        "count",
+        "first",
+        "foreach",
+        "foreachPartition",
+        "head",
+        "inputFiles",
+        "isEmpty",
+        "localCheckpoint",
+        "persist",
+        "rdd",
+        "show",
+        "tail",
+        "take",
+        "toArrow",
+        "toLocalIterator",
+        "toPandas",
+        "write",
+    }
+)
 
 
 def _kept(column: str, before: DataFrame, after: DataFrame) -> bool:

@@ -266,6 +266,20 @@ STATELESS_METHODS = (
     "drop",
     "orderBy",
     "sort",
+    "alias",
+    "toDF",
+    "hint",
+    "dropna",
+    "fillna",
+    "replace",
+    "join",
+    "crossJoin",
+    "withMetadata",
+    "sample",
+    "repartition",
+    "repartitionByRange",
+    "coalesce",
+    "sortWithinPartitions",
 )
 _SORTS = ("orderBy", "sort")
 
