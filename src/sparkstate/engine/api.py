@@ -372,10 +372,13 @@ class StatefulStream:
             if wm is None or wm.column not in self.df.columns or _kept(wm.column, self.df, out):
                 return None
             base = self.df.withColumn(EVENT_TIME_CARRIER, quote(wm.column))
-        timed = getattr(base, method)(*args, **kwargs)
-        if EVENT_TIME_CARRIER not in timed.columns and method in ("select", "selectExpr"):
-            cols = args[0] if len(args) == 1 and isinstance(args[0], list) else args
-            timed = getattr(base, method)(*cols, EVENT_TIME_CARRIER)
+        try:
+            timed = getattr(base, method)(*args, **kwargs)
+            if EVENT_TIME_CARRIER not in timed.columns and method in ("select", "selectExpr"):
+                cols = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+                timed = getattr(base, method)(*cols, EVENT_TIME_CARRIER)
+        except Exception:  # noqa: BLE001 - a step that cannot take the column (a union)
+            return None
         return timed if EVENT_TIME_CARRIER in timed.columns else None
 
     def select(self, *cols: Any) -> StatefulStream:
