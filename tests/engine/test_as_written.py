@@ -280,3 +280,16 @@ def test_collated_string_keys_are_refused_as_spark_refuses_them(
     run_available(writer(True, ours).option("stateStore", PROVIDERS[0]), name)
     assert ours.batches == theirs.batches
     assert len(ours.batches[0]) == 3
+
+
+def test_the_getting_started_page_s_first_query_runs_as_written(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The docs' first query, a PySpark query with its input wrapped, runs as the page writes
+    it and shows the windows it closed."""
+    page = (Path(__file__).parents[2] / "docs" / "getting-started.md").read_text()
+    found = re.search(r"## A first query\n.*?```python\n(.*?)```", page, re.S)
+    assert found is not None
+    exec(compile(found.group(1), "getting-started.md", "exec"), {})  # noqa: S102 - the page's code
+    shown = capsys.readouterr().out
+    assert "| bob|  1|1.25|" in shown and "| ann|  1| 3.5|" in shown

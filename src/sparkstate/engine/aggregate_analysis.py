@@ -85,8 +85,8 @@ def split_aggregates(df: DataFrame, keys: Sequence[Column], aggs: Sequence[Any])
     if not refused:
         return AggregateSplit([t for t in taken if isinstance(t, AggregateExpression)])
     for agg, took in zip(aggs, taken, strict=True):
-        if isinstance(took, ConfigurationError) and not hasattr(agg, "alias"):
-            raise took  # not a column for Spark to analyse
+        if isinstance(took, ConfigurationError) and type(agg).__name__ != "Column":
+            raise took  # not PySpark's column (classic or Connect) for Spark to analyse
     columns = [
         spark_twin(t) if isinstance(t, AggregateExpression) else a
         for t, a in zip(taken, aggs, strict=True)
