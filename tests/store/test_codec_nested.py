@@ -128,6 +128,21 @@ def table_of(schema: pa.Schema, rows: list[tuple[Any, ...]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def encoded_both_ways(
+    codec: Any, schema: pa.Schema, rows: list[tuple[Any, ...]]
+) -> tuple[pa.Table, list[tuple[Any, ...]], list[bytes]]:
+    """``rows`` encoded one by one: decoded as written, and equal to the vectorized encoding
+    of their table and of the tuples (the vectorized path past 32 rows); the table, the rows
+    as the table gives them back, and the encodings."""
+    table = table_of(schema, rows)
+    expected = [tuple(r.values()) for r in table.to_pylist()]
+    one = [codec.encode(r) for r in rows]
+    assert same([codec.decode(b) for b in one], expected)
+    assert codec.encode_many(table) == one
+    assert codec.encode_many(rows) == one
+    return table, expected, one
+
+
 @settings(max_examples=300, deadline=None)
 @given(nested_rows())
 def test_nested_round_trip_and_batch_equals_per_row(
@@ -135,12 +150,7 @@ def test_nested_round_trip_and_batch_equals_per_row(
 ) -> None:
     schema, rows = case
     codec = ValueCodec(schema)
-    table = table_of(schema, rows)
-    expected = [tuple(r.values()) for r in table.to_pylist()]
-    one = [codec.encode(r) for r in rows]
-    assert same([codec.decode(b) for b in one], expected)
-    assert codec.encode_many(table) == one
-    assert codec.encode_many(rows) == one  # tuples, the vectorized path past 32 rows
+    table, expected, one = encoded_both_ways(codec, schema, rows)
     if len(rows) > 2:  # a slice of a column: offsets into its children
         assert codec.encode_many(table.slice(1, len(rows) - 2)) == one[1:-1]
     decoded, found = codec.decode_many_arrow([*one, None])
@@ -159,12 +169,7 @@ def test_nested_keys_round_trip_and_are_equal_exactly_when_their_values_are(
     (the columns around it stay apart: a key is never read as another)."""
     schema, rows = case
     codec = KeyCodec(schema)
-    table = table_of(schema, rows)
-    expected = [tuple(r.values()) for r in table.to_pylist()]
-    one = [codec.encode(r) for r in rows]
-    assert same([codec.decode(b) for b in one], expected)
-    assert codec.encode_many(table) == one
-    assert codec.encode_many(rows) == one
+    _, expected, one = encoded_both_ways(codec, schema, rows)
     decoded = codec.decode_many_arrow(one)
     assert decoded.schema == schema
     assert same([tuple(r.values()) for r in decoded.to_pylist()], expected)
