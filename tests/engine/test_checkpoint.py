@@ -336,6 +336,10 @@ def test_user_function_error_surfaces_first(spark: SparkSession, tmp_path: Path)
     assert isinstance(error.__cause__, ValueError)  # the user's exception itself
     assert isinstance(error, StreamingQueryException)  # what a ported query catches
     assert "FOREACH_BATCH_USER_FUNCTION_ERROR" in str(error.spark_exception)  # type: ignore[attr-defined]
+    # Spark's condition of a failed query, and its parameters, the message ours
+    assert (error.getCondition(), error.getSqlState()) == ("STREAM_FAILED", "XXKST")
+    parameters = error.getMessageParameters()
+    assert parameters == {"id": str(handle.id), "runId": str(handle.runId), "message": str(error)}
     assert isinstance(handle.exception(), UserFunctionError)
     assert str(handle.exception()) == str(error)
 

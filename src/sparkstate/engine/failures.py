@@ -6,7 +6,13 @@ The driver keeps the error itself (:attr:`BatchDriver.error`; a task's is rebuil
 :class:`~sparkstate.runtime.records.TaskFailure` it left). The handle raises that error instead,
 as an instance of a class that is both the error's own and PySpark's ``StreamingQueryException``:
 ``except CorruptStateFileError`` catches it, and so does the ``except StreamingQueryException``
-of a query ported from Spark. Spark's exception stays reachable as ``spark_exception``.
+of a query ported from Spark. Its ``getCondition()``, ``getMessageParameters()`` and
+``getSqlState()`` are those of Spark's exception of the same failure (``STREAM_FAILED``, the
+query's ``id`` and ``runId``; ``StreamingQuery.exception()`` gives none, as PySpark's does), but
+for the ``message`` parameter, which is sparkstate's message: for a state schema change Spark
+refuses too, it starts with Spark's condition (``[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] ...``),
+as the message parameter of Spark's does. Spark's exception stays reachable as
+``spark_exception``.
 """
 
 from __future__ import annotations
@@ -38,12 +44,34 @@ def surfaced(error: BaseException | None, spark_exception: BaseException) -> Bas
     cls = _query_class(type(error))
     out: Any = cls.__new__(cls, *error.args)
     out.__dict__.update(error.__dict__)  # notes included
-    PySparkException.__init__(out, message=str(error))
+    condition, parameters, sql_state = _spark_failure(error, spark_exception)
+    PySparkException.__init__(
+        out, message=str(error), errorClass=condition, messageParameters=parameters
+    )
+    out._sql_state = sql_state
     out.__cause__ = error.__cause__
     out.__context__ = spark_exception
     out.__suppress_context__ = True  # Spark's text of the same error is not printed again
     out.spark_exception = spark_exception
     return out  # type: ignore[no-any-return]
+
+
+def _spark_failure(
+    error: BaseException, spark_exception: BaseException
+) -> tuple[str | None, dict[str, str] | None, str | None]:
+    """The condition, parameters and SQLSTATE of Spark's exception of the failure, with
+    ``error``'s message as the ``message`` parameter."""
+    if not isinstance(spark_exception, PySparkException):
+        return None, None, None
+    parameters = spark_exception.getMessageParameters()
+    if parameters is not None and "message" in parameters:
+        parameters = {**parameters, "message": str(error)}
+    return spark_exception.getCondition(), parameters, spark_exception.getSqlState()
+
+
+def _sql_state(self: Any) -> str | None:
+    """Spark's SQLSTATE of the failure (PySpark's table has no entry for ``STREAM_FAILED``)."""
+    return getattr(self, "_sql_state", None)
 
 
 def _query_class(kind: type[BaseException]) -> type[BaseException]:
@@ -59,6 +87,7 @@ def _query_class(kind: type[BaseException]) -> type[BaseException]:
                     "__qualname__": kind.__qualname__,
                     "__doc__": kind.__doc__,
                     "__str__": kind.__str__,
+                    "getSqlState": _sql_state,
                     "__reduce__": lambda self: (kind, self.args),
                 },
             )
