@@ -20,9 +20,13 @@ Every error is one of ours and also the builtin a caller would catch anyway::
 Messages name the store, the version and the file involved, so that an operator of a production
 pipeline can act on the message alone. A query that fails raises, from ``awaitTermination()``,
 the sparkstate error that failed it (one of these classes, also PySpark's
-``StreamingQueryException``). A query that ``start()`` refuses as Spark's analyzer refuses it
-(an output mode its sink or its operations do not take) raises a ``ConfigurationError`` that is
-also PySpark's ``AnalysisException``, with Spark's error condition (``sparkstate.engine.errors``).
+``StreamingQueryException`` with the condition and parameters of Spark's for the failed query,
+``STREAM_FAILED``). A restart whose state schema Spark refuses fails its first batch, as Spark's
+does, with a ``SchemaMismatchError`` that names Spark's condition of the refusal
+(``STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE``, ...). A query that ``start()`` refuses as Spark's
+analyzer refuses it (an output mode its sink or its operations do not take) raises a
+``ConfigurationError`` that is also PySpark's ``AnalysisException``, with Spark's error
+condition (``sparkstate.engine.errors``).
 """
 
 from __future__ import annotations
@@ -70,7 +74,18 @@ class MissingVersionError(StateFileError, FileNotFoundError):
 
 
 class SchemaMismatchError(StateStoreError, ValueError):
-    """The key/value schema or partition layout differs from the one on the checkpoint."""
+    """The key/value schema or partition layout differs from the one on the checkpoint.
+
+    ``condition`` is Spark's error condition of the same refusal
+    (``STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE``, ``STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE``,
+    ...), None where Spark has none; the message then starts with ``[condition]``, as Spark's
+    do."""
+
+    def __init__(self, message: str, condition: str | None = None) -> None:
+        if condition is not None and not message.startswith(f"[{condition}]"):
+            message = f"[{condition}] {message}"
+        super().__init__(message)
+        self.condition = condition
 
 
 class ProviderMismatchError(StateStoreError, ValueError):

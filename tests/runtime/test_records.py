@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.operators.base import OperatorMetrics
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import CheckpointLog
@@ -135,3 +136,29 @@ def test_a_checkpoint_keeps_the_operator_ids_it_was_written_with(tmp_path: Path)
     assert restarted.metadata["operators"][1]["columns"] == ["k"]
     fresh = prepare_checkpoint(dataclasses.replace(request((1, 0)), location=str(tmp_path / "b")))
     assert [o["id"] for o in fresh.metadata["operators"]] == [1, 0]
+
+
+def test_a_state_schema_spark_refuses_is_left_for_the_first_batch(tmp_path: Path) -> None:
+    """A restart whose state key schema changed is refused as Spark refuses it, when the first
+    batch runs: the start returns the refusal, and leaves the checkpoint as it was (no
+    rescale either)."""
+    from sparkstate.runtime.start import StartRequest, prepare_checkpoint
+
+    def request(key: pa.DataType, partitions: int = 2) -> StartRequest:
+        op = Deduplicate(pa.schema([("k", key), ("v", pa.int64())]), ["k"])
+        ops = [{"id": 0, **op.describe()}]
+        location = str(tmp_path)
+        return StartRequest(location, None, "memory", None, partitions, "append", ops, False, False)
+
+    assert prepare_checkpoint(request(pa.string())).refusal is None
+    metadata = (tmp_path / "sparkstate" / "metadata.json").read_bytes()
+    restarted = prepare_checkpoint(request(pa.int64(), partitions=3))
+    assert isinstance(restarted.refusal, SchemaMismatchError)
+    assert restarted.refusal.condition == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
+    assert str(restarted.refusal).startswith(
+        "[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] operator 0 (dedup): the key schema changed from "
+        "[k: string] to [k: int64]"
+    )
+    assert restarted.rescale_to is None
+    assert (tmp_path / "sparkstate" / "metadata.json").read_bytes() == metadata
+    assert prepare_checkpoint(request(pa.string(), partitions=3)).rescale_to == 3

@@ -130,10 +130,12 @@ def test_an_old_schema_file_opens_and_refuses_what_it_refused(factory: ProviderF
     with pytest.raises(SchemaMismatchError) as info:
         factory.open(value_schema=V0, key_schema=key)
     assert str(info.value) == (
-        f"{where}: the key schema of column family 'default' changed: checkpoint has "
+        f"[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] {where}: the key schema of column family "
+        "'default' changed: checkpoint has "
         "[['name', 'string', True], ['n', 'int64', True]], query has [['name', 'string', True]] "
         f"({file_uri}); restore the original query, or start from a new checkpoint location"
     )
+    assert info.value.condition == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
     changed = pa.schema([("count", pa.string()), ("label", pa.string())])
     with pytest.raises(SchemaMismatchError) as info:
         factory.open(value_schema=changed)
@@ -143,6 +145,7 @@ def test_an_old_schema_file_opens_and_refuses_what_it_refused(factory: ProviderF
         "[count: int64, label: string] to [count: string, label: string]: field 'count' changed "
         f"type from int64 to string, so values stored before could not be read. {WHAT_TO_DO}"
     )
+    assert info.value.condition == "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"
     assert _schema_path(factory).read_text() == old
 
     # a compatible change opens, reads the old values, and records the new schema

@@ -735,12 +735,13 @@ class DataStreamWriter:
             num_partitions=num_partitions,
             store=store,
             watermark_delays_ms=tuple(w.delay_ms for w in self._stream.watermarks),
-            clock=bool(metadata["clock"]),
+            clock=bool(metadata.get("clock")),  # absent: an older checkpoint, its restart refused
             no_data_batches=_conf_flag(spark, NO_DATA_BATCHES, default=True),
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             ).lower(),
             checkpoint=checkpoint.location,
+            refusal=checkpoint.refusal,
         )
         log_ = CheckpointLog(checkpoint.engine_root)
         driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)

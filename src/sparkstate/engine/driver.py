@@ -232,6 +232,8 @@ class BatchDriver:
             raise QueryError(msg)
 
     def run_batch(self, df: DataFrame, batch_id: int) -> None:
+        if self.config.refusal is not None:  # Spark's check of the state schemas, at planning
+            raise self.config.refusal
         started = time.time()
         digest = input_digest(self.spark_checkpoint, batch_id) if self.spark_checkpoint else None
         intent = self.log.read_intent(batch_id)

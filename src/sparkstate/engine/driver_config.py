@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
+from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.runtime.providers import StoreSettings
 
 __all__ = ["INPUT", "DriverConfig"]
@@ -34,6 +35,9 @@ class DriverConfig:
     checkpoint: str = ""
     #: Names this start of the query in files the driver leaves for the client (its failure).
     start_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    #: What the first batch fails with: a state schema change that Spark refuses when it plans
+    #: the first batch after a restart (``start()`` found it in the checkpoint's metadata).
+    refusal: SchemaMismatchError | None = None
 
     def watermark_inputs(self) -> dict[str, int]:
         """The tracker's inputs: ``input`` for the first watermark (the name checkpoints have

@@ -12,6 +12,7 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
 from sparkstate.operators.arbitrary.restart import check_state_change, same_schema
+from sparkstate.store.evolution import KEY_NOT_COMPATIBLE, NOT_COMPATIBLE
 from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri, local_path
 from sparkstate.store.schema_json import fields_from_json
 
@@ -34,6 +35,8 @@ STATE_DIR = "state"
 
 #: The schemas of an operator's description, compared by field names and types.
 SCHEMA_PARTS = ("key_schema", "value_schema", "output_schema")
+#: Spark's error condition of a changed schema, for the parts whose state Spark checks too.
+SCHEMA_CONDITIONS = {"key_schema": KEY_NOT_COMPATIBLE, "value_schema": NOT_COMPATIBLE}
 #: Parts of an operator's description that only name things for readers: not compared.
 READER_PARTS = frozenset({"column_names"})
 
@@ -57,10 +60,15 @@ def check_restart(
     state_location: str | None,
     described: list[dict[str, Any]],
     where: str,
-) -> None:
+) -> SchemaMismatchError | None:
     """The restarted query must match what the checkpoint was written with; state schemas may
     evolve compatibly (:mod:`sparkstate.operators.arbitrary.restart`). ``state_location`` is the
-    ``stateLocation`` option (canonical), None for the state in the checkpoint at ``where``."""
+    ``stateLocation`` option (canonical), None for the state in the checkpoint at ``where``.
+
+    A state schema change that Spark refuses too (one with Spark's condition) is returned, not
+    raised: Spark refuses it when it plans the query's first batch, and the query fails there
+    (the engine's per-batch driver raises it). The first operator's refusal is returned, and
+    the operators after it are not compared."""
     file = f"{where}/metadata.json"
     if metadata.get("provider") != provider:
         msg = (
@@ -81,16 +89,13 @@ def check_restart(
         )
         raise ConfigurationError(msg)
     for old, new in zip(before, described, strict=True):
-        evolving = check_state_change(old, new, file)  # state schemas may evolve compatibly
-        for part in SCHEMA_PARTS:
-            if part not in evolving and not same_schema(old.get(part), new.get(part)):
-                msg = (
-                    f"operator {new['id']} ({new['kind']}): the {part.replace('_', ' ')} changed "
-                    f"from {_show(old.get(part))} to {_show(new.get(part))} ({file}); state "
-                    "written with the old schema cannot be read: restore the original query or "
-                    "use a new checkpoint location"
-                )
-                raise SchemaMismatchError(msg)
+        try:
+            evolving = check_state_change(old, new, file)  # state schemas may evolve compatibly
+            _check_schemas(old, new, evolving, file)
+        except SchemaMismatchError as exc:
+            if exc.condition is None:
+                raise
+            return exc
         compared = evolving | set(SCHEMA_PARTS) | READER_PARTS
         if _without(old, compared) != _without(new, compared):
             msg = (
@@ -98,6 +103,20 @@ def check_restart(
                 f"{new} ({file}); restore the original query or use a new checkpoint location"
             )
             raise ConfigurationError(msg)
+    return None
+
+
+def _check_schemas(old: dict[str, Any], new: dict[str, Any], evolving: set[str], file: str) -> None:
+    """The schemas of an operator that may not evolve stay the checkpoint's."""
+    for part in SCHEMA_PARTS:
+        if part not in evolving and not same_schema(old.get(part), new.get(part)):
+            msg = (
+                f"operator {new['id']} ({new['kind']}): the {part.replace('_', ' ')} changed "
+                f"from {_show(old.get(part))} to {_show(new.get(part))} ({file}); state "
+                "written with the old schema cannot be read: restore the original query or "
+                "use a new checkpoint location"
+            )
+            raise SchemaMismatchError(msg, SCHEMA_CONDITIONS.get(part))
 
 
 def check_num_partitions(option: Any) -> None:

@@ -13,7 +13,7 @@ import logging
 import uuid
 from typing import Any
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.runtime.logs import CheckpointLog, engine_root_of
 from sparkstate.runtime.metadata import (
     PARTITIONS_ASKED,
@@ -60,6 +60,9 @@ class Checkpoint:
     #: The partition count the query asks for where it differs from the checkpoint's and the
     #: ask changed: the state is rescaled to it before the query runs (None: no rescale).
     rescale_to: int | None = None
+    #: A state schema change Spark refuses when it plans the first batch: the query starts, and
+    #: its first batch fails with it, as Spark's does (the checkpoint is left as it was).
+    refusal: SchemaMismatchError | None = None
 
     @property
     def query_id(self) -> str:
@@ -97,6 +100,7 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     requested = request.requested_partitions
     asked = partitions_asked(requested, request.default_partitions)
     rescale_to: int | None = None
+    refusal: SchemaMismatchError | None = None
     if metadata is None:
         refuse_foreign_checkpoint(location)
         num_partitions = int(requested or request.default_partitions)
@@ -117,25 +121,28 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     else:
         refuse_state_without_offsets(location, log_)
         operators = _recorded_ids(metadata.get("operators", []), request.operators)
-        check_restart(metadata, request.provider, state_option, operators, log_.root)
-        rescale_to = rescale_target(metadata, asked)
-        recorded = {
-            "operators": operators,
-            "clock": metadata.get("clock"),
-            "state_location": state_option,
-            # recorded once the rescale it asks for is done (a start after a failed one asks again)
-            PARTITIONS_ASKED: metadata.get(PARTITIONS_ASKED) if rescale_to else asked,
-        }
-        if recorded["clock"] is None:
-            recorded["clock"] = request.legacy_clock
-        if any(metadata.get(k) != v for k, v in recorded.items()):
-            metadata = {**metadata, **recorded}  # state schemas evolved, or an older form
-            log_.write_metadata(metadata)
+        refusal = check_restart(metadata, request.provider, state_option, operators, log_.root)
+        if refusal is None:  # else the checkpoint stays as it was, and the first batch fails
+            rescale_to = rescale_target(metadata, asked)
+            recorded = {
+                "operators": operators,
+                "clock": metadata.get("clock"),
+                "state_location": state_option,
+                # recorded once the rescale it asks for is done (a start after a failed one
+                # asks again)
+                PARTITIONS_ASKED: metadata.get(PARTITIONS_ASKED) if rescale_to else asked,
+            }
+            if recorded["clock"] is None:
+                recorded["clock"] = request.legacy_clock
+            if any(metadata.get(k) != v for k, v in recorded.items()):
+                metadata = {**metadata, **recorded}  # state schemas evolved, or an older form
+                log_.write_metadata(metadata)
     query_id = spark_query_id(DurableDir(location), str(metadata["query_id"]))
     if query_id != metadata["query_id"]:  # Spark's checkpoint was there first
         metadata = {**metadata, "query_id": query_id}
         log_.write_metadata(metadata)
-    return Checkpoint(location, engine_root, state_option or engine_root, metadata, rescale_to)
+    state_root = state_option or engine_root
+    return Checkpoint(location, engine_root, state_root, metadata, rescale_to, refusal)
 
 
 def refuse_state_without_offsets(location: str, log_: CheckpointLog) -> None:

@@ -41,6 +41,7 @@ from sparkstate.store.schema_json import Field, fields_of
 __all__ = [
     "EVOLVED_VALUE_FORMAT",
     "INVALID_EVOLUTION",
+    "KEY_NOT_COMPATIBLE",
     "MAX_SCHEMA_ID",
     "NOT_COMPATIBLE",
     "PICKLED_FIELD",
@@ -67,6 +68,8 @@ PICKLED_FIELD = "__pickled"
 NOT_COMPATIBLE = "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"
 #: ... and the one under its Avro encoding, where a change is checked by Avro's resolution rules.
 INVALID_EVOLUTION = "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION"
+#: Spark's condition of a changed state key schema (its fields' number or types).
+KEY_NOT_COMPATIBLE = "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
 _INTS = ("int8", "int16", "int32")
 #: Stored type -> the types a value of it may be read as, under ``widening``: the promotions of
 #: Avro's schema resolution that Spark's Avro state encoding reads old values through (Spark
@@ -188,7 +191,7 @@ def evolve(
         old = show_fields(fields_of(history[current]))
         shown = f"{what}: the value schema"
         msg = refusal(shown, old, show_fields(fields_of(new)), reason, widening=widening)
-        raise SchemaMismatchError(msg)
+        raise SchemaMismatchError(msg, condition(widening))
     if len(history) > MAX_SCHEMA_ID:
         msg = f"{what}: more than {MAX_SCHEMA_ID + 1} value schemas; start a new checkpoint"
         raise SchemaMismatchError(msg)

@@ -21,7 +21,7 @@ from typing import Any
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 from sparkstate.operators.limit import StreamingLimit
-from sparkstate.store.evolution import Field, incompatibility, refusal, show_fields
+from sparkstate.store.evolution import Field, condition, incompatibility, refusal, show_fields
 from sparkstate.store.schema_json import fields_from_json
 
 __all__ = ["AVRO", "DEFAULT_ENCODING", "STATE_ENCODING", "check_state_change", "same_schema"]
@@ -58,7 +58,7 @@ def _check_fields(old: Any, new: Any, what: str, where: str, *, widening: bool =
     if reason is not None:
         shown = f"{show_fields(after)} ({where})"
         msg = refusal(what, show_fields(before), shown, reason, widening=widening)
-        raise SchemaMismatchError(msg)
+        raise SchemaMismatchError(msg, condition(widening))
 
 
 def _check_encoding(old: dict[str, Any], new: dict[str, Any], op: str, where: str) -> bool:

@@ -38,7 +38,7 @@ from sparkstate.operators.ts_index import (
     index_key_schema,
 )
 from sparkstate.store.base import StateStore
-from sparkstate.store.evolution import show_fields
+from sparkstate.store.evolution import NOT_COMPATIBLE, show_fields
 from sparkstate.store.schema_json import fields_of, schema_to_json
 
 __all__ = [
@@ -161,7 +161,7 @@ def _check_store_schema(spec: VarSpec, stored: pa.Schema) -> None:
             f"{show_fields(fields_of(want))}, but its store was opened with "
             f"{show_fields(fields_of(stored))}"
         )
-        raise SchemaMismatchError(msg)
+        raise SchemaMismatchError(msg, NOT_COMPATIBLE)
 
 
 class StateVariable:

@@ -24,7 +24,7 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
-from sparkstate.store.evolution import evolve
+from sparkstate.store.evolution import KEY_NOT_COMPATIBLE, evolve
 from sparkstate.store.files.durable import DurableDir, FileEntry
 from sparkstate.store.files.json_files import RESTORE, json_object, read_json
 from sparkstate.store.schema_json import (
@@ -289,7 +289,7 @@ def check_schema_file(
                 f"checkpoint has {_shown(have_key)}, query has {_shown(want_key)} ({file}); "
                 "restore the original query, or start from a new checkpoint location"
             )
-            raise SchemaMismatchError(msg)
+            raise SchemaMismatchError(msg, KEY_NOT_COMPATIBLE)
         described = have.get("value_history", [have["value"]])
         recorded = [fields_from_json(v) for v in described]
         have_value, want_value = fields_from_json(have["value"]), fields_from_json(want["value"])
