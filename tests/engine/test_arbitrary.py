@@ -416,24 +416,30 @@ def test_unsupported_combinations_fail_at_start(
         count_pandas, OUTPUT, STATE, "update", GroupStateTimeout.NoTimeout
     )
     with pytest.raises(ConfigurationError, match="update mode is not supported with append"):
-        update.writeStream.outputMode("append").option("checkpointLocation", str(tmp_path)).start()
+        update.writeStream.format("noop").outputMode("append").option(
+            "checkpointLocation", str(tmp_path)
+        ).start()
     with pytest.raises(ConfigurationError, match="complete"):
-        update.writeStream.outputMode("complete").option(
+        update.writeStream.format("noop").outputMode("complete").option(
             "checkpointLocation", str(tmp_path)
         ).start()
     event = grouped.applyInPandasWithState(
         count_pandas, OUTPUT, STATE, "update", GroupStateTimeout.EventTimeTimeout
     )
     with pytest.raises(ConfigurationError, match="watermark"):
-        event.writeStream.outputMode("update").option("checkpointLocation", str(tmp_path)).start()
+        event.writeStream.format("noop").outputMode("update").option(
+            "checkpointLocation", str(tmp_path)
+        ).start()
     with pytest.raises(ConfigurationError, match="outputMode"):
         grouped.flatMapGroupsWithState(
             count_rows, OUTPUT, STATE, "complete", "NoTimeout"
-        ).writeStream.outputMode("update").option("checkpointLocation", str(tmp_path)).start()
+        ).writeStream.format("noop").outputMode("update").option(
+            "checkpointLocation", str(tmp_path)
+        ).start()
     with pytest.raises(ConfigurationError, match="initialState"):
         grouped.transformWithState(CountProcessor(), OUTPUT, "update", "None", initialState=df)
     with pytest.raises(ConfigurationError, match="not supported yet"):
-        update.dropDuplicates(["k"]).writeStream.outputMode("update").option(
+        update.dropDuplicates(["k"]).writeStream.format("noop").outputMode("update").option(
             "checkpointLocation", str(tmp_path)
         ).start()
 

@@ -242,7 +242,7 @@ def test_unsupported_shapes_fail_at_start(
     with pytest.raises(ConfigurationError, match="keys holding a map are not supported"):
         start(ss.stream(df).groupBy(F.create_map("k", "v")).count(), "update")
     with pytest.raises(ConfigurationError, match="checkpoint"):
-        ss.stream(df).groupBy("k").count().writeStream.outputMode("update").start()
+        ss.stream(df).groupBy("k").count().writeStream.format("noop").outputMode("update").start()
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
-from pyspark.errors import AnalysisException
+from pyspark import cloudpickle
+from pyspark.errors import (
+    AnalysisException,
+    IllegalArgumentException,
+    PySparkAttributeError,
+    PySparkValueError,
+)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -18,6 +27,8 @@ from sparkstate.exceptions import ConfigurationError
 
 from .conftest import PARTITIONS, PROVIDERS, FileFeed
 from .helpers import normalize, oracle_update, run_batches, source
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the foreach writer, to workers
 
 SCHEMA = "k string, v int"
 BATCHES: list[list[dict[str, Any]]] = [
@@ -59,10 +70,19 @@ def forget_batch(chk: Path, batch: int, *, ours: bool = True, sink: Path | None 
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("fmt", ["parquet", "json"])
+@pytest.mark.parametrize(
+    ("fmt", "partition_by"), [("parquet", ()), ("json", ("k",))], ids=["parquet", "json-by-k"]
+)
 def test_file_sink_is_exactly_once_across_replays(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str, fmt: str
+    spark: SparkSession,
+    feed: FileFeed,
+    tmp_path: Path,
+    provider: str,
+    fmt: str,
+    partition_by: tuple[str, ...],
 ) -> None:
+    """Replays after deaths before the commit logs and before the sink's manifest: each row
+    read back once, in files laid out flat or under partition directories (``k=a/``)."""
     out, chk = tmp_path / "out", tmp_path / "chk"
 
     def start() -> Any:
@@ -71,6 +91,7 @@ def test_file_sink_is_exactly_once_across_replays(
             .dropDuplicates(["k"])
             .writeStream.outputMode("append")  # a file sink's only mode, as in Spark
             .format(fmt)
+            .partitionBy(*partition_by)
             .option("path", str(out))
             .option("checkpointLocation", str(chk))
             .option("stateStore", provider)
@@ -97,12 +118,15 @@ def test_file_sink_is_exactly_once_across_replays(
     got = spark.read.schema(SCHEMA).format(fmt).load(str(out))
     assert normalize(got.select("k", "v").collect()) == normalize(list(firsts.values()))
     listed = {
-        json.loads(line)["path"].removeprefix("file://")
+        unquote(json.loads(line)["path"].removeprefix("file://"))
         for m in (out / "_spark_metadata").iterdir()
         for line in m.read_text().splitlines()[1:]
     }
-    on_disk = {str(p) for p in out.glob("part-*")}
+    on_disk = {str(p) for p in out.glob("*/" * len(partition_by) + "part-*")}
     assert listed < on_disk  # the first attempt of batch 2 left files no manifest lists
+    assert {Path(p).parent.name for p in on_disk} == (
+        {"k=a", "k=b", "k=c", "k=__HIVE_DEFAULT_PARTITION__"} if partition_by else {out.name}
+    )
 
 
 def test_memory_sink_appends_in_update_and_replaces_in_complete(
@@ -287,3 +311,201 @@ def test_each_sink_takes_the_output_modes_spark_takes(
     assert ours == theirs
     refused = [pair for pair, got in theirs.items() if got != "started"]
     assert refused and len(refused) < len(pairs)
+
+
+#: Keys of the partition directories Spark writes (``k=b c``), escapes (``k=d%2Fe%25``) and
+#: writes for a null (``k=__HIVE_DEFAULT_PARTITION__``); a manifest names them percent-encoded.
+SURFACE_BATCHES: list[list[dict[str, Any]]] = [
+    [{"k": "a", "v": 1}, {"k": "b c", "v": 2}],
+    [{"k": "a", "v": 3}, {"k": "d/e%", "v": 4}, {"k": None, "v": 5}, {"k": "a", "v": 1}],
+]
+
+
+class RowsByEpoch:
+    """A ``foreach`` writer as Spark's docs write one: each partition's rows of each epoch
+    into a file of their own under ``out``."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = str(out)
+
+    def open(self, partition_id: int, epoch_id: int) -> bool:
+        self.path = f"{self.out}/{epoch_id}-{partition_id}.json"
+        self.rows: list[list[Any]] = []
+        return True
+
+    def process(self, row: Any) -> None:
+        self.rows.append(list(row))
+
+    def close(self, error: Any) -> None:
+        Path(self.path).write_text(json.dumps(self.rows))
+
+
+def rows_by_epoch(out: Path) -> dict[int, list[tuple[Any, ...]]]:
+    seen: dict[int, list[tuple[Any, ...]]] = {}
+    for f in out.iterdir():
+        seen.setdefault(int(f.name.split("-")[0]), []).extend(map(tuple, json.loads(f.read_text())))
+    return {epoch: normalize(rows) for epoch, rows in seen.items() if rows}
+
+
+def partition_dirs(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith("_"))
+
+
+def test_the_writer_takes_sparks_surface(spark: SparkSession, tmp_path: Path) -> None:
+    """The same query run by Spark unwrapped and by sparkstate on each store, through three
+    sinks and three triggers: ``start(path, format=, outputMode=, partitionBy=, queryName=,
+    **options)`` into a Parquet sink partitioned by a key that Spark escapes in directory names
+    (availableNow); ``foreach`` with an object's open/process/close (once); ``toTable`` of a
+    new JSON table, partitioned (processingTime). The same partition directories and rows read
+    back, the same rows per epoch, the same table (provider, columns, partitioning, rows)."""
+    feed = FileFeed(tmp_path / "input")
+    for batch in SURFACE_BATCHES:
+        feed.add(batch)
+    got: dict[str, dict[str, Any]] = {}
+    for runner in ["spark", *PROVIDERS]:
+        df = source(spark, feed, SCHEMA)
+        ours = runner != "spark"
+        query: Any = (ss.stream(df) if ours else df).dropDuplicates(["k", "v"])
+        store = {"stateStore": runner} if ours else {}
+        base = tmp_path / runner
+        out, each, table = base / "out", base / "each", f"surface_{runner}"
+        each.mkdir(parents=True)
+        files = query.writeStream.trigger(availableNow=True).start(
+            str(out),
+            format="parquet",
+            outputMode="append",
+            partitionBy="k",
+            queryName=f"surface_files_{runner}",
+            checkpointLocation=str(base / "chk-files"),
+            **store,
+        )
+        rowwise = (
+            query.writeStream.foreach(RowsByEpoch(each))
+            .trigger(once=True)
+            .options(checkpointLocation=str(base / "chk-each"), **store)
+            .start()
+        )
+        into_table = query.writeStream.trigger(processingTime="0 seconds").toTable(
+            table,
+            format="json",
+            partitionBy=["k"],
+            path=str(base / "table"),
+            checkpointLocation=str(base / "chk-table"),
+            **store,
+        )
+        files.awaitTermination()
+        rowwise.awaitTermination()
+        into_table.processAllAvailable()
+        into_table.stop()
+        assert files.name == f"surface_files_{runner}"
+        got[runner] = {
+            "directories": partition_dirs(out),
+            "rows": normalize(spark.read.parquet(str(out)).collect()),
+            "epochs": rows_by_epoch(each),
+            "table": table_facts(spark, table),
+            "table directories": partition_dirs(base / "table"),
+        }
+        spark.sql(f"DROP TABLE {table}")
+    for runner in PROVIDERS:
+        assert got[runner] == got["spark"], runner
+    theirs = got["spark"]
+    assert theirs["directories"] == ["k=__HIVE_DEFAULT_PARTITION__", "k=a", "k=b c", "k=d%2Fe%25"]
+    kept = normalize([("a", 1), ("a", 3), ("b c", 2), ("d/e%", 4), (None, 5)])
+    assert theirs["epochs"] == {0: kept}  # once: one batch of all there is
+    read_back = normalize([(v, k) for k, v in kept])  # the partition column last
+    assert theirs["rows"] == read_back and theirs["table"]["rows"] == read_back
+    assert theirs["table directories"] == theirs["directories"]
+
+
+def table_facts(spark: SparkSession, name: str) -> dict[str, Any]:
+    """What the catalog says of table ``name`` (its provider, columns, partitioning), and its
+    rows."""
+    about = {r[0]: r[1] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()}
+    columns = [
+        (c.name, c.dataType, c.nullable, c.isPartition) for c in spark.catalog.listColumns(name)
+    ]
+    return {
+        "provider": about["Provider"],
+        "type": about["Type"],
+        "columns": columns,
+        "rows": normalize(spark.table(name).collect()),
+    }
+
+
+class WithoutProcess:
+    """A ``foreach`` writer without ``process``, which PySpark refuses."""
+
+    def open(self, partition_id: int, epoch_id: int) -> bool:
+        return True
+
+
+#: The writer's calls that Spark refuses, each given a writer, a name and a directory of its own.
+REFUSED: dict[str, Callable[[Any, str, str], Any]] = {
+    "memory, partitioned": lambda w, n, d: w.format("memory").queryName(n).partitionBy("k").start(),
+    "foreachBatch, partitioned": lambda w, n, d: w.foreachBatch(print).partitionBy("k").start(),
+    "foreach, partitioned": lambda w, n, d: w.foreach(print).partitionBy(["k"]).start(),
+    "no such partition column": lambda w, n, d: w.partitionBy("zz").start(d),
+    "a file sink without a path": lambda w, n, d: w.start(),
+    "an unknown output mode": lambda w, n, d: w.outputMode("sideways"),
+    "continuous, foreachBatch": lambda w, n, d: (
+        w.foreachBatch(print).trigger(continuous="1 second").start()
+    ),
+    "continuous, memory": lambda w, n, d: w.trigger(continuous="1 second").start(
+        format="memory", queryName=n
+    ),
+    "no trigger": lambda w, n, d: w.trigger(),
+    "two triggers": lambda w, n, d: w.trigger(once=True, availableNow=True),
+    "once=False": lambda w, n, d: w.trigger(once=False),
+    "an interval Spark cannot read": lambda w, n, d: w.trigger(processingTime="soon"),
+    "an empty query name": lambda w, n, d: w.queryName(""),
+    "a foreach writer without process": lambda w, n, d: w.foreach(WithoutProcess()),
+    "a table of another provider": lambda w, n, d: w.toTable("refused_json"),
+    "a temporary view": lambda w, n, d: w.toTable("refused_temp"),
+    "a view": lambda w, n, d: w.toTable("refused_view"),
+    "a new table in update mode": lambda w, n, d: w.outputMode("update").toTable(n, path=d),
+}
+
+
+def test_the_writer_refuses_what_spark_refuses(spark: SparkSession, tmp_path: Path) -> None:
+    """Each call of :data:`REFUSED` on Spark's writer and on ours: the same exception (PySpark's
+    class), condition, parameters and SQLSTATE. Ours refuses before it asks for a checkpoint
+    (it is given none), and, as Spark's, creates the table of a ``toTable`` it then refuses."""
+    feed = FileFeed(tmp_path / "input")
+    spark.sql(f"CREATE TABLE refused_json (k string, v int) USING json LOCATION '{tmp_path}/j'")
+    spark.sql("CREATE OR REPLACE TEMPORARY VIEW refused_temp AS SELECT 1 AS k")
+    spark.sql("CREATE OR REPLACE VIEW refused_view AS SELECT 1 AS k")
+    kinds = (
+        AnalysisException,
+        IllegalArgumentException,
+        PySparkValueError,
+        PySparkAttributeError,
+    )
+
+    def outcome(call: Callable[[Any, str, str], Any], writer: Any, name: str) -> Any:
+        try:
+            call(writer, name, str(tmp_path / name))
+        except Exception as exc:  # noqa: BLE001 - compared below
+            if not isinstance(exc, kinds):
+                raise
+            kind = next(k.__name__ for k in kinds if isinstance(exc, k))
+            return kind, exc.getCondition(), exc.getMessageParameters(), exc.getSqlState()
+        return "accepted"
+
+    got: dict[str, dict[str, Any]] = {"spark": {}, "ours": {}}
+    try:
+        for runner, outcomes in got.items():
+            for i, (case, call) in enumerate(REFUSED.items()):
+                df = source(spark, feed, SCHEMA)
+                query: Any = ss.stream(df) if runner == "ours" else df
+                writer = query.dropDuplicates(["k", "v"]).writeStream
+                if runner == "spark":  # Spark's file sinks ask for one
+                    writer = writer.option("checkpointLocation", str(tmp_path / f"chk{i}"))
+                name = f"refused_{runner}_{i}"
+                outcomes[case] = outcome(call, writer, name)
+            assert spark.catalog.tableExists(f"refused_{runner}_{len(REFUSED) - 1}")
+    finally:
+        for table in ("refused_json", *(f"refused_{r}_{len(REFUSED) - 1}" for r in got)):
+            spark.sql(f"DROP TABLE IF EXISTS {table}")
+        spark.sql("DROP VIEW IF EXISTS refused_view")
+    assert got["ours"] == got["spark"]
+    assert "accepted" not in got["spark"].values()

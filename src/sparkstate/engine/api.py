@@ -14,13 +14,22 @@ from pyspark.sql.types import StructType
 
 from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
+from sparkstate.engine.errors import SparkIllegalArgumentError
 from sparkstate.engine.grouped import GroupedStream
 from sparkstate.engine.join_plan import JoinInput, plan_join, plan_join_after
 from sparkstate.engine.plan import output_of, plan_stages
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.rescale_job import rescale_at_start
 from sparkstate.engine.session import is_connect, on_server
-from sparkstate.engine.sinks import check_output_mode, make_sink
+from sparkstate.engine.sinks import (
+    FILE_FORMATS,
+    FOREACH,
+    FOREACH_BATCH,
+    check_output_mode,
+    check_partitioning,
+    foreach_rows,
+    make_sink,
+)
 from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
 from sparkstate.engine.spark_schema import quote
 from sparkstate.engine.spark_versions import require
@@ -34,6 +43,8 @@ from sparkstate.engine.steps import (
     StatelessStep,
     Step,
 )
+from sparkstate.engine.table_sink import default_source, table_sink
+from sparkstate.engine.triggers import check_trigger, checked_trigger
 from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import (
     ConfigurationError,
@@ -526,6 +537,8 @@ def _kept(column: str, before: DataFrame, after: DataFrame) -> bool:
     return bool(after.schema[column].dataType == before.schema[column].dataType)
 
 
+#: Whether Spark's analyzer tells names apart by case.
+CASE_SENSITIVE = "spark.sql.caseSensitive"
 #: Spark's switch for the no-data batches stateful operators ask for (read at start, as Spark).
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -549,22 +562,32 @@ def needs_clock(stages: list[Stage], *, legacy: bool = False) -> bool:
 
 
 class DataStreamWriter:
-    """``writeStream``: output mode, sink, options and trigger, then ``start()``."""
+    """``writeStream``: PySpark's ``DataStreamWriter`` (output mode, sink, partitioning,
+    options, trigger, name), then ``start()`` or ``toTable()``. The sink is the last of
+    ``format``, ``foreach`` and ``foreachBatch`` chosen, as in Spark; without any, the session's
+    default source (``spark.sql.sources.default``, Parquet), as in Spark."""
 
     def __init__(self, stream: StatefulStream) -> None:
         self._stream = stream
         self._mode = "append"
-        self._format = "console"
+        self._format: str | None = None
         self._options: dict[str, str] = {}
         self._trigger: dict[str, Any] = {}
         self._name: str | None = None
-        self._foreach: Callable[[DataFrame, int], Any] | None = None
+        #: What a ``foreach`` or ``foreachBatch`` sink calls with each batch.
+        self._batch_function: Callable[[DataFrame, int], Any] | None = None
+        self._partition_by: tuple[str, ...] = ()
+        self._table: str | None = None
 
     def outputMode(self, outputMode: str) -> DataStreamWriter:  # noqa: N802,N803
         mode = outputMode.lower()
         if mode not in OUTPUT_MODES:
-            msg = f"unknown output mode {outputMode!r}; use one of {list(OUTPUT_MODES)}"
-            raise ConfigurationError(msg)
+            msg = (
+                f"Invalid streaming output mode: {outputMode}. Accepted output modes are "
+                "'Append', 'Complete', 'Update'."
+            )
+            parameters = {"outputMode": outputMode}
+            raise SparkIllegalArgumentError(msg, "STREAMING_OUTPUT_MODE.INVALID", parameters)
         self._mode = mode
         return self
 
@@ -581,28 +604,134 @@ class DataStreamWriter:
             self.option(k, v)
         return self
 
-    def trigger(self, **kwargs: Any) -> DataStreamWriter:
-        """As ``DataStreamWriter.trigger``: processingTime=, once=, availableNow=."""
-        self._trigger = kwargs
+    def partitionBy(self, *cols: Any) -> DataStreamWriter:  # noqa: N802 - PySpark's name
+        """A file sink's files under ``<column>=<value>/`` directories, as Spark lays them out
+        (names or one list of them)."""
+        if len(cols) == 1 and isinstance(cols[0], list | tuple):
+            cols = tuple(cols[0])
+        self._partition_by = tuple(cols)
+        return self
+
+    def trigger(
+        self,
+        *,
+        processingTime: str | None = None,  # noqa: N803 - PySpark's names
+        once: bool | None = None,
+        continuous: str | None = None,
+        availableNow: bool | None = None,  # noqa: N803
+        realTime: str | None = None,  # noqa: N803
+    ) -> DataStreamWriter:
+        """As ``DataStreamWriter.trigger``, checked by it (exactly one, a valid interval);
+        ``continuous`` and ``realTime`` are refused at ``start()`` (engine/triggers.py)."""
+        self._trigger = checked_trigger(
+            self._stream.df,
+            processingTime=processingTime,
+            once=once,
+            continuous=continuous,
+            availableNow=availableNow,
+            realTime=realTime,
+        )
         return self
 
     def queryName(self, queryName: str) -> DataStreamWriter:  # noqa: N802,N803
+        self._stream.df.writeStream.queryName(queryName)  # PySpark's check: a non-empty string
         self._name = queryName
         return self
 
     def foreachBatch(self, func: Callable[[DataFrame, int], Any]) -> DataStreamWriter:  # noqa: N802
-        self._foreach = func
+        self._format, self._batch_function = FOREACH_BATCH, func
         return self
+
+    def foreach(self, f: Any) -> DataStreamWriter:
+        """Each output row to ``f``: a function of a row, or an object with ``process(row)``
+        and optionally ``open(partition_id, epoch_id)`` and ``close(error)``, checked and called
+        as Spark's ``foreach`` calls them, the batch id the epoch (a classic session's only)."""
+        if is_connect(self._stream.df):
+            msg = (
+                "foreach() from a Spark Connect client is not supported yet: use "
+                "foreachBatch(fn) and handle the batch's rows in fn"
+            )
+            raise ConfigurationError(msg)
+        self._format, self._batch_function = FOREACH, foreach_rows(f)
+        return self
+
+    def _given(
+        self,
+        fmt: str | None,
+        output_mode: str | None,
+        partition_by: str | list[str] | None,
+        query_name: str | None,
+        options: dict[str, Any],
+    ) -> None:
+        """``start()``'s and ``toTable()``'s keyword arguments, given to the methods of their
+        names in PySpark's order."""
+        self.options(**options)
+        if output_mode is not None:
+            self.outputMode(output_mode)
+        if partition_by is not None:
+            self.partitionBy(partition_by)
+        if fmt is not None:
+            self.format(fmt)
+        if query_name is not None:
+            self.queryName(query_name)
+
+    def toTable(  # noqa: N802 - PySpark's name
+        self,
+        tableName: str,  # noqa: N803
+        format: str | None = None,  # noqa: A002 - PySpark's name
+        outputMode: str | None = None,  # noqa: N803
+        partitionBy: str | list[str] | None = None,  # noqa: N803
+        queryName: str | None = None,  # noqa: N803
+        **options: Any,
+    ) -> StreamingQuery:
+        """Start the query into table ``tableName``, created as Spark's ``toTable`` creates it
+        if it is missing (engine/table_sink.py): a table of a file format, its files written
+        by the exactly-once file sink at its location."""
+        self._given(format, outputMode, partitionBy, queryName, options)
+        self._table = tableName
+        return self.start()
 
     # --- start -----------------------------------------------------------------------------------
 
-    def start(self, path: str | None = None) -> StreamingQuery:
+    def start(
+        self,
+        path: str | None = None,
+        format: str | None = None,  # noqa: A002 - PySpark's name
+        outputMode: str | None = None,  # noqa: N803
+        partitionBy: str | list[str] | None = None,  # noqa: N803
+        queryName: str | None = None,  # noqa: N803
+        **options: Any,
+    ) -> StreamingQuery:
+        """Start the query, as ``DataStreamWriter.start``: the keyword arguments do what the
+        methods of their names do. Spark's refusals of the sink, its partitioning, the output
+        mode and the trigger come first, before the checkpoint is touched."""
+        self._given(format, outputMode, partitionBy, queryName, options)
         if path is not None:
             self._options["path"] = path
         df, event_time = self._input()
         spark = df.sparkSession
-        if self._foreach is None:  # Spark asks the sink before it analyses the query
-            check_output_mode(self._format, self._mode)
+        self._format = self._format or default_source(spark)
+        if self._table is not None:
+            self._options["path"] = table_sink(
+                spark,
+                self._table,
+                self._format,
+                self._stream.schema,
+                self._partition_by,
+                self._options.get("path"),
+            )
+        if self._partition_by:
+            self._partition_by = check_partitioning(
+                self._format,
+                self._partition_by,
+                self._stream.columns,
+                case_sensitive=_conf_flag(spark, CASE_SENSITIVE, default=False),
+            )
+        if self._format in FILE_FORMATS and not self._options.get("path"):
+            msg = "'path' is not specified. (A file sink writes to .start(path) or option('path'))"
+            raise SparkIllegalArgumentError(msg, "_LEGACY_ERROR_TEMP_2047", {})
+        check_output_mode(self._format, self._mode)  # Spark asks the sink before the query
+        check_trigger(self._trigger, self._format, lambda: self._stream._output, self._mode)  # noqa: SLF001
         wm = self._stream.watermark
         stages = plan_stages(
             df,
@@ -727,7 +856,10 @@ class DataStreamWriter:
             for k, v in opts.items()
             if k not in _ENGINE_OPTIONS and not k.startswith(_STORE_PREFIX)
         }
-        sink = make_sink(self._format, sink_opts, spark, self._name, self._foreach)
+        assert self._format is not None  # chosen at start
+        sink = make_sink(
+            self._format, sink_opts, spark, self._name, self._batch_function, self._partition_by
+        )
         config = DriverConfig(
             query_id=checkpoint.query_id,
             name=self._name,

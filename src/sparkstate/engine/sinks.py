@@ -19,17 +19,22 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.readwriter import DataStreamWriter as SparkDataStreamWriter
 
 from sparkstate.engine.errors import SparkAnalysisError
 from sparkstate.exceptions import ConfigurationError, StateFileError
-from sparkstate.store.files.durable import DurableDir, local_path
+from sparkstate.store.files.durable import DurableDir, FileEntry, local_path
 
 __all__ = [
     "FILE_FORMATS",
+    "FOREACH",
+    "FOREACH_BATCH",
     "ConsoleSink",
     "FileSink",
     "ForeachBatchSink",
@@ -37,12 +42,22 @@ __all__ = [
     "NoopSink",
     "Sink",
     "check_output_mode",
+    "check_partitioning",
+    "foreach_rows",
     "make_sink",
 ]
 
 log = logging.getLogger("sparkstate.engine")
 
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
+#: The writer's format once ``foreach(f)`` or ``foreachBatch(fn)`` chose the sink, as Spark's
+#: writer keeps it (a later ``format()`` chooses another sink, as in Spark).
+FOREACH = "foreach"
+FOREACH_BATCH = "foreachBatch"
+#: The sinks Spark refuses to partition.
+UNPARTITIONED = ("memory", FOREACH, FOREACH_BATCH)
+#: The local property by which PySpark's ``foreach`` code finds the batch id (its epoch).
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 METADATA_DIR = "_spark_metadata"
 STAGING_DIR = "_sparkstate_staging"
 #: Spark's default ``spark.sql.streaming.fileSink.log.compactInterval``.
@@ -87,12 +102,16 @@ class FileSink(Sink):
     still runs, to reproduce the state); files of a failed attempt are never listed.
     """
 
-    def __init__(self, fmt: str, path: str, options: dict[str, str]) -> None:
+    def __init__(
+        self, fmt: str, path: str, options: dict[str, str], partition_by: tuple[str, ...] = ()
+    ) -> None:
         if fmt not in FILE_FORMATS:
             msg = f"file sink format must be one of {FILE_FORMATS}, got {fmt!r}"
             raise ConfigurationError(msg)
         self.fmt = fmt
         self.options = options
+        #: ``partitionBy``'s columns: a batch's files go under ``<column>=<value>/`` directories.
+        self.partition_by = partition_by
         self.dir = DurableDir(path)
         self.meta = self.dir.child(METADATA_DIR)
         self.local = local_path(path) is not None
@@ -118,16 +137,17 @@ class FileSink(Sink):
         staging = self.dir.child(STAGING_DIR, f"{batch_id}-{uuid.uuid4().hex}")
         self._staging = staging
         where = staging.path if self.local else staging.uri
-        df.write.format(self.fmt).options(**self.options).mode("overwrite").save(where)
+        writer = df.write.format(self.fmt).options(**self.options)
+        if self.partition_by:
+            writer = writer.partitionBy(*self.partition_by)
+        writer.mode("overwrite").save(where)
         entries = []
-        for entry in staging.list():
-            if not entry.name.startswith("part-"):
-                continue
-            staging.move_to(entry.name, self.dir)
+        for folder, name, size in self._data_files(staging):
+            staging.child(folder).move_to(name, self.dir.child(folder))
             entries.append(
                 {
-                    "path": f"{self.uri_prefix}{self.dir.path}/{entry.name}",
-                    "size": entry.size,
+                    "path": self.uri_prefix + _uri_path(self.dir.path, folder, name),
+                    "size": size,
                     "isDir": False,
                     "modificationTime": int(time.time() * 1000),
                     "blockReplication": 1,
@@ -138,6 +158,20 @@ class FileSink(Sink):
         self._write_log(batch_id, entries)
         staging.delete_all()
         self._staging = None
+
+    def _data_files(self, staging: DurableDir) -> list[tuple[str, str, int]]:
+        """The data files Spark's writer left in ``staging``: (the partition directories they
+        are in, ``k=a/d=1`` with two partition columns, ``""`` with none; name; size)."""
+        out = []
+        for entry in staging.walk():
+            folder, _, name = entry.name.rpartition("/")
+            parts = folder.split("/") if folder else []
+            if not name.startswith("part-") or len(parts) != len(self.partition_by):
+                continue  # Spark's _SUCCESS, its checksums (.part-*.crc)
+            if any(p.startswith(("_", ".")) or "=" not in p for p in parts):
+                continue  # not a partition directory (a job's leftover _temporary/)
+            out.append((folder, name, entry.size))
+        return out
 
     def stop(self) -> None:
         """Remove the files of a batch that was not committed (a stop or a failure mid-write)."""
@@ -177,6 +211,30 @@ class FileSink(Sink):
         compacts = [b for b in ids if (b + 1) % COMPACT_INTERVAL == 0]
         first = compacts[-1] if compacts else 0
         return [e["path"] for b in range(first, latest + 1) for e in self._entries(b)]
+
+
+def _data_files(staging: DurableDir, depth: int) -> list[tuple[str, FileEntry]]:
+    """The data files Spark wrote under ``staging``: (the partition folder they are in, ``""``
+    without partitions, ``k=a/d=1`` with two; their entry)."""
+    if depth == 0:
+        return [("", e) for e in staging.list() if e.name.startswith("part-")]
+    selector = pafs.FileSelector(staging.path, recursive=True, allow_not_found=True)
+    out = []
+    for info in staging.fs.get_file_info(selector):
+        rel = info.path[len(staging.path) :].strip("/")
+        folder, _, name = rel.rpartition("/")
+        if info.type != pafs.FileType.File or not name.startswith("part-"):
+            continue
+        if folder.count("/") + 1 == depth:
+            out.append((folder, FileEntry(name, info.size or 0, 0.0)))
+    return out
+
+
+def _uri_path(*parts: str) -> str:
+    """A path as a manifest names it: Hadoop's ``Path.toUri`` quotes what a URI's path cannot
+    hold (``k=b c`` as ``k=b%20c``; ``%`` of an escaped partition value, ``k=d%2Fe``, as
+    ``%25``), and Spark's reader decodes it back."""
+    return quote("/".join(p for p in parts if p), safe="/!$&'()*+,;=:@")
 
 
 class ConsoleSink(Sink):
@@ -284,23 +342,75 @@ def check_output_mode(fmt: str, mode: str) -> None:
         raise SparkAnalysisError(msg, "STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE", parameters)
 
 
+def check_partitioning(
+    fmt: str, partition_by: tuple[str, ...], columns: list[str], *, case_sensitive: bool
+) -> tuple[str, ...]:
+    """Refuse ``partitionBy`` as Spark's ``start()`` does: on a sink that cannot partition its
+    rows, or by a column the output does not have. The columns as the output names them (as
+    Spark's resolver finds them, ignoring case unless ``spark.sql.caseSensitive``)."""
+    if not partition_by:
+        return ()
+    if fmt in UNPARTITIONED:
+        msg = (
+            f"'{fmt}' does not support partitioning. (As in Spark; partitionBy lays out a file "
+            "sink's output)"
+        )
+        raise SparkAnalysisError(msg, "_LEGACY_ERROR_TEMP_1197", {"operation": fmt})
+    if fmt not in FILE_FORMATS:
+        return partition_by  # Spark's console and noop sinks take and ignore it
+    out = []
+    for col in partition_by:
+        found = [c for c in columns if (c == col if case_sensitive else c.lower() == col.lower())]
+        if not found:
+            valid = ", ".join(columns)
+            msg = f"Partition column {col} not found in existing columns ({valid})."
+            parameters = {"columnType": "Partition", "columnName": col, "validColumnNames": valid}
+            raise SparkAnalysisError(msg, "_LEGACY_ERROR_TEMP_1196", parameters)
+        out.append(found[0])
+    return tuple(out)
+
+
+def foreach_rows(writer: Any) -> Callable[[DataFrame, int], None]:
+    """The function of a ``foreachBatch`` sink that gives each row of a batch to ``writer``, as
+    Spark's ``foreach`` sink does: a function of a row, or an object with ``process(row)`` and
+    optionally ``open(partition_id, epoch_id)`` and ``close(error)``, wrapped and checked by
+    PySpark's own ``foreach`` code, once per partition of the batch, the batch id the epoch.
+    A classic session's only: it runs on the batch's RDD."""
+    per_partition = SparkDataStreamWriter._construct_foreach_function(writer)  # noqa: SLF001
+
+    def each_row(df: DataFrame, batch_id: int) -> None:
+        context = df.sparkSession.sparkContext
+        previous = context.getLocalProperty(BATCH_ID_PROPERTY)
+        context.setLocalProperty(BATCH_ID_PROPERTY, str(batch_id))  # where PySpark reads it
+        try:
+            df.rdd.mapPartitionsWithIndex(per_partition).count()  # type: ignore[arg-type]
+        finally:
+            context.setLocalProperty(BATCH_ID_PROPERTY, previous)  # type: ignore[arg-type]
+
+    return each_row
+
+
 def make_sink(
     fmt: str,
     options: dict[str, str],
     spark: SparkSession,
     query_name: str | None,
-    foreach_batch: Callable[[DataFrame, int], Any] | None,
+    batch_function: Callable[[DataFrame, int], Any] | None,
+    partition_by: tuple[str, ...] = (),
 ) -> Sink:
-    """The sink for ``writeStream.format(fmt)`` (or ``foreachBatch``)."""
-    if foreach_batch is not None:
-        return ForeachBatchSink(foreach_batch)
+    """The sink for ``writeStream.format(fmt)``; ``foreach`` and ``foreachBatch`` (``fmt``
+    :data:`FOREACH` or :data:`FOREACH_BATCH`) run ``batch_function``; a file sink lays its files
+    out by the ``partition_by`` columns."""
+    if fmt in (FOREACH, FOREACH_BATCH):
+        assert batch_function is not None
+        return ForeachBatchSink(batch_function)
     if fmt in FILE_FORMATS:
         path = options.get("path")
         if not path:
             msg = f"the {fmt} sink needs a path: .option('path', ...) or .start(path)"
             raise ConfigurationError(msg)
         file_options = {k: v for k, v in options.items() if k != "path"}
-        return FileSink(fmt, path, file_options)
+        return FileSink(fmt, path, file_options, partition_by)
     if fmt == "console":
         return ConsoleSink(spark, options)
     if fmt == "memory":
@@ -311,5 +421,5 @@ def make_sink(
     if fmt == "noop":
         return NoopSink()
     known = [*FILE_FORMATS, "console", "memory", "noop"]
-    msg = f"unsupported sink format {fmt!r}; use one of {known} or .foreachBatch(fn)"
+    msg = f"unsupported sink format {fmt!r}; use one of {known}, .foreach(f) or .foreachBatch(fn)"
     raise ConfigurationError(msg)

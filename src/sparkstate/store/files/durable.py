@@ -361,6 +361,24 @@ class DurableDir:
             out.append(FileEntry(info.base_name, info.size or 0, mtime))
         return out
 
+    def walk(self) -> builtins.list[FileEntry]:  # ``list`` here is the method above
+        """Files at any depth below this directory (none if it does not exist), each named by
+        its path relative to it (``k=a/part-0``); files being written are left out."""
+        try:
+            selector = pafs.FileSelector(self.path, recursive=True, allow_not_found=True)
+            infos = self._remote(lambda: self.fs.get_file_info(selector), f"listing {self.uri}")
+        except OSError as exc:
+            msg = f"cannot list {self.uri}: {exc}"
+            raise StateFileError(msg) from exc
+        out = []
+        for info in infos:
+            if info.type != pafs.FileType.File or info.base_name.startswith(TMP_PREFIX):
+                continue
+            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            name = info.path[len(self.path) :].lstrip("/")
+            out.append(FileEntry(name, info.size or 0, mtime))
+        return out
+
     def names(self) -> builtins.list[str]:  # ``list`` here is the method above
         """The names of the files directly in this directory (none if it does not exist)."""
         return [e.name for e in self.list()]
