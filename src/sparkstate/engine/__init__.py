@@ -10,10 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparkstate.engine.api import DataStreamWriter, GroupedStream, StatefulStream, stream
+    from sparkstate.engine.api import GroupedStream, StatefulStream, stream
     from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
     from sparkstate.engine.rescale_job import repartition
     from sparkstate.engine.state_source import register
+    from sparkstate.engine.writer import DataStreamWriter
 
 __all__ = [
     "DataStreamWriter",
@@ -29,7 +30,7 @@ __all__ = [
 
 #: Public name -> the module that defines it.
 _HOMES = {
-    "DataStreamWriter": "sparkstate.engine.api",
+    "DataStreamWriter": "sparkstate.engine.writer",
     "GroupedStream": "sparkstate.engine.api",
     "StatefulStream": "sparkstate.engine.api",
     "stream": "sparkstate.engine.api",

@@ -15,7 +15,11 @@ from pyspark.sql import Column, DataFrame
 
 from sparkstate.engine.join_expressions import node_name, seq_list
 
-__all__ = ["carry_event_time"]
+__all__ = ["EVENT_TIME_CARRIER", "carry_event_time"]
+
+#: The column of a wrapped stream's event time, carried past a projection before an aggregation
+#: that dropped it.
+EVENT_TIME_CARRIER = "__ss_event_time"
 
 #: Plan nodes above the watermark that keep their child's columns as they are.
 _PASSING = ("Filter", "SubqueryAlias", "Sample", "Repartition", "RepartitionByExpression")

@@ -28,7 +28,7 @@ of the last batch): the reader keeps the offset it answered last, and a new read
 restart of the query) takes the clock's line of the newest batch in Spark's offset log. They also
 lack the available-now contract: Spark would read the clock once at the start of the run and run
 no batch without data after the last data batch, so a query that needs the clock is refused
-under ``availableNow`` there (:func:`sparkstate.engine.api.needs_clock`).
+under ``availableNow`` there (:func:`sparkstate.engine.writer.needs_clock`).
 """
 
 from __future__ import annotations
