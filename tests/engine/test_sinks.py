@@ -418,16 +418,16 @@ def test_the_writer_takes_sparks_surface(spark: SparkSession, tmp_path: Path) ->
 
 
 def table_facts(spark: SparkSession, name: str) -> dict[str, Any]:
-    """What the catalog says of table ``name`` (its provider, columns, partitioning), and its
-    rows."""
-    about = {r[0]: r[1] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()}
-    columns = [
-        (c.name, c.dataType, c.nullable, c.isPartition) for c in spark.catalog.listColumns(name)
-    ]
+    """What the catalog says of table ``name`` (its provider, its columns, their partitioning and
+    clustering), and its rows."""
+    described = [tuple(r) for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()]
+    about = {r[0]: r[1] for r in described}
+    columns = [(c.name, c.dataType, c.nullable) for c in spark.catalog.listColumns(name)]
     return {
         "provider": about["Provider"],
         "type": about["Type"],
         "columns": columns,
+        "layout": described[: described.index(("# Detailed Table Information", "", ""))],
         "rows": normalize(spark.table(name).collect()),
     }
 
@@ -462,14 +462,17 @@ REFUSED: dict[str, Callable[[Any, str, str], Any]] = {
     "a table of another provider": lambda w, n, d: w.toTable("refused_json"),
     "a temporary view": lambda w, n, d: w.toTable("refused_temp"),
     "a view": lambda w, n, d: w.toTable("refused_view"),
-    "a new table in update mode": lambda w, n, d: w.outputMode("update").toTable(n, path=d),
+    "a new table in update mode": lambda w, n, d: (
+        w.outputMode("update").clusterBy("k").toTable(n, path=d)
+    ),
 }
 
 
 def test_the_writer_refuses_what_spark_refuses(spark: SparkSession, tmp_path: Path) -> None:
     """Each call of :data:`REFUSED` on Spark's writer and on ours: the same exception (PySpark's
     class), condition, parameters and SQLSTATE. Ours refuses before it asks for a checkpoint
-    (it is given none), and, as Spark's, creates the table of a ``toTable`` it then refuses."""
+    (it is given none), and, as Spark's, creates the table of a ``toTable`` it then refuses:
+    the same table (clustered)."""
     feed = FileFeed(tmp_path / "input")
     spark.sql(f"CREATE TABLE refused_json (k string, v int) USING json LOCATION '{tmp_path}/j'")
     spark.sql("CREATE OR REPLACE TEMPORARY VIEW refused_temp AS SELECT 1 AS k")
@@ -502,10 +505,11 @@ def test_the_writer_refuses_what_spark_refuses(spark: SparkSession, tmp_path: Pa
                     writer = writer.option("checkpointLocation", str(tmp_path / f"chk{i}"))
                 name = f"refused_{runner}_{i}"
                 outcomes[case] = outcome(call, writer, name)
-            assert spark.catalog.tableExists(f"refused_{runner}_{len(REFUSED) - 1}")
+        created = [table_facts(spark, f"refused_{r}_{len(REFUSED) - 1}") for r in got]
     finally:
         for table in ("refused_json", *(f"refused_{r}_{len(REFUSED) - 1}" for r in got)):
             spark.sql(f"DROP TABLE IF EXISTS {table}")
         spark.sql("DROP VIEW IF EXISTS refused_view")
     assert got["ours"] == got["spark"]
     assert "accepted" not in got["spark"].values()
+    assert created[0] == created[1] and ("# Clustering Information", "", "") in created[0]["layout"]

@@ -33,20 +33,23 @@ def table_sink(
     name: str,
     source: str,
     schema: StructType,
-    partition_by: tuple[str, ...],
     path: str | None,
+    *,
+    partition_by: tuple[str, ...] = (),
+    cluster_by: tuple[str, ...] = (),
 ) -> str:
     """The location the query writes table ``name`` at, with the writer's format ``source``.
 
     A missing table is created as Spark's ``toTable`` creates it: the stream's columns, all
-    nullable, ``USING source``, ``PARTITIONED BY`` the writer's columns, at ``path`` (an
-    external table) if the writer has one; no file is written until the first batch."""
+    nullable, ``USING source``, ``PARTITIONED BY`` and ``CLUSTER BY`` the writer's columns, at
+    ``path`` (an external table) if the writer has one; no file is written until the first
+    batch."""
     found = _table(spark, name)
     if found is not None and found.isTemporary:
         msg = f"Temporary view {name} doesn't support streaming write."
         raise SparkAnalysisError(msg, "_LEGACY_ERROR_TEMP_1190", {"viewName": name})
     if found is None:
-        spark.sql(_create_table(name, source, schema, partition_by, path))
+        spark.sql(_create_table(name, source, schema, path, partition_by, cluster_by))
         found = _table(spark, name)
     if found is None or found.tableType == "VIEW":
         msg = f"Streaming into views {name} is not supported."
@@ -76,7 +79,12 @@ def _table(spark: Any, name: str) -> Any:
 
 
 def _create_table(
-    name: str, source: str, schema: StructType, partition_by: tuple[str, ...], path: str | None
+    name: str,
+    source: str,
+    schema: StructType,
+    path: str | None,
+    partition_by: tuple[str, ...],
+    cluster_by: tuple[str, ...],
 ) -> str:
     """Spark's ``CREATE TABLE`` of ``toTable``'s missing table (``name`` as the user wrote it,
     a multi-part identifier, as Spark parses it)."""
@@ -85,6 +93,8 @@ def _create_table(
     ddl = f"CREATE TABLE {name} ({columns.toDDL()}) USING {_identifier(source)}"
     if partition_by:
         ddl += f" PARTITIONED BY ({', '.join(_identifier(c) for c in partition_by)})"
+    if cluster_by:
+        ddl += f" CLUSTER BY ({', '.join(_identifier(c) for c in cluster_by)})"
     if path is not None:
         ddl += " LOCATION '" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return ddl

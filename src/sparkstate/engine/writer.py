@@ -100,6 +100,7 @@ class DataStreamWriter:
         #: What a ``foreach`` or ``foreachBatch`` sink calls with each batch.
         self._batch_function: Callable[[DataFrame, int], Any] | None = None
         self._partition_by: tuple[str, ...] = ()
+        self._cluster_by: tuple[str, ...] = ()
         self._table: str | None = None
 
     def outputMode(self, outputMode: str) -> DataStreamWriter:  # noqa: N802,N803
@@ -133,6 +134,14 @@ class DataStreamWriter:
         if len(cols) == 1 and isinstance(cols[0], list | tuple):
             cols = tuple(cols[0])
         self._partition_by = tuple(cols)
+        return self
+
+    def clusterBy(self, *cols: Any) -> DataStreamWriter:  # noqa: N802 - PySpark's name
+        """The clustering columns of the table ``toTable`` creates; a sink's files are laid out
+        as without them, as Spark's file sinks lay theirs out."""
+        if len(cols) == 1 and isinstance(cols[0], list | tuple):
+            cols = tuple(cols[0])
+        self._cluster_by = tuple(cols)
         return self
 
     def trigger(
@@ -240,8 +249,9 @@ class DataStreamWriter:
                 self._table,
                 self._format,
                 self._stream.schema,
-                self._partition_by,
                 self._options.get("path"),
+                partition_by=self._partition_by,
+                cluster_by=self._cluster_by,
             )
         if self._partition_by:
             self._partition_by = check_partitioning(
