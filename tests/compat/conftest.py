@@ -78,3 +78,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     providers = PROVIDERS if turn % 2 == 0 else PROVIDERS[::-1]
     pairs = list(zip(providers, MODES, strict=True))
     metafunc.parametrize(("provider", "mode"), pairs, ids=[f"{p}-{m}" for p, m in pairs])
+
+
+@pytest.fixture
+def st(spark: Any, tmp_path: Path) -> Any:
+    """A Scala ``testStream`` scenario's harness (``stream_test.py``), on both providers."""
+    from .stream_test import StreamTest
+
+    return StreamTest(spark, tmp_path, PROVIDERS)

@@ -1,0 +1,456 @@
+"""Spark's Scala ``testStream`` scenarios, as a port runs them from Python.
+
+Spark's Scala suites of stateful streaming (``StreamTest``) drive a query with a list of actions:
+``AddData`` into a ``MemoryStream``, ``CheckAnswer`` / ``CheckLastBatch`` / ``CheckNewAnswer``
+against a memory sink, ``StopStream`` / ``StartStream``, ``AssertOnQuery``, ``ExpectFailure``.
+This module gives the same actions over what a PySpark user has: a ``MemoryStream`` is a
+directory of JSON files read by Spark's file source (the rows of the ``AddData`` actions up to a
+check become one file, so one micro-batch, as Spark's test runs them), the sink is
+``foreachBatch`` collecting each batch's rows on the driver (Spark's memory sink keeps the same:
+every batch's rows, the last one's, those since the last check), and every check first runs
+``processAllAvailable()``, which runs the no-data batches a moved watermark calls for, as the
+Scala check does.
+
+A ported scenario reads as its Scala original::
+
+    inputData = st.memory_stream("value int")
+    windowedAggregation = inputData.toDF().withColumn(...)...
+    st.test_stream(windowedAggregation, "append",
+        AddData(inputData, 10, 11, 12, 13, 14, 15),
+        CheckNewAnswer(),
+        AddData(inputData, 25),
+        CheckNewAnswer((10, 5)),
+        assertNumStateRows(total=1, updated=1),
+    )
+
+``inputData.toDF()`` is the query's input wrapped in ``ss.stream`` (Spark's own as it is, under
+``SPARKSTATE_COMPAT_ORACLE=spark``): the one change a port makes to the query.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, Row, SparkSession
+
+from .porting import ORACLE, wrap
+
+
+class MemoryStream:
+    """Spark's ``MemoryStream[T]``: rows added by the scenario, read by a file source.
+
+    ``schema`` is the DDL of the stream's columns as Spark's encoder names them: ``"value int"``
+    for ``MemoryStream[Int]``, ``"_1 string, _2 timestamp"`` for a tuple. A row added is one value
+    (one column) or a tuple; a ``datetime`` is written as Spark reads a timestamp."""
+
+    def __init__(self, spark: SparkSession, path: Path, schema: str) -> None:
+        self.spark = spark
+        self.path = path
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.schema = schema
+        self.names = [part.split()[0] for part in _top_level(schema)]
+        self.pending: list[Any] = []
+        self._files = 0
+        self._mtime = float(int(time.time())) - 10_000.0
+
+    def toDF(self) -> Any:  # noqa: N802 - Spark's name
+        """The stream as the ported query takes it: wrapped."""
+        return wrap(self.raw())
+
+    def raw(self) -> DataFrame:
+        """The stream unwrapped (for a side Spark's test builds on without a stateful step)."""
+        return self.spark.readStream.schema(self.schema).json(str(self.path))
+
+    def flush(self) -> None:
+        """Write the rows added since the last check as one file (one micro-batch)."""
+        if not self.pending:
+            return
+        lines = [json.dumps(self._record(row), default=_json_value) for row in self.pending]
+        self.pending = []
+        self._files += 1
+        name = f"part-{self._files:05d}.json"
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        self._mtime += 1.0
+        os.utime(tmp, (self._mtime, self._mtime))
+        tmp.rename(self.path / name)
+
+    def _record(self, row: Any) -> dict[str, Any]:
+        values = row if isinstance(row, tuple) else (row,)
+        if len(values) != len(self.names):
+            msg = f"a row of {self.names} needs {len(self.names)} values, got {row!r}"
+            raise ValueError(msg)
+        return dict(zip(self.names, values, strict=True))
+
+
+def _top_level(ddl: str) -> list[str]:
+    """The top-level ``name type`` parts of a DDL schema (commas inside ``<...>`` kept)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(ddl):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(ddl[start:i].strip())
+            start = i + 1
+    parts.append(ddl[start:].strip())
+    return [p for p in parts if p]
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    msg = f"no JSON form for {value!r}"
+    raise TypeError(msg)
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamRun:
+    """One scenario's query across its starts and stops, and what its sink received."""
+
+    spark: SparkSession
+    df: Any
+    output_mode: str
+    checkpoint: str
+    provider: str
+    inputs: list[MemoryStream]
+    query: Any = None
+    batches: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
+    last_checked_batch: int = -1
+    progress_seen: int = 0
+    confs: dict[str, str | None] = field(default_factory=dict)
+
+    def start(self, trigger: dict[str, Any] | None = None, confs: dict[str, str] | None = None):
+        for key, value in (confs or {}).items():
+            self.confs.setdefault(key, self.spark.conf.get(key, None))
+            self.spark.conf.set(key, value)
+        batches = self.batches
+
+        def collect(batch: DataFrame, batch_id: int) -> None:
+            batches[batch_id] = [_plain(row) for row in batch.collect()]
+
+        writer = (
+            self.df.writeStream.outputMode(self.output_mode)
+            .foreachBatch(collect)
+            .option("checkpointLocation", self.checkpoint)
+            .option("stateStore", self.provider)
+        )
+        if trigger:
+            writer = writer.trigger(**trigger)
+        self.query = writer.start()
+        self.progress_seen = 0
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+            self.query = None
+
+    def process(self) -> None:
+        """Hand the rows added so far to the query and wait until it has run them all."""
+        for stream in self.inputs:
+            stream.flush()
+        if self.query is None:
+            msg = "the scenario checks a stopped stream (no StartStream since StopStream)"
+            raise AssertionError(msg)
+        self.query.processAllAvailable()
+
+    def all_rows(self) -> list[tuple[Any, ...]]:
+        """The memory sink's ``allData``: every batch's rows, the last batch's in complete mode."""
+        if self.output_mode == "complete":
+            return self.last_rows()
+        return [row for batch_id in sorted(self.batches) for row in self.batches[batch_id]]
+
+    def last_rows(self) -> list[tuple[Any, ...]]:
+        return self.batches[max(self.batches)] if self.batches else []
+
+    def new_rows(self) -> list[tuple[Any, ...]]:
+        rows = [
+            row
+            for batch_id in sorted(self.batches)
+            if batch_id > self.last_checked_batch
+            for row in self.batches[batch_id]
+        ]
+        return rows
+
+    def checked(self) -> None:
+        self.last_checked_batch = max(self.batches, default=-1)
+
+    def restore_confs(self) -> None:
+        for key, value in self.confs.items():
+            if value is None:
+                self.spark.conf.unset(key)
+            else:
+                self.spark.conf.set(key, value)
+
+
+def _plain(value: Any) -> Any:
+    """A collected row as a tuple (nested structs as tuples), as the expected rows are written."""
+    if isinstance(value, Row):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _row(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _same_rows(kind: str, expected: Iterable[Any], actual: Sequence[Any], run: StreamRun) -> None:
+    want = sorted((_row(r) for r in expected), key=repr)
+    got = sorted(actual, key=repr)
+    if want != got:
+        msg = f"{kind}: expected {want}\n got {got}\n batches: {dict(sorted(run.batches.items()))}"
+        raise AssertionError(msg)
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+class Action:
+    #: An action on the inputs (run once for all the scenario's queries), not on a query.
+    on_inputs = False
+
+    def run(self, run: StreamRun) -> None:
+        raise NotImplementedError
+
+
+class AddData(Action):
+    """Spark's ``AddData(input, rows*)``: the rows reach the query at the next check."""
+
+    on_inputs = True
+
+    def __init__(self, stream: MemoryStream, *rows: Any) -> None:
+        self.stream, self.rows = stream, rows
+
+    def run(self, run: StreamRun) -> None:
+        self.stream.pending.extend(self.rows)
+
+
+class MultiAddData(Action):
+    """Spark's ``MultiAddData``: rows into several inputs, read in one batch."""
+
+    on_inputs = True
+
+    def __init__(self, *adds: AddData) -> None:
+        self.adds = adds
+
+    def run(self, run: StreamRun) -> None:
+        for add in self.adds:
+            add.run(run)
+
+
+class CheckAnswer(Action):
+    """Spark's ``CheckAnswer(rows*)``: every row the sink has (complete mode: the last batch)."""
+
+    def __init__(self, *rows: Any) -> None:
+        self.rows = rows
+
+    def run(self, run: StreamRun) -> None:
+        run.process()
+        _same_rows("CheckAnswer", self.rows, run.all_rows(), run)
+        run.checked()
+
+
+class CheckLastBatch(CheckAnswer):
+    """Spark's ``CheckLastBatch(rows*)``: the rows of the last batch the sink received."""
+
+    def run(self, run: StreamRun) -> None:
+        run.process()
+        _same_rows("CheckLastBatch", self.rows, run.last_rows(), run)
+        run.checked()
+
+
+class CheckNewAnswer(CheckAnswer):
+    """Spark's ``CheckNewAnswer(rows*)``: the rows of the batches since the last check."""
+
+    def run(self, run: StreamRun) -> None:
+        run.process()
+        _same_rows("CheckNewAnswer", self.rows, run.new_rows(), run)
+        run.checked()
+
+
+class ProcessAllAvailable(Action):
+    def run(self, run: StreamRun) -> None:
+        run.process()
+
+
+class _StopStream(Action):
+    def run(self, run: StreamRun) -> None:
+        run.stop()
+
+
+#: Spark's ``StopStream``.
+StopStream = _StopStream()
+
+
+class StartStream(Action):
+    """Spark's ``StartStream(trigger, additionalConfs)``: a new start from the checkpoint."""
+
+    def __init__(
+        self, trigger: dict[str, Any] | None = None, confs: dict[str, str] | None = None
+    ) -> None:
+        self.trigger, self.confs = trigger, confs
+
+    def run(self, run: StreamRun) -> None:
+        run.start(self.trigger, self.confs)
+
+
+class AssertOnQuery(Action):
+    """Spark's ``AssertOnQuery(q => ...)``: ``check(run)`` holds (or raises itself)."""
+
+    def __init__(self, check: Callable[[StreamRun], Any], message: str = "") -> None:
+        self.check, self.message = check, message
+
+    def run(self, run: StreamRun) -> None:
+        result = self.check(run)
+        if result is False:
+            raise AssertionError(self.message or "AssertOnQuery failed")
+
+
+class Execute(AssertOnQuery):
+    """Spark's ``Execute { q => ... }``."""
+
+
+class ExpectFailure(Action):
+    """Spark's ``ExpectFailure[...]``: the query fails with an error naming ``match``."""
+
+    def __init__(self, match: str = "") -> None:
+        self.match = match
+
+    def run(self, run: StreamRun) -> None:
+        try:
+            run.process()
+        except StreamingQueryException as e:
+            if self.match and self.match not in str(e):
+                msg = f"the query failed, not with {self.match!r}: {e}"
+                raise AssertionError(msg) from e
+        else:
+            msg = "the query did not fail"
+            raise AssertionError(msg)
+        finally:
+            run.stop()
+
+
+def progresses(run: StreamRun) -> list[Any]:
+    return list(run.query.recentProgress) if run.query is not None else []
+
+
+def assertNumStateRows(  # noqa: N802 - Spark's name
+    total: int | Sequence[int], updated: int | Sequence[int] | None = None
+) -> Action:
+    """Spark's ``assertNumStateRows``: the last progress's total rows in each state operator,
+    and (when given) the rows updated by the batches since the last such check, summed."""
+    totals = list(total) if isinstance(total, Sequence) else [total]
+    updates = [updated] if isinstance(updated, int) else None if updated is None else list(updated)
+
+    def check(run: StreamRun) -> None:
+        run.process()
+        recent = progresses(run)
+        since = [p for p in recent[run.progress_seen :] if p["stateOperators"]]
+        last = [p for p in recent if p["stateOperators"]][-1]
+        got_total = [op["numRowsTotal"] for op in last["stateOperators"]]
+        got_updated = [
+            sum(p["stateOperators"][i]["numRowsUpdated"] for p in since)
+            for i in range(len(got_total))
+        ]
+        run.progress_seen = len(recent)
+        if got_total != totals or (updates is not None and got_updated != updates):
+            msg = (
+                f"state rows: expected total {totals} updated {updates}, "
+                f"got total {got_total} updated {got_updated}"
+            )
+            raise AssertionError(msg)
+
+    return AssertOnQuery(check)
+
+
+def watermark_ms(run: StreamRun) -> int:
+    """The event-time watermark the last batch ran with, in epoch milliseconds (Spark's
+    ``q.lastExecution.offsetSeqMetadata.batchWatermarkMs``; 0 before one is set)."""
+    for progress in reversed(progresses(run)):
+        mark = (progress["eventTime"] or {}).get("watermark")
+        if mark is not None:
+            when = dt.datetime.fromisoformat(mark.replace("Z", "+00:00"))
+            return int(when.timestamp() * 1000)
+    return 0
+
+
+def assertWatermark(ms: int) -> Action:  # noqa: N802
+    def check(run: StreamRun) -> None:
+        run.process()
+        got = watermark_ms(run)
+        if got != ms:
+            msg = f"watermark: expected {ms} ms, got {got} ms"
+            raise AssertionError(msg)
+
+    return AssertOnQuery(check)
+
+
+class StreamTest:
+    """What a scenario runs with: the session, a directory of its own, and the state stores.
+
+    Each scenario runs on every store at once: one query per store over the same input files,
+    started together and checked action by action (a failure names the store). Spark's own
+    operator, under ``SPARKSTATE_COMPAT_ORACLE=spark``, runs alone."""
+
+    def __init__(self, spark: SparkSession, path: Path, providers: Sequence[str]) -> None:
+        self.spark, self.path = spark, path
+        self.providers = ["spark"] if ORACLE else list(providers)
+        self.inputs: list[MemoryStream] = []
+        self._runs = 0
+
+    def memory_stream(self, schema: str = "value int") -> MemoryStream:
+        stream = MemoryStream(self.spark, self.path / f"input-{len(self.inputs)}", schema)
+        self.inputs.append(stream)
+        return stream
+
+    def test_stream(self, df: Any, output_mode: str, *actions: Action) -> None:
+        """Spark's ``testStream(df, outputMode)(actions*)``: the query starts, the actions run in
+        order, the query is stopped at the end whatever happened."""
+        self._runs += 1
+        runs = [
+            StreamRun(
+                self.spark,
+                df,
+                output_mode,
+                str(self.path / f"checkpoint-{self._runs}-{provider}"),
+                provider,
+                self.inputs,
+            )
+            for provider in self.providers
+        ]
+        steps = list(actions)
+        if not steps or not isinstance(steps[0], StartStream):
+            steps.insert(0, StartStream())
+        try:
+            for number, step in enumerate(steps):
+                for run in runs[:1] if step.on_inputs else runs:
+                    try:
+                        step.run(run)
+                    except AssertionError as e:
+                        msg = f"{run.provider}, action {number} ({type(step).__name__}): {e}"
+                        raise AssertionError(msg) from e
+        finally:
+            for run in runs:
+                run.stop()
+            runs[0].restore_confs()
