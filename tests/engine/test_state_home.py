@@ -133,10 +133,36 @@ def _kill_workers_when_stalled(marker: Path, jvm: int, killed: list[int]) -> Non
     while not at.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     daemons = [p for p in _children(jvm) if b"pyspark.daemon" in _cmdline(p)]
+    unix = _unix_socket_inodes()
     for daemon in daemons:
         for worker in _children(daemon):
-            os.kill(worker, signal.SIGKILL)
-            killed.append(worker)
+            # Only a worker in a task (connected to a home): an idle pooled worker killed here
+            # would fail the retry that Spark hands it next, and the task with it.
+            if _socket_inodes(worker) & unix:
+                os.kill(worker, signal.SIGKILL)
+                killed.append(worker)
+
+
+def _unix_socket_inodes() -> set[str]:
+    """The inodes of this machine's Unix sockets (``/proc/net/unix``)."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    return {fields[6] for fields in (line.split() for line in lines) if len(fields) > 6}
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    out = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[len("socket:[") : -1])
+    return out
 
 
 def _children(pid: int) -> list[int]:
