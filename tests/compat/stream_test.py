@@ -355,30 +355,76 @@ def progresses(run: StreamRun) -> list[Any]:
     return list(run.query.recentProgress) if run.query is not None else []
 
 
+def _per_operator(value: int | Sequence[int] | None) -> list[int] | None:
+    return None if value is None else [value] if isinstance(value, int) else list(value)
+
+
+def _since_last_check(run: StreamRun) -> list[Any]:
+    """The progresses with state operators since the last check of state metrics (Spark's
+    ``retrieveProgressesSinceLastCheck``), which this check then marks as checked."""
+    recent = progresses(run)
+    since = [p for p in recent[run.progress_seen :] if p["stateOperators"]]
+    run.progress_seen = len(recent)
+    return since
+
+
 def assertNumStateRows(  # noqa: N802 - Spark's name
-    total: int | Sequence[int], updated: int | Sequence[int] | None = None
+    total: int | Sequence[int],
+    updated: int | Sequence[int] | None = None,
+    *,
+    droppedByWatermark: int | Sequence[int] | None = None,  # noqa: N803 - Spark's name
+    removed: int | Sequence[int] | None = None,
 ) -> Action:
     """Spark's ``assertNumStateRows``: the last progress's total rows in each state operator,
-    and (when given) the rows updated by the batches since the last such check, summed."""
-    totals = list(total) if isinstance(total, Sequence) else [total]
-    updates = [updated] if isinstance(updated, int) else None if updated is None else list(updated)
+    and (each when given) the rows updated, dropped by the watermark and removed by the batches
+    since the last such check, summed."""
+    totals = _per_operator(total)
+    sums = {
+        "numRowsUpdated": _per_operator(updated),
+        "numRowsDroppedByWatermark": _per_operator(droppedByWatermark),
+        "numRowsRemoved": _per_operator(removed),
+    }
 
     def check(run: StreamRun) -> None:
         run.process()
-        recent = progresses(run)
-        since = [p for p in recent[run.progress_seen :] if p["stateOperators"]]
-        last = [p for p in recent if p["stateOperators"]][-1]
+        last = [p for p in progresses(run) if p["stateOperators"]][-1]
+        since = _since_last_check(run)
         got_total = [op["numRowsTotal"] for op in last["stateOperators"]]
-        got_updated = [
-            sum(p["stateOperators"][i]["numRowsUpdated"] for p in since)
-            for i in range(len(got_total))
-        ]
-        run.progress_seen = len(recent)
-        if got_total != totals or (updates is not None and got_updated != updates):
-            msg = (
-                f"state rows: expected total {totals} updated {updates}, "
-                f"got total {got_total} updated {got_updated}"
-            )
+        got = {
+            metric: [
+                sum(p["stateOperators"][i][metric] for p in since) for i in range(len(got_total))
+            ]
+            for metric in sums
+        }
+        wrong = got_total != totals or any(
+            want is not None and got[metric] != want for metric, want in sums.items()
+        )
+        if wrong:
+            expected = {k: v for k, v in sums.items() if v is not None}
+            msg = f"state rows: expected total {totals} {expected}, got total {got_total} {got}"
+            raise AssertionError(msg)
+
+    return AssertOnQuery(check)
+
+
+def assertStateOperatorProgressMetric(  # noqa: N802 - Spark's name
+    operatorName: str,  # noqa: N803 - Spark's names
+    numShufflePartitions: int,  # noqa: N803
+    numStateStoreInstances: int,  # noqa: N803
+    operatorIndex: int = 0,  # noqa: N803
+) -> Action:
+    """Spark's ``assertStateOperatorProgressMetric``: the last progress's state operator (at
+    ``operatorIndex``) has this name, number of shuffle partitions and of state store instances;
+    the progresses so far count as checked, as in Spark's."""
+
+    def check(run: StreamRun) -> None:
+        run.process()
+        since = _since_last_check(run)
+        op = since[-1]["stateOperators"][operatorIndex]
+        got = (op["operatorName"], op["numShufflePartitions"], op["numStateStoreInstances"])
+        want = (operatorName, numShufflePartitions, numStateStoreInstances)
+        if got != want:
+            msg = f"state operator (name, partitions, stores): expected {want}, got {got}"
             raise AssertionError(msg)
 
     return AssertOnQuery(check)

@@ -19,11 +19,15 @@ from typing import Any
 import pandas as pd
 import pytest
 from pyspark import cloudpickle
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import Row, SparkSession
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 import sparkstate as ss
+from sparkstate.engine.user_state import SPARK_GROUP_STATES
+from sparkstate.operators.arbitrary.group_state import GroupStateClock
+from sparkstate.operators.arbitrary.state_errors import UnsupportedStateOperationError
 
 from .conftest import FileFeed
 from .helpers import Collector
@@ -219,6 +223,24 @@ def _initial(spark: SparkSession) -> Any:
 
 
 # --- tests ----------------------------------------------------------------------------------------
+
+
+def test_group_state_refusals_are_pysparks_runtime_errors() -> None:
+    """PySpark's ``GroupState`` raises ``PySparkRuntimeError`` for the watermark of a query that
+    has none and for a timeout its timeout conf does not allow; a ported function catches that
+    class, so ours are of it too (and still sparkstate's own)."""
+    clock = GroupStateClock(GroupStateTimeout.NoTimeout, 1000, -1, False, "applyInPandasWithState")
+    for cls in SPARK_GROUP_STATES:
+        state = cls(clock, None, 1)
+        refused = (
+            state.getCurrentWatermarkMs,
+            lambda s=state: s.setTimeoutDuration(1000),
+            lambda s=state: s.setTimeoutTimestamp(1000),
+        )
+        for call in refused:
+            with pytest.raises(PySparkRuntimeError) as info:
+                call()
+            assert isinstance(info.value, UnsupportedStateOperationError)
 
 
 def test_apply_in_pandas_with_state_sees_and_returns_what_spark_does(

@@ -12,27 +12,43 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.streaming.state import GroupState as PySparkGroupState
 
 from sparkstate.operators.arbitrary.group_state import GroupState, PickledGroupState
-from sparkstate.operators.arbitrary.state_errors import StateVariableDeletedError, raise_deleted_as
+from sparkstate.operators.arbitrary.state_errors import (
+    StateVariableDeletedError,
+    UnsupportedStateOperationError,
+    raise_deleted_as,
+)
 
 __all__ = [
     "SPARK_GROUP_STATES",
     "SparkGroupState",
     "SparkPickledGroupState",
     "SparkStateVariableDeletedError",
+    "SparkUnsupportedStateOperationError",
     "use_spark_errors",
 ]
+
+
+class SparkUnsupportedStateOperationError(UnsupportedStateOperationError, PySparkRuntimeError):
+    """What PySpark's ``GroupState`` raises as ``PySparkRuntimeError`` (a timeout the query's
+    timeout conf does not allow, the watermark of a query without one), ours too."""
+
+    def __init__(self, msg: str) -> None:
+        UnsupportedStateOperationError.__init__(self, msg)
+        PySparkRuntimeError.__init__(self, message=msg)
 
 
 class SparkGroupState(GroupState, PySparkGroupState):  # type: ignore[misc]
     """A :class:`~sparkstate.GroupState` that is also PySpark's ``GroupState``."""
 
     __slots__ = ()
+    unsupported_error = SparkUnsupportedStateOperationError
 
 
 class SparkPickledGroupState(PickledGroupState, PySparkGroupState):  # type: ignore[misc]
     """A ``sparkstate.PICKLED`` state's ``GroupState``, also PySpark's ``GroupState``."""
 
     __slots__ = ()
+    unsupported_error = SparkUnsupportedStateOperationError
 
 
 #: The state classes of a row (tuple) state and of a ``sparkstate.PICKLED`` state.

@@ -148,6 +148,11 @@ class GroupState:
     """The state of one grouping key during one call of the user function."""
 
     NO_TIMESTAMP: ClassVar[int] = NO_TIMESTAMP
+    #: What an operation the query's timeout or watermark does not allow raises (the engine's
+    #: state classes raise one that is PySpark's ``PySparkRuntimeError`` too, as PySpark's do).
+    unsupported_error: ClassVar[type[UnsupportedStateOperationError]] = (
+        UnsupportedStateOperationError
+    )
     __slots__ = (
         "_clock",
         "_defined",
@@ -248,7 +253,7 @@ class GroupState:
                 "Cannot set timeout duration without enabling processing time timeout in "
                 f"{self._clock.api}"
             )
-            raise UnsupportedStateOperationError(msg)
+            raise self.unsupported_error(msg)
         duration = parse_duration_ms(durationMs)
         if duration <= 0:
             msg = f"Timeout duration must be positive, got {durationMs!r}"
@@ -262,7 +267,7 @@ class GroupState:
                 "Cannot set timeout timestamp without enabling event time timeout in "
                 f"{self._clock.api}"
             )
-            raise UnsupportedStateOperationError(msg)
+            raise self.unsupported_error(msg)
         if isinstance(timestampMs, datetime.datetime):
             ts = int(timestampMs.timestamp() * 1000)
         elif isinstance(timestampMs, int) and not isinstance(timestampMs, bool):
@@ -291,7 +296,7 @@ class GroupState:
                 "Cannot get event time watermark timestamp without setting watermark before "
                 f"{self._clock.api}"
             )
-            raise UnsupportedStateOperationError(msg)
+            raise self.unsupported_error(msg)
         return self._clock.watermark_ms
 
     def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802
