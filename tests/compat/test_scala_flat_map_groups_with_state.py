@@ -23,7 +23,7 @@ Spark's case                                                       here
 flatMapGroupsWithState - streaming (x2 state formats)              ported (format 2)
 flatMapGroupsWithState - streaming + func returns iterator that    ported
 updates state lazily
-flatMapGroupsWithState - streaming + aggregation (x2)              ported (format 2), xfail
+flatMapGroupsWithState - streaming + aggregation (x2)              ported (format 2)
 flatMapGroupsWithState - streaming with processing time timeout    left out: manual clock,
 (x2)                                                               processing-time timeout
 flatMapGroupsWithState - streaming w/ event time timeout +         ported (format 2)
@@ -76,10 +76,9 @@ key with data starts with no old timeout, so a function that neither updates the
 a timeout leaves the stored one, and the key times out in the batch that brought it data (the
 fix of SPARK-38320 is in the Scala operator's write rule). Ours follows Spark's Python operator.
 
-Two ports are ``xfail`` here (strict) on sparkstate, not under Spark's operator:
-``test_flat_map_groups_with_state_and_aggregation`` (sparkstate refuses a stateful step after
-``applyInPandasWithState``) and ``test_metrics_in_state_operator_progress`` (``numRowsTotal``
-counts the timeout index's entries too).
+One port is ``xfail`` here (strict) on sparkstate, not under Spark's operator:
+``test_metrics_in_state_operator_progress`` (``numRowsTotal`` counts the timeout index's
+entries too).
 """
 
 from __future__ import annotations
@@ -271,16 +270,6 @@ def test_flat_map_groups_with_state_updates_state_lazily(st) -> None:
     )
 
 
-@pytest.mark.xfail(
-    not ORACLE,
-    strict=True,
-    reason=(
-        "sparkstate refuses a stateful step after applyInPandasWithState (engine/plan.py "
-        "_check_chain: 'not supported yet'), and plan_arbitrary checks the operator's output "
-        "mode against the query's even when an aggregation follows, where Spark allows an "
-        "append-mode applyInPandasWithState before an aggregation in any output mode"
-    ),
-)
 def test_flat_map_groups_with_state_and_aggregation(st) -> None:
     # Running count up to 2, then removed; -1 when removed. Its rows counted by key.
     def state_func(

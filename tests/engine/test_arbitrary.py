@@ -438,6 +438,10 @@ def test_unsupported_combinations_fail_at_start(
         ).start()
     with pytest.raises(ConfigurationError, match="initialState"):
         grouped.transformWithState(CountProcessor(), OUTPUT, "update", "None", initialState=df)
+    with pytest.raises(ConfigurationError, match="update mode is not supported with aggregation"):
+        update.groupBy("k").count().writeStream.format("noop").outputMode("complete").option(
+            "checkpointLocation", str(tmp_path)
+        ).start()
     with pytest.raises(ConfigurationError, match="not supported yet"):
         update.dropDuplicates(["k"]).writeStream.format("noop").outputMode("update").option(
             "checkpointLocation", str(tmp_path)

@@ -47,7 +47,16 @@ def plan_arbitrary(step: ArbitraryStep, at: PlanContext) -> Planned:
     if mode not in ("append", "update"):
         msg = f"{api}: outputMode is 'append' or 'update' (as in Spark), not {step.output_mode!r}"
         raise ConfigurationError(msg)
-    if query_mode != mode and api in ARBITRARY_FUNCTION_APIS:
+    if at.aggregation_follows and api in ARBITRARY_FUNCTION_APIS:
+        # Spark checks the *GroupsWithState operators' mode against the aggregation after them
+        # (append only), and the query's mode is the aggregation's.
+        if mode != "append":
+            msg = (
+                f"{api} in {mode} mode is not supported with aggregation on a streaming "
+                "DataFrame/Dataset (as in Spark): use outputMode 'append' in it"
+            )
+            raise ConfigurationError(msg)
+    elif query_mode != mode and api in ARBITRARY_FUNCTION_APIS:
         # Spark checks the *GroupsWithState operators' mode against the query's; a
         # transformWithState's outputMode is not checked (any pairing runs).
         msg = (

@@ -118,6 +118,7 @@ def plan_chain(
             watermark,
             event_time is not None,
             watermark_delay_ms,
+            any(isinstance(s, AggregateStep) for s in stateful[position + 1 :]),
         )
         planned = planner(step, at)
         stage, current = planned.stage, planned.output
@@ -137,7 +138,7 @@ def plan_chain(
         operation = "streaming aggregations without watermark"
         raise unsupported_operation(msg, output_mode, operation)
     arbitrary = [s.api for s in steps if isinstance(s, ArbitraryStep)]
-    if output_mode == "complete" and arbitrary:
+    if output_mode == "complete" and arbitrary and not has_agg:
         msg = f"{arbitrary[0]} does not support complete output mode (as in Spark); use update"
         raise ConfigurationError(msg)
     if output_mode == "complete" and not has_agg:
@@ -232,14 +233,17 @@ def _check_chain(before: Sequence[Step], step: Step, mode: str) -> None:
     ``flatMapGroupsWithState`` after an aggregation; in update mode, nothing after an
     aggregation (its updates are "late rows" downstream). After transformWithState anything
     (the watermark goes on in its eventTimeColumnName); after applyInPandasWithState /
-    flatMapGroupsWithState the output has no watermark Spark could carry: not supported here."""
+    flatMapGroupsWithState an aggregation where that step is in append mode (Spark's rule; its
+    output has no watermark, so the aggregation's state is kept), nothing else here."""
     previous = before[-1]
     if isinstance(previous, ArbitraryStep) and not is_processor(previous):
-        msg = (
-            f"a stateful step after {previous.api} is not supported yet; "
-            "make the arbitrary-state step the last one"
-        )
-        raise ConfigurationError(msg)
+        appends = str(previous.output_mode).lower() == "append"
+        if not (appends and isinstance(step, AggregateStep)):
+            msg = (
+                f"a stateful step after {previous.api} is not supported yet (an aggregation "
+                "after its append mode is); make the arbitrary-state step the last one"
+            )
+            raise ConfigurationError(msg)
     if not any(isinstance(s, AggregateStep) for s in before):
         return
     if isinstance(step, ArbitraryStep) and step.api in ARBITRARY_FUNCTION_APIS:

@@ -79,6 +79,9 @@ class PlanContext:
     watermark_present: bool
     #: The delay of the query's watermark, if it has one.
     watermark_delay_ms: int | None = None
+    #: Whether an aggregation comes after the step (Spark then checks an arbitrary-state step's
+    #: output mode against the aggregation, not against the query's).
+    aggregation_follows: bool = False
 
     @property
     def has_event_time(self) -> bool:
