@@ -50,15 +50,22 @@ class MemoryStream:
 
     ``schema`` is the DDL of the stream's columns as Spark's encoder names them: ``"value int"``
     for ``MemoryStream[Int]``, ``"_1 string, _2 timestamp"`` for a tuple. A row added is one value
-    (one column) or a tuple; a ``datetime`` is written as Spark reads a timestamp."""
+    (one column) or a tuple; a ``datetime`` is written as Spark reads a timestamp.
+    ``partitions`` is Spark's ``MemoryStream[T](numPartitions)``: a batch's rows dealt round robin
+    into that many files, each read as a partition of its own (it may change between two
+    ``test_stream`` of a scenario, as Spark's test makes a new ``MemoryStream``)."""
 
-    def __init__(self, spark: SparkSession, path: Path, schema: str) -> None:
+    def __init__(self, spark: SparkSession, path: Path, schema: str, partitions: int = 1) -> None:
         self.spark = spark
+        self.partitions = partitions
         self.path = path
         self.path.mkdir(parents=True, exist_ok=True)
         self.schema = schema
         self.names = [part.split()[0] for part in _top_level(schema)]
         self.pending: list[Any] = []
+        #: An ``AddData`` since the last check, even one of no rows (Spark's ``MemoryStream`` then
+        #: still offers a new offset: a batch of no rows).
+        self.batch_pending = False
         self._files = 0
         self._mtime = float(int(time.time())) - 10_000.0
 
@@ -71,15 +78,25 @@ class MemoryStream:
         return self.spark.readStream.schema(self.schema).json(str(self.path))
 
     def flush(self) -> None:
-        """Write the rows added since the last check as one file (one micro-batch)."""
-        if not self.pending:
+        """Write the rows added since the last check as one file (one micro-batch); an
+        ``AddData`` of no rows writes an empty file, which the file source reads as a batch of no
+        rows and no partitions, as Spark's ``MemoryStream`` gives it."""
+        if not self.pending and not self.batch_pending:
             return
         lines = [json.dumps(self._record(row), default=_json_value) for row in self.pending]
         self.pending = []
+        self.batch_pending = False
+        if not lines:
+            self._write("")
+            return
+        for part in range(self.partitions):  # a partition without rows: a blank line
+            self._write("".join(line + "\n" for line in lines[part :: self.partitions]) or "\n")
+
+    def _write(self, text: str) -> None:
         self._files += 1
         name = f"part-{self._files:05d}.json"
         tmp = self.path / f".{name}.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
+        tmp.write_text(text)
         self._mtime += 1.0
         os.utime(tmp, (self._mtime, self._mtime))
         tmp.rename(self.path / name)
@@ -215,9 +232,17 @@ def _row(value: Any) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else (value,)
 
 
-def _same_rows(kind: str, expected: Iterable[Any], actual: Sequence[Any], run: StreamRun) -> None:
-    want = sorted((_row(r) for r in expected), key=repr)
-    got = sorted(actual, key=repr)
+def _same_rows(
+    kind: str,
+    expected: Iterable[Any],
+    actual: Sequence[Any],
+    run: StreamRun,
+    is_sorted: bool = False,
+) -> None:
+    want = [_row(r) for r in expected]
+    got = list(actual)
+    if not is_sorted:
+        want, got = sorted(want, key=repr), sorted(got, key=repr)
     if want != got:
         msg = f"{kind}: expected {want}\n got {got}\n batches: {dict(sorted(run.batches.items()))}"
         raise AssertionError(msg)
@@ -244,6 +269,7 @@ class AddData(Action):
 
     def run(self, run: StreamRun) -> None:
         self.stream.pending.extend(self.rows)
+        self.stream.batch_pending = True
 
 
 class MultiAddData(Action):
@@ -260,14 +286,15 @@ class MultiAddData(Action):
 
 
 class CheckAnswer(Action):
-    """Spark's ``CheckAnswer(rows*)``: every row the sink has (complete mode: the last batch)."""
+    """Spark's ``CheckAnswer(rows*)``: every row the sink has (complete mode: the last batch).
+    ``isSorted=True`` (Spark's ``CheckAnswer(isSorted = true, rows*)``) checks their order too."""
 
-    def __init__(self, *rows: Any) -> None:
-        self.rows = rows
+    def __init__(self, *rows: Any, isSorted: bool = False) -> None:  # noqa: N803 - Spark's name
+        self.rows, self.is_sorted = rows, isSorted
 
     def run(self, run: StreamRun) -> None:
         run.process()
-        _same_rows("CheckAnswer", self.rows, run.all_rows(), run)
+        _same_rows("CheckAnswer", self.rows, run.all_rows(), run, self.is_sorted)
         run.checked()
 
 
@@ -276,7 +303,7 @@ class CheckLastBatch(CheckAnswer):
 
     def run(self, run: StreamRun) -> None:
         run.process()
-        _same_rows("CheckLastBatch", self.rows, run.last_rows(), run)
+        _same_rows("CheckLastBatch", self.rows, run.last_rows(), run, self.is_sorted)
         run.checked()
 
 
@@ -285,7 +312,7 @@ class CheckNewAnswer(CheckAnswer):
 
     def run(self, run: StreamRun) -> None:
         run.process()
-        _same_rows("CheckNewAnswer", self.rows, run.new_rows(), run)
+        _same_rows("CheckNewAnswer", self.rows, run.new_rows(), run, self.is_sorted)
         run.checked()
 
 
@@ -413,18 +440,19 @@ def assertStateOperatorProgressMetric(  # noqa: N802 - Spark's name
     numStateStoreInstances: int,  # noqa: N803
     operatorIndex: int = 0,  # noqa: N803
 ) -> Action:
-    """Spark's ``assertStateOperatorProgressMetric``: the last progress's state operator (at
-    ``operatorIndex``) has this name, number of shuffle partitions and of state store instances;
-    the progresses so far count as checked, as in Spark's."""
+    """Spark's ``assertStateOperatorProgressMetric``: the state operator's name, shuffle
+    partitions and state store instances in the last progress (as ``assertNumStateRows``, it
+    starts the next check's batches after this one)."""
+    want = (operatorName, numShufflePartitions, numStateStoreInstances)
 
     def check(run: StreamRun) -> None:
         run.process()
-        since = _since_last_check(run)
-        op = since[-1]["stateOperators"][operatorIndex]
-        got = (op["operatorName"], op["numShufflePartitions"], op["numStateStoreInstances"])
-        want = (operatorName, numShufflePartitions, numStateStoreInstances)
+        recent = progresses(run)
+        last = [p for p in recent if p["stateOperators"]][-1]["stateOperators"][operatorIndex]
+        got = (last["operatorName"], last["numShufflePartitions"], last["numStateStoreInstances"])
+        run.progress_seen = len(recent)
         if got != want:
-            msg = f"state operator (name, partitions, stores): expected {want}, got {got}"
+            msg = f"state operator progress: expected {want}, got {got}"
             raise AssertionError(msg)
 
     return AssertOnQuery(check)
@@ -465,21 +493,28 @@ class StreamTest:
         self.inputs: list[MemoryStream] = []
         self._runs = 0
 
-    def memory_stream(self, schema: str = "value int") -> MemoryStream:
-        stream = MemoryStream(self.spark, self.path / f"input-{len(self.inputs)}", schema)
+    def memory_stream(self, schema: str = "value int", partitions: int = 1) -> MemoryStream:
+        stream = MemoryStream(
+            self.spark, self.path / f"input-{len(self.inputs)}", schema, partitions
+        )
         self.inputs.append(stream)
         return stream
 
-    def test_stream(self, df: Any, output_mode: str, *actions: Action) -> None:
+    def test_stream(
+        self, df: Any, output_mode: str, *actions: Action, checkpoint: str | None = None
+    ) -> None:
         """Spark's ``testStream(df, outputMode)(actions*)``: the query starts, the actions run in
-        order, the query is stopped at the end whatever happened."""
+        order, the query is stopped at the end whatever happened. ``checkpoint`` names a
+        checkpoint (one per store) that another ``test_stream`` of the scenario starts from
+        again, as Spark's ``StartStream(checkpointLocation = dir)`` in two ``testStream``."""
         self._runs += 1
+        name = f"named-{checkpoint}" if checkpoint else str(self._runs)
         runs = [
             StreamRun(
                 self.spark,
                 df,
                 output_mode,
-                str(self.path / f"checkpoint-{self._runs}-{provider}"),
+                str(self.path / f"checkpoint-{name}-{provider}"),
                 provider,
                 self.inputs,
             )
