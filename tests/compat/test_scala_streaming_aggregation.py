@@ -25,8 +25,10 @@ state metrics - update/complete mode                        ported (``flatMap`` 
                                                             the save node's SQL metrics read
                                                             from the progress, the same counts)
 multiple keys                                               ported
-SPARK-29438: ensure UNION doesn't lead streaming            ported (``MemoryStream(n)``: n files
-aggregation to use shifted partition IDs                    a batch; the restart's new streams
+SPARK-29438: ensure UNION doesn't lead streaming            ported, strict xfail: sparkstate
+aggregation to use shifted partition IDs                    refuses union() after a stateful
+                                                            step (``MemoryStream(n)``: n files
+                                                            a batch; the restart's new streams
                                                             the same ones, their first batch
                                                             read)
 midbatch failure                                            ported (the failing ``map`` a Python
@@ -92,14 +94,6 @@ pytestmark = pytest.mark.spark
 def _gap(reason: str) -> pytest.MarkDecorator:
     """A strict xfail on sparkstate's stores (Spark's own operators, the oracle, pass)."""
     return pytest.mark.xfail(not ORACLE, strict=True, reason=reason)
-
-
-#: A global aggregation keeps its state under an empty key, which the stores refuse.
-GLOBAL_AGGREGATION = (
-    "a global aggregation (groupBy() without keys) plans a state key of no columns, which the "
-    "store refuses at init (store/versions/versioned.py: 'the key schema needs at least one "
-    "column')"
-)
 
 
 def _count_by_value(input_data):
@@ -304,10 +298,6 @@ def test_midbatch_failure(st, tmp_path: Path) -> None:
     )
 
 
-@_gap(
-    "a query without a stateful step (a stream-static join) is refused at start() "
-    "(engine/plan.py: 'the query has no stateful step'), where Spark runs it"
-)
 def test_spark_19690_batch_aggregation_in_streaming_query(st, spark) -> None:
     stream_input = st.memory_stream()
     batch_df = (
@@ -327,7 +317,6 @@ def test_spark_19690_batch_aggregation_in_streaming_query(st, spark) -> None:
     )
 
 
-@_gap(GLOBAL_AGGREGATION)
 def test_spark_21977_coalesce_1_with_0_partition_batch(st) -> None:
     input_source = st.memory_stream("a int")
     aggregated = input_source.toDF().coalesce(1).groupBy().count()
@@ -373,10 +362,6 @@ def test_spark_21977_coalesce_1_with_grouping_keys(st) -> None:
     )
 
 
-@_gap(
-    "the wrapped stream has no agg() (PySpark's DataFrame.agg, groupBy().agg()); "
-    + GLOBAL_AGGREGATION
-)
 def test_spark_22230_last_should_change_with_new_batches(st) -> None:
     input_data = st.memory_stream()
     aggregated = input_data.toDF().agg(F.last(F.col("value")))

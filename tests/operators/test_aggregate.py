@@ -15,6 +15,7 @@ import pytest
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
+    GLOBAL_KEY,
     ROWS_COLUMN,
     AggregateFunction,
     AggregateOverflowError,
@@ -136,6 +137,40 @@ def test_empty_batch_emits_nothing_in_update_mode(make_runner: Runner) -> None:
     runner.run(partial([("a", 1)]), "update")
     out, metrics = runner.run([], "update")
     assert out.num_rows == 0 and metrics.num_rows_updated == 0
+
+
+def test_global_aggregation_keeps_its_state_through_a_batch_without_rows(
+    make_runner: Runner,
+) -> None:
+    """A global aggregation (no keys, the constant state key) gets one partial row even for a
+    batch without rows, as Spark's aggregate without keys gives: it leaves ``last`` and every
+    other buffer as they were, and is the key's row of the batch (update mode), as in Spark."""
+    op = StreamingAggregate(
+        pa.schema([(GLOBAL_KEY, pa.int32())]),
+        [
+            AggregateFunction("last", "l", pa.int64(), pa.int64()),
+            AggregateFunction("count", "n", pa.int64()),
+        ],
+        output_keys=[],
+    )
+    runner = make_runner(op)
+
+    def batch(last: int | None, rows: int) -> list[dict[str, Any]]:
+        return [
+            {
+                GLOBAL_KEY: 0,
+                buffer_column(0, "last", 0): last,
+                buffer_column(1, "count", 0): rows,
+                ROWS_COLUMN: rows,
+            }
+        ]
+
+    out, _ = runner.run(batch(3, 3), "update")
+    assert out.to_pylist() == [{"l": 3, "n": 3}]
+    out, metrics = runner.run(batch(None, 0), "update")
+    assert out.to_pylist() == [{"l": 3, "n": 3}] and metrics.num_rows_updated == 1
+    out, _ = runner.run(batch(None, 1), "complete")
+    assert out.to_pylist() == [{"l": None, "n": 4}]
 
 
 def test_decimal_sum_float_extremes_and_string_min_max(make_runner: Runner) -> None:

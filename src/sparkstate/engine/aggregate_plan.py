@@ -14,7 +14,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 from sparkstate.engine.aggregate_analysis import split_aggregates
 from sparkstate.engine.aggregate_partials import (
@@ -31,6 +31,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import SessionWindow, TimeWindow, WindowTime
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
+    GLOBAL_KEY,
     ROWS_COLUMN,
     StreamingAggregate,
     WindowKey,
@@ -168,7 +169,11 @@ class _KeyLayout:
 
 def _key_layout(key_fields: Sequence[StructField], event_time: str | None) -> _KeyLayout:
     """State layout of the grouping keys: a time window as its ``end`` and ``start`` columns;
-    the key the watermark is on (by Spark's metadata, as Spark finds it) leading the state key."""
+    the key the watermark is on (by Spark's metadata, as Spark finds it) leading the state key;
+    no keys at all (a global aggregation), the constant :data:`GLOBAL_KEY`."""
+    if not key_fields:
+        key = StructField(GLOBAL_KEY, IntegerType(), nullable=False)
+        return _KeyLayout([key], [], [F.lit(0).alias(GLOBAL_KEY)], None)
     fields: list[StructField] = []
     output_keys: list[str | WindowKey] = []
     columns: list[Column] = []

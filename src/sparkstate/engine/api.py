@@ -244,6 +244,10 @@ class StatefulStream:
 
     groupby = groupBy
 
+    def agg(self, *exprs: Any) -> StatefulStream:
+        """An aggregation of the whole stream, as ``DataFrame.agg``: ``groupBy().agg(*exprs)``."""
+        return self.groupBy().agg(*exprs)
+
     def dropDuplicates(self, subset: list[str] | None = None) -> StatefulStream:  # noqa: N802
         """Keep the first row of every distinct ``subset`` (all columns if None)."""
         cols = tuple(subset) if subset else None

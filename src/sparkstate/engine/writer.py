@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
+from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.carried_time import EVENT_TIME_CARRIER
 from sparkstate.engine.clock import with_clock
@@ -102,6 +103,8 @@ class DataStreamWriter:
         self._partition_by: tuple[str, ...] = ()
         self._cluster_by: tuple[str, ...] = ()
         self._table: str | None = None
+        #: ``foreach``'s own argument, for a query Spark runs itself (no stateful step).
+        self._foreach: Any = None
 
     def outputMode(self, outputMode: str) -> DataStreamWriter:  # noqa: N802,N803
         mode = outputMode.lower()
@@ -185,6 +188,7 @@ class DataStreamWriter:
             )
             raise ConfigurationError(msg)
         self._format, self._batch_function = FOREACH, foreach_rows(f)
+        self._foreach = f
         return self
 
     def _given(
@@ -215,7 +219,7 @@ class DataStreamWriter:
         partitionBy: str | list[str] | None = None,  # noqa: N803
         queryName: str | None = None,  # noqa: N803
         **options: Any,
-    ) -> StreamingQuery:
+    ) -> StreamingQuery | SparkStreamingQuery:
         """Start the query into table ``tableName``, created as Spark's ``toTable`` creates it
         if it is missing (engine/table_sink.py): a table of a file format, its files written
         by the exactly-once file sink at its location."""
@@ -233,13 +237,16 @@ class DataStreamWriter:
         partitionBy: str | list[str] | None = None,  # noqa: N803
         queryName: str | None = None,  # noqa: N803
         **options: Any,
-    ) -> StreamingQuery:
+    ) -> StreamingQuery | SparkStreamingQuery:
         """Start the query, as ``DataStreamWriter.start``: the keyword arguments do what the
-        methods of their names do. Spark's refusals of the sink, its partitioning, the output
+        methods of their names do (a query without a stateful step is Spark's own, and so is
+        its ``StreamingQuery``). Spark's refusals of the sink, its partitioning, the output
         mode and the trigger come first, before the checkpoint is touched."""
         self._given(format, outputMode, partitionBy, queryName, options)
         if path is not None:
             self._options["path"] = path
+        if not self._stream.steps:
+            return self._start_stateless()
         df, event_time = self._input()
         spark = df.sparkSession
         self._format = self._format or default_source(spark)
@@ -321,6 +328,36 @@ class DataStreamWriter:
         except BaseException:
             lock.release()
             raise
+
+    def _start_stateless(self) -> SparkStreamingQuery:
+        """A query without a stateful step (a stream-static join, a projection) keeps nothing
+        in state: Spark runs it as written, with this writer's settings, and its query is
+        Spark's own."""
+        df = self._stream._with_watermarks()  # noqa: SLF001 - the stream's input, as Spark's
+        writer = df.writeStream.outputMode(self._mode)
+        writer = writer.options(
+            **{
+                k: v
+                for k, v in self._options.items()
+                if k == "checkpointLocation"
+                or (k not in _ENGINE_OPTIONS and not k.startswith(_STORE_PREFIX))
+            }
+        )
+        if self._format == FOREACH_BATCH and self._batch_function is not None:
+            writer = writer.foreachBatch(self._batch_function)
+        elif self._format == FOREACH:
+            writer = writer.foreach(self._foreach)
+        elif self._format is not None:
+            writer = writer.format(self._format)
+        if self._partition_by:
+            writer = writer.partitionBy(*self._partition_by)
+        if self._cluster_by:
+            writer = writer.clusterBy(*self._cluster_by)
+        if self._name is not None:
+            writer = writer.queryName(self._name)
+        if self._trigger:
+            writer = writer.trigger(**self._trigger)
+        return writer.toTable(self._table) if self._table is not None else writer.start()
 
     def _input(self) -> tuple[DataFrame, str | None]:
         """The DataFrame the query runs, and its event-time column: an aggregation whose input

@@ -48,6 +48,10 @@ __all__ = [
 
 #: Hidden input column: rows of the raw input behind each partial row (for ``numInputRows``).
 ROWS_COLUMN = "__ss_rows"
+#: The state key of a global aggregation (``groupBy()`` without keys, ``df.agg(...)``): Spark
+#: keeps its one row under an empty key; a store's key has a column at least, so here a constant
+#: 0, never in the output.
+GLOBAL_KEY = "__ss_global"
 #: Hidden input column: largest event time behind each partial row (for the watermark).
 EVENT_TIME_COLUMN = "__ss_event_time"
 
@@ -226,8 +230,8 @@ class StreamingAggregate(StatefulOperator):
                         continue
             started = time.perf_counter()
             keys = conform(batch, self.key_schema)
-            kencs, state, _found = lookup(store, fam, pa.Table.from_batches([keys]))
-            merged = self._merge(state, batch)
+            kencs, state, found = lookup(store, fam, pa.Table.from_batches([keys]))
+            merged = self._kept_where_empty(self._merge(state, batch), state, found, batch)
             values = pa.RecordBatch.from_arrays(merged, schema=self.value_schema)
             store.put_encoded_many(kencs, fam.value_codec.encode_many(values))
             m.num_rows_updated += len(kencs)
@@ -253,6 +257,22 @@ class StreamingAggregate(StatefulOperator):
             partial = [_as_type(batch, f.name, f.type) for f in sent]
             out += agg.merge(current, partial, ansi=self.ansi)
         return out
+
+    def _kept_where_empty(
+        self, merged: list[pa.Array], state: pa.Table, found: pa.Array, batch: pa.RecordBatch
+    ) -> list[pa.Array]:
+        """The state as it was where a partial row stands for no rows: a global aggregation's
+        (Spark's aggregate without keys gives its one row for a batch without any), which
+        Spark's merge of an empty buffer leaves unchanged (``last`` included)."""
+        if ROWS_COLUMN not in batch.schema.names:
+            return merged
+        empty = pc.and_(pc.equal(batch.column(ROWS_COLUMN), 0), found)
+        if not pc.any(empty).as_py():
+            return merged
+        return [
+            pc.if_else(empty, state.column(f.name).combine_chunks(), column)
+            for f, column in zip(self.value_schema, merged, strict=True)
+        ]
 
     def _evict(
         self, store: StateStore, ctx: BatchContext, *, emit: bool
@@ -306,7 +326,7 @@ def _window_type(time_type: pa.DataType) -> pa.DataType:
 
 def _check_output_keys(output_keys: list[str | WindowKey], key_schema: pa.Schema) -> None:
     used = [c for k in output_keys for c in ([k] if isinstance(k, str) else [k.start, k.end])]
-    if sorted(used) != sorted(key_schema.names):
+    if sorted(used) != sorted(n for n in key_schema.names if n != GLOBAL_KEY):
         msg = f"output keys {output_keys} do not use each state key column of {key_schema.names}"
         raise ConfigurationError(msg)
 
