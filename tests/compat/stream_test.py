@@ -155,6 +155,10 @@ class StreamRun:
     confs: dict[str, str | None] = field(default_factory=dict)
 
     def start(self, trigger: dict[str, Any] | None = None, confs: dict[str, str] | None = None):
+        """Start the query from its checkpoint. Rows added while it was stopped are there when
+        it starts, as a ``MemoryStream``'s are (a ``Trigger.Once`` start reads them)."""
+        for stream in self.inputs:
+            stream.flush()
         for key, value in (confs or {}).items():
             self.confs.setdefault(key, self.spark.conf.get(key, None))
             self.spark.conf.set(key, value)
@@ -180,13 +184,15 @@ class StreamRun:
             self.query = None
 
     def process(self) -> None:
-        """Hand the rows added so far to the query and wait until it has run them all."""
+        """Hand the rows added so far to the query and wait until it has run them all (a query
+        that has ended by itself, as a ``Trigger.Once`` one does, is checked as it ended)."""
         for stream in self.inputs:
             stream.flush()
         if self.query is None:
             msg = "the scenario checks a stopped stream (no StartStream since StopStream)"
             raise AssertionError(msg)
-        self.query.processAllAvailable()
+        if self.query.isActive:
+            self.query.processAllAvailable()
 
     def all_rows(self) -> list[tuple[Any, ...]]:
         """The memory sink's ``allData``: every batch's rows, the last batch's in complete mode."""
@@ -331,15 +337,38 @@ StopStream = _StopStream()
 
 
 class StartStream(Action):
-    """Spark's ``StartStream(trigger, additionalConfs)``: a new start from the checkpoint."""
+    """Spark's ``StartStream(trigger, additionalConfs, checkpointLocation)``: a new start from
+    the checkpoint. ``checkpoint`` names a checkpoint of the scenario's own (one per store) that
+    several of its ``test_stream`` calls share, as a Scala test passes one directory to each."""
 
     def __init__(
-        self, trigger: dict[str, Any] | None = None, confs: dict[str, str] | None = None
+        self,
+        trigger: dict[str, Any] | None = None,
+        confs: dict[str, str] | None = None,
+        checkpoint: str | None = None,
     ) -> None:
-        self.trigger, self.confs = trigger, confs
+        self.trigger, self.confs, self.checkpoint = trigger, confs, checkpoint
 
     def run(self, run: StreamRun) -> None:
+        if self.checkpoint is not None:
+            run.checkpoint = str(Path(run.checkpoint).parent / f"{self.checkpoint}-{run.provider}")
         run.start(self.trigger, self.confs)
+
+
+class AwaitTermination(Action):
+    """Spark's ``q.awaitTermination()``: wait for a query that ends by itself (a
+    ``Trigger.Once`` or ``availableNow`` start) to end."""
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.timeout_s = timeout_s
+
+    def run(self, run: StreamRun) -> None:
+        if run.query is None:
+            msg = "awaitTermination on a stopped stream"
+            raise AssertionError(msg)
+        if not run.query.awaitTermination(self.timeout_s):
+            msg = f"the query did not end within {self.timeout_s} s"
+            raise AssertionError(msg)
 
 
 class AssertOnQuery(Action):
@@ -359,17 +388,19 @@ class Execute(AssertOnQuery):
 
 
 class ExpectFailure(Action):
-    """Spark's ``ExpectFailure[...]``: the query fails with an error naming ``match``."""
+    """Spark's ``ExpectFailure[...]``: the query fails with an error naming ``match`` (and
+    each of ``also``)."""
 
-    def __init__(self, match: str = "") -> None:
-        self.match = match
+    def __init__(self, match: str = "", *also: str) -> None:
+        self.match, self.also = match, also
 
     def run(self, run: StreamRun) -> None:
         try:
             run.process()
         except StreamingQueryException as e:
-            if self.match and self.match not in str(e):
-                msg = f"the query failed, not with {self.match!r}: {e}"
+            missing = [m for m in (self.match, *self.also) if m and m not in str(e)]
+            if missing:
+                msg = f"the query failed, not with {missing!r}: {e}"
                 raise AssertionError(msg) from e
         else:
             msg = "the query did not fail"
@@ -456,6 +487,58 @@ def assertStateOperatorProgressMetric(  # noqa: N802 - Spark's name
             raise AssertionError(msg)
 
     return AssertOnQuery(check)
+
+
+def assertNumRowsDroppedByWatermark(  # noqa: N802 - Spark's name
+    dropped: int | Sequence[int],
+) -> Action:
+    """The suites' ``assertNumRowsDroppedByWatermark``: each state operator's rows dropped as
+    late in the last batch that read input rows."""
+    want = list(dropped) if isinstance(dropped, Sequence) else [dropped]
+
+    def check(run: StreamRun) -> None:
+        run.process()
+        with_input = [p for p in progresses(run) if p["numInputRows"] > 0]
+        got = [op["numRowsDroppedByWatermark"] for op in with_input[-1]["stateOperators"]]
+        if got != want:
+            msg = f"rows dropped by watermark: expected {want}, got {got}"
+            raise AssertionError(msg)
+
+    return AssertOnQuery(check)
+
+
+def format_timestamp(seconds: float) -> str:
+    """A time as Spark's progress writes one (``2024-01-02T03:04:05.000Z``)."""
+    when = dt.datetime.fromtimestamp(seconds, dt.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
+def assertEventStats(  # noqa: N802 - the suite's name
+    check: Callable[[dict[str, str]], Any] | None = None,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    avg: float | None = None,
+    wtrmark: int | None = None,
+) -> Action:
+    """``EventTimeWatermarkSuite``'s ``assertEventStats``: the event-time statistics (``min``,
+    ``max``, ``avg``, ``watermark``, in seconds) of the last batch that read input rows, or
+    ``check`` run on them."""
+
+    def stats(run: StreamRun) -> None:
+        with_input = [p for p in progresses(run) if p["numInputRows"] > 0]
+        event_time = dict(with_input[-1]["eventTime"] or {})
+        if check is not None:
+            check(event_time)
+            return
+        want = {"min": min, "max": max, "avg": avg, "watermark": wtrmark}
+        expected = {k: format_timestamp(int(v)) for k, v in want.items() if v is not None}
+        got = {k: event_time.get(k) for k in expected}
+        if got != expected:
+            msg = f"event time: expected {expected}, got {event_time}"
+            raise AssertionError(msg)
+
+    return AssertOnQuery(stats)
 
 
 def watermark_ms(run: StreamRun) -> int:
