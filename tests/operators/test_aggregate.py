@@ -15,6 +15,9 @@ import pytest
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
+    EVENT_TIME_COUNT_COLUMN,
+    EVENT_TIME_MIN_COLUMN,
+    EVENT_TIME_SUM_COLUMN,
     GLOBAL_KEY,
     ROWS_COLUMN,
     AggregateFunction,
@@ -232,6 +235,9 @@ def test_watermark_key_drops_late_rows_and_evicts_in_update_mode(make_runner: Ru
                 buffer_column(0, "count", 0): 1,
                 ROWS_COLUMN: 1,
                 EVENT_TIME_COLUMN: base + dt.timedelta(seconds=s),
+                EVENT_TIME_MIN_COLUMN: base + dt.timedelta(seconds=s),
+                EVENT_TIME_SUM_COLUMN: (base + dt.timedelta(seconds=s)).timestamp() * 1000,
+                EVENT_TIME_COUNT_COLUMN: 1,
             }
             for s in secs
         ]

@@ -13,6 +13,9 @@ import pyarrow as pa
 
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
+    EVENT_TIME_COUNT_COLUMN,
+    EVENT_TIME_MIN_COLUMN,
+    EVENT_TIME_SUM_COLUMN,
     ROWS_COLUMN,
     AggregateFunction,
     StreamingAggregate,
@@ -39,6 +42,9 @@ def window_rows(ends: list[float], keys: range) -> list[dict[str, Any]]:
             buffer_column(0, "count", 0): 1,
             ROWS_COLUMN: 1,
             EVENT_TIME_COLUMN: at(end - 1),
+            EVENT_TIME_MIN_COLUMN: at(end - 1),
+            EVENT_TIME_SUM_COLUMN: (at(end - 1)).timestamp() * 1000,
+            EVENT_TIME_COUNT_COLUMN: 1,
         }
         for end in ends
         for k in keys
@@ -75,6 +81,9 @@ def session_rows(starts: list[float], keys: range, gap: float = 10) -> list[dict
             buffer_column(0, "count", 0): 1,
             ROWS_COLUMN: 1,
             EVENT_TIME_COLUMN: at(s),
+            EVENT_TIME_MIN_COLUMN: at(s),
+            EVENT_TIME_SUM_COLUMN: (at(s)).timestamp() * 1000,
+            EVENT_TIME_COUNT_COLUMN: 1,
         }
         for s in starts
         for k in keys

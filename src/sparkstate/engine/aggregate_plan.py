@@ -31,6 +31,9 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import SessionWindow, TimeWindow, WindowTime
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
+    EVENT_TIME_COUNT_COLUMN,
+    EVENT_TIME_MIN_COLUMN,
+    EVENT_TIME_SUM_COLUMN,
     GLOBAL_KEY,
     ROWS_COLUMN,
     StreamingAggregate,
@@ -108,7 +111,13 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
     partials.append(F.count(F.lit(1)).alias(ROWS_COLUMN))
     has_event_time = at.has_event_time
     if event_time is not None and has_event_time:
-        partials.append(F.max(quote(event_time).cast("timestamp")).alias(EVENT_TIME_COLUMN))
+        times = quote(event_time).cast("timestamp")
+        partials += [
+            F.max(times).alias(EVENT_TIME_COLUMN),
+            F.min(times).alias(EVENT_TIME_MIN_COLUMN),
+            F.sum(F.unix_millis(times).cast("double")).alias(EVENT_TIME_SUM_COLUMN),
+            F.count(times).alias(EVENT_TIME_COUNT_COLUMN),
+        ]
     ansi = str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
     operator: StatefulOperator
     if layout.session is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -99,6 +100,40 @@ def is_late(col: pa.Array | pa.ChunkedArray, watermark_ms: int) -> pa.Array | pa
     """Spark's late-row rule: ``event_time <= watermark`` (null event times are not late)."""
     late = pc.less_equal(to_epoch_micros(col), watermark_ms * 1000)
     return pc.fill_null(late, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class EventTimeStats:
+    """Spark's ``EventTimeStats`` of a column: its largest and earliest event times, their sum
+    and count (for the average), in epoch milliseconds (each row's as :func:`max_event_time_ms`
+    takes it; the sum a float, as Spark's average is)."""
+
+    max_ms: int
+    min_ms: int
+    sum_ms: float
+    count: int
+
+
+def event_time_stats(col: pa.Array | pa.ChunkedArray) -> EventTimeStats | None:
+    """The event-time statistics of a column's non-null values (None: there are none)."""
+    if len(col) == 0:
+        return None
+    micros = to_epoch_micros(col)
+    count = int(pc.count(micros).as_py() or 0)
+    if count == 0:
+        return None
+    bounds = pc.min_max(micros).as_py()
+    millis = pc.floor(pc.divide(micros.cast(pa.float64()), 1000.0))
+    total = float(pc.sum(millis).as_py() or 0.0)
+    return EventTimeStats(int(bounds["max"]) // 1000, int(bounds["min"]) // 1000, total, count)
+
+
+def min_event_time_ms(col: pa.Array | pa.ChunkedArray) -> int | None:
+    """Earliest event time of a column in epoch milliseconds (as :func:`max_event_time_ms`)."""
+    if len(col) == 0:
+        return None
+    value = pc.min(to_epoch_micros(col)).as_py()
+    return None if value is None else int(value) // 1000
 
 
 def max_event_time_ms(col: pa.Array | pa.ChunkedArray) -> int | None:

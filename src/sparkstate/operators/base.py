@@ -11,7 +11,7 @@ import dataclasses
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
@@ -19,6 +19,9 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.state_layout import StateLayout
 from sparkstate.store.base import StateStore
 from sparkstate.store.schema_json import schema_to_json
+
+if TYPE_CHECKING:
+    from sparkstate.operators._arrow import EventTimeStats
 
 __all__ = [
     "OUTPUT_MODES",
@@ -72,6 +75,11 @@ class OperatorMetrics:
     all_removals_time_ms: int = 0
     #: Largest event time seen in the input, in epoch milliseconds (None: no event time / no rows).
     max_event_time_ms: int | None = None
+    #: Earliest event time seen in the input, and the sum and count of the input's event times
+    #: (Spark's ``eventTime`` ``min`` and ``avg`` in the progress).
+    min_event_time_ms: int | None = None
+    event_time_sum_ms: float = 0.0
+    event_time_count: int = 0
     #: Earliest processing-time timeout or timer left after the batch (None: none pending).
     next_timer_ms: int | None = None
     #: Per named input of an operator with several (a join's sides): its largest event time.
@@ -90,6 +98,21 @@ class OperatorMetrics:
             self.max_event_time_ms is None or millis > self.max_event_time_ms
         ):
             self.max_event_time_ms = millis
+
+    def observe_event_times(self, stats: EventTimeStats | None) -> None:
+        """The event times of input rows: their largest, earliest, sum and count."""
+        if stats is None:
+            return
+        self.observe_event_time(stats.max_ms)
+        self._observe_min_event_time(stats.min_ms)
+        self.event_time_sum_ms += stats.sum_ms
+        self.event_time_count += stats.count
+
+    def _observe_min_event_time(self, millis: int | None) -> None:
+        if millis is not None and (
+            self.min_event_time_ms is None or millis < self.min_event_time_ms
+        ):
+            self.min_event_time_ms = millis
 
     def observe_input_event_time(self, name: str, millis: int | None) -> None:
         """The largest event time of input ``name`` (and of the whole input)."""
@@ -127,6 +150,8 @@ class OperatorMetrics:
         for field in dataclasses.fields(self):
             if field.name == "max_event_time_ms":
                 self.observe_event_time(other.max_event_time_ms)
+            elif field.name == "min_event_time_ms":
+                self._observe_min_event_time(other.min_event_time_ms)
             elif field.name == "next_timer_ms":
                 self.observe_timer(other.next_timer_ms)
             elif field.name == "max_event_time_by_input":

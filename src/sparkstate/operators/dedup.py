@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import conform, is_late, max_event_time_ms, to_epoch_micros
+from sparkstate.operators._arrow import conform, event_time_stats, is_late, to_epoch_micros
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
@@ -142,7 +142,7 @@ class Deduplicate(StatefulOperator):
         if self.event_time is None:
             return batch
         times = batch.column(self.event_time)
-        ctx.metrics.observe_event_time(max_event_time_ms(times))
+        ctx.metrics.observe_event_times(event_time_stats(times))
         late = is_late(times, ctx.watermark_for_late_rows_ms)
         dropped = pc.sum(late).as_py() or 0
         if not dropped:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import is_late, max_event_time_ms
+from sparkstate.operators._arrow import event_time_stats, is_late
 from sparkstate.operators.arbitrary.state_errors import InvalidOutputError
 from sparkstate.operators.arbitrary.user_types import (
     DEFAULT_TIME_ZONE,
@@ -97,7 +97,7 @@ def on_time_rows(
     if event_time_column is None or not table.num_rows:
         return table
     event_time = table.column(event_time_column)
-    metrics.observe_event_time(max_event_time_ms(event_time))
+    metrics.observe_event_times(event_time_stats(event_time))
     if watermark_ms is None:
         return table
     late = is_late(event_time, watermark_ms)

@@ -27,7 +27,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import is_late, max_event_time_ms, to_epoch_micros
+from sparkstate.operators._arrow import (
+    event_time_stats,
+    is_late,
+    max_event_time_ms,
+    to_epoch_micros,
+)
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.join_state import (
     COUNT_FAMILY,
@@ -300,6 +305,7 @@ class StreamingJoin(StatefulOperator):
             return rows
         times = rows.column(side.event_time)
         ctx.metrics.observe_input_event_time(side.name, max_event_time_ms(times))
+        ctx.metrics.observe_event_times(event_time_stats(times))
         if side.late_time is not None:
             times = rows.column(side.late_time)
         late = is_late(times, ctx.watermark_for_late_rows_ms)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import conform, max_event_time_ms
+from sparkstate.operators._arrow import conform, event_time_stats
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.store.base import DEFAULT_CF, StateStore
@@ -75,7 +75,7 @@ class StreamingLimit(StatefulOperator):
             started = time.perf_counter()
             m.num_input_rows += batch.num_rows
             if self.event_time is not None:
-                m.observe_event_time(max_event_time_ms(batch.column(self.event_time)))
+                m.observe_event_times(event_time_stats(batch.column(self.event_time)))
             take = min(batch.num_rows, self.limit - emitted)
             m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
             if take > 0:

@@ -131,9 +131,13 @@ def build_progress(
     }
     if watermark_ms is not None:
         event_time: dict[str, str] = {"watermark": format_time_ms(watermark_ms)}
-        max_ms = totals[0].max_event_time_ms if totals else None
-        if max_ms is not None:
-            event_time["max"] = format_time_ms(max_ms)
+        first = totals[0] if totals else None
+        if first is not None and first.max_event_time_ms is not None:
+            event_time["max"] = format_time_ms(first.max_event_time_ms)
+        if first is not None and first.min_event_time_ms is not None and first.event_time_count:
+            event_time["min"] = format_time_ms(first.min_event_time_ms)
+            average = first.event_time_sum_ms / first.event_time_count
+            event_time["avg"] = format_time_ms(int(average))  # truncated, as Spark's
         progress["eventTime"] = event_time
     return progress
 

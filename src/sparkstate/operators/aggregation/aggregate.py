@@ -25,7 +25,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import conform, is_late, lookup, max_event_time_ms, scan
+from sparkstate.operators._arrow import (
+    EventTimeStats,
+    conform,
+    is_late,
+    lookup,
+    max_event_time_ms,
+    min_event_time_ms,
+    scan,
+)
 from sparkstate.operators.aggregation.aggregate_functions import (
     AGGREGATE_FUNCTIONS,
     AggregateFunction,
@@ -54,6 +62,22 @@ ROWS_COLUMN = "__ss_rows"
 GLOBAL_KEY = "__ss_global"
 #: Hidden input column: largest event time behind each partial row (for the watermark).
 EVENT_TIME_COLUMN = "__ss_event_time"
+#: Hidden input columns: the earliest event time behind each partial row, the sum of its rows'
+#: event times in milliseconds and their count (the progress's ``eventTime`` ``min`` and ``avg``).
+EVENT_TIME_MIN_COLUMN = "__ss_event_time_min"
+EVENT_TIME_SUM_COLUMN = "__ss_event_time_sum_ms"
+EVENT_TIME_COUNT_COLUMN = "__ss_event_time_count"
+
+
+def partial_event_time_stats(batch: pa.RecordBatch | pa.Table) -> EventTimeStats | None:
+    """The event-time statistics of the raw rows behind a batch of partial rows."""
+    maximum = max_event_time_ms(batch.column(EVENT_TIME_COLUMN))
+    minimum = min_event_time_ms(batch.column(EVENT_TIME_MIN_COLUMN))
+    count = int(pc.sum(batch.column(EVENT_TIME_COUNT_COLUMN)).as_py() or 0)
+    if maximum is None or minimum is None or count == 0:
+        return None
+    total = float(pc.sum(batch.column(EVENT_TIME_SUM_COLUMN)).as_py() or 0.0)
+    return EventTimeStats(maximum, minimum, total, count)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +171,9 @@ class StreamingAggregate(StatefulOperator):
         fields.append(pa.field(ROWS_COLUMN, pa.int64()))
         if has_event_time:
             fields.append(pa.field(EVENT_TIME_COLUMN, pa.timestamp("us", tz="UTC")))
+            fields.append(pa.field(EVENT_TIME_MIN_COLUMN, pa.timestamp("us", tz="UTC")))
+            fields.append(pa.field(EVENT_TIME_SUM_COLUMN, pa.float64()))
+            fields.append(pa.field(EVENT_TIME_COUNT_COLUMN, pa.int64()))
         self.input_schema = pa.schema(fields)
         default_output = pa.schema(
             [_output_key_field(k, key_schema) for k in self.output_keys]
@@ -218,7 +245,7 @@ class StreamingAggregate(StatefulOperator):
             if ROWS_COLUMN in batch.schema.names:
                 m.num_input_rows += int(pc.sum(batch.column(ROWS_COLUMN)).as_py() or 0)
             if EVENT_TIME_COLUMN in batch.schema.names:
-                m.observe_event_time(max_event_time_ms(batch.column(EVENT_TIME_COLUMN)))
+                m.observe_event_times(partial_event_time_stats(batch))
             if self.watermark_key is not None and mode != "complete":
                 # Spark's watermark starts at 0: a row at or before the epoch is late at once
                 late = is_late(batch.column(self.watermark_key), ctx.watermark_for_late_rows_ms)

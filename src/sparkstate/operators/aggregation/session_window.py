@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators._arrow import conform, decode_keys, decode_values, max_event_time_ms
+from sparkstate.operators._arrow import conform, decode_keys, decode_values
 from sparkstate.operators._arrow import scan as scan_family
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
@@ -36,6 +36,7 @@ from sparkstate.operators.aggregation.aggregate import (
     StreamingAggregate,
     WindowKey,
     buffers_shape,
+    partial_event_time_stats,
 )
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.grouping import concat_batches
@@ -186,7 +187,7 @@ class SessionWindowAggregate(StatefulOperator):
         if table.num_rows:
             m.num_input_rows += int(pc.sum(table.column(ROWS_COLUMN)).as_py() or 0)
             if EVENT_TIME_COLUMN in table.schema.names:
-                m.observe_event_time(max_event_time_ms(table.column(EVENT_TIME_COLUMN)))
+                m.observe_event_times(partial_event_time_stats(table))
         if table.num_rows and table.column(self.window.start).null_count:
             table = table.filter(pc.is_valid(table.column(self.window.start)))  # no event time
         late_ms = ctx.watermark_for_late_rows_ms
