@@ -279,7 +279,10 @@ class AddData(Action):
 
 
 class MultiAddData(Action):
-    """Spark's ``MultiAddData``: rows into several inputs, read in one batch."""
+    """Spark's ``MultiAddData``: rows into several inputs, read in one batch. Not atomic as
+    Spark's (one lock over its ``MemoryStream``s): each input is its own file source, listed one
+    after the other when a batch is planned, so a running query that plans a batch while the
+    inputs' files are being written reads them in two batches (rare; seen under heavy load)."""
 
     on_inputs = True
 
