@@ -349,8 +349,10 @@ class StartStream(Action):
         trigger: dict[str, Any] | None = None,
         confs: dict[str, str] | None = None,
         checkpoint: str | None = None,
+        checkpointLocation: str | None = None,  # noqa: N803 - Spark's name
     ) -> None:
-        self.trigger, self.confs, self.checkpoint = trigger, confs, checkpoint
+        self.trigger, self.confs = trigger, confs
+        self.checkpoint = checkpoint or checkpointLocation
 
     def run(self, run: StreamRun) -> None:
         if self.checkpoint is not None:
@@ -432,7 +434,6 @@ def _since_last_check(run: StreamRun) -> list[Any]:
 def assertNumStateRows(  # noqa: N802 - Spark's name
     total: int | Sequence[int],
     updated: int | Sequence[int] | None = None,
-    *,
     droppedByWatermark: int | Sequence[int] | None = None,  # noqa: N803 - Spark's name
     removed: int | Sequence[int] | None = None,
 ) -> Action:
@@ -542,6 +543,25 @@ def assertEventStats(  # noqa: N802 - the suite's name
             raise AssertionError(msg)
 
     return AssertOnQuery(stats)
+
+
+def assertStateOperatorCustomMetric(  # noqa: N802 - Spark's name
+    metric: str,
+    expected: int,
+    operatorIndex: int = 0,  # noqa: N803 - Spark's name
+) -> Action:
+    """Spark's ``assertStateOperatorCustomMetric``: one state operator's custom metric, summed
+    over the batches since the last metrics check (which this check marks as checked)."""
+
+    def check(run: StreamRun) -> None:
+        run.process()
+        since = _since_last_check(run)
+        got = sum(p["stateOperators"][operatorIndex]["customMetrics"][metric] for p in since)
+        if got != expected:
+            msg = f"custom metric {metric}: expected {expected}, got {got}"
+            raise AssertionError(msg)
+
+    return AssertOnQuery(check)
 
 
 def watermark_ms(run: StreamRun) -> int:

@@ -197,3 +197,16 @@ def test_event_times_past_9999_run_and_show_in_progress_as_in_spark(
     assert any(rows for rows in theirs.batches.values())
     assert progress == event_times(spark_progress)
     assert progress[-1]["watermark"].startswith("+")  # Spark writes a year past 9999 so
+
+
+def test_watermark_column_is_found_case_aside_as_spark_resolves_it(
+    spark: SparkSession, feed: FileFeed
+) -> None:
+    stream = ss.stream(source(spark, feed, SCHEMA))
+    assert [w.column for w in stream.withWatermark("TS", "10 seconds").watermarks] == ["ts"]
+    spark.conf.set("spark.sql.caseSensitive", "true")
+    try:
+        with pytest.raises(ConfigurationError, match="no column 'TS'"):
+            stream.withWatermark("TS", "10 seconds")
+    finally:
+        spark.conf.unset("spark.sql.caseSensitive")

@@ -222,6 +222,7 @@ class StatefulStream:
         if self.steps:
             msg = "call withWatermark() before groupBy()/dropDuplicates(), on the input stream"
             raise ConfigurationError(msg)
+        eventTime = _column_named(self.df, eventTime)  # noqa: N806 - PySpark's name
         if eventTime not in self.df.columns:
             msg = f"withWatermark: no column {eventTime!r}; the stream has {self.df.columns}"
             raise ConfigurationError(msg)
@@ -498,3 +499,14 @@ def _kept(column: str, before: DataFrame, after: DataFrame) -> bool:
     if column not in after.columns:
         return False
     return bool(after.schema[column].dataType == before.schema[column].dataType)
+
+
+def _column_named(df: DataFrame, name: str) -> str:
+    """The column of ``df`` that Spark's resolver finds for ``name`` (case aside, unless
+    ``spark.sql.caseSensitive``), spelt as ``df`` spells it; ``name`` if it finds none."""
+    if name in df.columns:
+        return name
+    if str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() == "true":
+        return name
+    found = [c for c in df.columns if c.lower() == name.lower()]
+    return found[0] if len(found) == 1 else name

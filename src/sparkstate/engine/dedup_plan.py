@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pyspark.sql.types import StructType
 
+from sparkstate.engine.errors import SparkAnalysisError
 from sparkstate.engine.spark_schema import arrow_schema, with_watermark
 from sparkstate.engine.stage import PlanContext, Planned, Stage
 from sparkstate.engine.steps import DedupStep
@@ -28,11 +29,12 @@ def plan_dedup(step: DedupStep, at: PlanContext) -> Planned:
     operator: Deduplicate
     if step.within_watermark:
         if event_time is None or not at.has_event_time or delay_ms is None:
-            msg = (
-                "dropDuplicatesWithinWatermark is not supported on streaming DataFrames/Datasets "
-                "without a watermark (as in Spark): call withWatermark() on the input first"
+            text = (
+                "dropDuplicatesWithinWatermark is not supported on streaming DataFrames/DataSets "
+                "without watermark"
             )
-            raise ConfigurationError(msg)
+            msg = f"{text} (as in Spark): call withWatermark() on the input first"
+            raise SparkAnalysisError(msg, "_LEGACY_ERROR_TEMP_3102", {"msg": text})
         operator = DeduplicateWithinWatermark(
             schema, columns, event_time=event_time, delay_ms=delay_ms
         )

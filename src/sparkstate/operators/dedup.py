@@ -35,6 +35,8 @@ __all__ = ["Deduplicate", "DeduplicateWithinWatermark"]
 DEDUP_VALUE_SCHEMA = pa.schema([pa.field("seen", pa.bool_())])
 #: State value of ``dropDuplicatesWithinWatermark``: when the key may be seen again (Spark's).
 EXPIRY_VALUE_SCHEMA = pa.schema([pa.field("expiresAtMicros", pa.int64(), nullable=False)])
+#: Spark's custom metric of a deduplication: the rows dropped as duplicates (not as late).
+DROPPED_DUPLICATES = "numDroppedDuplicateRows"
 #: The ``(expiresAtMicros, key)`` index of ``dropDuplicatesWithinWatermark``.
 EXPIRY_CF = "$expires"
 
@@ -111,6 +113,7 @@ class Deduplicate(StatefulOperator):
     ) -> Iterator[pa.RecordBatch]:
         fam = store.column_family()
         m = ctx.metrics
+        m.custom.setdefault(DROPPED_DUPLICATES, 0)
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -128,6 +131,7 @@ class Deduplicate(StatefulOperator):
                 rows = batch.take(pa.array(first_rows[fresh]))
                 self._remember(store, [keys[i] for i in fresh], rows)
                 m.num_rows_updated += len(fresh)
+            m.custom[DROPPED_DUPLICATES] += batch.num_rows - len(fresh)
             m.all_updates_time_ms += int((time.perf_counter() - started) * 1000)
             if len(fresh):
                 m.num_output_rows += rows.num_rows
@@ -174,6 +178,7 @@ class DeduplicateWithinWatermark(Deduplicate):
 
     kind: ClassVar[str] = "dedup_within_watermark"
     progress_name: ClassVar[str] = "dedupeWithinWatermark"
+    rows_are_keys: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -206,6 +211,18 @@ class DeduplicateWithinWatermark(Deduplicate):
     def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
         """The keys in the query's order, each with its expiry."""
         return KeyValueView(DEFAULT_CF, key, value, key_shape=_key_order(described))
+
+    @classmethod
+    def rows_in_state(cls, store: StateStore) -> int:
+        """The keys, as Spark counts them: each has one entry in the expiry index beside it."""
+        return max(0, store.raw_num_keys()) // 2
+
+    def process(
+        self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext
+    ) -> Iterator[pa.RecordBatch]:
+        yield from super().process(store, batches, ctx)
+        m = ctx.metrics
+        m.num_rows_total = (m.num_rows_total or 0) + self.rows_in_state(store)
 
     def _remember(self, store: StateStore, keys: list[bytes], rows: pa.RecordBatch) -> None:
         """Each key's expiry: its row's event time plus the delay (a null time counts as 0, as
