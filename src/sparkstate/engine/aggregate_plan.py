@@ -24,6 +24,7 @@ from sparkstate.engine.aggregate_partials import (
     spark_twin,
 )
 from sparkstate.engine.aggregate_recognise import recognise
+from sparkstate.engine.errors import unsupported_operation
 from sparkstate.engine.spark_schema import arrow_schema, is_time, quote, with_watermark
 from sparkstate.engine.stage import PlanContext, Planned, Stage
 from sparkstate.engine.steps import AggregateStep, StatelessStep
@@ -121,6 +122,11 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
     ansi = str(df.sparkSession.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
     operator: StatefulOperator
     if layout.session is not None:
+        try:  # Spark's analyzer refuses the mode first, a session window without keys after
+            SessionWindowAggregate.refuse_output_mode(query_mode)
+        except ConfigurationError as exc:
+            operation = "session window streaming aggregations"
+            raise unsupported_operation(str(exc), query_mode, operation) from None
         operator = SessionWindowAggregate(
             arrow_schema(StructType(layout.state_fields), nullable=True),
             layout.session,

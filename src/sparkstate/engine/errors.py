@@ -17,7 +17,12 @@ from pyspark.errors import AnalysisException, IllegalArgumentException, PySparkE
 
 from sparkstate.exceptions import ConfigurationError
 
-__all__ = ["SQLSTATES", "SparkAnalysisError", "SparkIllegalArgumentError"]
+__all__ = [
+    "SQLSTATES",
+    "SparkAnalysisError",
+    "SparkIllegalArgumentError",
+    "unsupported_operation",
+]
 
 #: The SQLSTATE of each error class sparkstate raises, from Spark's ``error-conditions.json``
 #: (PySpark's own copy holds only the errors raised in Python, so it cannot say).
@@ -53,3 +58,9 @@ class SparkAnalysisError(_SparkRefusal, AnalysisException):
 class SparkIllegalArgumentError(_SparkRefusal, IllegalArgumentException):
     """An argument Spark refuses with its ``IllegalArgumentException`` (an output mode it does
     not know, a file sink without a path), with ``condition`` and ``parameters``."""
+
+
+def unsupported_operation(message: str, mode: str, operation: str) -> SparkAnalysisError:
+    """Spark's error for an output mode that the query's operations do not take."""
+    parameters = {"outputMode": mode, "operation": operation}
+    return SparkAnalysisError(message, "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION", parameters)

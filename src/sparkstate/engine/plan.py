@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from sparkstate.engine.aggregate_plan import AGGREGATIONS, closes_by_watermark
-from sparkstate.engine.errors import SparkAnalysisError
+from sparkstate.engine.errors import SparkAnalysisError, unsupported_operation
 from sparkstate.engine.limit_plan import check_limit
 from sparkstate.engine.planners import planner_for
 from sparkstate.engine.spark_schema import arrow_schema, event_time_of, is_binary_stable, quote
@@ -174,12 +174,6 @@ def output_of(
             first = first or exc
     assert first is not None
     raise first
-
-
-def unsupported_operation(message: str, mode: str, operation: str) -> SparkAnalysisError:
-    """Spark's error for an output mode that the query's operations do not take."""
-    parameters = {"outputMode": mode, "operation": operation}
-    return SparkAnalysisError(message, "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION", parameters)
 
 
 def _check_output_mode(stage: Stage, mode: str) -> None:

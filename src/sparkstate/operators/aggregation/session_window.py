@@ -82,7 +82,10 @@ class SessionWindowAggregate(StatefulOperator):
         no_data_batches: bool = False,
     ) -> None:
         if not user_key_schema.names:
-            msg = "session_window() needs at least one other grouping column (as in Spark)"
+            msg = (
+                "Global aggregation with session window in streaming query is not supported. "
+                "(As in Spark: session_window() needs at least one other grouping column)"
+            )
             raise ConfigurationError(msg)
         self.window = window
         self.user_key_schema = user_key_schema
@@ -114,7 +117,12 @@ class SessionWindowAggregate(StatefulOperator):
         }
 
     def check_output_mode(self, mode: str) -> None:
-        if mode not in self.supported_output_modes:
+        self.refuse_output_mode(mode)
+
+    @classmethod
+    def refuse_output_mode(cls, mode: str) -> None:
+        """Refuse ``mode`` where a session window does not run in it (Spark's words)."""
+        if mode not in cls.supported_output_modes:
             msg = (
                 f"Invalid streaming output mode: {mode}. This output mode is not supported for "
                 "session window streaming aggregations on streaming DataFrames/DataSets (as in "
