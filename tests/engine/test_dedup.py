@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 import sparkstate as ss
@@ -101,10 +102,12 @@ def test_dedup_with_watermark_matches_spark(
 def test_within_watermark_needs_a_watermark(spark: SparkSession, tmp_path: Path) -> None:
     df = FileFeed(tmp_path / "input").stream(spark, SCHEMA)
     query = ss.stream(df).dropDuplicatesWithinWatermark(["k"])
-    with pytest.raises(ConfigurationError, match="without a watermark"):
+    with pytest.raises(ConfigurationError, match="without watermark") as refused:
         query.writeStream.foreachBatch(Collector()).option(
             "checkpointLocation", str(tmp_path / "c")
         ).start()
+    assert isinstance(refused.value, AnalysisException)  # Spark's error, as Spark raises it
+    assert refused.value.getCondition() == "_LEGACY_ERROR_TEMP_3102"
 
 
 def test_a_source_column_added_between_runs_like_spark(spark: SparkSession, tmp_path: Path) -> None:
