@@ -32,7 +32,8 @@ test no-data flag                                          ported once per flag 
                                                            last step, the memory sink's
                                                            ``numOutputRows`` of the last
                                                            progress, left out: a
-                                                           ``foreachBatch`` sink reports none
+                                                           ``foreachBatch`` sink, a V1 sink,
+                                                           reports none (-1)
 SPARK-29438: ensure UNION doesn't lead streaming           left out: MemoryStream-specific (a
 deduplication to use shifted partition IDs                 restart with another partition
                                                            count of the MemoryStream)
