@@ -218,7 +218,12 @@ class StatefulStream:
         return dataclasses.replace(self, df=out, timed=None)
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StatefulStream:  # noqa: N802,N803
-        """Track ``eventTime``'s watermark: its largest value seen minus ``delayThreshold``."""
+        """Track ``eventTime``'s watermark: its largest value seen minus ``delayThreshold``.
+
+        The input gets Spark's own ``withWatermark`` here, where the query declares it (as a
+        watermark declared before wrapping): a later projection of the column into a
+        ``window()`` keeps it on the window, which is how Spark's join finds a side's watermark
+        on a window key."""
         if self.steps:
             msg = "call withWatermark() before groupBy()/dropDuplicates(), on the input stream"
             raise ConfigurationError(msg)
@@ -235,7 +240,8 @@ class StatefulStream:
             )
             raise ConfigurationError(msg)
         spec = WatermarkSpec(eventTime, delayThreshold)
-        return dataclasses.replace(self, watermarks=(*self.watermarks, spec))
+        marked = self.df.withWatermark(eventTime, delayThreshold)
+        return dataclasses.replace(self, df=marked, watermarks=(*self.watermarks, spec))
 
     def groupBy(self, *cols: Any) -> GroupedStream[StatefulStream]:  # noqa: N802 - PySpark's name
         """Group by column names or ``Column`` expressions, then ``.agg(...)``."""
@@ -307,12 +313,14 @@ class StatefulStream:
         return StatefulStream(source, (JoinStep(plan),), watermarks)
 
     def _with_watermarks(self) -> DataFrame:
-        """The input with this stream's watermarks on it as Spark records them (those declared
-        on the DataFrame are there already)."""
+        """The input with this stream's watermarks on it as Spark records them: those declared
+        on the DataFrame or on the stream are there already (a column projected away since
+        passed its watermark on to what was made of it)."""
         df = self.df
-        declared = set(declared_watermarks(df))
         for spec in self.watermarks:
-            if spec not in declared:
+            if spec.column in df.columns and WATERMARK_DELAY_KEY not in (
+                df.schema[spec.column].metadata or {}
+            ):
                 df = df.withWatermark(spec.column, spec.delay)
         return df
 

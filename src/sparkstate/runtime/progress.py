@@ -79,7 +79,8 @@ def state_operator_progress(
         "memoryUsedBytes": memory,
         "numRowsDroppedByWatermark": total.num_rows_dropped_by_watermark,
         "numShufflePartitions": num_partitions,
-        "numStateStoreInstances": num_partitions,
+        # Spark's count: its stores per partition (a join keeps four), each partition's own.
+        "numStateStoreInstances": num_partitions * len(operator.spark_store_names),
         "customMetrics": {k: _number(v) for k, v in sorted(custom.items())},
     }
     return entry, total
