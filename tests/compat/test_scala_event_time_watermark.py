@@ -45,9 +45,7 @@ EventTime watermark should be ignored in batch query.          left out: a batch
 SPARK-21565: watermark operator accepts attributes from        ported (foreachBatch for the
 replacement                                                    console sink)
 SPARK-27340 Alias on TimeWindow expression cause watermark     ported (its check of the logical
-metadata lost                                                  plan's metadata left out); xfail
-                                                               on ours (the window loses the
-                                                               watermark)
+metadata lost                                                  plan's metadata left out)
 test no-data flag                                              ported, once per flag value
 MultipleWatermarkPolicy: max                                   ported; xfail on ours (a union)
 MultipleWatermarkPolicy: min                                   ported; xfail on ours (a union)
@@ -536,12 +534,6 @@ def test_watermark_operator_accepts_attributes_from_replacement(st) -> None:
     )
 
 
-@_ours_fail(
-    "a window() computed in a select() before groupBy() loses the watermark: sparkstate plans "
-    "the aggregation with the watermark only while the event-time column reaches groupBy() "
-    "(engine/spark_schema.py with_watermark), so the window key is not watermarked and append "
-    "mode is refused at start() (STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION)"
-)
 def test_alias_on_time_window_keeps_watermark_metadata(st) -> None:
     # SPARK-27340
     input_data = st.memory_stream()
