@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 import pytest
 from pyspark import cloudpickle
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -43,7 +44,6 @@ from .helpers import runs, spark_rocksdb
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SCHEMA = "k string, ts timestamp, v long"
-ALLOW_MULTIPLE = "spark.sql.streaming.statefulOperator.allowMultiple"
 FILES = 4
 
 
@@ -262,17 +262,14 @@ def test_wrapped_query_matches_spark(
     assert ours.schema == theirs.schema
 
 
-def test_watermarks_both_ways_combine_as_in_spark(
-    spark: SparkSession, spark_results: dict[str, Collector], tmp_path: Path
-) -> None:
+def test_watermarks_both_ways_fail_as_in_spark(spark: SparkSession, tmp_path: Path) -> None:
     """A watermark on the DataFrame and one on the wrapped stream (same column) are two
-    watermarks to Spark's policy (the minimum: the larger delay wins). Spark takes two
-    ``withWatermark`` calls in a row only with ``statefulOperator.allowMultiple`` off, and
-    combines them so; sparkstate takes them as they are."""
+    ``withWatermark`` calls in a row: the wrapped stream's is Spark's own on the input, and Spark
+    (``statefulOperator.allowMultiple`` on, its default) fails the query's first batch."""
     case = CASES[0]
 
     def spark_query(df: DataFrame) -> Any:
-        return case.query(df.withWatermark("ts", "3 minutes"))
+        return case.query(df.withWatermark("ts", "3 minutes").withWatermark("ts", "1 minute"))
 
     def our_query(df: DataFrame) -> Any:
         stream = ss.stream(df.withWatermark("ts", "3 minutes")).withWatermark("ts", "1 minute")
@@ -284,14 +281,9 @@ def test_watermarks_both_ways_combine_as_in_spark(
             GroupStateTimeout.EventTimeTimeout,
         )
 
-    spark.conf.set(ALLOW_MULTIPLE, "false")
-    try:
-        theirs = run_twice(spark, tmp_path / "spark", spark_query, case, None)
-    finally:
-        spark.conf.unset(ALLOW_MULTIPLE)
-    ours = run_twice(spark, tmp_path / "ours", our_query, case, "memory")
-    assert ours.batches == theirs.batches
-    assert ours.batches != spark_results[case.name].batches  # the one-watermark query's
+    for name, query, store in (("spark", spark_query, None), ("ours", our_query, "memory")):
+        with pytest.raises(StreamingQueryException, match="Redefining watermark is disallowed"):
+            run_twice(spark, tmp_path / name, query, case, store)
 
 
 def test_bad_steps_fail_at_start(spark: SparkSession, tmp_path: Path) -> None:

@@ -143,7 +143,15 @@ class FileSink(Sink):
         writer.mode("overwrite").save(where)
         entries = []
         for folder, name, size in self._data_files(staging):
-            staging.child(folder).move_to(name, self.dir.child(folder))
+            source, target = (
+                (staging.child(folder), self.dir.child(folder))
+                if folder
+                else (
+                    staging,
+                    self.dir,
+                )
+            )
+            source.move_to(name, target)
             entries.append(
                 {
                     "path": self.uri_prefix + _uri_path(self.dir.path, folder, name),
