@@ -69,7 +69,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from .porting import ORACLE
+from .porting import ours_fail
 from .stream_test import (
     AddData,
     AssertOnQuery,
@@ -93,11 +93,6 @@ from .stream_test import (
 pytestmark = pytest.mark.spark
 
 POLICY = "spark.sql.streaming.multipleWatermarkPolicy"
-
-
-def _ours_fail(reason: str) -> pytest.MarkDecorator:
-    """A scenario sparkstate fails (strictly), Spark's own operator passes."""
-    return pytest.mark.xfail(not ORACLE, strict=True, reason=reason)
 
 
 #: Why the union scenarios fail on ours.
@@ -355,7 +350,7 @@ def _watermark_after(first: Any, second: Any, first_rows=(), second_rows=(), ms:
     ]
 
 
-@_ours_fail(UNION_OF_WATERMARKS)
+@ours_fail(UNION_OF_WATERMARKS)
 def test_watermark_with_2_streams(st) -> None:
     first = st.memory_stream()
     first_df = (
@@ -450,7 +445,7 @@ def test_group_by_on_raw_timestamp(st) -> None:
     )
 
 
-@_ours_fail(
+@ours_fail(
     "sparkstate refuses a second withWatermark() on another column when it is called "
     "(ConfigurationError, 'watermarks on two different columns are not supported yet'); Spark's "
     "query fails its first batch with 'Redefining watermark is disallowed.'"
@@ -478,7 +473,7 @@ def test_overriding_watermark_should_not_be_allowed_by_default(st) -> None:
     )
 
 
-@_ours_fail(
+@ours_fail(
     "sparkstate runs dropDuplicates() over a join's output that carries both sides' event-time "
     "columns (ts1 and ts2, each with a watermark delay); Spark fails the batch with 'More than "
     "one event time columns are available.'"
@@ -602,7 +597,7 @@ def _check_watermark(input_data: Any, watermark_s: int) -> list[Any]:
     return [AddData(input_data, 1), Execute(check)]
 
 
-@_ours_fail(UNION_OF_WATERMARKS)
+@ours_fail(UNION_OF_WATERMARKS)
 def test_multiple_watermark_policy_max(st) -> None:
     input1, input2 = st.memory_stream(), st.memory_stream()
     st.test_stream(
@@ -624,7 +619,7 @@ def test_multiple_watermark_policy_max(st) -> None:
     )
 
 
-@_ours_fail(UNION_OF_WATERMARKS)
+@ours_fail(UNION_OF_WATERMARKS)
 def test_multiple_watermark_policy_min(st) -> None:
     input1, input2 = st.memory_stream(), st.memory_stream()
     st.test_stream(
@@ -646,7 +641,7 @@ def test_multiple_watermark_policy_min(st) -> None:
     )
 
 
-@_ours_fail(UNION_OF_WATERMARKS)
+@ours_fail(UNION_OF_WATERMARKS)
 def test_multiple_watermark_policy_recovery_ignores_session_conf(st) -> None:
     input1, input2 = st.memory_stream(), st.memory_stream()
     st.test_stream(

@@ -71,7 +71,7 @@ from pyspark import cloudpickle
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-from .porting import ORACLE
+from .porting import ours_fail
 from .stream_test import (
     AddData,
     CheckLastBatch,
@@ -89,11 +89,6 @@ from .stream_test import (
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.spark
-
-
-def _gap(reason: str) -> pytest.MarkDecorator:
-    """A strict xfail on sparkstate's stores (Spark's own operators, the oracle, pass)."""
-    return pytest.mark.xfail(not ORACLE, strict=True, reason=reason)
 
 
 def _count_by_value(input_data):
@@ -232,7 +227,7 @@ def test_multiple_keys(st) -> None:
     )
 
 
-@_gap(
+@ours_fail(
     "union() after a stateful step is refused when the query is built (engine/api.py: "
     "'union() of streams is supported before their stateful steps only'), where Spark unions "
     "an aggregation's output with another stream's rows"

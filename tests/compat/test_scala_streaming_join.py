@@ -90,7 +90,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from .porting import ORACLE
+from .porting import ours_fail
 from .stream_test import (
     AddData,
     CheckAnswer,
@@ -107,20 +107,15 @@ pytestmark = pytest.mark.spark
 Ts = dt.datetime
 
 
-def _ours_fail(reason: str) -> pytest.MarkDecorator:
-    """An xfail (strict) on sparkstate's stores; Spark's own operator is never marked."""
-    return pytest.mark.xfail(not ORACLE, strict=True, reason=reason)
-
-
 #: A join's output rebuilt under new attribute ids: a side's column after it does not resolve.
-SIDE_COLUMNS = _ours_fail(
+SIDE_COLUMNS = ours_fail(
     "sparkstate rebuilds the join's output columns under new attribute ids "
     "(JoinAnalysis._output_columns), so a select after the join of a side's own column "
     "(left['key'], left['window.end']) fails: MISSING_ATTRIBUTES.RESOLVED_ATTRIBUTE_APPEAR_IN_"
     "OPERATION"
 )
 #: ``<=>`` is no join key of sparkstate's.
-NULL_SAFE_KEY = _ours_fail(
+NULL_SAFE_KEY = ours_fail(
     "sparkstate's join keys are `=` conjuncts only and it does not evaluate `<=>` "
     "(JoinAnalysis.plan, _pairs_expression): a `<=>` alone is refused as 'Stream-stream join "
     "without equality predicate', beside an `=` key as a comparison it does not evaluate yet; "
@@ -1321,7 +1316,7 @@ def test_left_semi_join_with_watermark_range_condition(st) -> None:
     )
 
 
-@_ours_fail(
+@ours_fail(
     "sparkstate keeps the left rows Spark's optimizer filters out before the join (value % 2 = "
     "0, inferred from leftId = rightId and the right side's filter): the same answers, the odd "
     "left rows in state (5 rows after the first batch where Spark keeps 2)"
