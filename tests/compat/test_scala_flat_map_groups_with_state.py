@@ -42,8 +42,7 @@ classified (x2)                                                    Scala functio
                                                                    null)
 mapGroupsWithState - streaming                                     ported
 SPARK-35896: metrics in StateOperatorProgress are output           ported (the operator's
-correctly                                                          name: applyInPandasWithState),
-                                                                   xfail
+correctly                                                          name: applyInPandasWithState)
 SPARK-29438: ensure UNION doesn't lead (flat)MapGroupsWithState    left out: varies
 to use shifted partition IDs (x2)                                  ``MemoryStream[String](n)``'s
                                                                    partition count
@@ -75,10 +74,6 @@ fails under Spark's own ``applyInPandasWithState`` as under ours: PySpark's ``Gr
 key with data starts with no old timeout, so a function that neither updates the state nor sets
 a timeout leaves the stored one, and the key times out in the batch that brought it data (the
 fix of SPARK-38320 is in the Scala operator's write rule). Ours follows Spark's Python operator.
-
-One port is ``xfail`` here (strict) on sparkstate, not under Spark's operator:
-``test_metrics_in_state_operator_progress`` (``numRowsTotal`` counts the timeout index's
-entries too).
 """
 
 from __future__ import annotations
@@ -95,7 +90,6 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from .porting import ORACLE
 from .stream_test import (
     AddData,
     CheckNewAnswer,
@@ -387,15 +381,6 @@ def test_map_groups_with_state_streaming(st) -> None:
     )
 
 
-@pytest.mark.xfail(
-    not ORACLE,
-    strict=True,
-    reason=(
-        "numRowsTotal of applyInPandasWithState with a timeout counts the $timeout_index "
-        "column family's entries with the state rows (the store's key count over all "
-        "families): 2 for one key with a timeout, Spark's 1; the rest of the scenario holds"
-    ),
-)
 def test_metrics_in_state_operator_progress(st) -> None:
     input_data = st.memory_stream("_1 string, _2 int")
     st.test_stream(

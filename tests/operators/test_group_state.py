@@ -184,6 +184,7 @@ def test_processing_time_timeout_and_restart(pandas: bool, provider: str) -> Non
         out = h.run(rows(("b", 1), ("a", 1), ("a", 2)), processing_time_ms=100)
         assert out.rows == [{"k": "a", "n": 2}, {"k": "b", "n": 1}]  # key order
         assert out.metrics.num_rows_updated == 2 and out.metrics.num_input_rows == 3
+        assert out.metrics.num_rows_total == 2  # the keys' states; index entries are not rows
         assert h.group_state("a") == (2,) and h.group_state_timeout("a") == 1100
         assert h.run(rows(("a", 3)), processing_time_ms=600).rows == [{"k": "a", "n": 3}]
         assert h.group_state_timeout("a") == 1600
@@ -192,6 +193,7 @@ def test_processing_time_timeout_and_restart(pandas: bool, provider: str) -> Non
         assert h.run(processing_time_ms=1100).rows == []
         out = h.run(processing_time_ms=1101)
         assert out.rows == [{"k": "b", "n": -1}] and out.metrics.num_rows_removed == 1
+        assert out.metrics.num_rows_total == 1
         assert h.group_state("b") is None and h.state_rows("$timeout_index") == {
             (1600, "a"): (True,)
         }
@@ -286,8 +288,9 @@ def test_removed_state_can_keep_a_timeout() -> None:
         input_schema=INPUT,
     )
     with h:
-        h.run(rows(("a", 1)), processing_time_ms=0)
+        out = h.run(rows(("a", 1)), processing_time_ms=0)
         assert h.group_state("a") is None and h.group_state_timeout("a") == 100
+        assert out.metrics.num_rows_total == 1  # Spark keeps the row of a timeout too
         out = h.run(processing_time_ms=200)
         assert out.rows == [{"k": "a", "what": "timed out", "present": False}]
         # the timed-out call set no timeout and did not touch the state: Scala's rule (the old

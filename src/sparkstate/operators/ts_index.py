@@ -104,6 +104,10 @@ class TimestampIndex:
             out += zip(ts, [k[_TS_WIDTH:] for k in keys], strict=True)
         return out
 
+    def size(self, store: StateStore) -> int:
+        """The number of entries (flush first): a scan of the family's keys."""
+        return sum(len(keys) for keys, _ in store.range_scan_encoded_chunks(cf=self.cf_name))
+
     def earliest(self, store: StateStore) -> int | None:
         """The smallest indexed timestamp, or None if the index is empty (flush first)."""
         for k, _ in store.range_scan_encoded(cf=self.cf_name):

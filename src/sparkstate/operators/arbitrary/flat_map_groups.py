@@ -16,8 +16,10 @@ One partition, one batch (Spark's ``FlatMapGroupsWithStateExec`` /
 Layout: the default column family maps a key to its state fields plus ``__timeout_ms`` and
 ``__defined`` (a removed state can keep a timeout); ``$timeout_index`` maps
 ``(timeout_ms, key...)`` to a marker (see :mod:`.ts_index`); ``$state_schema`` holds nothing and
-records the declared state schema. Stored states of an earlier state schema read back under the
-current one (:mod:`sparkstate.store.evolution`); a ``sparkstate.PICKLED`` state is stored pickled.
+records the declared state schema. ``numRowsTotal`` counts the default family's rows, as Spark
+counts its state rows (the index is ours, not rows). Stored states of an earlier state schema
+read back under the current one (:mod:`sparkstate.store.evolution`); a ``sparkstate.PICKLED``
+state is stored pickled.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     #: Whether the old timeout of Spark's write rule is the stored one (Scala) or -1 (PySpark).
     compare_with_stored_timeout: ClassVar[bool] = True
+    rows_are_keys: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -213,6 +216,15 @@ class FlatMapGroupsWithState(StatefulOperator):
 
         return KeyValueView(DEFAULT_CF, key, value, value_shape=shape)
 
+    @classmethod
+    def rows_in_state(cls, store: StateStore) -> int:
+        """The keys' states, as Spark counts them: an entry of the timeout index is not a row
+        (a store that does not count its keys reports 0)."""
+        stored = store.raw_num_keys()
+        if stored <= 0:
+            return 0
+        return max(0, stored - TimestampIndex(TIMEOUT_INDEX_CF).size(store))
+
     # --- the batch -------------------------------------------------------------------------------
 
     def process(
@@ -252,6 +264,7 @@ class FlatMapGroupsWithState(StatefulOperator):
             m.observe_timer(TimestampIndex(TIMEOUT_INDEX_CF).earliest(store))
         yield from out.drain(final=True)
         m.num_output_rows += out.num_rows
+        m.num_rows_total = (m.num_rows_total or 0) + self.rows_in_state(store)
 
     def _decode_states(
         self, fam: ColumnFamily, raws: Sequence[bytes | None]
