@@ -14,14 +14,14 @@ setting's default.
 Spark's test                                               here
 =========================================================  ====================================
 complete mode - session window                             ported
-complete mode - session window - nested tuple key          ported, xfail: ``NESTED_KEYS``
-complete mode - session window - multiple col key          ported, xfail: ``NESTED_KEYS``
+complete mode - session window - nested tuple key          ported
+complete mode - session window - multiple col key          ported
 complete mode - session window - no key                    ported (ours refuses at ``start()``,
                                                            Spark's in its first batch)
 append mode - session window                               ported
 SPARK-36465: dynamic gap duration                          ported (the UDF in Python)
-dynamic gap duration - nested tuple key                    ported, xfail: ``NESTED_KEYS``
-dynamic gap duration - multiple col key                    ported, xfail: ``NESTED_KEYS``
+dynamic gap duration - nested tuple key                    ported
+dynamic gap duration - multiple col key                    ported
 append mode - session window - no key                      ported (as the complete mode's)
 update mode - session window                               ported (Spark 4.3's message: see
                                                            ``UPDATE_REFUSED``)
@@ -42,7 +42,6 @@ import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-from .porting import xfail_on
 from .stream_test import Action, AddData, AssertOnQuery, CheckAnswer, CheckNewAnswer, progresses
 
 pytestmark = pytest.mark.spark
@@ -244,16 +243,7 @@ def test_complete_mode_session_window(st) -> None:
     )
 
 
-NESTED_KEYS = (
-    "the session key is a struct whose fields share a name (arrays_zip of a column with "
-    "itself): sparkstate's session window refuses struct keys at start() ('key columns "
-    "[...] are of nested types'), and allowed, Spark's Arrow transfer to the Python workers "
-    "refuses the struct (DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT)"
-)
-
-
-def test_complete_mode_session_window_nested_tuple_key(st, request) -> None:
-    xfail_on(request, "", NESTED_KEYS)
+def test_complete_mode_session_window_nested_tuple_key(st) -> None:
     input_data = st.memory_stream("_1 string, _2 bigint")
     st.test_stream(
         session_window_query_nested_key(input_data),
@@ -262,8 +252,7 @@ def test_complete_mode_session_window_nested_tuple_key(st, request) -> None:
     )
 
 
-def test_complete_mode_session_window_multiple_col_key(st, request) -> None:
-    xfail_on(request, "", NESTED_KEYS)
+def test_complete_mode_session_window_multiple_col_key(st) -> None:
     input_data = st.memory_stream("_1 string, _2 bigint")
     st.test_stream(
         session_window_query_multi_col_key(input_data),
@@ -390,8 +379,7 @@ def test_spark_36465_dynamic_gap_duration(st, spark) -> None:
     st.test_stream(session_updates, "append", *_dynamic_gap_actions(input_data, _word))
 
 
-def test_dynamic_gap_duration_nested_tuple_key(st, spark, request) -> None:
-    xfail_on(request, "", NESTED_KEYS)
+def test_dynamic_gap_duration_nested_tuple_key(st, spark) -> None:
     input_data = st.memory_stream("_1 string, _2 bigint")
     udf = spark.udf.register(
         "gapDuration", _gap_duration(lambda key, w: key == (((w, w), w),)), "string"
@@ -402,8 +390,7 @@ def test_dynamic_gap_duration_nested_tuple_key(st, spark, request) -> None:
     st.test_stream(session_updates, "append", *_dynamic_gap_actions(input_data, _nested))
 
 
-def test_dynamic_gap_duration_multiple_col_key(st, spark, request) -> None:
-    xfail_on(request, "", NESTED_KEYS)
+def test_dynamic_gap_duration_multiple_col_key(st, spark) -> None:
     input_data = st.memory_stream("_1 string, _2 bigint")
     udf = spark.udf.register(
         "gapDuration", _gap_duration(lambda key, w: key == ((w, w), w)), "string"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,20 @@ def test_nested_keys_round_trip_and_are_equal_exactly_when_their_values_are(
     assert same([tuple(r.values()) for r in decoded.to_pylist()], expected)
     shown = [repr(r) for r in expected]
     assert len(set(one)) == len(set(shown)) == len(set(zip(one, shown, strict=True)))
+
+
+def test_a_key_codec_of_nested_and_float_columns_pickles() -> None:
+    """An operator holding one is pickled to its tasks: the codec is built again there (its
+    encoders close over ``struct.Struct`` objects, which no pickler takes)."""
+    pair = pa.struct([("a", pa.string()), ("b", pa.float64())])
+    schema = pa.schema(
+        [("k", pa.struct([("p", pair), ("l", pa.list_(pa.int32()))])), ("f", pa.float32())]
+    )
+    codec = KeyCodec(schema)
+    copy = pickle.loads(pickle.dumps(codec))
+    row = ({"p": {"a": "x", "b": -0.5}, "l": [1, None]}, 1.5)
+    assert copy == codec and copy.encode(row) == codec.encode(row)
+    assert copy.decode(codec.encode(row)) == codec.decode(codec.encode(row))
 
 
 def test_nulls_at_every_level() -> None:

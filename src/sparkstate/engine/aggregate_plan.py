@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -25,7 +25,13 @@ from sparkstate.engine.aggregate_partials import (
 )
 from sparkstate.engine.aggregate_recognise import recognise
 from sparkstate.engine.errors import unsupported_operation
-from sparkstate.engine.spark_schema import arrow_schema, is_time, quote, with_watermark
+from sparkstate.engine.spark_schema import (
+    arrow_safe,
+    arrow_schema,
+    is_time,
+    quote,
+    with_watermark,
+)
 from sparkstate.engine.stage import PlanContext, Planned, Stage
 from sparkstate.engine.steps import AggregateStep, StatelessStep
 from sparkstate.exceptions import ConfigurationError
@@ -97,10 +103,11 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
     struct = final.schema
     nkeys = len(keys)
     key_fields = struct.fields[:nkeys]
-    layout = _key_layout(key_fields, event_time)
     if len(set(struct.names)) != len(struct.names):
         msg = f"the aggregation's output has duplicate column names {struct.names}; use .alias()"
         raise ConfigurationError(msg)
+    layout = _key_layout(key_fields, event_time)
+    shipped = cast("StructType", arrow_safe(struct))  # the operator's output, as Arrow takes it
     legacy = df.sparkSession.conf.get("spark.sql.legacy.statisticalAggregate", "false")
     aggregates = [
         aggregate_function(
@@ -131,7 +138,7 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
             arrow_schema(StructType(layout.state_fields), nullable=True),
             layout.session,
             aggregates,
-            output_schema=arrow_schema(struct),
+            output_schema=arrow_schema(shipped),
             output_keys=layout.output_keys,
             watermarked=layout.session_watermarked,
             has_event_time=has_event_time,
@@ -142,7 +149,7 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
         operator = StreamingAggregate(
             arrow_schema(StructType(layout.state_fields), nullable=True),
             aggregates,
-            output_schema=arrow_schema(struct),
+            output_schema=arrow_schema(shipped),
             output_keys=layout.output_keys,
             watermark_key=layout.watermark_key,
             has_event_time=has_event_time,
@@ -156,8 +163,14 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
     def prepare(batch: DataFrame) -> DataFrame:
         return batch.groupBy(*keys).agg(*partials).select(*flat)
 
-    stage = Stage(op_id, operator, struct, [f.name for f in layout.state_fields], prepare)
+    stage = Stage(op_id, operator, shipped, [f.name for f in layout.state_fields], prepare)
     stage.key_struct = StructType(key_fields)
+    if shipped != struct:  # the keys under their own field names again
+        back = [
+            quote(f.name) if f == g else quote(f.name).cast(f.dataType).alias(f.name)
+            for f, g in zip(struct.fields, shipped.fields, strict=True)
+        ]
+        stage.after.append(StatelessStep("select", tuple(back)))
     if split.projection is None:
         return Planned(stage, final)
     # Spark evaluates the expressions around the merged aggregates, over the operator's output.
@@ -231,8 +244,10 @@ def _key_layout(key_fields: Sequence[StructField], event_time: str | None) -> _K
             if watermarked and watermark_key is None:
                 watermark_key = window.end
             continue
-        fields.append(StructField(f.name, f.dataType))
-        columns.append(quote(f.name))
+        shipped = arrow_safe(f.dataType)  # a struct as the operator keeps it
+        fields.append(StructField(f.name, shipped))
+        column = quote(f.name)
+        columns.append(column if shipped == f.dataType else column.cast(shipped).alias(f.name))
         output_keys.append(f.name)
         if watermarked and watermark_key is None and is_time(f.dataType):
             watermark_key = f.name

@@ -23,6 +23,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 
 __all__ = [
+    "arrow_safe",
     "arrow_schema",
     "event_time_of",
     "is_binary_stable",
@@ -52,6 +53,40 @@ def arrow_schema(struct: StructType, *, nullable: bool | None = None) -> pa.Sche
             for f in struct.fields
         ]
     )
+
+
+def arrow_safe(data_type: DataType) -> DataType:
+    """``data_type`` with the repeated field names of its structs suffixed ``_0``, ``_1``... as
+    PySpark names them: Spark's Arrow transfer to Python refuses a struct whose fields share a
+    name (``DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT``, as ``arrays_zip(c, c)`` makes), and a cast
+    (Spark's casts a struct by position) turns one type into the other and back."""
+    if isinstance(data_type, StructType):
+        names = _distinct_names(data_type.names)
+        return StructType(
+            [
+                StructField(name, arrow_safe(f.dataType), f.nullable, f.metadata)
+                for name, f in zip(names, data_type.fields, strict=True)
+            ]
+        )
+    if isinstance(data_type, ArrayType):
+        return ArrayType(arrow_safe(data_type.elementType), data_type.containsNull)
+    if isinstance(data_type, MapType):
+        key, value = arrow_safe(data_type.keyType), arrow_safe(data_type.valueType)
+        return MapType(key, value, data_type.valueContainsNull)
+    return data_type
+
+
+def _distinct_names(names: list[str]) -> list[str]:
+    """Each name that repeats suffixed with its occurrence, ``_0``, ``_1``... (PySpark's)."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        if names.count(name) > 1:
+            out.append(f"{name}_{seen.get(name, 0)}")
+            seen[name] = seen.get(name, 0) + 1
+        else:
+            out.append(name)
+    return out
 
 
 def is_time(data_type: Any) -> bool:

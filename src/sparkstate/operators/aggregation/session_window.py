@@ -66,6 +66,8 @@ class SessionWindowAggregate(StatefulOperator):
     kind: ClassVar[str] = "session_window_aggregate"
     progress_name: ClassVar[str] = "sessionWindowStateStoreSaveExec"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "complete")
+    #: A key's sessions are looked up by the key, and evicted in the order of their ends.
+    nested_keys: ClassVar[bool] = True
 
     def __init__(
         self,

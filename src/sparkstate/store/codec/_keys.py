@@ -221,6 +221,11 @@ class KeyCodec:
     def __repr__(self) -> str:
         return f"KeyCodec({self.schema.names}, version={KEY_FORMAT_VERSION})"
 
+    def __reduce__(self) -> tuple[type[KeyCodec], tuple[pa.Schema]]:
+        """Built again from its schema where it is unpickled: its encoders are closures, some
+        over a ``struct.Struct`` (float and nested columns), which no pickler takes."""
+        return KeyCodec, (self.schema,)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KeyCodec) and self.schema.equals(other.schema)
 
