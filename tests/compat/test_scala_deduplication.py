@@ -56,9 +56,8 @@ deduplicate in batch DataFrame                             left out: a batch Dat
                                                            stream to wrap
 deduplicate without event time column should result in     ported as two tests (refused at
 error                                                      ``start()``, no ``testStream``): the
-                                                           two single streams pass; the third
-                                                           query, joined, xfail: ours refuses
-                                                           it at ``join()``
+                                                           two single streams, and the third
+                                                           query, joined
 deduplicate with all columns with event time column in     ported
 DataFrame
 deduplicate with subset of columns which event time        ported
@@ -86,7 +85,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
 from . import stream_test
-from .porting import xfail_on
 from .stream_test import (
     Action,
     AddData,
@@ -504,15 +502,8 @@ def test_within_watermark_without_event_time_column_is_an_error(st) -> None:
     _refused_without_watermark(result2)
 
 
-def test_within_watermark_without_event_time_column_is_an_error_joined(st, request) -> None:
+def test_within_watermark_without_event_time_column_is_an_error_joined(st) -> None:
     """The same test's third query: the watermark on the other side of a join."""
-    xfail_on(
-        request,
-        "",
-        "a stream-stream join plans each side's stateful steps when join() is called "
-        "(engine/join_plan.py), so the side's dropDuplicatesWithinWatermark without a "
-        "watermark is refused at join(), building the query, where Spark refuses it at start()",
-    )
     input_data = st.memory_stream("value string")
     input_data2 = st.memory_stream("_1 string, _2 int")
     other_side_for_join = (

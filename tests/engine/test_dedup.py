@@ -110,6 +110,19 @@ def test_within_watermark_needs_a_watermark(spark: SparkSession, tmp_path: Path)
     assert refused.value.getCondition() == "_LEGACY_ERROR_TEMP_3102"
 
 
+def test_within_watermark_before_a_join_needs_a_watermark_at_start(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The watermark on the join's other side only: the query is written (join() plans the
+    side's steps), and start() refuses it with Spark's error, as Spark does."""
+    df = FileFeed(tmp_path / "input").stream(spark, SCHEMA)
+    other = FileFeed(tmp_path / "other").stream(spark, SCHEMA).withWatermark("ts", "10 seconds")
+    query = ss.stream(df).select("k").dropDuplicatesWithinWatermark().join(other, "k")
+    with pytest.raises(AnalysisException, match="without watermark") as refused:
+        query.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c")).start()
+    assert refused.value.getCondition() == "_LEGACY_ERROR_TEMP_3102"
+
+
 def test_a_source_column_added_between_runs_like_spark(spark: SparkSession, tmp_path: Path) -> None:
     """Spark's deduplication keeps only its key columns in state, so a column added to the
     source between runs is accepted, and the rows after it carry it."""

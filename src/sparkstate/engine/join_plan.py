@@ -25,6 +25,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from sparkstate.engine.errors import SparkAnalysisError
 from sparkstate.engine.join_analysis import JoinAnalysis
 from sparkstate.engine.join_connect import connect_stateful_step, stand_in_join
 from sparkstate.engine.join_expressions import quoted, stateful_side
@@ -128,6 +129,8 @@ def plan_join_step(step: JoinStep, at: PlanContext) -> Planned:
         )
         raise ConfigurationError(msg)
     plan: JoinPlan = step.plan
+    if plan.refused is not None:
+        raise plan.refused
     rename = StatelessStep("select", tuple(plan.output_columns))
     stage = Stage(
         at.op_id,
@@ -144,6 +147,10 @@ def plan_join_step(step: JoinStep, at: PlanContext) -> Planned:
     output = plan.union.select(*names).select(*plan.output_columns)
     return Planned(stage, output, plan.input_stages(at.op_id), plan.output_lag_ms)
 
+
+#: The condition of Spark's streaming checks (``UnsupportedOperationChecker``), which refuse a
+#: query at ``start()``.
+STREAMING_CHECK = "_LEGACY_ERROR_TEMP_3102"
 
 #: The query input's column telling a join's left input's rows (0) from its right's (1), when
 #: a side has a stateful step before the join.
@@ -180,18 +187,29 @@ def plan_join_after(
     source, side_of, columns = _tagged_inputs(left.df, right.df)
     chains: dict[str, list[Stage]] = {}
     outputs: dict[str, DataFrame] = {}
+    refused: SparkAnalysisError | None = None
     for s, side in sides.items():
         wm = side.watermark
         if wm is not None:
             names[s] = "input" if not specs else f"input.{len(specs)}"
             specs.append(WatermarkSpec(columns[s][wm.column], wm.delay))
+        outputs[s] = side.df
         if side.steps:
             column = wm.column if wm else None
             delay = wm.delay_ms if wm else None
-            chains[s], outputs[s] = plan_chain(side.df, side.steps, "append", column, delay)
-        else:
-            outputs[s] = side.df
-    plan = plan_join(outputs["left"], outputs["right"], on, how, frozenset(chains))
+            try:
+                chains[s], outputs[s] = plan_chain(side.df, side.steps, "append", column, delay)
+            except SparkAnalysisError as exc:
+                if exc.getCondition() != STREAMING_CHECK:
+                    raise
+                refused = refused or exc  # Spark's streaming checks refuse it at start()
+    try:
+        plan = plan_join(outputs["left"], outputs["right"], on, how, frozenset(chains))
+    except ConfigurationError:
+        if refused is not None:  # a side's output is not its input: the join needs it
+            raise refused from None
+        raise
+    plan.refused = refused
     for s, chain in chains.items():
         chain[-1] = _with_pushed_filters(chain[-1], plan.pushed.get(s, []))
     plan.tracker_inputs = {s: n for s, n in names.items() if s not in chains}

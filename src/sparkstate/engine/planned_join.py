@@ -50,6 +50,9 @@ class JoinPlan:
     pushed: dict[str, list[tuple[frozenset[str], str]]] = dataclasses.field(default_factory=dict)
     #: Spark's types of the join key's columns, the key of both sides' state.
     key_struct: StructType = dataclasses.field(default_factory=StructType)
+    #: What Spark refuses of a side's steps when the query starts, not where it is written
+    #: (its streaming checks, such as a deduplication within a watermark the side lacks).
+    refused: Exception | None = None
 
     def _chain_ids(self, op_id: int) -> dict[str, list[int]]:
         """Operator ids of each side's steps, in the order they run, below the join ``op_id``
