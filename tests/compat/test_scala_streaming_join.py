@@ -38,17 +38,17 @@ joining non-nullable left join key with nullable right     ported; xfail: a ``<=
 joining nullable left join key with non-nullable right     ported; xfail: a ``<=>`` key
 joining nullable left join key with nullable right         ported; xfail: a ``<=>`` key
 StreamingOuterJoinSuite:
-left outer early state exclusion on left                   ported; xfail: a side's column after it
-left outer early state exclusion on right                  ported; xfail: a side's column after it
-right outer early state exclusion on left                  ported; xfail: a side's column after it
-right outer early state exclusion on right                 ported; xfail: a side's column after it
+left outer early state exclusion on left                   ported
+left outer early state exclusion on right                  ported
+right outer early state exclusion on left                  ported
+right outer early state exclusion on right                 ported
 windowed left outer join                                   ported
 windowed right outer join                                  ported
 left outer with watermark range condition                  ported (its three ``testStream``
                                                            runs: seconds, and two spellings of
                                                            a minutes-and-seconds bound)
 right outer with watermark range condition                 ported (the same three)
-left outer join with non-key condition violated            ported; xfail: a side's column after it
+left outer join with non-key condition violated            ported
 SPARK-26187 self left outer join should not return outer   ported
 nulls for already matched rows
 SPARK-26187 self right outer join should not return outer  ported
@@ -69,14 +69,14 @@ processing input rows and evicting state rows for same     own operator on Rocks
 grouping key happens in the same micro-batch               sets)
 StreamingFullOuterJoinSuite:
 windowed full outer join                                   ported
-full outer early state exclusion on left                   ported; xfail: a side's column after it
-full outer early state exclusion on right                  ported; xfail: a side's column after it
+full outer early state exclusion on left                   ported
+full outer early state exclusion on right                  ported
 full outer join with watermark range condition             ported
 self full outer join                                       ported
 StreamingLeftSemiJoinSuite:
 windowed left semi join                                    ported
-left semi early state exclusion on left                    ported; xfail: a side's column after it
-left semi early state exclusion on right                   ported; xfail: a side's column after it
+left semi early state exclusion on left                    ported
+left semi early state exclusion on right                   ported
 left semi join with watermark range condition              ported
 self left semi join                                        ported; xfail: its state rows
 =========================================================  =========================================
@@ -107,13 +107,6 @@ pytestmark = pytest.mark.spark
 Ts = dt.datetime
 
 
-#: A join's output rebuilt under new attribute ids: a side's column after it does not resolve.
-SIDE_COLUMNS = ours_fail(
-    "sparkstate rebuilds the join's output columns under new attribute ids "
-    "(JoinAnalysis._output_columns), so a select after the join of a side's own column "
-    "(left['key'], left['window.end']) fails: MISSING_ATTRIBUTES.RESOLVED_ATTRIBUTE_APPEAR_IN_"
-    "OPERATION"
-)
 #: ``<=>`` is no join key of sparkstate's.
 NULL_SAFE_KEY = ours_fail(
     "sparkstate's join keys are `=` conjuncts only and it does not evaluate `<=>` "
@@ -640,7 +633,6 @@ def test_nullable_left_key_with_nullable_right_key(st) -> None:
 # --- StreamingOuterJoinSuite --------------------------------------------------------------
 
 
-@SIDE_COLUMNS
 def test_left_outer_early_state_exclusion_on_left(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_left_condition(st, "left_outer")
     st.test_stream(
@@ -658,7 +650,6 @@ def test_left_outer_early_state_exclusion_on_left(st) -> None:
     )
 
 
-@SIDE_COLUMNS
 def test_left_outer_early_state_exclusion_on_right(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_right_condition(st, "left_outer")
     st.test_stream(
@@ -676,7 +667,6 @@ def test_left_outer_early_state_exclusion_on_right(st) -> None:
     )
 
 
-@SIDE_COLUMNS
 def test_right_outer_early_state_exclusion_on_left(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_left_condition(st, "right_outer")
     st.test_stream(
@@ -694,7 +684,6 @@ def test_right_outer_early_state_exclusion_on_left(st) -> None:
     )
 
 
-@SIDE_COLUMNS
 def test_right_outer_early_state_exclusion_on_right(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_right_condition(st, "right_outer")
     st.test_stream(
@@ -802,7 +791,6 @@ def test_outer_with_watermark_range_condition_in_minutes(st, join_type: str, bou
     )
 
 
-@SIDE_COLUMNS
 def test_left_outer_join_with_non_key_condition_violated(st) -> None:
     """Where the condition is false, the outer row comes out even though the keys match."""
     left_input, simple_left = setup_stream(st, "left", 2)
@@ -1140,7 +1128,6 @@ def test_windowed_full_outer_join(st) -> None:
     )
 
 
-@SIDE_COLUMNS
 def test_full_outer_early_state_exclusion_on_left(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_left_condition(st, "full_outer")
     st.test_stream(
@@ -1162,7 +1149,6 @@ def test_full_outer_early_state_exclusion_on_left(st) -> None:
     )
 
 
-@SIDE_COLUMNS
 def test_full_outer_early_state_exclusion_on_right(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_right_condition(st, "full_outer")
     st.test_stream(
@@ -1254,7 +1240,6 @@ def test_windowed_left_semi_join(st) -> None:
     )
 
 
-@SIDE_COLUMNS
 def test_left_semi_early_state_exclusion_on_left(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_left_condition(st, "left_semi")
     st.test_stream(
@@ -1273,7 +1258,6 @@ def test_left_semi_early_state_exclusion_on_left(st) -> None:
     )
 
 
-@SIDE_COLUMNS
 def test_left_semi_early_state_exclusion_on_right(st) -> None:
     left_input, right_input, joined = setup_windowed_join_with_right_condition(st, "left_semi")
     st.test_stream(

@@ -18,6 +18,7 @@ from pyspark.sql.types import StructField, StructType
 from sparkstate.engine.carried_time import carry_event_time
 from sparkstate.engine.join_connect import ConnectJoin
 from sparkstate.engine.join_expressions import (
+    as_attribute,
     conjuncts_of,
     from_side_columns,
     is_watermarked,
@@ -459,7 +460,9 @@ class JoinAnalysis:
         return names
 
     def _output_columns(self) -> list[Column]:
-        """Spark's output of the join, from the operator's columns."""
+        """Spark's output of the join, from the operator's columns: under the attribute ids of
+        Spark's, so that a side's own column (``left["key"]``) resolves after the join as in
+        Spark (not from a Connect client, whose ids are the server's)."""
         by_id: dict[int, Column] = {}
         for s, attrs in (("l", self.left_attrs), ("r", self.right_attrs)):
             for i, a in enumerate(attrs):
@@ -478,7 +481,10 @@ class JoinAnalysis:
                 column = F.coalesce(*parts)
             else:
                 column = by_id[e.exprId().id()]
-            out.append(column.alias(name, metadata=metadata))
+            if self.is_connect:
+                out.append(column.alias(name, metadata=metadata))
+            else:
+                out.append(as_attribute(self.jvm, column, e.toAttribute()))
         return out
 
     def _check_allowed(self, key_watermark: bool, offsets: dict[str, int | None]) -> None:

@@ -16,6 +16,7 @@ from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 
 __all__ = [
     "SPARK_STATEFUL",
+    "as_attribute",
     "conjuncts_of",
     "from_side_columns",
     "is_watermarked",
@@ -95,6 +96,23 @@ def from_side_columns(name: str, attr: Any) -> Column:
         return F.col(name)
     struct = F.struct(*[F.col(f"{name}_{j}").alias(f) for j, f in enumerate(fields)])
     return F.when(F.col(f"{name}_present"), struct)
+
+
+def as_attribute(jvm: Any, column: Column, attr: Any) -> Column:
+    """``column`` named as Spark's attribute ``attr``: its name, id, qualifier and metadata,
+    so that a Column of ``attr`` (``df["key"]``) resolves against it."""
+    expressions = jvm.org.apache.spark.sql.catalyst.expressions
+    utils = jvm.org.apache.spark.sql.classic.ExpressionUtils
+    nil = getattr(getattr(jvm.scala.collection.immutable, "Nil$"), "MODULE$")
+    alias = expressions.Alias(
+        utils.expression(column._jc),  # noqa: SLF001
+        attr.name(),
+        attr.exprId(),
+        attr.qualifier(),
+        jvm.scala.Some(attr.metadata()),
+        nil,
+    )
+    return Column(utils.column(alias))
 
 
 def key_columns(i: int, expr: Any, sql: Callable[[Any], str]) -> list[Column]:
