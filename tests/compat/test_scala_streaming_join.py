@@ -34,9 +34,9 @@ SPARK-48687 ... changing the join condition (key schema)   left out: a checkpoin
                                                            Spark 3.5 (a test resource)
 SPARK-48687 ... changing the value schema                  left out: the same
 SPARK-35896: metrics in StateOperatorProgress              ported
-joining non-nullable left join key with nullable right     ported; xfail: a ``<=>`` key
-joining nullable left join key with non-nullable right     ported; xfail: a ``<=>`` key
-joining nullable left join key with nullable right         ported; xfail: a ``<=>`` key
+joining non-nullable left join key with nullable right     ported
+joining nullable left join key with non-nullable right     ported
+joining nullable left join key with nullable right         ported
 StreamingOuterJoinSuite:
 left outer early state exclusion on left                   ported
 left outer early state exclusion on right                  ported
@@ -58,11 +58,11 @@ from Spark 2.4                                             Spark 2.4 (a test res
 SPARK-29438: ensure UNION doesn't lead stream-stream join  left out: ``MemoryStream``'s number
 to use shifted partition IDs                               of partitions, changed on restart
 SPARK-32148 stream-stream join regression on Spark 3.0.0   ported
-left-outer: joining non-nullable left join key with        ported; xfail: a ``<=>`` key
+left-outer: joining non-nullable left join key with        ported
 nullable right join key
-left-outer: joining nullable left join key with            ported; xfail: a ``<=>`` key
+left-outer: joining nullable left join key with            ported
 non-nullable right join key
-left-outer: joining nullable left join key with nullable   ported; xfail: a ``<=>`` key
+left-outer: joining nullable left join key with nullable   ported
 right join key
 SPARK-38684: outer join works correctly even if            ported (no-data batches off; Spark's
 processing input rows and evicting state rows for same     own operator on RocksDB, as the test
@@ -105,15 +105,6 @@ from .stream_test import (
 pytestmark = pytest.mark.spark
 
 Ts = dt.datetime
-
-
-#: ``<=>`` is no join key of sparkstate's.
-NULL_SAFE_KEY = ours_fail(
-    "sparkstate's join keys are `=` conjuncts only and it does not evaluate `<=>` "
-    "(JoinAnalysis.plan, _pairs_expression): a `<=>` alone is refused as 'Stream-stream join "
-    "without equality predicate', beside an `=` key as a comparison it does not evaluate yet; "
-    "Spark keys it as (coalesce(k, default), isnull(k))"
-)
 
 
 # --- the suite's query builders (StreamingJoinSuite's setup methods) ------------------------
@@ -588,7 +579,6 @@ def _join_key_nullability(left: Any, right: Any) -> Any:
     )
 
 
-@NULL_SAFE_KEY
 def test_non_nullable_left_key_with_nullable_right_key(st) -> None:
     input1 = st.memory_stream("value int")
     input2 = st.memory_stream("value int")
@@ -602,7 +592,6 @@ def test_non_nullable_left_key_with_nullable_right_key(st) -> None:
     )
 
 
-@NULL_SAFE_KEY
 def test_nullable_left_key_with_non_nullable_right_key(st) -> None:
     input1 = st.memory_stream("value int")
     input2 = st.memory_stream("value int")
@@ -616,7 +605,6 @@ def test_nullable_left_key_with_non_nullable_right_key(st) -> None:
     )
 
 
-@NULL_SAFE_KEY
 def test_nullable_left_key_with_nullable_right_key(st) -> None:
     input1 = st.memory_stream("value int")
     input2 = st.memory_stream("value int")
@@ -1002,7 +990,6 @@ def _left_outer_key_nullability(left: Any, right: Any) -> Any:
     )
 
 
-@NULL_SAFE_KEY
 def test_left_outer_non_nullable_left_key_with_nullable_right_key(st) -> None:
     input1 = st.memory_stream("_1 int, _2 int")
     input2 = st.memory_stream("_1 int, _2 int")
@@ -1019,7 +1006,6 @@ def test_left_outer_non_nullable_left_key_with_nullable_right_key(st) -> None:
     )
 
 
-@NULL_SAFE_KEY
 def test_left_outer_nullable_left_key_with_non_nullable_right_key(st) -> None:
     input1 = st.memory_stream("_1 int, _2 int")
     input2 = st.memory_stream("_1 int, _2 int")
@@ -1036,7 +1022,6 @@ def test_left_outer_nullable_left_key_with_non_nullable_right_key(st) -> None:
     )
 
 
-@NULL_SAFE_KEY
 def test_left_outer_nullable_left_key_with_nullable_right_key(st) -> None:
     input1 = st.memory_stream("_1 int, _2 int")
     input2 = st.memory_stream("_1 int, _2 int")

@@ -175,6 +175,19 @@ class JoinAnalysis:
         )
         raise ConfigurationError(msg)
 
+    def _null_safe(self, pair: tuple[Any, Any]) -> list[tuple[Any, Any]]:
+        """The keys of ``a <=> b``, as Spark's ``ExtractEquiJoinKeys`` makes them: each side's
+        expression with its type's default for null, and whether it is null (so a null
+        matches a null, and the keys themselves are never null)."""
+        expressions = self.jvm.org.apache.spark.sql.catalyst.expressions
+        to_seq = self.jvm.org.apache.spark.api.python.PythonUtils.toSeq
+
+        def coalesced(x: Any) -> Any:
+            return expressions.Coalesce(to_seq([x, expressions.Literal.default(x.dataType())]))
+
+        a, b = pair
+        return [(coalesced(a), coalesced(b)), (expressions.IsNull(a), expressions.IsNull(b))]
+
     def plan(self) -> JoinPlan:
         cond = self._condition()
         conjuncts = conjuncts_of(cond.get()) if cond.isDefined() else []
@@ -183,14 +196,12 @@ class JoinAnalysis:
         both: list[Any] = []
         for c in conjuncts:
             kind = node_name(c)
-            if kind == "EqualTo":
+            if kind in ("EqualTo", "EqualNullSafe"):
                 a, b = seq_list(c.children())
                 sides = (self._side_of(a), self._side_of(b))
-                if sides == ("left", "right"):
-                    keys.append((a, b))
-                    continue
-                if sides == ("right", "left"):
-                    keys.append((b, a))
+                if sides in (("left", "right"), ("right", "left")):
+                    pair = (a, b) if sides[0] == "left" else (b, a)
+                    keys += self._null_safe(pair) if kind == "EqualNullSafe" else [pair]
                     continue
             side = self._side_of(c)
             if side is not None and c.deterministic():
@@ -449,7 +460,7 @@ class JoinAnalysis:
         names: dict[str, str] = {}
         for i, (a, _) in enumerate(keys):
             fields = struct_fields(a)
-            name = a.name() if hasattr(a, "name") else self.sql(a)
+            name = str(a.name()) if node_name(a) == "AttributeReference" else self.sql(a)
             if fields is None:
                 names[f"__ss_k{i}"] = name
             else:

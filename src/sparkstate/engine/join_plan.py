@@ -4,7 +4,9 @@ Spark analyses the join the user wrote (the same ``on`` and ``how``), so column 
 ``USING`` output and implicit casts are Spark's own. From its condition:
 
 - equalities between one side's expression and the other's are the join keys: each side
-  computes its key in Spark, and the tagged union of both sides is shuffled by them;
+  computes its key in Spark, and the tagged union of both sides is shuffled by them; a ``<=>``
+  is two keys, as Spark makes them: the expression (its type's default for null) and whether
+  it is null, so that a null matches a null;
 - conjuncts over one side only are filtered in Spark before the join (Spark's optimizer pushes
   them down), except on an outer join's preserved side, whose rows that fail them are emitted
   at once with nulls (Spark's pre-join filter): the side computes them as a flag;
