@@ -78,7 +78,7 @@ windowed left semi join                                    ported
 left semi early state exclusion on left                    ported
 left semi early state exclusion on right                   ported
 left semi join with watermark range condition              ported
-self left semi join                                        ported; xfail: its state rows
+self left semi join                                        ported
 =========================================================  =========================================
 """
 
@@ -90,7 +90,6 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from .porting import ours_fail
 from .stream_test import (
     AddData,
     CheckAnswer,
@@ -1285,11 +1284,6 @@ def test_left_semi_join_with_watermark_range_condition(st) -> None:
     )
 
 
-@ours_fail(
-    "sparkstate keeps the left rows Spark's optimizer filters out before the join (value % 2 = "
-    "0, inferred from leftId = rightId and the right side's filter): the same answers, the odd "
-    "left rows in state (5 rows after the first batch where Spark keeps 2)"
-)
 def test_self_left_semi_join(st) -> None:
     input_stream, query = setup_self_join(st, "left_semi")
     st.test_stream(

@@ -21,7 +21,9 @@ from sparkstate.engine.join_expressions import (
     as_attribute,
     conjuncts_of,
     from_side_columns,
+    inferred_filters,
     is_watermarked,
+    join_node,
     key_columns,
     metadata_of,
     node_name,
@@ -188,6 +190,28 @@ class JoinAnalysis:
         a, b = pair
         return [(coalesced(a), coalesced(b)), (expressions.IsNull(a), expressions.IsNull(b))]
 
+    def _inferred(self) -> dict[str, list[Any]]:
+        """Per side, the filters Spark's optimizer infers for it from the condition and the
+        other side's filters (``InferFiltersFromConstraints``) and moves before the join, so
+        that the rows they drop never reach its state. Not on an outer join's preserved side
+        (Spark infers none there), nor on a side with stateful steps before the join, nor
+        from a Connect client (whose plan is the stand-ins')."""
+        if self.is_connect:
+            return {}
+        session = self.left.sparkSession._jsparkSession  # noqa: SLF001
+        join = join_node(session.sessionState().optimizer().execute(self.top))
+        if join is None:
+            return {}
+        preserved = {
+            "left": self.join_type in ("leftOuter", "fullOuter"),
+            "right": self.join_type in ("rightOuter", "fullOuter"),
+        }
+        return {
+            side: inferred_filters(getattr(self.node, side)(), getattr(join, side)())
+            for side in ("left", "right")
+            if not preserved[side] and side not in self.upstream
+        }
+
     def plan(self) -> JoinPlan:
         cond = self._condition()
         conjuncts = conjuncts_of(cond.get()) if cond.isDefined() else []
@@ -208,6 +232,8 @@ class JoinAnalysis:
                 only[side].append(c)
             else:
                 both.append(c)
+        for side, found in self._inferred().items():
+            only[side] += [c for c in found if not any(c.semanticEquals(o) for o in only[side])]
         if not keys:
             msg = "Stream-stream join without equality predicate is not supported"
             raise ConfigurationError(msg)

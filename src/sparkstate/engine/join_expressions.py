@@ -19,7 +19,9 @@ __all__ = [
     "as_attribute",
     "conjuncts_of",
     "from_side_columns",
+    "inferred_filters",
     "is_watermarked",
+    "join_node",
     "key_columns",
     "metadata_of",
     "node_name",
@@ -171,6 +173,34 @@ def spark_stateful(plan: Any) -> str | None:
         if found is not None:
             return found
     return None
+
+
+def join_node(plan: Any) -> Any | None:
+    """The Join below ``plan``'s nodes of one child (a projection, an alias), if any."""
+    node = plan
+    while node_name(node) != "Join":
+        if node.children().size() != 1:
+            return None
+        node = node.children().apply(0)
+    return node
+
+
+def inferred_filters(analysed: Any, optimised: Any) -> list[Any]:
+    """The filters that Spark's optimizer adds to a join's input (``analysed``, as the join
+    reads it after optimisation: ``optimised``), inferred from the join's condition and the
+    other input's filters: deterministic, over the input's columns, none over a watermarked
+    column (Spark keeps those above the watermark, which sees the rows they drop)."""
+    held = analysed.constraints()
+    columns = analysed.outputSet()
+    out = []
+    for c in seq_list(optimised.constraints().toSeq()):
+        refs = c.references()
+        if held.contains(c) or not c.deterministic() or not refs.subsetOf(columns):
+            continue
+        if any(a.metadata().contains(WATERMARK_DELAY_KEY) for a in seq_list(refs.toSeq())):
+            continue
+        out.append(c)
+    return out
 
 
 def conjuncts_of(expr: Any) -> list[Any]:

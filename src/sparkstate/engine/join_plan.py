@@ -9,7 +9,9 @@ Spark analyses the join the user wrote (the same ``on`` and ``how``), so column 
   it is null, so that a null matches a null;
 - conjuncts over one side only are filtered in Spark before the join (Spark's optimizer pushes
   them down), except on an outer join's preserved side, whose rows that fail them are emitted
-  at once with nulls (Spark's pre-join filter): the side computes them as a flag;
+  at once with nulls (Spark's pre-join filter): the side computes them as a flag; so are the
+  filters Spark's optimizer infers for a side from the condition and the other side's filters
+  (``leftId = rightId`` with a right side of even ids: even left ids), on no preserved side;
 - the other conjuncts are evaluated in the worker over candidate pairs: every sub-expression
   over one side only is computed by that side in Spark, so the worker compares columns and
   combines the comparisons with ``AND`` / ``OR`` / ``NOT``.
