@@ -68,6 +68,8 @@ class MemoryStream:
         self.batch_pending = False
         self._files = 0
         self._mtime = float(int(time.time())) - 10_000.0
+        #: Files written and not yet in the directory: (temporary path, final path).
+        self._staged: list[tuple[Path, Path]] = []
 
     def toDF(self) -> Any:  # noqa: N802 - Spark's name
         """The stream as the ported query takes it: wrapped."""
@@ -77,10 +79,22 @@ class MemoryStream:
         """The stream unwrapped (for a side Spark's test builds on without a stateful step)."""
         return self.spark.readStream.schema(self.schema).json(str(self.path))
 
-    def flush(self) -> None:
+    def flush(self, *, publish: bool = True) -> None:
         """Write the rows added since the last check as one file (one micro-batch); an
         ``AddData`` of no rows writes an empty file, which the file source reads as a batch of no
-        rows and no partitions, as Spark's ``MemoryStream`` gives it."""
+        rows and no partitions, as Spark's ``MemoryStream`` gives it. ``publish=False``: the
+        files wait for :meth:`publish` (the files of several inputs then appear together)."""
+        self._stage()
+        if publish:
+            self.publish()
+
+    def publish(self) -> None:
+        """Move the files :meth:`flush` wrote into the directory the query reads."""
+        for tmp, final in self._staged:
+            tmp.rename(final)
+        self._staged = []
+
+    def _stage(self) -> None:
         if not self.pending and not self.batch_pending:
             return
         lines = [json.dumps(self._record(row), default=_json_value) for row in self.pending]
@@ -96,6 +110,7 @@ class MemoryStream:
         """Forget every row: the files written and those waiting (a scenario run again)."""
         self.pending = []
         self.batch_pending = False
+        self._staged = []
         for written in self.path.glob("*"):
             written.unlink()
 
@@ -106,7 +121,7 @@ class MemoryStream:
         tmp.write_text(text)
         self._mtime += 1.0
         os.utime(tmp, (self._mtime, self._mtime))
-        tmp.rename(self.path / name)
+        self._staged.append((tmp, self.path / name))
 
     @property
     def files_written(self) -> int:
@@ -205,8 +220,10 @@ class StreamRun:
     def process(self) -> None:
         """Hand the rows added so far to the query and wait until it has run them all (a query
         that has ended by itself, as a ``Trigger.Once`` one does, is checked as it ended)."""
+        for stream in self.inputs:  # every input's file written, then all of them published:
+            stream.flush(publish=False)  # a query that plans a batch meanwhile rarely splits them
         for stream in self.inputs:
-            stream.flush()
+            stream.publish()
         if self.query is None:
             msg = "the scenario checks a stopped stream (no StartStream since StopStream)"
             raise AssertionError(msg)
@@ -336,7 +353,8 @@ class MultiAddData(Action):
     """Spark's ``MultiAddData``: rows into several inputs, read in one batch. Not atomic as
     Spark's (one lock over its ``MemoryStream``s): each input is its own file source, listed one
     after the other when a batch is planned, so a running query that plans a batch while the
-    inputs' files are being written reads them in two batches (rare; seen under heavy load)."""
+    inputs' files are being moved into their directories (together, after all are written)
+    reads them in two batches (rare; seen under heavy load)."""
 
     on_inputs = True
 

@@ -26,30 +26,27 @@ update mode                                                    ported
 delay in months and years handled correctly                    ported
 recovery                                                       ported (the commit-log purge on
                                                                the checkpoint's files)
-watermark with 2 streams                                       ported; xfail on ours (a union
-                                                               of watermarked streams)
+watermark with 2 streams                                       ported
 complete mode                                                  ported
 group by on raw timestamp                                      ported
 delay threshold should not be negative.                        left out: no stream run
-overriding watermark should not be allowed by default          ported; xfail on ours (refused
-                                                               at withWatermark())
-overriding watermark should not fail in compatibility mode     left out: a Spark internal conf
-                                                               (statefulOperator.allowMultiple
-                                                               = false) and the physical plan's
-                                                               StateStoreSaveExec fields
-multiple event time columns in an input DataFrame for          ported; xfail on ours (not
-stateful operator is not allowed                               refused)
-stateful operator should pick the first occurrence of event    left out: a Spark internal conf
-time column ... in compatibility mode                          (statefulOperator.allowMultiple)
+overriding watermark should not be allowed by default          ported
+overriding watermark should not fail in compatibility mode     ported (the watermark read from
+                                                               the progress, not from the
+                                                               physical StateStoreSaveExec)
+multiple event time columns in an input DataFrame for          ported
+stateful operator is not allowed
+stateful operator should pick the first occurrence of event    ported
+time column ... in compatibility mode
 EventTime watermark should be ignored in batch query.          left out: a batch query
 SPARK-21565: watermark operator accepts attributes from        ported (foreachBatch for the
 replacement                                                    console sink)
 SPARK-27340 Alias on TimeWindow expression cause watermark     ported (its check of the logical
 metadata lost                                                  plan's metadata left out)
 test no-data flag                                              ported, once per flag value
-MultipleWatermarkPolicy: max                                   ported; xfail on ours (a union)
-MultipleWatermarkPolicy: min                                   ported; xfail on ours (a union)
-MultipleWatermarkPolicy: recovery from checkpoints ignores     ported; xfail on ours (a union)
+MultipleWatermarkPolicy: max                                   ported
+MultipleWatermarkPolicy: min                                   ported
+MultipleWatermarkPolicy: recovery from checkpoints ignores     ported
 session conf
 MultipleWatermarkPolicy: recovery from Spark ver 2.3.1         left out: a checkpoint written
 checkpoints ensures min policy                                 by Spark 2.3.1 (test resource)
@@ -69,7 +66,6 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from .porting import ours_fail
 from .stream_test import (
     AddData,
     AssertOnQuery,
@@ -93,14 +89,7 @@ from .stream_test import (
 pytestmark = pytest.mark.spark
 
 POLICY = "spark.sql.streaming.multipleWatermarkPolicy"
-
-
-#: Why the union scenarios fail on ours.
-UNION_OF_WATERMARKS = (
-    "sparkstate refuses union() of two streams that each have a watermark (ConfigurationError "
-    "at union(), 'not supported yet'); Spark keeps a watermark per input and combines them by "
-    "spark.sql.streaming.multipleWatermarkPolicy (min by default)"
-)
+ALLOW_MULTIPLE = "spark.sql.streaming.statefulOperator.allowMultiple"
 
 
 def _windowed_count(input_data: Any) -> Any:
@@ -350,7 +339,6 @@ def _watermark_after(first: Any, second: Any, first_rows=(), second_rows=(), ms:
     ]
 
 
-@ours_fail(UNION_OF_WATERMARKS)
 def test_watermark_with_2_streams(st) -> None:
     first = st.memory_stream()
     first_df = (
@@ -445,14 +433,10 @@ def test_group_by_on_raw_timestamp(st) -> None:
     )
 
 
-@ours_fail(
-    "sparkstate refuses a second withWatermark() on another column when it is called "
-    "(ConfigurationError, 'watermarks on two different columns are not supported yet'); Spark's "
-    "query fails its first batch with 'Redefining watermark is disallowed.'"
-)
-def test_overriding_watermark_should_not_be_allowed_by_default(st) -> None:
-    input_data = st.memory_stream("_1 bigint, _2 bigint")
-    df = (
+def _overriding_watermark(input_data: Any) -> Any:
+    """The suite's ``buildTestQueryForOverridingWatermark``: a second watermark, on another
+    column, over the first."""
+    return (
         input_data.toDF()
         .withColumn("first", F.timestamp_seconds(F.col("_1")))
         .withColumn("second", F.timestamp_seconds(F.col("_2")))
@@ -462,25 +446,38 @@ def test_overriding_watermark_should_not_be_allowed_by_default(st) -> None:
         .groupBy(F.window(F.col("second"), "1 minute"))
         .count()
     )
+
+
+def test_overriding_watermark_should_not_be_allowed_by_default(st) -> None:
+    input_data = st.memory_stream("_1 bigint, _2 bigint")
     st.test_stream(
-        df,
+        _overriding_watermark(input_data),
         "append",
         AddData(input_data, (100, 200)),
         ExpectFailure(
             "Redefining watermark is disallowed.",
-            "spark.sql.streaming.statefulOperator.allowMultiple",
+            ALLOW_MULTIPLE,
         ),
     )
 
 
-@ours_fail(
-    "sparkstate runs dropDuplicates() over a join's output that carries both sides' event-time "
-    "columns (ts1 and ts2, each with a watermark delay); Spark fails the batch with 'More than "
-    "one event time columns are available.'"
-)
-def test_multiple_event_time_columns_for_stateful_operator_not_allowed(st) -> None:
-    input1 = st.memory_stream("_1 string, _2 bigint")
-    input2 = st.memory_stream("_1 string, _2 bigint")
+def test_overriding_watermark_should_not_fail_in_compatibility_mode(st) -> None:
+    input_data = st.memory_stream("_1 bigint, _2 bigint")
+    st.test_stream(
+        _overriding_watermark(input_data),
+        "append",
+        StartStream(confs={ALLOW_MULTIPLE: "false"}),
+        AddData(input_data, (100, 200)),
+        CheckAnswer(),
+        # the first definition still counts: min(100 - 60, 200 - 120) = 40 seconds (Spark's
+        # test reads it from the aggregation's physical operator, this one from the progress)
+        assertWatermark(40_000),
+    )
+
+
+def _multi_event_time_columns(input1: Any, input2: Any) -> Any:
+    """The suite's ``buildTestQueryForMultiEventTimeColumns``: a deduplication of a join's
+    output, which carries both sides' event-time columns."""
     df1 = (
         input1.toDF()
         .selectExpr("_1 AS id1", "timestamp_seconds(_2) AS ts1")
@@ -494,11 +491,16 @@ def test_multiple_event_time_columns_for_stateful_operator_not_allowed(st) -> No
     joined = df1.join(df2, F.expr("id1 = id2 AND ts1 = ts2 + INTERVAL 10 SECONDS"), "inner")
     joined = joined.selectExpr("id1", "ts1", "ts2")
     # the join's output has both ts1 and ts2
-    dedup = joined.dropDuplicates().selectExpr(
+    return joined.dropDuplicates().selectExpr(
         "id1", "CAST(ts1 AS LONG) AS ts1", "CAST(ts2 AS LONG) AS ts2"
     )
+
+
+def test_multiple_event_time_columns_for_stateful_operator_not_allowed(st) -> None:
+    input1 = st.memory_stream("_1 string, _2 bigint")
+    input2 = st.memory_stream("_1 string, _2 bigint")
     st.test_stream(
-        dedup,
+        _multi_event_time_columns(input1, input2),
         "append",
         MultiAddData(
             AddData(input1, ("A", 200), ("B", 300)),
@@ -508,6 +510,21 @@ def test_multiple_event_time_columns_for_stateful_operator_not_allowed(st) -> No
             "More than one event time columns are available.",
             "Please ensure there is at most one event time column per stream.",
         ),
+    )
+
+
+def test_stateful_operator_picks_the_first_event_time_column_in_compatibility_mode(st) -> None:
+    input1 = st.memory_stream("_1 string, _2 bigint")
+    input2 = st.memory_stream("_1 string, _2 bigint")
+    st.test_stream(
+        _multi_event_time_columns(input1, input2),
+        "append",
+        StartStream(confs={ALLOW_MULTIPLE: "false"}),
+        MultiAddData(
+            AddData(input1, ("A", 200), ("B", 300)),
+            AddData(input2, ("A", 190), ("C", 350)),
+        ),
+        CheckAnswer(("A", 200, 190)),
     )
 
 
@@ -597,7 +614,6 @@ def _check_watermark(input_data: Any, watermark_s: int) -> list[Any]:
     return [AddData(input_data, 1), Execute(check)]
 
 
-@ours_fail(UNION_OF_WATERMARKS)
 def test_multiple_watermark_policy_max(st) -> None:
     input1, input2 = st.memory_stream(), st.memory_stream()
     st.test_stream(
@@ -619,7 +635,6 @@ def test_multiple_watermark_policy_max(st) -> None:
     )
 
 
-@ours_fail(UNION_OF_WATERMARKS)
 def test_multiple_watermark_policy_min(st) -> None:
     input1, input2 = st.memory_stream(), st.memory_stream()
     st.test_stream(
@@ -641,7 +656,6 @@ def test_multiple_watermark_policy_min(st) -> None:
     )
 
 
-@ours_fail(UNION_OF_WATERMARKS)
 def test_multiple_watermark_policy_recovery_ignores_session_conf(st) -> None:
     input1, input2 = st.memory_stream(), st.memory_stream()
     st.test_stream(

@@ -295,9 +295,6 @@ def test_bad_steps_fail_at_start(spark: SparkSession, tmp_path: Path) -> None:
     writer = counted.select("nope").writeStream.outputMode("update").format("memory")
     with pytest.raises(ConfigurationError, match="nope"):
         writer.option("checkpointLocation", str(tmp_path / "b")).start()
-    watermarked = ss.stream(feed.stream(spark, SCHEMA).withWatermark("ts", "1 minute"))
-    with pytest.raises(ConfigurationError, match="two different columns"):
-        watermarked.withColumn("t2", F.col("ts")).withWatermark("t2", "1 minute")
 
 
 def test_rows_older_than_the_watermark_fail_as_in_spark(

@@ -96,6 +96,24 @@ def test_watermark_tracker_follows_spark_rules() -> None:
     assert m.advance() and m.watermark_ms == 40_000
 
 
+def test_watermark_tracker_resumes_as_spark_restarts() -> None:
+    """A new run keeps the watermark and the policy the checkpoint ran with, and forgets what
+    each input saw (Spark's tracker starts each run with every input at 0)."""
+    t = WatermarkTracker({"a": 10_000, "b": 0}, policy="max")
+    t.observe("a", 50_000)
+    t.advance()
+    saved = t.to_dict()
+    resumed = WatermarkTracker({"a": 10_000, "b": 0}, policy="min")
+    resumed.resume(saved)
+    assert (resumed.watermark_ms, resumed.policy, resumed.max_event_time_ms) == (40_000, "max", {})
+    restored = WatermarkTracker({"a": 10_000, "b": 0})
+    restored.restore(saved)  # within a run (a batch run again): what each input saw, too
+    assert restored.max_event_time_ms == {"a": 50_000}
+    older = WatermarkTracker({"a": 10_000}, policy="max")
+    older.resume({"watermark_ms": 5})  # a checkpoint that recorded no policy: the session's
+    assert older.policy == "max"
+
+
 def test_delay_strings() -> None:
     assert parse_delay_ms("10 minutes") == 600_000
     assert parse_delay_ms("interval 1 hour 30 seconds") == 3_630_000

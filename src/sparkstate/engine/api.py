@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 
 from sparkstate.engine.carried_time import EVENT_TIME_CARRIER
 from sparkstate.engine.grouped import GroupedStream
+from sparkstate.engine.input_times import input_time_column, null_time, with_input_times
 from sparkstate.engine.join_plan import JoinInput, plan_join, plan_join_after
 from sparkstate.engine.plan import output_of
 from sparkstate.engine.spark_schema import quote
@@ -77,11 +78,22 @@ class StatefulStream:
     #: before the first stateful one dropped the watermark's column (``select(window(...))``):
     #: Spark's watermark is the largest event time of the rows it reads, before any projection.
     timed: DataFrame | None = None
+    #: Whether each watermark reads event times of its own (engine/input_times.py): a union
+    #: of streams with a watermark (each input's on its own rows), or watermarks on two
+    #: columns.
+    own_times: bool = False
+    #: Where :attr:`own_times`: ``df`` with one more column per watermark, the event time it
+    #: reads (null on the rows of the union's other inputs), :func:`input_time_column`; None
+    #: where a step since could not carry them.
+    input_times: DataFrame | None = None
+    #: Which of :attr:`watermarks` is on the event-time column: the last declared, or after a
+    #: union the first input's (Spark's union gives the rows its first input's columns).
+    event_time_at: int = -1
 
     @property
     def watermark(self) -> WatermarkSpec | None:
         """The watermark whose column is the event time (the last declared)."""
-        return self.watermarks[-1] if self.watermarks else None
+        return self.watermarks[self.event_time_at] if self.watermarks else None
 
     # --- what the stream's rows look like (PySpark's DataFrame names) -----------------------------
     #
@@ -191,8 +203,9 @@ class StatefulStream:
         return self.dropDuplicates()
 
     def union(self, other: Any) -> StatefulStream:
-        """The rows of both streams (by position), as ``DataFrame.union``: before stateful
-        steps, of streams without a watermark."""
+        """The rows of both streams (by position), as ``DataFrame.union``, before stateful
+        steps. Each input's watermark is its own, as in Spark: the largest event time of that
+        input's rows minus its delay, the query's the min (or max) of them."""
         return self._union("union", other)
 
     unionAll = union  # noqa: N815 - PySpark's name
@@ -207,15 +220,49 @@ class StatefulStream:
         if self.steps or (right is not None and right.steps):
             msg = f"{method}() of streams is supported before their stateful steps only"
             raise ConfigurationError(msg)
-        marked = self.watermarks or (right is not None and right.watermarks)
-        if marked or (isinstance(other_df, DataFrame) and declared_watermarks(other_df)):
-            msg = (
-                f"{method}() of streams with a watermark is not supported yet (Spark keeps one "
-                "watermark per side); call withWatermark() after the union"
-            )
-            raise ConfigurationError(msg)
         out = getattr(self.df, method)(other_df, **kwargs)
-        return dataclasses.replace(self, df=out, timed=None)
+        if right is None and isinstance(other_df, DataFrame) and other_df.isStreaming:
+            right = stream(other_df)
+        if right is None or not (self.watermarks or right.watermarks or self.own_times):
+            return dataclasses.replace(self, df=out, timed=None)
+        count = len(self.watermarks) + len(right.watermarks)
+        left_times = self._times_in_union(0, count)
+        right_times = right._times_in_union(len(self.watermarks), count)
+        times = None
+        if left_times is not None and right_times is not None:
+            times = getattr(left_times, method)(right_times, **kwargs)
+        return StatefulStream(
+            out,
+            watermarks=(*self.watermarks, *right.watermarks),
+            own_times=True,
+            input_times=times,
+            event_time_at=len(self.watermarks) - 1 if self.watermarks else -1,
+        )
+
+    def _times_in_union(self, first: int, count: int) -> DataFrame | None:
+        """The stream's rows as an input of a union of ``count`` watermarks, its own numbered
+        from ``first``: ``df`` with the column of each (:func:`input_time_column`), the others'
+        null; None where its event time cannot be carried."""
+        own = range(first, first + len(self.watermarks))
+        if self.own_times:
+            if self.input_times is None:
+                return None
+            times = self.input_times
+            for i in reversed(range(len(self.watermarks))):  # no name taken before it is freed
+                times = times.withColumnRenamed(input_time_column(i), input_time_column(first + i))
+        elif self.watermark is not None:
+            found = with_input_times(
+                self.df, self.watermark.column, own, self.timed, EVENT_TIME_CARRIER
+            )
+            if found is None:
+                return None
+            times = found
+        else:
+            times = self.df
+        others = {input_time_column(i): null_time() for i in range(count) if i not in own}
+        times = times.withColumns(others)
+        names = [*self.df.columns, *(input_time_column(i) for i in range(count))]
+        return times.select(*[quote(name) for name in names])
 
     def withWatermark(self, eventTime: str, delayThreshold: str) -> StatefulStream:  # noqa: N802,N803
         """Track ``eventTime``'s watermark: its largest value seen minus ``delayThreshold``.
@@ -232,16 +279,31 @@ class StatefulStream:
             msg = f"withWatermark: no column {eventTime!r}; the stream has {self.df.columns}"
             raise ConfigurationError(msg)
         parse_delay_ms(delayThreshold)
-        others = {w.column for w in self.watermarks} - {eventTime}
-        if others:
-            msg = (
-                f"withWatermark({eventTime!r}): the stream already has a watermark on "
-                f"{sorted(others)}; watermarks on two different columns are not supported yet"
-            )
-            raise ConfigurationError(msg)
         spec = WatermarkSpec(eventTime, delayThreshold)
         marked = self.df.withWatermark(eventTime, delayThreshold)
-        return dataclasses.replace(self, df=marked, watermarks=(*self.watermarks, spec))
+        times = self.input_times
+        own = self.own_times or any(w.column != eventTime for w in self.watermarks)
+        if own and not self.own_times and self.watermark is not None:  # a second column
+            times = with_input_times(
+                self.df,
+                self.watermark.column,
+                range(len(self.watermarks)),
+                self.timed,
+                EVENT_TIME_CARRIER,
+            )
+        if times is not None:  # this watermark reads every row of the stream
+            times = times.withWatermark(eventTime, delayThreshold).withColumn(
+                input_time_column(len(self.watermarks)), quote(eventTime)
+            )
+        return dataclasses.replace(
+            self,
+            df=marked,
+            watermarks=(*self.watermarks, spec),
+            own_times=own,
+            input_times=times,
+            timed=None if own else self.timed,
+            event_time_at=-1,
+        )
 
     def groupBy(self, *cols: Any) -> GroupedStream[StatefulStream]:  # noqa: N802 - PySpark's name
         """Group by column names or ``Column`` expressions, then ``.agg(...)``."""
@@ -286,6 +348,12 @@ class StatefulStream:
         before the stateful steps on the input, after them on each batch's output."""
         if isinstance(other, DataFrame) and not other.isStreaming:
             return self._stateless("join", other, on, how)
+        if self.own_times or (isinstance(other, StatefulStream) and other.own_times):
+            msg = (
+                "join: a side whose watermarks read event times of their own (a union of "
+                "streams with a watermark, or watermarks on two columns) is not supported yet"
+            )
+            raise ConfigurationError(msg)
         if self.steps or (isinstance(other, StatefulStream) and other.steps):
             return self._join_after(other, on, how)
         right = other._with_watermarks() if isinstance(other, StatefulStream) else other
@@ -317,6 +385,8 @@ class StatefulStream:
         on the DataFrame or on the stream are there already (a column projected away since
         passed its watermark on to what was made of it)."""
         df = self.df
+        if self.own_times:  # each input's are on its own rows, under the union
+            return df
         for spec in self.watermarks:
             if spec.column in df.columns and WATERMARK_DELAY_KEY not in (
                 df.schema[spec.column].metadata or {}
@@ -338,10 +408,30 @@ class StatefulStream:
     def _stateless(self, method: str, *args: Any, **kwargs: Any) -> StatefulStream:
         if not self.steps:
             out = getattr(self.df, method)(*args, **kwargs)
+            if self.own_times:
+                times = self._times_after(method, args, kwargs)
+                return dataclasses.replace(self, df=out, input_times=times, timed=None)
             timed = self._timed_after(out, method, args, kwargs)
             return dataclasses.replace(self, df=out, timed=timed)
         step = StatelessStep(method, args, tuple(kwargs.items()))
         return dataclasses.replace(self, steps=(*self.steps, step))
+
+    def _times_after(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> DataFrame | None:
+        """:attr:`input_times` after ``method``: each input's event time carried through it
+        (a projection gets their columns too); None where they cannot be carried."""
+        if self.input_times is None:
+            return None
+        columns = [input_time_column(i) for i in range(len(self.watermarks))]
+        try:
+            times = getattr(self.input_times, method)(*args, **kwargs)
+            if method in ("select", "selectExpr") and not set(columns) <= set(times.columns):
+                cols = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+                times = getattr(self.input_times, method)(*cols, *columns)
+        except Exception:  # noqa: BLE001 - a step that cannot take the columns
+            return None
+        return times if set(columns) <= set(times.columns) else None
 
     def _timed_after(
         self, out: DataFrame, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -27,11 +27,13 @@ from pyspark.sql import DataFrame
 from sparkstate.engine.attempts import CountedAttempts
 from sparkstate.engine.batch_job import engine_settings, run_stages, snapshot_at_stop
 from sparkstate.engine.driver_config import DriverConfig
+from sparkstate.engine.input_times import input_event_times
 from sparkstate.engine.session import is_connect
 from sparkstate.engine.sinks import Sink
 from sparkstate.engine.stage import Stage
 from sparkstate.engine.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.exceptions import ConfigurationError, QueryError
+from sparkstate.operators.base import OperatorMetrics
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
 from sparkstate.runtime.progress import build_progress, format_time
 from sparkstate.runtime.records import (
@@ -106,7 +108,7 @@ class BatchDriver:
         """Read where the checkpoint's batches stand: the watermark after the last commit, the
         clock's request; and where Spark's checkpoint is."""
         latest = self.log.latest_commit()
-        self.tracker = self._tracker_after(latest)
+        self.tracker = self._tracker_after(latest, resume=True)
         self.last_batch = latest.batch_id if latest is not None else None
         #: Spark's checkpoint, where the driver reads what each batch read (None: unreachable).
         self.spark_checkpoint = _spark_checkpoint(self.config.checkpoint)
@@ -120,10 +122,16 @@ class BatchDriver:
         if any(v is not None for v in left.values()):
             self.log.write_clock({"requested_at_ms": None, "due_ms": None})
 
-    def _tracker_after(self, commit: BatchCommit | None) -> WatermarkTracker:
-        """The watermark tracker as batch ``commit`` left it (fresh for None)."""
+    def _tracker_after(
+        self, commit: BatchCommit | None, *, resume: bool = False
+    ) -> WatermarkTracker:
+        """The watermark tracker as batch ``commit`` left it (fresh for None); ``resume``: for
+        a new run of the query, which keeps the watermark and the policy, not what each input
+        saw (:meth:`WatermarkTracker.resume`)."""
         tracker = WatermarkTracker(self.config.watermark_inputs(), self.config.watermark_policy)
-        if commit is not None:
+        if commit is not None and resume:
+            tracker.resume(commit.watermark)
+        elif commit is not None:
             tracker.restore(commit.watermark)
         return tracker
 
@@ -235,6 +243,8 @@ class BatchDriver:
         if self.config.refusal is not None:  # Spark's check of the state schemas, at planning
             raise self.config.refusal
         started = time.time()
+        timed, times = df, self.config.input_time_columns
+        df = df.drop(*times) if times else df
         digest = input_digest(self.spark_checkpoint, batch_id) if self.spark_checkpoint else None
         intent = self.log.read_intent(batch_id)
         if intent is not None and not intent.same_input(digest):
@@ -255,6 +265,9 @@ class BatchDriver:
             )
             self.log.write_intent(intent)
         session = df.sparkSession
+        inputs = None
+        if times:  # each watermark's own event times (a union, or watermarks on two columns)
+            inputs = input_event_times(timed, times)
         self._check_stop()  # the last moment before the batch's Spark job
         with engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage)
@@ -262,7 +275,7 @@ class BatchDriver:
         _finish(self.sink, batch_id)
         timings["sinkFinish"] = int((time.time() - sink_started) * 1000)
         commit_started = time.time()
-        per_op = self._commit(intent, reports)
+        per_op = self._commit(intent, reports, inputs)
         self._request_batch(intent.watermark_ms, reports)
         timings["stateCommit"] = int((time.time() - commit_started) * 1000)
         timings["triggerExecution"] = int((time.time() - started) * 1000)
@@ -280,6 +293,7 @@ class BatchDriver:
             num_partitions=self.config.num_partitions,
             watermark_ms=intent.watermark_ms if self.tracker.delays_ms else None,
             sink_description=self.sink.description,
+            event_times=_merged(inputs) if inputs is not None else None,
         )
         with self._lock:
             self.recent.append(progress)
@@ -374,16 +388,26 @@ class BatchDriver:
         )
 
     def _commit(
-        self, intent: BatchIntent, reports: list[TaskReport]
+        self,
+        intent: BatchIntent,
+        reports: list[TaskReport],
+        inputs: list[OperatorMetrics] | None = None,
     ) -> dict[int, list[TaskReport]]:
+        """Record batch ``intent``'s outcome, and advance the watermark by the event times the
+        batch saw: ``inputs``, each watermark's, where the driver read them from the batch (a
+        union), else those the operators that read the query's input observed."""
         per_op: dict[int, list[TaskReport]] = {s.op_id: [] for s in self.stages}
         for r in reports:
             per_op[r.op].append(r)
+        for name, seen in zip(self.tracker.delays_ms, inputs or [], strict=inputs is not None):
+            self.tracker.observe(name, seen.max_event_time_ms)
         # The operators that read the query's input observe its event times: the first one,
         # or, for a join of stateful steps' outputs, the first step of each side and the join.
         observers = [
             s for s in self.stages if s.event_time_inputs or s.inputs is not None
         ] or self.stages[:1]
+        if inputs is not None:  # the driver read them
+            observers = []
         for stage in observers:
             for r in per_op[stage.op_id]:
                 if stage.event_time_inputs:
@@ -422,6 +446,15 @@ class BatchDriver:
     def recent_progress(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.recent)
+
+
+def _merged(inputs: list[OperatorMetrics]) -> OperatorMetrics:
+    """The event times of every watermark's input together (Spark merges the statistics of
+    its ``EventTimeWatermark`` nodes for the progress)."""
+    out = OperatorMetrics()
+    for seen in inputs:
+        out.merge(seen)
+    return out
 
 
 def _finish(sink: Sink, batch_id: int) -> None:

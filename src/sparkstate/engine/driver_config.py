@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.runtime.providers import StoreSettings
 
 __all__ = ["INPUT", "DriverConfig"]
@@ -25,6 +24,9 @@ class DriverConfig:
     run_id: str = ""
     #: The delay of every ``withWatermark`` of the input, in declaration order.
     watermark_delays_ms: tuple[int, ...] = ()
+    #: Of a union of watermarked streams: per watermark, the input's column of the event time
+    #: it reads (engine/input_times.py), dropped before the stateful steps; empty otherwise.
+    input_time_columns: tuple[str, ...] = ()
     #: Whether the query takes the clock source, through which the driver asks for batches.
     clock: bool = False
     #: ``spark.sql.streaming.noDataMicroBatches.enabled``: off, the driver asks for no batch
@@ -36,8 +38,9 @@ class DriverConfig:
     #: Names this start of the query in files the driver leaves for the client (its failure).
     start_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     #: What the first batch fails with: a state schema change that Spark refuses when it plans
-    #: the first batch after a restart (``start()`` found it in the checkpoint's metadata).
-    refusal: SchemaMismatchError | None = None
+    #: the first batch after a restart (``start()`` found it in the checkpoint's metadata), or
+    #: an input Spark's operator refuses when it runs (:attr:`Stage.refusal`).
+    refusal: Exception | None = None
 
     def watermark_inputs(self) -> dict[str, int]:
         """The tracker's inputs: ``input`` for the first watermark (the name checkpoints have

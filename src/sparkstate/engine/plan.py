@@ -20,7 +20,13 @@ from sparkstate.engine.aggregate_plan import AGGREGATIONS, closes_by_watermark
 from sparkstate.engine.errors import SparkAnalysisError, unsupported_operation
 from sparkstate.engine.limit_plan import check_limit
 from sparkstate.engine.planners import planner_for
-from sparkstate.engine.spark_schema import arrow_schema, event_time_of, is_binary_stable, quote
+from sparkstate.engine.spark_schema import (
+    arrow_schema,
+    event_time_columns,
+    event_time_of,
+    is_binary_stable,
+    quote,
+)
 from sparkstate.engine.stage import PlanContext, Stage
 from sparkstate.engine.steps import (
     ARBITRARY_FUNCTION_APIS,
@@ -120,7 +126,10 @@ def plan_chain(
             watermark_delay_ms,
             any(isinstance(s, AggregateStep) for s in stateful[position + 1 :]),
         )
+        after_join = position > 0 and isinstance(stateful[position - 1], JoinStep)
+        refusal = _several_event_times(current, step, first=position == 0 or after_join)
         planned = planner(step, at)
+        planned.stage.refusal = refusal
         stage, current = planned.stage, planned.output
         stages += planned.input_stages  # a join's sides' stateful steps, if any
         stage.watermark_lag_ms = lag
@@ -151,6 +160,32 @@ def plan_chain(
         if not has_agg or isinstance(stage.operator, AGGREGATIONS):
             _check_output_mode(stage, output_mode)
     return stages, current
+
+
+#: Spark's conf that allows several stateful operators (and with them one event-time column
+#: per operator's input only).
+ALLOW_MULTIPLE = "spark.sql.streaming.statefulOperator.allowMultiple"
+
+
+def _several_event_times(df: DataFrame, step: Step, *, first: bool) -> SparkAnalysisError | None:
+    """Spark's error for a deduplication whose input rows have more than one event-time
+    column, which the query's first batch fails with (Spark's operator finds them when it
+    runs); None where there is one, or ``statefulOperator.allowMultiple`` is off (Spark then
+    takes the first). ``first``: the step reads the query's input or a join's output, whose
+    columns carry Spark's own watermark metadata (after another stateful step, ``df`` stands
+    for that step's output, and its metadata is sparkstate's)."""
+    if not isinstance(step, DedupStep) or not first:
+        return None
+    allowed = str(df.sparkSession.conf.get(ALLOW_MULTIPLE, "true")).lower() == "true"
+    columns = event_time_columns(df)
+    if not allowed or len(columns) < 2:  # noqa: PLR2004 - one event time per stream
+        return None
+    listed = "(" + ",".join(columns) + ")"
+    msg = (
+        "More than one event time columns are available. Please ensure there is at most one "
+        f"event time column per stream. event time columns: {listed}"
+    )
+    return SparkAnalysisError(msg, "_LEGACY_ERROR_TEMP_3077", {"eventTimeCols": listed})
 
 
 #: The output modes :func:`output_of` plans steps in, in turn.

@@ -145,6 +145,26 @@ def event_time_of(df: DataFrame) -> str | None:
     return None
 
 
+def event_time_columns(df: DataFrame) -> list[str]:
+    """The columns of ``df`` that carry a watermark's delay, each attribute once (Spark tells
+    them by expression id: a column projected twice is one; by name where Spark's analysis
+    cannot be read, under Spark Connect)."""
+    jvm_df = getattr(df, "_jdf", None)
+    if jvm_df is None:
+        return list(dict.fromkeys(f.name for f in df.schema.fields if _has_delay(f)))
+    output = jvm_df.queryExecution().analyzed().output()
+    found: dict[int, str] = {}
+    for i in range(output.size()):
+        attribute = output.apply(i)
+        if attribute.metadata().contains(WATERMARK_DELAY_KEY):
+            found.setdefault(int(attribute.exprId().id()), str(attribute.name()))
+    return list(found.values())
+
+
+def _has_delay(field: StructField) -> bool:
+    return WATERMARK_DELAY_KEY in (field.metadata or {})
+
+
 def session_time_zone(df: DataFrame) -> str:
     """``spark.sql.session.timeZone``: the zone user functions see timestamps in."""
     return str(df.sparkSession.conf.get("spark.sql.session.timeZone"))

@@ -48,6 +48,9 @@ class Stage:
     #: columns deduplicated, the join keys), for the checks Spark makes of a state key; empty
     #: for a state of no key columns (the limit's).
     key_struct: StructType = dataclasses.field(default_factory=StructType)
+    #: What the query's first batch fails with, where Spark's operator refuses its input when
+    #: it runs (several event-time columns).
+    refusal: Exception | None = None
 
     def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The operator's input in batch ``batch_id``."""

@@ -15,6 +15,7 @@ from sparkstate.engine.carried_time import EVENT_TIME_CARRIER
 from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.errors import SparkIllegalArgumentError
+from sparkstate.engine.input_times import input_time_column
 from sparkstate.engine.plan import plan_stages
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.rescale_job import rescale_at_start
@@ -249,6 +250,13 @@ class DataStreamWriter:
             return self._start_stateless()
         df, event_time = self._input()
         spark = df.sparkSession
+        if self._stream.own_times and self._stream.input_times is None:
+            msg = (
+                "a union of streams with a watermark (or watermarks on two columns), then a "
+                "step that cannot carry each watermark's event time beside the rows (each "
+                "watermark reads its own, as in Spark); write that step after the stateful ones"
+            )
+            raise ConfigurationError(msg)
         self._format = self._format or default_source(spark)
         if self._table is not None:
             self._options["path"] = table_sink(
@@ -437,15 +445,23 @@ class DataStreamWriter:
             num_partitions=num_partitions,
             store=store,
             watermark_delays_ms=tuple(w.delay_ms for w in self._stream.watermarks),
+            input_time_columns=tuple(
+                input_time_column(i) for i in range(len(self._stream.watermarks))
+            )
+            if self._stream.own_times
+            else (),
             clock=bool(metadata.get("clock")),  # absent: an older checkpoint, its restart refused
             no_data_batches=_conf_flag(spark, NO_DATA_BATCHES, default=True),
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             ).lower(),
             checkpoint=checkpoint.location,
-            refusal=checkpoint.refusal,
+            refusal=checkpoint.refusal or next((s.refusal for s in stages if s.refusal), None),
         )
         log_ = CheckpointLog(checkpoint.engine_root)
+        if self._stream.own_times:  # each input's event time beside the rows, for the driver
+            assert self._stream.input_times is not None  # checked at start()
+            df = self._stream.input_times
         driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)
         if config.clock:
             df = with_clock(df, checkpoint.engine_root, checkpoint.location)  # no-data batches

@@ -103,8 +103,11 @@ def build_progress(
     num_partitions: int,
     watermark_ms: int | None,
     sink_description: str,
+    event_times: OperatorMetrics | None = None,
 ) -> dict[str, Any]:
-    """The progress of one batch (without ``sources``, which Spark's own progress adds)."""
+    """The progress of one batch (without ``sources``, which Spark's own progress adds);
+    ``event_times``: the statistics of the input's event times where the driver read them
+    (else the first operator's)."""
     entries = []
     totals = []
     for op_id, operator in operators.items():
@@ -132,7 +135,7 @@ def build_progress(
     }
     if watermark_ms is not None:
         event_time: dict[str, str] = {"watermark": format_time_ms(watermark_ms)}
-        first = totals[0] if totals else None
+        first = event_times if event_times is not None else (totals[0] if totals else None)
         if first is not None and first.max_event_time_ms is not None:
             event_time["max"] = format_time_ms(first.max_event_time_ms)
         if first is not None and first.min_event_time_ms is not None and first.event_time_count:

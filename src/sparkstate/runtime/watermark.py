@@ -4,6 +4,11 @@ The watermark of batch ``b`` is chosen before ``b`` runs, from what batches ``< 
 watermarked input, the largest event time so far minus its delay; across inputs, the minimum (or
 the maximum, with ``spark.sql.streaming.multipleWatermarkPolicy=max``). It never moves back, and it
 stays 0 until an input has seen an event time.
+
+The checkpoint keeps the watermark and the policy the query first ran with (Spark keeps the
+policy in its offset log, and a restart takes it over the session's conf). A new run of the
+query starts from that watermark with no input's event time seen yet, as Spark's tracker does:
+an input counts as 0 again until it reads a row.
 """
 
 from __future__ import annotations
@@ -116,8 +121,19 @@ class WatermarkTracker:
         return {
             "watermark_ms": self.watermark_ms,
             "max_event_time_ms": dict(self.max_event_time_ms),
+            "policy": self.policy,
         }
 
     def restore(self, data: dict[str, Any]) -> None:
-        self.watermark_ms = int(data.get("watermark_ms", 0))
+        """Go back to the tracker as :meth:`to_dict` saved it (within a run of the query)."""
+        self.resume(data)
         self.max_event_time_ms = {k: int(v) for k, v in data.get("max_event_time_ms", {}).items()}
+
+    def resume(self, data: dict[str, Any]) -> None:
+        """Start a new run of the query from the tracker :meth:`to_dict` saved: its watermark
+        and policy, and no input's event time seen yet (Spark's tracker keeps neither across a
+        restart: an input counts as 0 until it reads a row, so the watermark waits for it)."""
+        self.watermark_ms = int(data.get("watermark_ms", 0))
+        self.max_event_time_ms = {}
+        self.policy = str(data.get("policy", self.policy))
+        self.__post_init__()
