@@ -116,7 +116,7 @@ class StreamingQuery(SparkStreamingQuery):
         with _active_lock:
             _active[log_.root] = self
         if not self._remote:  # Spark's own Python listeners see the state operators too
-            register_run(str(spark_query.runId), self._progress_of)
+            register_run(str(spark_query.runId), self._progress_of, self._jsq)
 
     @property
     def id(self) -> str:

@@ -7,8 +7,9 @@ clock, :mod:`sparkstate.engine.clock`): its progress has no ``stateOperators``, 
 (``spark.streams.addListener``) through one class of its own, whichever listener it is; here that
 hand-over is taken once per process, and the progress of a sparkstate query's batch is given as
 the query's handle shows it: Spark's progress with sparkstate's state operators, sink and event
-time on it, the clock left out. Other queries' events pass as they are. Listeners in the JVM
-(Scala ones, Spark's metrics system) still see Spark's own progress.
+time on it, the clock left out. Other queries' events pass as they are. What the JVM holds
+(its listeners, Spark's metrics system, the JVM query's ``lastProgress``) is rewritten the same
+way by :mod:`sparkstate.engine.jvm_progress`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from pyspark.sql.streaming import listener as pyspark_listener
 from pyspark.sql.streaming.listener import QueryProgressEvent
 
+from sparkstate.engine.jvm_progress import rewrite_progress
 from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = ["is_clock_source", "register_run", "without_clock"]
@@ -36,13 +38,28 @@ _lock = threading.Lock()
 _installed = False
 
 
-def register_run(run_id: str, merged: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
-    """Spark's listeners see the run ``run_id``'s progress as ``merged`` makes it of Spark's."""
+def register_run(
+    run_id: str,
+    merged: Callable[[dict[str, Any]], dict[str, Any] | None],
+    jquery: Any = None,
+) -> None:
+    """Spark's listeners see the run ``run_id``'s progress as ``merged`` makes it of Spark's;
+    with ``jquery`` (the run's JVM ``StreamingQuery``), the JVM's listeners and buffer too."""
     _install()
     with _lock:
         _runs[run_id] = merged
         for old in list(_runs)[:-_KEPT_RUNS]:
             del _runs[old]
+    if jquery is not None:
+        rewrite_progress(jquery, _merged)
+
+
+def _merged(run_id: str, progress: dict[str, Any]) -> dict[str, Any] | None:
+    """Spark's ``progress`` of a batch of the run ``run_id`` as its handle shows it; None for
+    another query's, or a batch the driver has no progress of."""
+    with _lock:
+        merged = _runs.get(run_id)
+    return None if merged is None else merged(progress)
 
 
 def is_clock_source(source: dict[str, Any]) -> bool:
