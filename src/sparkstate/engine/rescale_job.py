@@ -32,6 +32,7 @@ from sparkstate.engine.session import is_connect, run_on_server
 from sparkstate.engine.spark_versions import from_arrow_type
 from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
+from sparkstate.operators.registry import layout_of
 from sparkstate.runtime.logs import CheckpointLock, engine_root_of
 from sparkstate.runtime.rescale import (
     RescalePlan,
@@ -40,6 +41,8 @@ from sparkstate.runtime.rescale import (
     rescale_without_state,
     settle_rescale,
 )
+from sparkstate.store.capabilities import provider_over_files
+from sparkstate.store.conf import StoreId
 from sparkstate.store.files.durable import canonical_location
 
 __all__ = ["repartition", "rescale_at_start", "rescale_locked", "run_repartition"]
@@ -48,7 +51,7 @@ log = logging.getLogger("sparkstate.engine")
 A = TypeVar("A")
 R = TypeVar("R")
 
-_WRITTEN = "op int, partition int, checkpoint_id string, num_keys bigint"
+_WRITTEN = "op int, partition int, checkpoint_id string, num_rows bigint"
 
 
 def repartition(
@@ -207,8 +210,31 @@ def _move(
             if watcher is not None:
                 watcher.stop()
         for r in rows:
-            written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_keys"])
+            written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_rows"])
     return written
+
+
+def _rows_in_state(
+    state_root: str,
+    provider: str,
+    move: OperatorMove,
+    partition: int,
+    version: int,
+    checkpoint_id: str,
+    num_keys: int,
+) -> int:
+    """The operator's rows in the version a new partition wrote (its ``numRowsTotal``): its
+    keys, or where they are not its rows (a join's, an index's entries), its own count."""
+    layout = layout_of(move.kind)
+    if layout.rows_are_keys:
+        return num_keys
+    with provider_over_files(provider, StoreId(state_root, move.op_id, partition)) as bound:
+        assert bound is not None  # write_partition wrote the version under its _schema.json
+        store = bound.get_read_store(version, checkpoint_id)
+        try:
+            return layout.rows_in_state(store)
+        finally:
+            store.abort()
 
 
 @dataclasses.dataclass
@@ -259,16 +285,17 @@ def _moved(
         ckpt, n = write_partition(
             state_root, provider, move.op_id, partition, version, batches, move.derive
         )
+        n = _rows_in_state(state_root, provider, move, partition, version, ckpt, n)
         if written_acc is not None:
             written_acc.add(1)
         yield pa.RecordBatch.from_pylist(
-            [{"op": move.op_id, "partition": partition, "checkpoint_id": ckpt, "num_keys": n}],
+            [{"op": move.op_id, "partition": partition, "checkpoint_id": ckpt, "num_rows": n}],
             schema=pa.schema(
                 [
                     ("op", pa.int32()),
                     ("partition", pa.int32()),
                     ("checkpoint_id", pa.string()),
-                    ("num_keys", pa.int64()),
+                    ("num_rows", pa.int64()),
                 ]
             ),
         )

@@ -115,7 +115,7 @@ class StateLayout:
     @classmethod
     def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
         """The column families not moved by a rescale but computed again in each new partition
-        from the rows it received, and how."""
+        from the rows it received, and how (None: the operator counts them again itself)."""
         return (), None
 
     @classmethod

@@ -5,6 +5,12 @@ the encoded grouping key, so a range scan from the start of the family to ``thre
 exactly the entries due, in timestamp order, without touching the others.
 Changes are buffered (``move``) and written in one batch (``flush``) so that the store sees a few
 bulk calls per phase, never a call per key.
+
+An index given a count family keeps its number of entries there (one row, keyed by the index's
+family name), changed at each flush by the entries its writes add and remove (one multi-get of
+the keys written), so the entries are known without a scan. A version without the row (written
+before the count was kept, or by a rescale, which does not move the count) is counted once by
+a scan.
 """
 
 from __future__ import annotations
@@ -17,7 +23,16 @@ import pyarrow as pa
 from sparkstate.store.base import StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
 
-__all__ = ["MARKER", "MARKER_SCHEMA", "NO_TS", "TS_SCHEMA", "TimestampIndex", "index_key_schema"]
+__all__ = [
+    "COUNT_KEY_SCHEMA",
+    "COUNT_SCHEMA",
+    "MARKER",
+    "MARKER_SCHEMA",
+    "NO_TS",
+    "TS_SCHEMA",
+    "TimestampIndex",
+    "index_key_schema",
+]
 
 MARKER_SCHEMA = pa.schema([pa.field("_", pa.bool_())])
 #: The value of every index entry (the key says everything), a valid row of ``MARKER_SCHEMA``.
@@ -28,6 +43,9 @@ NO_TS = -1
 _TS_CODEC = KeyCodec(TS_SCHEMA)
 _TS_WIDTH = len(_TS_CODEC.encode((0,)))
 _INT64_MAX = (1 << 63) - 1
+#: A count family's key (the counted index's family name) and value (its entries).
+COUNT_KEY_SCHEMA = pa.schema([pa.field("index", pa.string(), nullable=False)])
+COUNT_SCHEMA = pa.schema([pa.field("entries", pa.int64(), nullable=False)])
 
 
 def index_key_schema(key_schema: pa.Schema, ts_name: str = "ts_ms") -> pa.Schema:
@@ -41,10 +59,12 @@ def encode_ts(ts: int) -> bytes:
 
 
 class TimestampIndex:
-    """Buffered writes to, and range scans of, one ``(ts, key)`` index column family."""
+    """Buffered writes to, and range scans of, one ``(ts, key)`` index column family; with
+    ``count_cf``, its number of entries kept there."""
 
-    def __init__(self, cf_name: str) -> None:
+    def __init__(self, cf_name: str, count_cf: str | None = None) -> None:
         self.cf_name = cf_name
+        self.count_cf = count_cf
         self._puts: set[tuple[int, bytes]] = set()
         self._deletes: set[tuple[int, bytes]] = set()
 
@@ -82,17 +102,37 @@ class TimestampIndex:
         return len(self._puts) + len(self._deletes)
 
     def flush(self, store: StateStore) -> None:
-        """Write the buffered changes in two bulk calls."""
-        if not self._puts and not self._deletes:
-            return
+        """Write the buffered changes in two bulk calls, and the count of entries where it is
+        kept (also with nothing buffered, if the version has no count yet)."""
         cf = self.cf_name
-        if self._deletes:
-            store.remove_encoded_many(_entry_keys(self._deletes), cf)
-        if self._puts:
-            keys = _entry_keys(self._puts)
-            store.put_encoded_many(keys, [MARKER] * len(keys), cf)
+        deletes = _entry_keys(self._deletes) if self._deletes else []
+        puts = _entry_keys(self._puts) if self._puts else []
+        if self.count_cf is not None:
+            self._count(store, deletes, puts)
+        if deletes:
+            store.remove_encoded_many(deletes, cf)
+        if puts:
+            store.put_encoded_many(puts, [MARKER] * len(puts), cf)
         self._puts.clear()
         self._deletes.clear()
+
+    def _count(self, store: StateStore, deletes: list[bytes], puts: list[bytes]) -> None:
+        """Write the entries there will be once ``deletes`` and ``puts`` are written: those
+        of the deletes that are stored go, those of the puts that are not come."""
+        assert self.count_cf is not None
+        counted = store.get((self.cf_name,), self.count_cf)
+        if counted is None:
+            entries = self._scanned(store)
+            if not entries and not deletes and not puts:
+                return  # no index: no count either (nothing to subtract from the rows)
+        else:
+            entries = int(counted[0])
+            if not deletes and not puts:
+                return
+        found = store.get_encoded_many(deletes + puts, self.cf_name)
+        gone = len(deletes) - found[: len(deletes)].count(None)
+        come = found[len(deletes) :].count(None)
+        store.put((self.cf_name,), (entries - gone + come,), self.count_cf)
 
     def due(self, store: StateStore, up_to: int) -> list[tuple[int, bytes]]:
         """Entries with ``ts <= up_to`` as ``(ts, encoded key)``, in order (flush first)."""
@@ -105,7 +145,18 @@ class TimestampIndex:
         return out
 
     def size(self, store: StateStore) -> int:
-        """The number of entries (flush first): a scan of the family's keys."""
+        """The number of entries (flush first): the count where one is kept, else a scan."""
+        return self.stored_keys(store)[0]
+
+    def stored_keys(self, store: StateStore) -> tuple[int, int]:
+        """The index's entries and its count rows (0 or 1) in the store (flush first)."""
+        if self.count_cf is not None and store.has_column_family(self.count_cf):
+            counted = store.get((self.cf_name,), self.count_cf)
+            if counted is not None:
+                return int(counted[0]), 1
+        return self._scanned(store), 0
+
+    def _scanned(self, store: StateStore) -> int:
         return sum(len(keys) for keys, _ in store.range_scan_encoded_chunks(cf=self.cf_name))
 
     def earliest(self, store: StateStore) -> int | None:

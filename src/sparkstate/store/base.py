@@ -219,6 +219,10 @@ class StateStore(ABC):
     def has_committed(self) -> bool:
         return self._status is StoreStatus.COMMITTED
 
+    def has_column_family(self, name: str) -> bool:
+        """Whether the store knows family ``name`` (one of an older state may lack it)."""
+        return name in self._families
+
     def column_family(self, name: str = DEFAULT_CF) -> ColumnFamily:
         try:
             return self._families[name]

@@ -15,11 +15,12 @@ One partition, one batch (Spark's ``FlatMapGroupsWithStateExec`` /
 
 Layout: the default column family maps a key to its state fields plus ``__timeout_ms`` and
 ``__defined`` (a removed state can keep a timeout); ``$timeout_index`` maps
-``(timeout_ms, key...)`` to a marker (see :mod:`.ts_index`); ``$state_schema`` holds nothing and
-records the declared state schema. ``numRowsTotal`` counts the default family's rows, as Spark
-counts its state rows (the index is ours, not rows). Stored states of an earlier state schema
-read back under the current one (:mod:`sparkstate.store.evolution`); a ``sparkstate.PICKLED``
-state is stored pickled.
+``(timeout_ms, key...)`` to a marker (see :mod:`.ts_index`), and ``$timeout_count`` keeps
+its number of entries; ``$state_schema`` holds nothing and records the declared state schema.
+``numRowsTotal`` counts the default family's rows, as Spark counts its state rows (the index is
+ours, not rows): the store's keys less the index's, known without a scan. Stored states of an
+earlier state schema read back under the current one (:mod:`sparkstate.store.evolution`); a
+``sparkstate.PICKLED`` state is stored pickled.
 """
 
 from __future__ import annotations
@@ -69,19 +70,29 @@ from sparkstate.operators.grouping import (
     pandas_groups,
     rows_of,
 )
+from sparkstate.operators.state_layout import DeriveFamilies
 from sparkstate.operators.state_views import KeyValueView, StateView, as_struct
-from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
+from sparkstate.operators.ts_index import (
+    COUNT_KEY_SCHEMA,
+    COUNT_SCHEMA,
+    MARKER_SCHEMA,
+    TimestampIndex,
+    index_key_schema,
+)
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [
     "STATE_SCHEMA_CF",
+    "TIMEOUT_COUNT_CF",
     "TIMEOUT_INDEX_CF",
     "ApplyInPandasWithState",
     "FlatMapGroupsWithState",
 ]
 
 TIMEOUT_INDEX_CF = "$timeout_index"
+#: The number of entries of ``$timeout_index`` (one row; none before it was kept).
+TIMEOUT_COUNT_CF = "$timeout_count"
 #: Holds no data: records the state schema as declared (nullability included), so that the store
 #: refuses an incompatible change of it (the default family's state fields are all nullable).
 STATE_SCHEMA_CF = "$state_schema"
@@ -93,6 +104,10 @@ _TIME_TRIGGERS = {
 }
 
 
+def _timeout_index() -> TimestampIndex:
+    return TimestampIndex(TIMEOUT_INDEX_CF, TIMEOUT_COUNT_CF)
+
+
 class _Pending:
     """State writes of one phase: puts, deletes and timeout-index moves, applied in one go."""
 
@@ -100,7 +115,7 @@ class _Pending:
         self.put_keys: list[bytes] = []
         self.put_values: list[tuple[Any, ...]] = []
         self.deletes: list[bytes] = []
-        self.index = TimestampIndex(TIMEOUT_INDEX_CF)
+        self.index = _timeout_index()
 
 
 class FlatMapGroupsWithState(StatefulOperator):
@@ -184,6 +199,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         return {
             TIMEOUT_INDEX_CF: (self._index_key_schema, MARKER_SCHEMA),
+            TIMEOUT_COUNT_CF: (COUNT_KEY_SCHEMA, COUNT_SCHEMA),
             STATE_SCHEMA_CF: (self.key_schema, self.state_schema),
         }
 
@@ -223,7 +239,12 @@ class FlatMapGroupsWithState(StatefulOperator):
         stored = store.raw_num_keys()
         if stored <= 0:
             return 0
-        return max(0, stored - TimestampIndex(TIMEOUT_INDEX_CF).size(store))
+        return max(0, stored - sum(_timeout_index().stored_keys(store)))
+
+    @classmethod
+    def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
+        """The timeout index's count: not moved, a new partition counts its entries once."""
+        return (TIMEOUT_COUNT_CF,), None
 
     # --- the batch -------------------------------------------------------------------------------
 
@@ -260,6 +281,7 @@ class FlatMapGroupsWithState(StatefulOperator):
             started = time.perf_counter()
             yield from timed_phase(self._time_out(store, fam, clock, out, m), m, Phase.TIMEOUTS)
             m.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
+            _timeout_index().flush(store)  # the count, where a version has none yet
         if self.timeout == GroupStateTimeout.ProcessingTimeTimeout:
             m.observe_timer(TimestampIndex(TIMEOUT_INDEX_CF).earliest(store))
         yield from out.drain(final=True)
