@@ -126,12 +126,14 @@ def test_session_eviction_scans_only_the_closed_sessions(
 def test_sessions_merge_with_state_and_close_once(make_runner: Runner) -> None:
     """Two sessions of a key in state, bridged by a later row; a separate one stays apart."""
     runner = make_runner(session_op())
-    out, _ = runner.run(session_rows([0], range(1)) + session_rows([14], range(1)), "append")
-    assert out.num_rows == 0
+    out, m = runner.run(session_rows([0], range(1)) + session_rows([14], range(1)), "append")
+    assert out.num_rows == 0 and m.num_rows_total == 2  # sessions: the index is no row
     # [9, 19) touches [0, 10) (9 <= 10) and [14, 24): one session [0, 24) of three rows
     out, m = runner.run(session_rows([9], range(1)) + session_rows([60], range(1)), "append")
     assert out.num_rows == 0 and m.num_rows_removed == 2 and m.num_rows_updated == 2
-    out, _ = runner.run([], "append", watermark_ms=ms(30))
+    assert m.num_rows_total == 2
+    out, m = runner.run([], "append", watermark_ms=ms(30))
+    assert m.num_rows_total == 1
     assert [(r["session"]["start"], r["session"]["end"], r["n"]) for r in out.to_pylist()] == [
         (at(0), at(24), 3)
     ]

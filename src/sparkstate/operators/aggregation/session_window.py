@@ -13,7 +13,10 @@ State, in three column families:
 * ``session_starts``: ``keys -> starts``, the key's session starts (int64 microseconds packed in
   order), so a batch finds every session of its keys with two multi-gets, never a scan;
 * ``session_ends``: an ``(end, session key)`` index, so eviction is one range scan up to the
-  watermark and reads only what it evicts.
+  watermark and reads only what it evicts; ``$session_ends_count`` keeps its number of entries.
+
+``numRowsTotal`` counts the sessions, as Spark counts its state rows: the index's entries, one a
+session, known without a scan (:mod:`..ts_index`).
 """
 
 from __future__ import annotations
@@ -40,8 +43,15 @@ from sparkstate.operators.aggregation.aggregate import (
 )
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.grouping import concat_batches
+from sparkstate.operators.state_layout import DeriveFamilies
 from sparkstate.operators.state_views import KeyValueView, StateView
-from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
+from sparkstate.operators.ts_index import (
+    COUNT_KEY_SCHEMA,
+    COUNT_SCHEMA,
+    MARKER_SCHEMA,
+    TimestampIndex,
+    index_key_schema,
+)
 from sparkstate.store.base import DEFAULT_CF, StateStore
 from sparkstate.store.codec import KeyCodec
 from sparkstate.store.schema_json import fields_from_json, schema_to_json
@@ -50,8 +60,14 @@ __all__ = ["SessionWindowAggregate"]
 
 STARTS_CF = "session_starts"
 ENDS_CF = "session_ends"
+#: The number of entries of ``session_ends``: the sessions (none before it was kept).
+ENDS_COUNT_CF = "$session_ends_count"
 _STARTS_SCHEMA = pa.schema([pa.field("starts", pa.binary(), nullable=False)])
 _TS = pa.timestamp("us", tz="UTC")
+
+
+def _ends_index() -> TimestampIndex:
+    return TimestampIndex(ENDS_CF, ENDS_COUNT_CF)
 
 
 class SessionWindowAggregate(StatefulOperator):
@@ -65,6 +81,7 @@ class SessionWindowAggregate(StatefulOperator):
 
     kind: ClassVar[str] = "session_window_aggregate"
     progress_name: ClassVar[str] = "sessionWindowStateStoreSaveExec"
+    rows_are_keys: ClassVar[bool] = False
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "complete")
     #: A key's sessions are looked up by the key, and evicted in the order of their ends.
     nested_keys: ClassVar[bool] = True
@@ -116,7 +133,21 @@ class SessionWindowAggregate(StatefulOperator):
         return {
             STARTS_CF: (self.user_key_schema, _STARTS_SCHEMA),
             ENDS_CF: (index_key_schema(self.key_schema, "end_us"), MARKER_SCHEMA),
+            ENDS_COUNT_CF: (COUNT_KEY_SCHEMA, COUNT_SCHEMA),
         }
+
+    @classmethod
+    def rows_in_state(cls, store: StateStore) -> int:
+        """The sessions, as Spark counts them: a key's list of starts and a session's end in
+        the index are not rows (a store that does not count its keys reports 0)."""
+        if store.raw_num_keys() <= 0:
+            return 0
+        return _ends_index().size(store)
+
+    @classmethod
+    def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
+        """The index's count: not moved, a new partition counts its entries once."""
+        return (ENDS_COUNT_CF,), None
 
     def check_output_mode(self, mode: str) -> None:
         self.refuse_output_mode(mode)
@@ -208,7 +239,7 @@ class SessionWindowAggregate(StatefulOperator):
             if n_late:
                 m.num_rows_dropped_by_watermark += n_late
                 table = table.filter(pc.invert(late))
-        ends = TimestampIndex(ENDS_CF)
+        ends = _ends_index()
         if table.num_rows:
             started = time.perf_counter()
             self._merge_sessions(store, table, ends, ctx)
@@ -222,6 +253,7 @@ class SessionWindowAggregate(StatefulOperator):
                 yield out
         elif self.watermarked and ctx.watermark_ms > 0:
             yield from self._evict(store, ends, ctx)
+        m.num_rows_total = (m.num_rows_total or 0) + self.rows_in_state(store)
 
     def _merge_sessions(
         self, store: StateStore, batch: pa.Table, ends: TimestampIndex, ctx: BatchContext
