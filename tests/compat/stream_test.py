@@ -673,7 +673,10 @@ class StreamTest:
         self.spark, self.path = spark, path
         self.providers = ["spark"] if ORACLE else list(providers)
         self.inputs: list[MemoryStream] = []
-        self._runs = 0
+        #: The scenario's ``test_stream`` calls so far, run again in order after a split.
+        self._calls: list[tuple[Any, str, Sequence[Action], str | None]] = []
+        #: How many times the scenario ran again from its start.
+        self._attempt = 0
 
     def memory_stream(
         self, schema: str = "value int", partitions: int = 1, over: MemoryStream | None = None
@@ -696,23 +699,30 @@ class StreamTest:
         order, the query is stopped at the end whatever happened. ``checkpoint`` names a
         checkpoint (one per store) that another ``test_stream`` of the scenario starts from
         again, as Spark's ``StartStream(checkpointLocation = dir)`` in two ``testStream``."""
-        self._runs += 1
-        name = f"named-{checkpoint}" if checkpoint else str(self._runs)
-        for attempt in range(_ATTEMPTS):
+        self._calls.append((df, output_mode, actions, checkpoint))
+        first = len(self._calls) - 1  # the new call; after a split, every call from the first
+        while True:
             try:
-                self._run_once(
-                    df, output_mode, actions, name if attempt == 0 else f"{name}-{attempt}"
-                )
+                for number in range(first, len(self._calls)):
+                    df_, mode, actions_, checkpoint_ = self._calls[number]
+                    self._run_once(df_, mode, actions_, self._name(number, checkpoint_))
                 return
             except SplitBatch:
                 # Spark's test would have read the rows of a check in one batch, and a check
-                # failed after they came in two: run the scenario again from its start, the
-                # first of its queries only (a later one's inputs and checkpoint hold what an
-                # earlier one left).
-                if attempt + 1 == _ATTEMPTS or self._runs > 1:
+                # failed after they came in two: run the scenario again from its start, its
+                # earlier ``test_stream`` calls too (a later one's inputs and checkpoint hold
+                # what an earlier one left), with the inputs as they are now.
+                self._attempt += 1
+                if self._attempt >= _ATTEMPTS:
                     raise
                 for stream in self.inputs:
                     stream.clear()
+                first = 0
+
+    def _name(self, number: int, checkpoint: str | None) -> str:
+        """The checkpoint's name of the scenario's call ``number`` in this attempt."""
+        name = f"named-{checkpoint}" if checkpoint else str(number + 1)
+        return name if self._attempt == 0 else f"{name}-{self._attempt}"
 
     def _run_once(self, df: Any, output_mode: str, actions: Sequence[Action], name: str) -> None:
         runs = [

@@ -125,7 +125,7 @@ def test_catch_up_commit_runs_the_timeout_pass(tmp_path: Path, provider: str) ->
     out = list(run_task(at(0, 10_000, {}), 0, iter([rows]), report.append))
     assert sum(b.num_rows for b in out) == 1
     filled = commit_untouched(at(1, 20_000, {0: report[-1].checkpoint_id}), 0)
-    assert filled.version == 2 and filled.store.num_keys == 0  # "a" timed out
+    assert filled.version == 2 and filled.operator.num_rows_total == 0  # "a" timed out
     assert filled.num_output_rows_dropped == 1
     assert filled.operator.num_rows_removed == 1
     PROVIDERS.close_all()
