@@ -19,6 +19,7 @@ BENCHES = {
     "windows": "sparkstate.bench.windows",
     "join": "sparkstate.bench.join",
     "scale": "sparkstate.bench.scale",
+    "latency": "sparkstate.bench.latency",
     "repartition": "sparkstate.bench.repartition",
 }
 
@@ -51,6 +52,10 @@ BENCH_OPTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ),
     ],
     "windows": [_WORKLOADS],
+    "latency": [
+        _WORKLOADS,
+        ("--batches", {"type": _positive_int, "help": f"batches per system {_SIZE}"}),
+    ],
     "join": [_WORKLOADS],
     "scale": [
         ("--plot", {"default": None, "metavar": "OUT.png", "help": "plot the systems' runs"}),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from sparkstate.bench import _spark, aggregate, arbitrary, join, scale, windows
+from sparkstate.bench import _spark, aggregate, arbitrary, join, latency, scale, windows
 from sparkstate.cli import _parser
 
 
@@ -456,3 +457,61 @@ def test_scale_bench_tiny(tmp_path: Path) -> None:
     }
     assert report["targets"]["state_rows_reached"]["met"] is True
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_latency_counts_the_cpu_of_the_whole_process_tree() -> None:
+    import subprocess
+    import sys
+
+    burn = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", burn + "time.sleep(30)"])
+    try:
+        before = latency.process_tree_cpu()
+        deadline = time.monotonic() + 20
+        while latency.process_tree_cpu()["total"] - before["total"] < 0.5:
+            assert time.monotonic() < deadline, "the child's CPU was not counted"
+            time.sleep(0.1)
+        assert latency.process_tree_cpu()["jvm"] == 0.0  # no java process under pytest
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_latency_ratios_are_ours_over_sparks_per_measure() -> None:
+    results = {
+        "spark-hdfs": {"start_s": 2.0, "p50_batch_ms": 200.0, "cpu_per_batch_s": 0.4},
+        "sparkstate-memory": {"start_s": 1.0, "p50_batch_ms": 300.0, "cpu_per_batch_s": 0.2},
+        "sparkstate-rocksdb": {"error": "failed"},
+    }
+    assert latency.latency_ratios(results) == {
+        "start_s:sparkstate-memory/spark-hdfs": 0.5,
+        "p50_batch_ms:sparkstate-memory/spark-hdfs": 1.5,
+        "cpu_per_batch_s:sparkstate-memory/spark-hdfs": 0.5,
+    }
+    args = _parser().parse_args(["bench", "latency", "--quick", "--batches", "6"])
+    params = latency.params_for(args)
+    assert set(params) == {"small", "medium"}
+    assert params["small"]["batches"] == 6 and params["small"]["warmup"] == 2
+    with pytest.raises(ValueError, match="unknown workloads"):
+        latency.params_for(argparse.Namespace(quick=True, workloads="huge"))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_latency_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "latency.json"
+    systems = ["spark-hdfs", "sparkstate-memory"]
+    args = argparse.Namespace(
+        quick=True, systems=",".join(systems), json_out=str(out), workloads="small", batches=4
+    )
+    assert latency.run(args) == 0
+    report = json.loads(out.read_text())
+    for system in systems:
+        r = report["systems"][f"small:{system}"]
+        assert r["available"], r
+        assert 0 < r["start_s"] < 300
+        assert r["p50_batch_ms"] <= r["p90_batch_ms"] <= r["p99_batch_ms"]
+        assert 0 < r["cpu_jvm_per_batch_s"] < r["cpu_per_batch_s"]
+        assert r["batches_measured"] == 3
+    assert "statefulStage" in report["systems"]["small:sparkstate-memory"]["mean_duration_ms"]
+    assert "small:p50_batch_ms:sparkstate-memory/spark-hdfs" in report["ratios"]
