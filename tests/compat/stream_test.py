@@ -5,7 +5,8 @@ Spark's Scala suites of stateful streaming (``StreamTest``) drive a query with a
 against a memory sink, ``StopStream`` / ``StartStream``, ``AssertOnQuery``, ``ExpectFailure``.
 This module gives the same actions over what a PySpark user has: a ``MemoryStream`` is a
 directory of JSON files read by Spark's file source (the rows of the ``AddData`` actions up to a
-check become one file, so one micro-batch, as Spark's test runs them), the sink is
+check become one file, so one micro-batch, as Spark's test runs them; the files of several inputs
+are moved in while no query plans a batch, so they too make one), the sink is
 ``foreachBatch`` collecting each batch's rows on the driver (Spark's memory sink keeps the same:
 every batch's rows, the last one's, those since the last check), and every check first runs
 ``processAllAvailable()``, which runs the no-data batches a moved watermark calls for, as the
@@ -33,7 +34,8 @@ import datetime as dt
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -183,12 +185,15 @@ class StreamRun:
     unsure: bool = False
     split: str = ""
     confs: dict[str, str | None] = field(default_factory=dict)
+    #: The scenario's runs on the other stores, which read the same input files.
+    peers: list[StreamRun] = field(default_factory=list, repr=False)
+    #: Added to the names of the scenario's checkpoints when it runs again (``StreamTest``).
+    attempt_suffix: str = ""
 
     def start(self, trigger: dict[str, Any] | None = None, confs: dict[str, str] | None = None):
         """Start the query from its checkpoint. Rows added while it was stopped are there when
         it starts, as a ``MemoryStream``'s are (a ``Trigger.Once`` start reads them)."""
-        for stream in self.inputs:
-            stream.flush()
+        self._publish()
         files = sum(stream.files_written for stream in self.inputs)
         # Files written while the query was stopped are read by its first batches, in as many
         # as the start makes of them: the next check does not count its batches.
@@ -220,10 +225,7 @@ class StreamRun:
     def process(self) -> None:
         """Hand the rows added so far to the query and wait until it has run them all (a query
         that has ended by itself, as a ``Trigger.Once`` one does, is checked as it ended)."""
-        for stream in self.inputs:  # every input's file written, then all of them published:
-            stream.flush(publish=False)  # a query that plans a batch meanwhile rarely splits them
-        for stream in self.inputs:
-            stream.publish()
+        self._publish()
         if self.query is None:
             msg = "the scenario checks a stopped stream (no StartStream since StopStream)"
             raise AssertionError(msg)
@@ -233,11 +235,21 @@ class StreamRun:
             self.query.awaitTermination()  # raises the error a failed query ended with
         self._check_one_batch()
 
+    def _publish(self) -> None:
+        """Move the files of the rows added since the last check into the input directories,
+        while no running query of the scenario plans a batch: each query reads them all in
+        one batch, as Spark's ``MultiAddData`` makes its inputs' rows one batch."""
+        for stream in self.inputs:
+            stream.flush(publish=False)
+        with _no_batch_planned([run.query for run in self.peers or [self]]):
+            for stream in self.inputs:
+                stream.publish()
+
     def _check_one_batch(self) -> None:
         """Note when the files written since the last check, more than one, reached the query in
-        more than one batch: the file sources listed their directories between two of the
-        writes, which Spark's ``MemoryStream`` never does. A scenario whose check then fails is
-        run again (``StreamTest.test_stream``)."""
+        more than one batch, which Spark's ``MemoryStream`` never does (and
+        :meth:`_publish` should not let happen). A scenario whose check then fails is run again
+        (``StreamTest.test_stream``)."""
         files = sum(stream.files_written for stream in self.inputs)
         recent = progresses(self)
         new = [p for p in recent if p["batchId"] > self.last_batch_seen]
@@ -282,6 +294,28 @@ class StreamRun:
                 self.spark.conf.unset(key)
             else:
                 self.spark.conf.set(key, value)
+
+
+@contextmanager
+def _no_batch_planned(queries: Iterable[Any]) -> Iterator[None]:
+    """Hold every running query of ``queries`` (ours or Spark's) before its next batch, as
+    Spark's ``StreamProgressLockedActions`` does: each one's ``awaitProgressLock``, which Spark
+    holds while it asks every source for its latest offset. A query reading several inputs, one
+    file source each, lists their directories one after the other; files moved in meanwhile
+    would reach it in two batches."""
+    locks = []
+    try:
+        for query in queries:
+            jsq = getattr(query, "_jsq", None)
+            if jsq is None or not query.isActive:
+                continue
+            lock = jsq.streamingQuery().awaitProgressLock()
+            lock.lock()  # a py4j call of this thread, which the unlock below is too
+            locks.append(lock)
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.unlock()
 
 
 class SplitBatch(Exception):  # noqa: N818 - what happened, not an error of the query
@@ -350,11 +384,10 @@ class AddData(Action):
 
 
 class MultiAddData(Action):
-    """Spark's ``MultiAddData``: rows into several inputs, read in one batch. Not atomic as
-    Spark's (one lock over its ``MemoryStream``s): each input is its own file source, listed one
-    after the other when a batch is planned, so a running query that plans a batch while the
-    inputs' files are being moved into their directories (together, after all are written)
-    reads them in two batches (rare; seen under heavy load)."""
+    """Spark's ``MultiAddData``: rows into several inputs, read in one batch. Each input is
+    its own file source, listed one after the other when a batch is planned; the inputs' files
+    are moved into their directories while no query plans a batch (``StreamRun._publish``), as
+    Spark's test adds the rows under the query's progress lock."""
 
     on_inputs = True
 
@@ -428,7 +461,8 @@ class StartStream(Action):
 
     def run(self, run: StreamRun) -> None:
         if self.checkpoint is not None:
-            run.checkpoint = str(Path(run.checkpoint).parent / f"{self.checkpoint}-{run.provider}")
+            name = f"{self.checkpoint}{run.attempt_suffix}-{run.provider}"
+            run.checkpoint = str(Path(run.checkpoint).parent / name)
         run.start(self.trigger, self.confs)
 
 
@@ -722,7 +756,13 @@ class StreamTest:
     def _name(self, number: int, checkpoint: str | None) -> str:
         """The checkpoint's name of the scenario's call ``number`` in this attempt."""
         name = f"named-{checkpoint}" if checkpoint else str(number + 1)
-        return name if self._attempt == 0 else f"{name}-{self._attempt}"
+        return f"{name}{self._suffix}"
+
+    @property
+    def _suffix(self) -> str:
+        """What the names of this attempt's checkpoints end with: a new attempt starts from
+        checkpoints of its own, the named ones of ``StartStream(checkpoint=...)`` too."""
+        return "" if self._attempt == 0 else f"-{self._attempt}"
 
     def _run_once(self, df: Any, output_mode: str, actions: Sequence[Action], name: str) -> None:
         runs = [
@@ -734,9 +774,12 @@ class StreamTest:
                 provider,
                 self.inputs,
                 files_seen=sum(stream.files_written for stream in self.inputs),
+                attempt_suffix=self._suffix,
             )
             for provider in self.providers
         ]
+        for run in runs:
+            run.peers = runs
         steps = list(actions)
         if not steps or not isinstance(steps[0], StartStream):
             steps.insert(0, StartStream())

@@ -66,7 +66,6 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from .porting import ORACLE
 from .stream_test import (
     AddData,
     AssertOnQuery,
@@ -657,14 +656,6 @@ def test_multiple_watermark_policy_min(st) -> None:
     )
 
 
-@pytest.mark.xfail(
-    not ORACLE,
-    strict=False,
-    reason=(
-        "flaky on ours, about 1 run in 3: the restarted union query's check of batch "
-        "(120, 130) sometimes sees the two inputs' files in two batches; under investigation"
-    ),
-)
 def test_multiple_watermark_policy_recovery_ignores_session_conf(st) -> None:
     input1, input2 = st.memory_stream(), st.memory_stream()
     st.test_stream(
