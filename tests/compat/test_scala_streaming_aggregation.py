@@ -25,10 +25,8 @@ state metrics - update/complete mode                        ported (``flatMap`` 
                                                             the save node's SQL metrics read
                                                             from the progress, the same counts)
 multiple keys                                               ported
-SPARK-29438: ensure UNION doesn't lead streaming            ported, strict xfail: sparkstate
-aggregation to use shifted partition IDs                    refuses union() after a stateful
-                                                            step (``MemoryStream(n)``: n files
-                                                            a batch; the restart's new streams
+SPARK-29438: ensure UNION doesn't lead streaming            ported (``MemoryStream(n)``: n files
+aggregation to use shifted partition IDs                    a batch; the restart's new streams
                                                             the same ones, their first batch
                                                             read)
 midbatch failure                                            ported (the failing ``map`` a Python
@@ -71,7 +69,6 @@ from pyspark import cloudpickle
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-from .porting import ours_fail
 from .stream_test import (
     AddData,
     CheckLastBatch,
@@ -227,11 +224,6 @@ def test_multiple_keys(st) -> None:
     )
 
 
-@ours_fail(
-    "union() after a stateful step is refused when the query is built (engine/api.py: "
-    "'union() of streams is supported before their stateful steps only'), where Spark unions "
-    "an aggregation's output with another stream's rows"
-)
 def test_spark_29438_union_does_not_shift_aggregation_partition_ids(st) -> None:
     input1 = st.memory_stream(partitions=2)
     input2 = st.memory_stream()

@@ -336,10 +336,10 @@ STREAM_METHODS: dict[str, Callable[[Any, DataFrame], Any]] = {
     "sample": lambda s, _: s.sample(0.5, seed=3),
     "sortWithinPartitions": lambda s, _: s.sortWithinPartitions("k"),
     "withMetadata": lambda s, _: s.withMetadata("k", {"note": "key"}),
-}
-#: Taken before the stateful step only (sparkstate refuses them after one, see the test).
-INPUT_METHODS: dict[str, Callable[[Any, DataFrame], Any]] = {
     "union": lambda s, _: s.union(s),
+}
+#: Taken before the stateful step only (see the test).
+INPUT_METHODS: dict[str, Callable[[Any, DataFrame], Any]] = {
     "unionByName": lambda s, _: s.unionByName(s.select("v", "k")),
     "distinct": lambda s, _: s.distinct(),
 }
@@ -388,9 +388,9 @@ def test_the_wrapped_stream_takes_sparks_dataframe_methods(
     each method Spark refuses on a stream (an action, ``cache``, ``rdd``, ``write``): the same
     AnalysisException (type, condition); ``explain(True)``: the same plans.
 
-    Left out: ``union``/``unionByName`` and ``distinct`` after a stateful step (sparkstate
-    refuses a second stream's steps and a deduplication after an aggregation there; Spark
-    takes them when defined, and refuses most at start), ``observe`` (its metrics would need
+    Left out: ``distinct`` after a stateful step (sparkstate refuses a deduplication after an
+    aggregation there; Spark takes it when defined, and refuses it at start), ``unionByName``
+    after it (the input's columns are not the count's), ``observe`` (its metrics would need
     the progress sparkstate builds), ``createOrReplaceTempView`` (a view of the wrapped stream
     would be Spark's own query), ``randomSplit``, ``describe``/``summary`` (aggregations Spark
     runs unwrapped), ``stat``, ``groupingSets``/``cube``/``rollup``, ``mapInPandas`` and the

@@ -25,7 +25,9 @@ from sparkstate.engine.steps import (
     LimitStep,
     StatelessStep,
     Step,
+    UnionStep,
 )
+from sparkstate.engine.union_plan import UnionInput, union_after, union_of_batch
 from sparkstate.engine.writer import DataStreamWriter
 from sparkstate.exceptions import (
     ConfigurationError,
@@ -203,9 +205,16 @@ class StatefulStream:
         return self.dropDuplicates()
 
     def union(self, other: Any) -> StatefulStream:
-        """The rows of both streams (by position), as ``DataFrame.union``, before stateful
-        steps. Each input's watermark is its own, as in Spark: the largest event time of that
-        input's rows minus its delay, the query's the min (or max) of them."""
+        """The rows of both streams (by position), as ``DataFrame.union``. Each input's
+        watermark is its own, as in Spark: the largest event time of that input's rows minus
+        its delay, the query's the min (or max) of them.
+
+        Either stream may be the output of stateful steps (an aggregation, a deduplication),
+        as in Spark: each input's steps run on its rows of the batch, the last of them in the
+        query's output mode (an aggregation's updated keys in update mode, its whole result
+        in complete mode), and the batch's rows are the union of both outputs, typed as
+        Spark's union types them. Stateless steps may follow such a union, stateful ones not
+        yet."""
         return self._union("union", other)
 
     unionAll = union  # noqa: N815 - PySpark's name
@@ -218,8 +227,7 @@ class StatefulStream:
         right = other if isinstance(other, StatefulStream) else None
         other_df = right.df if right is not None else other
         if self.steps or (right is not None and right.steps):
-            msg = f"{method}() of streams is supported before their stateful steps only"
-            raise ConfigurationError(msg)
+            return self._union_after(method, other, kwargs)
         out = getattr(self.df, method)(other_df, **kwargs)
         if right is None and isinstance(other_df, DataFrame) and other_df.isStreaming:
             right = stream(other_df)
@@ -237,6 +245,39 @@ class StatefulStream:
             own_times=True,
             input_times=times,
             event_time_at=len(self.watermarks) - 1 if self.watermarks else -1,
+        )
+
+    def _union_after(self, method: str, other: Any, kwargs: dict[str, Any]) -> StatefulStream:
+        """A union of which an input has stateful steps: each input's steps run on its rows,
+        in the same batch, and the batch's rows are the union of both outputs
+        (engine/union_plan.py)."""
+        if isinstance(other, DataFrame):
+            refused = union_of_batch(self._output, other)
+            if refused is not None:
+                raise refused
+            other = stream(other)
+        if not isinstance(other, StatefulStream):
+            _ = getattr(self._output, method)(other, **kwargs)  # PySpark's error of the type
+        inputs = []
+        for name, side in (("left", self), ("right", other)):
+            if side.own_times or len(side.watermarks) > 1:
+                msg = (
+                    f"{method}(): the {name} input has several watermarks (a union of streams "
+                    "with a watermark, or watermarks on two columns); a union of it after "
+                    "stateful steps is not supported yet"
+                )
+                raise ConfigurationError(msg)
+            inputs.append(UnionInput(side._with_watermarks(), side.steps, side.watermark))
+        # Spark's analysis of the union (the number of columns, their types and names): its
+        # errors here, where Spark raises them
+        _ = getattr(self._output, method)(other._output, **kwargs).schema
+        plan, source, watermarks, timed = union_after(inputs[0], inputs[1], method, kwargs)
+        return StatefulStream(
+            source,
+            (UnionStep(plan),),
+            watermarks,
+            own_times=timed is not None,
+            input_times=timed,
         )
 
     def _times_in_union(self, first: int, count: int) -> DataFrame | None:

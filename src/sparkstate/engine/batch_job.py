@@ -46,7 +46,7 @@ def task_spec(
         op_id=stage.op_id,
         operator=stage.operator,
         batch_id=intent.batch_id,
-        output_mode=config.output_mode if last else "append",
+        output_mode=stage.output_mode or (config.output_mode if last else "append"),
         watermark_ms=max(0, intent.watermark_ms - stage.watermark_lag_ms),
         late_watermark_ms=max(0, intent.watermark_for_late_rows_ms - stage.watermark_lag_ms),
         batch_timestamp_ms=intent.batch_timestamp_ms,
@@ -92,6 +92,8 @@ def run_stages(
         )
         output = shuffled.mapInArrow(task_function(spec, reports_dir, counted), stage.output_struct)
         current = outputs[stage.op_id] = stage.output_of(output)
+        if stage.query_output is not None:  # a union of its output with another input's
+            current = stage.query_output(df, outputs)
     if counted is not None:
         counted.start_batch()
     sink_started = time.time()

@@ -40,7 +40,15 @@ from sparkstate.engine.steps import JoinStep, StatelessStep
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.watermark import WatermarkSpec
 
-__all__ = ["JoinInput", "JoinPlan", "plan_join", "plan_join_after", "plan_join_step"]
+__all__ = [
+    "INPUT_COLUMN",
+    "JoinInput",
+    "JoinPlan",
+    "plan_join",
+    "plan_join_after",
+    "plan_join_step",
+    "tagged_inputs",
+]
 
 #: Spark's ``JoinType`` names by the spellings PySpark accepts (lower case, no underscores).
 _JOIN_TYPES = {
@@ -157,7 +165,7 @@ def plan_join_step(step: JoinStep, at: PlanContext) -> Planned:
 STREAMING_CHECK = "_LEGACY_ERROR_TEMP_3102"
 
 #: The query input's column telling a join's left input's rows (0) from its right's (1), when
-#: a side has a stateful step before the join.
+#: a side has a stateful step before the join (or a union's, engine/union_plan.py).
 INPUT_COLUMN = "__ss_input"
 
 
@@ -188,7 +196,7 @@ def plan_join_after(
     sides = {"left": left, "right": right}
     names: dict[str, str] = {}
     specs: list[WatermarkSpec] = []
-    source, side_of, columns = _tagged_inputs(left.df, right.df)
+    source, side_of, columns = tagged_inputs(left.df, right.df)
     chains: dict[str, list[Stage]] = {}
     outputs: dict[str, DataFrame] = {}
     refused: SparkAnalysisError | None = None
@@ -246,12 +254,13 @@ def _with_pushed_filters(stage: Stage, pushed: list[tuple[frozenset[str], str]])
     return dataclasses.replace(stage, prepare=filtered)
 
 
-def _tagged_inputs(
+def tagged_inputs(
     left: DataFrame, right: DataFrame
 ) -> tuple[DataFrame, dict[str, Callable[[DataFrame], DataFrame]], dict[str, dict[str, str]]]:
     """Both inputs as one stream: :data:`INPUT_COLUMN`, the left's columns, the right's (null
     on the other side's rows); how to read each side back from a batch of it; the stream's
-    name of each side's columns."""
+    name of each side's columns. A join's or a union's (engine/union_plan.py) of inputs with
+    stateful steps."""
     frames = {"left": left, "right": right}
     columns = {
         s: {f.name: f"__ss_{s[0]}in{i}" for i, f in enumerate(df.schema.fields)}

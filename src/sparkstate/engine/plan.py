@@ -38,8 +38,10 @@ from sparkstate.engine.steps import (
     LimitStep,
     StatelessStep,
     Step,
+    UnionStep,
     is_processor,
 )
+from sparkstate.engine.union_plan import UnionOutput, plan_union
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.aggregation.session_window import SessionWindowAggregate
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
@@ -85,8 +87,12 @@ def plan_chain(
     output_mode: str,
     event_time: str | None,
     watermark_delay_ms: int | None = None,
+    *,
+    first_id: int = 0,
 ) -> tuple[list[Stage], DataFrame]:
-    """:func:`plan_stages`, and the DataFrame that stands for the last step's output."""
+    """:func:`plan_stages`, and the DataFrame that stands for the last step's output.
+    ``first_id``: the operator id of the last stateful step (an input's of a union, whose
+    steps Spark numbers after the other input's)."""
     if not steps:
         msg = (
             "the query has no stateful step; add groupBy().agg() or dropDuplicates(), or use "
@@ -98,13 +104,29 @@ def plan_chain(
     lag = 0  # how far the watermark of the steps after a join is behind the query's
     steps = _with_limits_checked(steps, output_mode)
     stateful = [s for s in steps if not isinstance(s, StatelessStep)]
+    union: UnionOutput | None = None  # a union of stateful steps' outputs: the last step
     for step in steps:
         if isinstance(step, StatelessStep):
-            current = _plan_stateless(stages[-1], current, step, output_mode)
+            if union is not None:
+                aggregated = any(isinstance(s.operator, AGGREGATIONS) for s in stages)
+                current = _attach(union.after, current, step, output_mode, aggregated, "union()")
+            else:
+                current = _plan_stateless(stages[-1], current, step, output_mode)
+            continue
+        if union is not None:
+            msg = (
+                "a stateful step after union() of stateful steps' outputs is not supported "
+                "yet; make the union the last stateful step"
+            )
+            raise ConfigurationError(msg)
+        if isinstance(step, UnionStep):  # always the first: union() makes a stream of it
+            chain, union, current = plan_union(step.plan, output_mode, first_id)
+            stages += chain
             continue
         planner = planner_for(step)  # an unknown step fails here, before anything is planned
         position = len(stages)
-        op_id = len(stateful) - 1 - position  # Spark numbers them from the sink: the last is 0
+        # Spark numbers them from the sink: the last is 0
+        op_id = first_id + len(stateful) - 1 - position
         if position:
             _check_chain(stateful[:position], step, output_mode)
             if isinstance(step, JoinStep):
@@ -320,9 +342,22 @@ _SORTS = ("orderBy", "sort")
 def _plan_stateless(stage: Stage, output: DataFrame, step: StatelessStep, mode: str) -> DataFrame:
     """Attach ``step`` to ``stage``'s output; Spark analyses it here, so a bad column fails at
     ``start()``."""
-    if step.method in _SORTS and not (
-        mode == "complete" and isinstance(stage.operator, AGGREGATIONS)
-    ):
+    aggregated = isinstance(stage.operator, AGGREGATIONS)
+    where = f"operator {stage.op_id} ({stage.operator.kind})"
+    return _attach(stage.after, output, step, mode, aggregated, where)
+
+
+def _attach(
+    after: list[StatelessStep],
+    output: DataFrame,
+    step: StatelessStep,
+    mode: str,
+    aggregated: bool,
+    where: str,
+) -> DataFrame:
+    """Attach ``step`` to the steps ``after`` an output (``where``'s, of an aggregation if
+    ``aggregated``); Spark analyses it here, so a bad column fails at ``start()``."""
+    if step.method in _SORTS and not (mode == "complete" and aggregated):
         msg = (
             f"{step.method}() after a stateful step needs an aggregation in complete output "
             "mode (as in Spark: sorting is not supported on streaming DataFrames otherwise)"
@@ -334,9 +369,9 @@ def _plan_stateless(stage: Stage, output: DataFrame, step: StatelessStep, mode: 
     except ConfigurationError:
         raise
     except Exception as exc:
-        msg = f"{step.method}() after operator {stage.op_id} ({stage.operator.kind}): {exc}"
+        msg = f"{step.method}() after {where}: {exc}"
         raise ConfigurationError(msg) from exc
-    stage.after.append(step)
+    after.append(step)
     return result
 
 

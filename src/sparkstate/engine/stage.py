@@ -51,6 +51,14 @@ class Stage:
     #: What the query's first batch fails with, where Spark's operator refuses its input when
     #: it runs (several event-time columns).
     refusal: Exception | None = None
+    #: The output mode the stage's tasks run in, where it is not the rule of a chain (the
+    #: query's for its last stage, append for the others): the query's for the last stage of
+    #: each input of a union after stateful steps, whose output reaches the sink.
+    output_mode: str | None = None
+    #: The batch's rows once this stage ran, where they are not its output: the union of its
+    #: output with another input's rows or outputs (engine/union_plan.py), from the query's
+    #: input and the outputs of the stages that ran, by operator id.
+    query_output: Callable[[DataFrame, dict[int, DataFrame]], DataFrame] | None = None
 
     def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The operator's input in batch ``batch_id``."""

@@ -21,6 +21,7 @@ __all__ = [
     "LimitStep",
     "StatelessStep",
     "Step",
+    "UnionStep",
     "is_processor",
 ]
 
@@ -103,7 +104,19 @@ class JoinStep:
         return "join"
 
 
-Step = AggregateStep | DedupStep | ArbitraryStep | LimitStep | JoinStep | StatelessStep
+@dataclasses.dataclass(frozen=True)
+class UnionStep:
+    """``left.union(right)`` (or ``unionByName``) where an input has stateful steps of its own:
+    a ``sparkstate.engine.union_plan.UnionPlan``, both inputs' steps planned at ``start()``."""
+
+    plan: Any
+
+    @property
+    def name(self) -> str:
+        return "union"
+
+
+Step = AggregateStep | DedupStep | ArbitraryStep | LimitStep | JoinStep | UnionStep | StatelessStep
 
 #: The APIs of ``ArbitraryStep`` that run a ``StatefulProcessor``.
 PROCESSOR_APIS = ("transformWithStateInPandas", "transformWithState")
