@@ -7,8 +7,9 @@ file per input per batch (``availableNow``), stop after the first half and start
 same checkpoint, and must deliver the same batches (the batches without data a moved watermark
 asks for included), with Spark's column names and types (the union's widened ones), and show the
 same stateful operators in each batch's progress. Spark runs each query once, on one shuffle
-partition; sparkstate's on two. The deduplication's and the windowed count's run on rocksdb, the
-counts' in update and complete mode on memory. Spark's refusals of such a union are sparkstate's.
+partition; sparkstate's on two. The deduplication's and the windowed counts' (one of them after
+the union) run on rocksdb, the counts' in update and complete mode on memory. Spark's refusals of
+such a union, and of a stateful step after it, are sparkstate's.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ def windowed(left: Any, right: Any) -> Any:
     return counts.count().unionByName(clicks, allowMissingColumns=True)
 
 
+def counted_after(left: Any, right: Any) -> Any:
+    """:func:`deduplicated`, then counted per 10-second window and ad in append mode: Spark 4
+    runs the aggregation after the deduplication's output unioned with the clicks (their rows
+    behind the watermark dropped there)."""
+    both = deduplicated(left, right)
+    return both.groupBy(F.window("imp_ts", "10 seconds"), "ad").agg(F.count("*").alias("n"))
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -101,6 +110,7 @@ CASES = {
     "counts-update": Case("counts-update", "update", counted, (True, True)),
     "counts-complete": Case("counts-complete", "complete", counted, (True, True)),
     "windows-append": Case("windows-append", "append", windowed, (True, False)),
+    "dedup-windows-append": Case("dedup-windows-append", "append", counted_after, (True, False)),
 }
 RUNS = [
     pytest.param(name, provider, id=f"{name}-{provider}")
@@ -183,6 +193,11 @@ def test_a_union_spark_refuses_is_refused(spark: SparkSession, tmp_path: Path) -
         ("append", lambda s: counts(s).union(df.select("ad", "imp_id")), "without watermark"),
         ("complete", lambda s: s.dropDuplicates(["ad"]).union(df), "streaming aggregation"),
         ("append", lambda s: s.dropDuplicates(["ad"]).union(df).orderBy("ad"), "(?i)sorting"),
+        (
+            "update",
+            lambda s: counts(s).union(df.select("ad", "imp_id")).groupBy("ad").count(),
+            "correctness",
+        ),
     ]
     for i, (mode, query, message) in enumerate(shapes):
         with pytest.raises((AnalysisException, StreamingQueryException), match=message):

@@ -213,8 +213,8 @@ class StatefulStream:
         as in Spark: each input's steps run on its rows of the batch, the last of them in the
         query's output mode (an aggregation's updated keys in update mode, its whole result
         in complete mode), and the batch's rows are the union of both outputs, typed as
-        Spark's union types them. Stateless steps may follow such a union, stateful ones not
-        yet."""
+        Spark's union types them. Stateful steps may follow it where Spark takes them (after a
+        deduplication or an aggregation in append mode)."""
         return self._union("union", other)
 
     unionAll = union  # noqa: N815 - PySpark's name

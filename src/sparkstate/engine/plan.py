@@ -104,31 +104,29 @@ def plan_chain(
     lag = 0  # how far the watermark of the steps after a join is behind the query's
     steps = _with_limits_checked(steps, output_mode)
     stateful = [s for s in steps if not isinstance(s, StatelessStep)]
-    union: UnionOutput | None = None  # a union of stateful steps' outputs: the last step
+    union: UnionOutput | None = None  # a union of stateful steps' outputs: the first step
+    inputs = 0  # the stages of its inputs' steps beyond the one place of the union
     for step in steps:
         if isinstance(step, StatelessStep):
-            if union is not None:
+            if union is not None and stages[-1].query_output is union:  # after the union
                 aggregated = any(isinstance(s.operator, AGGREGATIONS) for s in stages)
                 current = _attach(union.after, current, step, output_mode, aggregated, "union()")
             else:
                 current = _plan_stateless(stages[-1], current, step, output_mode)
             continue
-        if union is not None:
-            msg = (
-                "a stateful step after union() of stateful steps' outputs is not supported "
-                "yet; make the union the last stateful step"
-            )
-            raise ConfigurationError(msg)
         if isinstance(step, UnionStep):  # always the first: union() makes a stream of it
-            chain, union, current = plan_union(step.plan, output_mode, first_id)
+            # Spark numbers the inputs' steps after the steps that follow the union
+            chain, union, current = plan_union(step.plan, output_mode, first_id + len(stateful) - 1)
             stages += chain
+            inputs = len(chain) - 1
             continue
         planner = planner_for(step)  # an unknown step fails here, before anything is planned
-        position = len(stages)
+        position = len(stages) - inputs
         # Spark numbers them from the sink: the last is 0
         op_id = first_id + len(stateful) - 1 - position
         if position:
-            _check_chain(stateful[:position], step, output_mode)
+            for before in _lines_before(stateful, position):
+                _check_chain(before, step, output_mode)
             if isinstance(step, JoinStep):
                 msg = "a stream-stream join after another stateful step is not supported yet"
                 raise ConfigurationError(msg)
@@ -182,6 +180,18 @@ def plan_chain(
         if not has_agg or isinstance(stage.operator, AGGREGATIONS):
             _check_output_mode(stage, output_mode)
     return stages, current
+
+
+def _lines_before(stateful: Sequence[Step], position: int) -> list[list[Step]]:
+    """The stateful steps before the one at ``position`` that feed it, in order: one line of
+    them, or after a union of stateful steps' outputs one per input that has steps."""
+    if not isinstance(stateful[0], UnionStep):
+        return [list(stateful[:position])]
+    lines = [
+        [*(s for s in side.steps if not isinstance(s, StatelessStep)), *stateful[1:position]]
+        for side in stateful[0].plan.inputs
+    ]
+    return [line for line in lines if line]
 
 
 #: Spark's conf that allows several stateful operators (and with them one event-time column

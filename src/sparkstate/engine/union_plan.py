@@ -9,7 +9,9 @@ runs in the query's output mode, its rows reaching the sink (an aggregation's up
 update mode, its whole result in complete mode). Spark numbers the state operators from the sink
 down, the left input's before the right's, and so does the plan here. Each input's watermark is
 its own: the driver reads each from the batch (engine/input_times.py), the query's being their
-min (or max), as for a union before stateful steps.
+min (or max), as for a union before stateful steps. A stateful step after the union reads the
+union's rows (its place in the chain is plan.py's, with Spark's rules for a step after each
+input's steps).
 """
 
 from __future__ import annotations
