@@ -1,12 +1,14 @@
 """A query's progress: ``memoryUsedBytes`` grows with the state, ``customMetrics`` carries
 Spark's names for what the stores did, and ``numRowsTotal`` counts the rows Spark's own operator
 counts on the same input, whatever else sparkstate keeps beside them (an index of sessions or of
-expiries), also in a rescale's batch. transformWithState's count is not yet Spark's (a strict
-xfail): sparkstate counts its timers' entries, and a map state's key once, not its entries."""
+expiries, a processor's timers and TTL indexes), also in a rescale's batch: transformWithState's
+are its value and list states' keys and its map states' entries, as Spark's RocksDB store counts
+the keys of the variables' column families and none of its internal ones."""
 
 from __future__ import annotations
 
 import sys
+import time
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,15 @@ from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.store.spark_metrics import HDFS_METRICS, ROCKSDB_METRICS
 
 from .conftest import PARTITIONS, PROVIDERS, FileFeed
-from .helpers import Differential, SparkRuns, at, run_batches, source, spark_rocksdb
+from .helpers import (
+    Collector,
+    Differential,
+    SparkRuns,
+    at,
+    run_batches,
+    source,
+    spark_rocksdb,
+)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -133,6 +143,39 @@ class Timers(StatefulProcessor):  # type: ignore[misc]
         pass
 
 
+#: An hour: nothing the test keeps under it expires while it runs.
+HOUR_MS = 3_600_000
+
+
+class Expiring(StatefulProcessor):  # type: ignore[misc]
+    """Per key, under a TTL: a value, a list and a map whose user keys repeat, the list cleared
+    and an entry removed once the total passes 15; and a processing-time timer an hour on."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.total = handle.getValueState("total", "v long", HOUR_MS)
+        self.seen = handle.getListState("seen", "v long", HOUR_MS)
+        self.by_rest = handle.getMapState("by_rest", "r long", "v long", HOUR_MS)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802,N803
+        vs = [int(v) for pdf in rows for v in pdf["v"]]
+        current = self.total.get()
+        total = (int(current[0]) if current is not None else 0) + sum(vs)
+        self.total.update((total,))
+        if total > 15:
+            self.seen.clear()
+            self.by_rest.removeKey((total % 3,))
+        else:
+            self.seen.appendList([(v,) for v in vs])
+        for v in vs:
+            self.by_rest.updateValue((v % 3,), (v,))
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + HOUR_MS)
+        yield pd.DataFrame({"k": [key[0]], "total": [total]})
+
+    def close(self) -> None:
+        pass
+
+
 def _count_case(name: str, mode: str, query: Any) -> Differential:
     def build(df: DataFrame, ours: bool) -> Any:
         df = df.withWatermark("ts", "10 seconds")
@@ -167,26 +210,12 @@ def count_runs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
     return SparkRuns(spark, tmp_path_factory)
 
 
-#: sparkstate keeps a processor's list and map state in one value per key and its timers in two
-#: families of its own: its count is its store's keys, Spark's the value and list states' keys
-#: and the map states' entries (its timers, in internal families, are no rows).
-_TWS_GAP = pytest.mark.xfail(
-    strict=True, reason="transformWithState counts its timers and not its map entries"
-)
-
-
 @pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, id=c.name, marks=[_TWS_GAP] if c.name == "transform-with-state" else [])
-        for c in COUNT_CASES
-    ],
-)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in COUNT_CASES])
 def test_rows_total_is_sparks(
     spark: SparkSession, count_runs: SparkRuns, tmp_path: Path, case: Differential, provider: str
 ) -> None:
-    with spark_rocksdb(spark, wanted=case.name == "transform-with-state"):
+    with spark_rocksdb(spark, wanted=case.name.startswith("transform-with-state")):
         theirs = [[op["numRowsTotal"] for op in ops] for ops in count_runs.run(case)[1]]
     _, operators = count_runs.check_all(case, tmp_path, provider)
     totals = [[op["numRowsTotal"] for op in ops] for ops in operators]
@@ -194,10 +223,83 @@ def test_rows_total_is_sparks(
     assert max(max(t) for t in theirs) > 0
 
 
-def test_a_rescale_records_the_operators_rows(spark: SparkSession, tmp_path: Path) -> None:
+def _expiring(df: DataFrame, checkpoint: Path, collector: Collector, provider: str | None) -> Any:
+    """``Expiring`` over ``df``: Spark's query (``provider`` None) or sparkstate's, started."""
+    stream = df if provider is None else ss.stream(df)
+    planned = stream.groupBy("k").transformWithStateInPandas(
+        Expiring(), "k string, total long", "Update", "ProcessingTime"
+    )
+    writer = (
+        planned.writeStream.outputMode("update")
+        .foreachBatch(collector)
+        .trigger(processingTime="500 milliseconds")
+        .option("checkpointLocation", str(checkpoint))
+    )
+    return writer.start() if provider is None else writer.option("stateStore", provider).start()
+
+
+def _rows_total_once_delivered(query: Any, collector: Collector, seen: set[int], keys: int) -> int:
+    """``numRowsTotal`` after the batch that delivered the rows of ``keys`` keys beyond the
+    batches ``seen`` (or a later one: no state changes in a batch without data, nothing
+    expires). Not ``processAllAvailable``: in ProcessingTime mode Spark runs a batch on every
+    trigger, and the call may never see the query idle."""
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        assert query.exception() is None, query.exception()
+        new = sorted(set(collector.batches) - seen)
+        last = query.lastProgress
+        delivered = sum(len(collector.batches[b]) for b in new)
+        if delivered >= keys and last is not None and last["batchId"] >= new[-1]:
+            return int(last["stateOperators"][0]["numRowsTotal"])
+        time.sleep(0.2)
+    msg = f"no progress after batch {sorted(collector.batches)}"
+    raise AssertionError(msg)
+
+
+def test_rows_total_with_ttl_and_processing_time_timers_is_sparks(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A value, a list and a map under a TTL, and processing-time timers: Spark counts the
+    variables' rows, none of its TTL indexes' or timers' entries, on either store of ours and
+    across a restart (ours stops after the second file and starts again)."""
+    totals: dict[str, list[int]] = {}
+    for provider in (None, *PROVIDERS):
+        name = provider or "spark"
+        feed, collector = FileFeed(tmp_path / f"{name}-input"), Collector()
+        checkpoint = tmp_path / f"{name}-checkpoint"
+        totals[name] = []
+        query = None
+        try:
+            with spark_rocksdb(spark):
+                for i, rows in enumerate(FILES):
+                    if query is None or (provider is not None and i == 2):
+                        if query is not None:
+                            query.stop()
+                        df = source(spark, feed, ROWS_SCHEMA)
+                        query = _expiring(df, checkpoint, collector, provider)
+                    seen = set(collector.batches)
+                    feed.add(rows)
+                    keys = len({r["k"] for r in rows})
+                    total = _rows_total_once_delivered(query, collector, seen, keys)
+                    totals[name].append(total)
+        finally:
+            if query is not None:
+                query.stop()
+    theirs = totals.pop("spark")
+    assert all(t > 0 for t in theirs), theirs
+    assert totals == dict.fromkeys(PROVIDERS, theirs)
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.name) for c in COUNT_CASES if c.name != "dedup-within-watermark"]
+)
+def test_a_rescale_records_the_operators_rows(
+    spark: SparkSession, tmp_path: Path, case: Differential
+) -> None:
     """A rescale's batch records each operator's rows as its query counted them, not its
-    store's keys (a session window's index and lists of starts are no rows)."""
-    _, operators = COUNT_CASES[0].run(spark, tmp_path, "memory")
+    store's keys (a session window's index and lists of starts are no rows, nor are a
+    processor's timers; a map's entries are)."""
+    _, operators = case.run(spark, tmp_path, "memory")
     checkpoint = str(tmp_path / "checkpoint")
     ss.repartition(spark, checkpoint, PARTITIONS + 1)
     commit = CheckpointLog.of_checkpoint(checkpoint).latest_commit()

@@ -223,6 +223,10 @@ class StateStore(ABC):
         """Whether the store knows family ``name`` (one of an older state may lack it)."""
         return name in self._families
 
+    def column_family_names(self) -> list[str]:
+        """The families the store knows, sorted by name."""
+        return sorted(self._families)
+
     def column_family(self, name: str = DEFAULT_CF) -> ColumnFamily:
         try:
             return self._families[name]

@@ -25,6 +25,7 @@ from sparkstate.operators.arbitrary.deleted_vars import retire
 from sparkstate.operators.arbitrary.schemas import SchemaLike, state_schema_of, to_arrow_schema
 from sparkstate.operators.arbitrary.state_collections import ListState, MapState
 from sparkstate.operators.arbitrary.state_errors import UnsupportedStateOperationError
+from sparkstate.operators.arbitrary.state_rows import forget
 from sparkstate.operators.arbitrary.state_vars import KeyContext, ValueState, VarSpec
 from sparkstate.operators.arbitrary.timers import (
     ExpiredTimerInfo,
@@ -283,6 +284,7 @@ class ProcessorSession:
         keys = [k for k, _ in self.store.range_scan_encoded(cf=name)]
         if keys:
             self.store.remove_encoded_many(keys, name)
+        forget(self.store, name)
         return len(keys)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 from sparkstate.operators.arbitrary.state_errors import InvalidStateValueError
+from sparkstate.operators.arbitrary.state_rows import RowsOfValue
 from sparkstate.operators.arbitrary.state_vars import (
     KeyContext,
     StateVariable,
@@ -27,7 +28,7 @@ from sparkstate.operators.ts_index import NO_TS
 from sparkstate.store.base import StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
 
-__all__ = ["ListState", "MapState", "decode_list", "decode_map"]
+__all__ = ["ListState", "MapState", "decode_list", "decode_map", "map_rows"]
 
 _U32 = struct.Struct("<I")
 
@@ -70,6 +71,21 @@ def _split_blob(blob: bytes) -> list[bytes]:
         parts.append(blob[pos + 4 : pos + 4 + size])
         pos += 4 + size
     return parts
+
+
+def map_rows(value_codec: ValueCodec) -> Callable[[bytes], int]:
+    """The entries of a stored value of a map's family: Spark keeps each in a row."""
+    decode, unpack = value_codec.decode, _U32.unpack_from
+
+    def entries(raw: bytes) -> int:
+        blob = decode(raw)[0]
+        parts, pos, n = 0, 0, len(blob)
+        while pos < n:
+            pos += 4 + unpack(blob, pos)[0]
+            parts += 1
+        return parts // 2
+
+    return entries
 
 
 def _join_blob(parts: Iterable[bytes]) -> bytes:
@@ -115,6 +131,7 @@ class ListState(_BlobState):
                     found.append((row[:w], row[w]) if self._ttl is not None else (row, NO_TS))
             self._cache[kenc] = found
             self._indexed[kenc] = self._min_expiration(e for _, e in found)
+            self._stored[kenc] = raw is not None
         return kenc, found
 
     def exists(self) -> bool:
@@ -166,14 +183,15 @@ class ListState(_BlobState):
         self._cache[kenc] = []
         self._dirty.add(kenc)
 
-    def flush(self) -> tuple[int, int]:
-        if not self._dirty:
-            return 0, 0
-        dirty, self._dirty = self._dirty, set()
+    def _flush(self, dirty: set[bytes]) -> tuple[int, int, int]:
         blobs: dict[bytes, bytes | None] = {}
         encode = self._element_encoder()
+        rows = 0
         for kenc in dirty:
             elements = self._cache[kenc]
+            now = bool(elements)
+            rows += now - self._stored[kenc]
+            self._stored[kenc] = now
             if not elements:
                 blobs[kenc] = None
             elif self._ttl is None:
@@ -184,10 +202,10 @@ class ListState(_BlobState):
                 new = self._min_expiration(e for _, e in elements)
                 self._index.move(kenc, self._indexed.get(kenc, NO_TS), new)
                 self._indexed[kenc] = new
-        written = self._write(blobs)
+        written, deleted = self._write(blobs)
         if self._index is not None:
             self._index.flush(self._store)
-        return written
+        return written, deleted, rows
 
     def _drop_expired(self, kenc: bytes) -> int:
         self._ctx.kenc, saved = kenc, self._ctx.kenc
@@ -214,6 +232,9 @@ class MapState(_BlobState):
         #: grouping key -> user key bytes -> (user key, value, expiration)
         self._cache: dict[bytes, dict[bytes, tuple[tuple[Any, ...], tuple[Any, ...], int]]] = {}
 
+    def _rows_of_value(self) -> RowsOfValue:
+        return map_rows(self._fam.value_codec)
+
     def _entries(
         self, what: str
     ) -> tuple[bytes, dict[bytes, tuple[tuple[Any, ...], tuple[Any, ...], int]]]:
@@ -232,6 +253,7 @@ class MapState(_BlobState):
                     found[parts[i]] = (decode_key(parts[i]), row[:w], exp)
             self._cache[kenc] = found
             self._indexed[kenc] = self._min_expiration(e for _, _, e in found.values())
+            self._stored[kenc] = len(found)
         return kenc, found
 
     def _user_key(self, key: Any, what: str) -> tuple[tuple[Any, ...], bytes]:
@@ -292,15 +314,15 @@ class MapState(_BlobState):
         self._cache[kenc] = {}
         self._dirty.add(kenc)
 
-    def flush(self) -> tuple[int, int]:
-        if not self._dirty:
-            return 0, 0
-        dirty, self._dirty = self._dirty, set()
+    def _flush(self, dirty: set[bytes]) -> tuple[int, int, int]:
         blobs: dict[bytes, bytes | None] = {}
         encode = self._element_encoder()
         ttl = self._ttl is not None
+        rows = 0
         for kenc in dirty:
             entries = self._cache[kenc]
+            rows += len(entries) - self._stored[kenc]
+            self._stored[kenc] = len(entries)
             if not entries:
                 blobs[kenc] = None
             else:
@@ -313,10 +335,10 @@ class MapState(_BlobState):
                 new = self._min_expiration(e for _, _, e in entries.values())
                 self._index.move(kenc, self._indexed.get(kenc, NO_TS), new)
                 self._indexed[kenc] = new
-        written = self._write(blobs)
+        written, deleted = self._write(blobs)
         if self._index is not None:
             self._index.flush(self._store)
-        return written
+        return written, deleted, rows
 
     def _drop_expired(self, kenc: bytes) -> int:
         self._ctx.kenc, saved = kenc, self._ctx.kenc

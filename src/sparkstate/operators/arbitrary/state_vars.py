@@ -12,6 +12,9 @@ elements and map values, stored inside one blob per key, take their codec from t
 family ``$elements_<name>``, whose value schema history is the element schema's. With
 ``sparkstate.PICKLED`` as the schema, values are any picklable objects, kept internally as
 1-tuples and stored pickled. List and map state live in :mod:`.state_collections`.
+
+A variable knows whether each key it writes was stored (and a map, its entries), so each flush
+changes its rows as Spark counts them in ``$rows_count`` (:mod:`.state_rows`) without a scan.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from sparkstate.operators.arbitrary.state_errors import (
     InvalidStateValueError,
     UnsupportedStateOperationError,
 )
+from sparkstate.operators.arbitrary.state_rows import RowCount, RowsOfValue
 from sparkstate.operators.arbitrary.ttl import TTL_FIELD, expiration_ms, is_expired, ttl_cf_name
 from sparkstate.operators.grouping import decode_present
 from sparkstate.operators.ts_index import (
@@ -189,6 +193,9 @@ class StateVariable:
         #: Earliest expiration of each loaded key as stored (what the TTL index holds).
         self._indexed: dict[bytes, int] = {}
         self._dirty: set[bytes] = set()
+        #: Rows of each loaded key as stored (Spark's: a map's entries, a value or list one).
+        self._stored: dict[bytes, int] = {}
+        self._rows = RowCount(store, spec.name, self._rows_of_value())
 
     def _key(self, what: str) -> bytes:
         kenc = self._ctx.kenc
@@ -229,8 +236,23 @@ class StateVariable:
     def _raw(self, kenc: bytes) -> bytes | None:
         return self._store.get_encoded(kenc, self._name)
 
+    def _rows_of_value(self) -> RowsOfValue:
+        """The rows of one stored value as Spark counts them (None: one)."""
+        return None
+
     def flush(self) -> tuple[int, int]:
-        """Write the dirty keys (and TTL index moves); returns (rows written, rows deleted)."""
+        """Write the dirty keys (and TTL index moves) and the variable's rows; returns (rows
+        written, rows deleted)."""
+        if not self._dirty:
+            self._rows.add(0)
+            return 0, 0
+        dirty, self._dirty = self._dirty, set()
+        written, deleted, rows = self._flush(dirty)
+        self._rows.add(rows)
+        return written, deleted
+
+    def _flush(self, dirty: set[bytes]) -> tuple[int, int, int]:
+        """Write ``dirty``; returns (rows written, rows deleted, rows Spark counts added)."""
         raise NotImplementedError
 
     def evict_expired(self) -> int:
@@ -265,6 +287,7 @@ class ValueState(StateVariable):
         self._remember(todo, rows)
 
     def _remember(self, kencs: list[bytes], rows: list[Any]) -> None:
+        self._stored.update(zip(kencs, [r is not None for r in rows], strict=True))
         if self._pickled:
             rows = [None if r is None else self._unpickled_row(r) for r in rows]
         if self._ttl is None:
@@ -324,18 +347,19 @@ class ValueState(StateVariable):
         self._exp[kenc] = NO_TS
         self._dirty.add(kenc)
 
-    def flush(self) -> tuple[int, int]:
-        if not self._dirty:
-            return 0, 0
-        dirty, self._dirty = self._dirty, set()
-        if self._ttl is not None:
-            unknown = [k for k in dirty if k not in self._indexed]
-            if unknown:  # written without a read: learn what the TTL index holds for them
-                rows = decode_present(self._fam, self._store.get_encoded_many(unknown, self._name))
+    def _flush(self, dirty: set[bytes]) -> tuple[int, int, int]:
+        stored = self._stored
+        unknown = [k for k in dirty if k not in stored]
+        if unknown:  # written without a read: learn whether they are stored (and their TTL)
+            raws = self._store.get_encoded_many(unknown, self._name)
+            stored.update(zip(unknown, [r is not None for r in raws], strict=True))
+            if self._ttl is not None:
+                rows = decode_present(self._fam, raws)
                 w = self._width
                 self._indexed.update(
                     (k, NO_TS if r is None else r[w]) for k, r in zip(unknown, rows, strict=True)
                 )
+        before = sum(map(stored.__getitem__, dirty))
         cache, exp = self._cache, self._exp
         deletes = [k for k in dirty if cache[k] is None]
         puts = [k for k in dirty if cache[k] is not None] if deletes else list(dirty)
@@ -360,7 +384,9 @@ class ValueState(StateVariable):
                 self._index.move(kenc, self._indexed.get(kenc, NO_TS), new)
                 self._indexed[kenc] = new
             self._index.flush(self._store)
-        return len(puts), len(deletes)
+        stored.update(dict.fromkeys(puts, True))
+        stored.update(dict.fromkeys(deletes, False))
+        return len(puts), len(deletes), len(puts) - before
 
     def _drop_expired(self, kenc: bytes) -> int:
         value = self._cache.get(kenc, _MISSING)

@@ -20,6 +20,10 @@ rows whose ``INITIAL_STATE_MARKER`` column is true carry the columns of ``initia
 Under Spark's Avro state encoding (``state_encoding="avro"``) every top-level field of a state
 variable's schema must be nullable, as Spark requires; its stores may then widen a field's type
 across restarts (:mod:`sparkstate.store.evolution`).
+
+``numRowsTotal`` is the state variables' rows as Spark's RocksDB store counts them (a value or
+list state's keys, a map state's entries; no timer or TTL index entry), kept in ``$rows_count``
+(:mod:`.state_rows`).
 """
 
 from __future__ import annotations
@@ -52,7 +56,15 @@ from sparkstate.operators.arbitrary.processor_input import (
 )
 from sparkstate.operators.arbitrary.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
 from sparkstate.operators.arbitrary.schemas import SchemaLike, to_arrow_schema
-from sparkstate.operators.arbitrary.state_vars import VarSpec
+from sparkstate.operators.arbitrary.state_collections import map_rows
+from sparkstate.operators.arbitrary.state_rows import (
+    ROWS_CF,
+    ROWS_KEY_SCHEMA,
+    ROWS_SCHEMA,
+    RowsOfValue,
+    counted_rows,
+)
+from sparkstate.operators.arbitrary.state_vars import MAP_VALUE_SCHEMA, VarSpec, elements_cf_name
 from sparkstate.operators.arbitrary.timers import (
     TIMER_INDEX_CF,
     TIMERS_CF,
@@ -78,10 +90,10 @@ from sparkstate.operators.grouping import (
     on_time_rows,
     rows_of,
 )
-from sparkstate.operators.state_layout import Families, ShownStore
+from sparkstate.operators.state_layout import DeriveFamilies, Families, ShownStore
 from sparkstate.operators.state_views import StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
-from sparkstate.store.base import StateStore
+from sparkstate.store.base import DEFAULT_CF, StateStore
 
 __all__ = ["INITIAL_STATE_MARKER", "MODES", "TransformWithState"]
 
@@ -101,6 +113,8 @@ class TransformWithState(StatefulOperator):
     kind: ClassVar[str] = "transformWithState"
     progress_name: ClassVar[str] = "transformWithStateInPySparkExec"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
+    #: Its rows are its state variables' as Spark counts them (:mod:`.state_rows`).
+    rows_are_keys: ClassVar[bool] = False
 
     @property
     def operator_name(self) -> str:
@@ -213,6 +227,7 @@ class TransformWithState(StatefulOperator):
         if self.time_mode != TimeMode.NONE:
             out[TIMERS_CF] = (self.key_schema, TIMERS_VALUE_SCHEMA)
             out[TIMER_INDEX_CF] = (index_key_schema(self.key_schema), MARKER_SCHEMA)
+        out[ROWS_CF] = (ROWS_KEY_SCHEMA, ROWS_SCHEMA)
         return out
 
     @property
@@ -267,6 +282,20 @@ class TransformWithState(StatefulOperator):
     @classmethod
     def store_summary(cls, described: dict[str, Any], store: str) -> dict[str, Any]:
         return processor_views.variable_summary(described, store)
+
+    @classmethod
+    def rows_in_state(cls, store: StateStore) -> int:
+        """The state variables' rows, as Spark counts them: a map's entries, a value's or a
+        list's keys, no timer or TTL index entry (a store that does not count its keys
+        reports 0)."""
+        if store.raw_num_keys() <= 0:
+            return 0
+        return sum(counted_rows(store, name, rows)[0] for name, rows in _variables(store))
+
+    @classmethod
+    def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
+        """The variables' rows: not moved, a new partition counts them once."""
+        return (ROWS_CF,), None
 
     # --- the batch -------------------------------------------------------------------------------
 
@@ -345,6 +374,7 @@ class TransformWithState(StatefulOperator):
             m.custom[name] = m.custom.get(name, 0.0) + count
         yield from out.drain(final=True)
         m.num_output_rows += out.num_rows
+        m.num_rows_total = (m.num_rows_total or 0) + self.rows_in_state(store)
 
     @staticmethod
     def _flush(session: ProcessorSession, m: Any) -> None:
@@ -488,3 +518,18 @@ class TransformWithState(StatefulOperator):
                 yield from out.drain()
         kctx.kenc = kctx.key = None
         self._flush(session, ctx.metrics)
+
+
+def _variables(store: StateStore) -> list[tuple[str, RowsOfValue]]:
+    """The state variables' families in ``store``, each with the rows of one of its values
+    (None: one; a map's: its entries)."""
+    out: list[tuple[str, RowsOfValue]] = []
+    for name in store.column_family_names():
+        if name == DEFAULT_CF or name.startswith("$"):
+            continue  # the operator's own, unused, and internal families: no rows of Spark's
+        fam = store.column_family(name)
+        is_map = store.has_column_family(elements_cf_name(name)) and (
+            fam.value_schema.names == MAP_VALUE_SCHEMA.names
+        )
+        out.append((name, map_rows(fam.value_codec) if is_map else None))
+    return out
