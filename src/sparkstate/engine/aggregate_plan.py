@@ -26,6 +26,7 @@ from sparkstate.engine.aggregate_partials import (
 from sparkstate.engine.aggregate_recognise import recognise
 from sparkstate.engine.errors import unsupported_operation
 from sparkstate.engine.spark_schema import (
+    ColumnSeq,
     arrow_safe,
     arrow_schema,
     is_time,
@@ -160,8 +161,7 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
     partial_names = analysed.groupBy(*keys).agg(*partials).columns[nkeys:]
     flat = [*layout.columns, *[quote(c) for c in partial_names]]
 
-    def prepare(batch: DataFrame) -> DataFrame:
-        return batch.groupBy(*keys).agg(*partials).select(*flat)
+    prepare = _PartialAggregate(keys, partials, flat)
 
     stage = Stage(op_id, operator, shipped, [f.name for f in layout.state_fields], prepare)
     stage.key_struct = StructType(key_fields)
@@ -177,6 +177,25 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
     output, projections = split.output_of(final)
     stage.after += [StatelessStep("select", tuple(p)) for p in projections]
     return Planned(stage, output)
+
+
+class _PartialAggregate:
+    """A batch's partial aggregate per key, ``groupBy(*keys).agg(*partials).select(*flat)``,
+    its columns made into the JVM's once (:class:`ColumnSeq`), not at every batch."""
+
+    def __init__(self, keys: list[Column], partials: list[Column], flat: list[Column]) -> None:
+        self.keys, self.first = ColumnSeq(keys), partials[0]
+        self.rest, self.flat = ColumnSeq(partials[1:]), ColumnSeq(flat)
+
+    def __call__(self, batch: DataFrame) -> DataFrame:
+        keys, rest, flat = self.keys.seq(batch), self.rest.seq(batch), self.flat.seq(batch)
+        if keys is None or rest is None or flat is None:  # Spark Connect
+            aggregated = batch.groupBy(*self.keys.columns()).agg(self.first, *self.rest.columns())
+            return aggregated.select(*self.flat.columns())
+        jdf: Any = getattr(batch, "_jdf")  # noqa: B009 - classic only
+        first: Any = getattr(self.first, "_jc")  # noqa: B009
+        out = jdf.groupBy(keys).agg(first, rest).select(flat)
+        return type(batch)(out, batch.sparkSession)
 
 
 @dataclasses.dataclass

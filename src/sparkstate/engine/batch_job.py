@@ -17,7 +17,6 @@ from sparkstate.engine.attempts import CountedAttempts, winning_reports
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.executor import commit_untouched_task, snapshot_in_owner, task_function
 from sparkstate.engine.sinks import Sink
-from sparkstate.engine.spark_schema import quote
 from sparkstate.engine.stage import Stage
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime.logs import ReportDir
@@ -87,9 +86,7 @@ def run_stages(
         spec = task_spec(config, stage, stage is stages[-1], intent, lineage, replay, owners)
         specs[stage.op_id] = spec
         source = current if stage.source is None else stage.source(df, outputs)
-        shuffled = stage.input_of(source, batch_id).repartition(
-            n, *[quote(c) for c in stage.partition_columns]
-        )
+        shuffled = stage.shuffled(source, batch_id, n)
         output = shuffled.mapInArrow(task_function(spec, reports_dir, counted), stage.output_struct)
         current = outputs[stage.op_id] = stage.output_of(output)
         if stage.query_output is not None:  # a union of its output with another input's
@@ -133,11 +130,13 @@ def engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None
     Adaptive execution off: coalesced shuffle partitions would break "partition = store".
     Shuffle partitions = state partitions: the partial aggregate's shuffle then already hashes
     by key into ``num_partitions`` and Spark drops the second shuffle of ``repartition``.
+    A setting the session already has is left as it is (a py4j round trip less each way).
     """
     wanted = {AQE: "false", SHUFFLE_PARTITIONS: str(num_partitions)}
     previous: dict[str, str | None] = {k: session.conf.get(k, None) for k in wanted}
-    for k, v in wanted.items():
-        session.conf.set(k, v)
+    previous = {k: old for k, old in previous.items() if old != wanted[k]}  # the ones to set
+    for k in previous:
+        session.conf.set(k, wanted[k])
     try:
         yield
     finally:

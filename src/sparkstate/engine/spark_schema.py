@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 
 __all__ = [
+    "ColumnSeq",
     "arrow_safe",
     "arrow_schema",
     "event_time_of",
@@ -30,6 +32,7 @@ __all__ = [
     "is_time",
     "output_shape",
     "quote",
+    "repartition_by",
     "session_time_zone",
     "struct_of",
     "with_watermark",
@@ -40,6 +43,47 @@ __all__ = [
 def quote(name: str) -> Column:
     """A column reference that survives any character in ``name``."""
     return F.col("`" + name.replace("`", "``") + "`")
+
+
+class ColumnSeq:
+    """A fixed list of columns the driver hands Spark in every batch, made into the JVM's
+    ``Seq`` once: PySpark converts a list of columns at every call, a py4j round trip per
+    column (and a column by name, a dozen: ``F.col`` looks its class up). Where ``df`` is a
+    Spark Connect DataFrame (the driver in the server's process), the columns as they are."""
+
+    def __init__(self, columns: Sequence[Column | str]) -> None:
+        self._given = list(columns)
+        self._columns: list[Column] | None = None
+        self._seq: tuple[Any, Any] | None = None  # (the SparkContext, its JVM Seq)
+
+    def columns(self) -> list[Column]:
+        """The columns, a name as :func:`quote` refers to it."""
+        if self._columns is None:
+            self._columns = [quote(c) if isinstance(c, str) else c for c in self._given]
+        return self._columns
+
+    def seq(self, df: DataFrame) -> Any | None:
+        """The columns as the JVM ``Seq`` of ``df``'s session, None for a Spark Connect one."""
+        if getattr(df, "_jdf", None) is None:
+            return None
+        sc = df.sparkSession.sparkContext
+        if self._seq is None or self._seq[0] is not sc:
+            jvm: Any = sc._jvm
+            self._seq = (sc, jvm.PythonUtils.toSeq([c._jc for c in self.columns()]))
+        return self._seq[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (the driver, for the Spark Connect server's process) without JVM objects."""
+        return {"_given": self._given, "_columns": None, "_seq": None}
+
+
+def repartition_by(df: DataFrame, num_partitions: int, columns: ColumnSeq) -> DataFrame:
+    """``df.repartition(num_partitions, *columns)``."""
+    seq = columns.seq(df)
+    if seq is None:
+        return df.repartition(num_partitions, *columns.columns())
+    jdf: Any = getattr(df, "_jdf")  # noqa: B009 - classic only
+    return type(df)(jdf.repartition(num_partitions, seq), df.sparkSession)
 
 
 def arrow_schema(struct: StructType, *, nullable: bool | None = None) -> pa.Schema:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from sparkstate.engine.spark_schema import ColumnSeq, repartition_by
 from sparkstate.engine.steps import StatelessStep
 from sparkstate.operators.base import StatefulOperator
 
@@ -59,6 +60,18 @@ class Stage:
     #: output with another input's rows or outputs (engine/union_plan.py), from the query's
     #: input and the outputs of the stages that ran, by operator id.
     query_output: Callable[[DataFrame, dict[int, DataFrame]], DataFrame] | None = None
+    #: ``partition_columns`` as Spark takes them, made at the first batch.
+    _shuffle_by: tuple[tuple[str, ...], ColumnSeq] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def shuffled(self, source: DataFrame, batch_id: int, num_partitions: int) -> DataFrame:
+        """The operator's input in batch ``batch_id``, shuffled by ``partition_columns`` into
+        the state partitions."""
+        names = tuple(self.partition_columns)
+        if self._shuffle_by is None or self._shuffle_by[0] != names:
+            self._shuffle_by = (names, ColumnSeq(names))
+        return repartition_by(self.input_of(source, batch_id), num_partitions, self._shuffle_by[1])
 
     def input_of(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The operator's input in batch ``batch_id``."""
