@@ -267,6 +267,22 @@ def _spawn(path: str, executor: ProcessRef, log_path: str) -> subprocess.Popen[b
     return process
 
 
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until process ``pid``, just killed, has ended (gone or a zombie, its sockets closed):
+    until then its socket still takes connections, and the retry of its task, connecting at once,
+    would reach the dying home instead of starting a new one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return  # gone (or no /proc to ask: then nothing to wait for)
+        if text[text.rindex(")") + 2 :].startswith(("Z", "X")):
+            return
+        time.sleep(0.01)
+
+
 def _reap() -> None:
     _STARTED[:] = [p for p in _STARTED if p.poll() is None]
 
@@ -339,6 +355,7 @@ def run_in_home(
         if pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid)
         msg = (
             f"the state home ({home}) running {what} sent nothing for {silence_s:g} s, not even "
             f"its heartbeat: it hangs"
