@@ -44,8 +44,9 @@ class StartRequest:
     default_partitions: int
     output_mode: str
     operators: list[dict[str, Any]]
-    #: Whether the query takes the clock source (new checkpoints; older ones: ``legacy_clock``).
-    clock: bool
+    #: Whether the query takes the clock (new checkpoints; older ones: ``legacy_clock``), and
+    #: which: ``"files"``, the request files; True, the Python source (engine/clock.py).
+    clock: bool | str
     legacy_clock: bool
 
 
