@@ -143,6 +143,36 @@ def test_nothing_set(monkeypatch: pytest.MonkeyPatch) -> None:
     assert workers.choose_interpreter(own).path == "/own/python"
 
 
+def test_local_workers_of_the_driver_s_interpreter_need_no_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's interpreter on a local master finds sparkstate where the driver did (this
+    venv's site directory or a path its .pth adds): no check job. Elsewhere, the job runs."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    modules = (*workers.TASK_MODULES, "sparkstate.store.rocksdb")
+    own = workers.Interpreter(sys.executable, "the driver's")
+    found = workers._same_as_driver(fake_session("local[2]", sys.executable), own, modules)
+    assert found is not None
+    assert found.executable == sys.executable
+    assert found.modules["sparkstate"] == sparkstate.__file__
+    assert found.sparkstate_version == sparkstate.__version__
+    other = workers.Interpreter(str(tmp_path / "python"), "PYSPARK_PYTHON")
+    assert workers._same_as_driver(fake_session("local[2]"), other, modules) is None
+    cluster = fake_session("spark://h:7077", sys.executable)
+    assert workers._same_as_driver(cluster, own, modules) is None
+    # A module only on the driver's own sys.path: the workers would not find it.
+    (tmp_path / "only_here.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    only = (*workers.TASK_MODULES, "only_here")
+    assert workers._same_as_driver(fake_session("local[2]"), own, only) is None
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # ... unless the workers' path has it
+    assert workers._same_as_driver(fake_session("local[2]"), own, only) is not None
+    given = fake_session("local[2]", **{workers.EXECUTOR_PYTHONPATH: str(tmp_path)})
+    monkeypatch.delenv("PYTHONPATH")
+    assert workers._same_as_driver(given, own, only) is not None
+    assert workers._same_as_driver(fake_session("local[2]"), own, ("no_such_module",)) is None
+
+
 def test_spark_connect_is_not_chosen_for() -> None:
     spark = SimpleNamespace(conf=FakeConf({}))  # no SparkContext
     assert workers.choose_interpreter(spark).path is None

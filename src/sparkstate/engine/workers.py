@@ -5,7 +5,9 @@ stack trace. :func:`check_workers` runs one tiny DataFrame job first (a plain Py
 worker needs nothing but PySpark to run it) that tries the imports a stateful task makes and
 reports the interpreter; a failure becomes a :class:`ConfigurationError` naming the interpreter,
 what did not import and the setting that fixes it. The answer is kept per application and
-interpreter, so only the first ``start()`` of a process pays for the job.
+interpreter, so only the first ``start()`` of a process pays for the job; and a local session
+whose workers run the driver's own interpreter, where the driver imported sparkstate from a
+directory every worker has on its path, pays nothing (:func:`_same_as_driver`).
 
 The interpreter is chosen the way PySpark does (``PYSPARK_PYTHON``, else ``python3`` from
 ``PATH``), with two differences on a classic session: ``spark.pyspark.python`` counts also when
@@ -17,10 +19,13 @@ interpreter (``sys.executable``), which has sparkstate since the driver imported
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import os
+import platform
 import re
+import site
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +40,8 @@ log = logging.getLogger("sparkstate.engine")
 
 #: What PySpark runs when nothing is set (``SparkContext.pythonExec``).
 PYSPARK_DEFAULT = "python3"
+#: Where a local session's workers find what the driver adds to their path.
+EXECUTOR_PYTHONPATH = "spark.executorEnv.PYTHONPATH"
 #: What every stateful task imports in the worker (pyarrow and the operators with it).
 TASK_MODULES = ("sparkstate", "sparkstate.runtime.tasks")
 #: Providers whose third-party module the message names with the fix.
@@ -104,6 +111,8 @@ def check_workers(spark: Any, provider: str) -> WorkerPython:
     key = (spark.conf.get("spark.app.id", None), interpreter.path, modules)
     found = _CHECKED.get(key)
     if found is None:
+        found = _same_as_driver(spark, interpreter, modules)
+    if found is None:
         found = _run_check(spark, interpreter, modules, provider)
         log.info(
             "the Python workers run %s (Python %s); checked in %.2f s",
@@ -113,6 +122,66 @@ def check_workers(spark: Any, provider: str) -> WorkerPython:
         )
         _CHECKED[key] = found
     return found
+
+
+def _same_as_driver(
+    spark: Any, interpreter: Interpreter, modules: tuple[str, ...]
+) -> WorkerPython | None:
+    """What the workers run, known without a job, or None: on a local master whose workers run
+    the driver's own interpreter, each module the driver imported from a directory that is on
+    the path every worker starts with (the interpreter's site directories and what their
+    ``.pth`` files add, ``PYTHONPATH``, ``spark.executorEnv.PYTHONPATH``, the working directory)
+    is the file the workers import. A module found elsewhere (a driver that put it on its own
+    ``sys.path``) is checked by the job."""
+    sc: Any = getattr(spark, "_sc", None)
+    if sc is None or not str(sc.master).startswith("local") or interpreter.path is None:
+        return None
+    if os.path.abspath(interpreter.path) != os.path.abspath(sys.executable):
+        return None  # not resolved: a venv's interpreter is a link to the system's
+    roots = _worker_path(spark)
+    found: dict[str, str | None] = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the job says what fails, in the workers
+            return None
+        top = sys.modules[name.partition(".")[0]]
+        file = getattr(top, "__file__", None)
+        if file is None:
+            return None
+        root = os.path.dirname(file)
+        if os.path.basename(file) == "__init__.py":
+            root = os.path.dirname(root)
+        if os.path.realpath(root) not in roots:
+            return None
+        found[name] = getattr(module, "__file__", None)
+    return WorkerPython(
+        executable=sys.executable,
+        version=platform.python_version(),
+        modules=found,
+        sparkstate_version=getattr(sys.modules["sparkstate"], "__version__", None),
+        elapsed_s=0.0,
+    )
+
+
+def _worker_path(spark: Any) -> set[str]:
+    """The directories on the path a local worker of the driver's interpreter starts with."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages(), os.getcwd()]
+    for directory in list(dirs):
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".pth"))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    lines = [line.strip() for line in f]
+            except OSError:
+                continue
+            dirs += [line for line in lines if line and not line.startswith(("#", "import"))]
+    for value in (os.environ.get("PYTHONPATH"), spark.conf.get(EXECUTOR_PYTHONPATH, None)):
+        dirs += [d for d in (value or "").split(os.pathsep) if d]
+    return {os.path.realpath(d) for d in dirs}
 
 
 def _run_check(
