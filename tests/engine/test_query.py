@@ -14,6 +14,7 @@ from sparkstate import functions as SF
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.plan import AggregateStep, plan_stages
 from sparkstate.engine.sinks import ForeachBatchSink
+from sparkstate.engine.spark_conf import store_options_from_spark
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.store import StoreConf
@@ -108,3 +109,16 @@ def test_partitions_spark_runs_no_task_for_are_still_committed(
     assert collector.batches == {0: [], 1: [("a", 1)]}
     deltas = sorted(p.name.split("_")[0] for p in (tmp_path / "chk" / "state").rglob("*.delta"))
     assert deltas == ["1"] * 4 + ["2"] * 4
+
+
+def test_the_store_takes_the_spark_state_store_settings_the_session_sets(
+    spark: SparkSession,
+) -> None:
+    """Only a setting the session sets counts, not Spark's default of one it leaves unset."""
+    name = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
+    assert store_options_from_spark(spark) == {}  # Spark's default (10) is not a setting
+    spark.conf.set(name, "3")
+    try:
+        assert store_options_from_spark(spark) == {"min_deltas_for_snapshot": "3"}
+    finally:
+        spark.conf.unset(name)

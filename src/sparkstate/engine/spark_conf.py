@@ -45,7 +45,9 @@ def store_options_from_spark(spark: Any) -> dict[str, str]:
     ``minBatchesToRetain``, the maintenance interval, row counting and a bounded memory budget
     (``boundedMemoryUsage`` with ``maxMemoryUsageMB``, an executor's budget as in Spark)."""
     try:
-        spark_set: dict[str, str] = dict(spark.conf.getAll)
+        spark_set = _set_explicitly(
+            spark, [*_SPARK_STORE_CONFS, _MAINTENANCE, _BOUNDED, _MAX_MEMORY]
+        )
     except Exception:  # a session that cannot list its settings: options alone
         return {}
     out = {
@@ -60,6 +62,17 @@ def store_options_from_spark(spark: Any) -> dict[str, str]:
     if str(spark_set.get(_BOUNDED, "")).lower() == "true":
         out["memory_budget_mb"] = spark_set.get(_MAX_MEMORY, "500")
     return out
+
+
+def _set_explicitly(spark: Any, names: list[str]) -> dict[str, str]:
+    """Those of ``names`` the session sets, with their values: asked one by one of a classic
+    session (listing all its settings costs a py4j call per setting, 50-500 ms), from the list
+    over Spark Connect."""
+    jconf: Any = getattr(spark.conf, "_jconf", None)
+    if jconf is None:
+        every: dict[str, str] = dict(spark.conf.getAll)
+        return {k: every[k] for k in names if k in every}
+    return {k: str(jconf.get(k)) for k in names if jconf.contains(k)}
 
 
 def _seconds(text: str, name: str) -> float:
