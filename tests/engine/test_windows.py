@@ -29,6 +29,8 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
+from sparkstate.engine.batch_job import engine_settings
+from sparkstate.engine.plan import AggregateStep, plan_stages
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 
@@ -146,3 +148,35 @@ def test_append_needs_a_watermarked_key_as_in_spark(spark: SparkSession, tmp_pat
         assert errors[0] == errors[1]
         assert isinstance(refused.value, ConfigurationError)
         assert "Append output mode not supported" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        lambda: F.window("ts", "10 seconds"),
+        lambda: F.window("ts", "10 seconds", "5 seconds").alias("w"),
+        lambda: SF.window("ts", "10 seconds"),
+    ],
+    ids=["tumbling", "sliding-aliased", "sparkstate-window"],
+)
+def test_a_batch_s_rows_cross_one_shuffle_into_their_state_partitions(
+    spark: SparkSession, window: Callable[[], Any]
+) -> None:
+    """The partial aggregate per window and key is shuffled once, straight into the partitions
+    its state keys hash to (those of Spark's ``repartition`` by the state key columns)."""
+    batch = spark.range(200).select(
+        (F.col("id") % 7).alias("k"), F.timestamp_seconds(F.col("id") * 3).alias("ts")
+    )
+    step = AggregateStep((window(), "k"), (F.count(F.lit(1)).alias("n"),))
+    (stage,) = plan_stages(batch, [step], "update", None)
+    with engine_settings(spark, 4):  # as a batch runs
+        shuffled = stage.shuffled(batch, 1, 4)
+        plan = shuffled._jdf.queryExecution().executedPlan().toString()
+        state_keys = stage.partition_columns
+        placed = shuffled.select(*state_keys, F.spark_partition_id().alias("p"))
+        rows = sorted(tuple(r) for r in placed.collect())
+        again = placed.drop("p").repartition(4, *state_keys)
+        expected = sorted(tuple(r) for r in again.select("*", F.spark_partition_id()).collect())
+    assert plan.count("Exchange hashpartitioning") == 1, plan
+    assert rows == expected
+    assert len({r[-1] for r in rows}) > 1  # the keys spread over the partitions

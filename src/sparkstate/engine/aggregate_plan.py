@@ -159,9 +159,13 @@ def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:
         )
 
     partial_names = analysed.groupBy(*keys).agg(*partials).columns[nkeys:]
-    flat = [*layout.columns, *[quote(c) for c in partial_names]]
+    grouping, flat_keys = keys, layout.columns
+    in_state_order = _grouping_in_state_order(keys, key_fields, layout)
+    if in_state_order is not None:  # the partial aggregate's shuffle is the state's
+        grouping, flat_keys = in_state_order
+    flat = [*flat_keys, *[quote(c) for c in partial_names]]
 
-    prepare = _PartialAggregate(keys, partials, flat)
+    prepare = _PartialAggregate(grouping, partials, flat)
 
     stage = Stage(op_id, operator, shipped, [f.name for f in layout.state_fields], prepare)
     stage.key_struct = StructType(key_fields)
@@ -196,6 +200,39 @@ class _PartialAggregate:
         first: Any = getattr(self.first, "_jc")  # noqa: B009
         out = jdf.groupBy(keys).agg(first, rest).select(flat)
         return type(batch)(out, batch.sparkSession)
+
+
+def _grouping_in_state_order(
+    keys: list[Column], key_fields: list[StructField], layout: _KeyLayout
+) -> tuple[list[Column], list[Column]] | None:
+    """The partial aggregate's grouping as the state's key columns in the state's order (a
+    window's end and start), and those columns of its output in the operator's input order.
+
+    Spark's shuffle of that aggregate then hashes each row as the stage's shuffle by the state
+    key columns would, and Spark drops the stage's (one shuffle a batch, not two: grouped by the
+    window's struct, the rows were shuffled once by the struct and again by its fields). None
+    where a key is not kept in state as Spark groups it: a session window, a key whose type the
+    state keeps otherwise.
+    """
+    if layout.session is not None:
+        return None
+    by_name: dict[str, Column] = {}
+    flat: list[str] = []
+    for column, f in zip(keys, key_fields, strict=True):
+        if (f.metadata or {}).get(TIME_WINDOW_MARKER) and isinstance(f.dataType, StructType):
+            # The struct's fields (Spark's analyzer expands a window() inside them).
+            window = WindowKey.of(f.name)
+            by_name[window.end] = column.getField("end").alias(window.end)
+            by_name[window.start] = column.getField("start").alias(window.start)
+            flat += [window.end, window.start]
+            continue
+        if arrow_safe(f.dataType) != f.dataType:
+            return None
+        by_name[f.name] = column
+        flat.append(f.name)
+    if set(by_name) != {f.name for f in layout.state_fields}:  # a global aggregation's key
+        return None
+    return [by_name[f.name] for f in layout.state_fields], [quote(n) for n in flat]
 
 
 @dataclasses.dataclass
