@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from sparkstate.engine import batch_payload
 from sparkstate.engine.attempts import CountedAttempts, winning_reports
+from sparkstate.engine.batch_plan import RunPlan
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.executor import commit_untouched_task, snapshot_in_owner, task_function
 from sparkstate.engine.sinks import Sink
@@ -70,32 +72,49 @@ def run_stages(
     replay: bool = False,
     owners: dict[int, dict[int, str]] | None = None,
     counted: CountedAttempts | None = None,
+    plan: RunPlan | None = None,
 ) -> tuple[list[TaskReport], dict[str, int]]:
     """Run the stateful stages over batch ``df``: each stage's input shuffled by its key into
     the state partitions, its task over each partition's store; the sink's action runs them
     all once. Returns the tasks' reports (one per operator and partition: that of the attempt
     Spark kept, as ``counted`` tells in a classic session; the partitions Spark ran no task for
-    are committed untouched) and the time the stateful job took."""
+    are committed untouched) and the time the stateful job took.
+
+    ``plan`` (a classic session's): the run's task functions and plan, made at its first batch
+    and reused by the others, the batch told to the tasks by its payload."""
     batch_id = intent.batch_id
     session = df.sparkSession
     n = config.num_partitions
-    current = df
-    outputs: dict[int, DataFrame] = {}
-    specs: dict[int, TaskSpec] = {}
-    for stage in stages:
-        spec = task_spec(config, stage, stage is stages[-1], intent, lineage, replay, owners)
-        specs[stage.op_id] = spec
-        source = current if stage.source is None else stage.source(df, outputs)
-        shuffled = stage.shuffled(source, batch_id, n)
-        output = shuffled.mapInArrow(task_function(spec, reports_dir, counted), stage.output_struct)
-        current = outputs[stage.op_id] = stage.output_of(output)
-        if stage.query_output is not None:  # a union of its output with another input's
-            current = stage.query_output(df, outputs)
+    specs = {
+        s.op_id: task_spec(config, s, s is stages[-1], intent, lineage, replay, owners)
+        for s in stages
+    }
+    current = plan.reused(df) if plan is not None else None
+    if current is None:
+        current = df
+        outputs: dict[int, DataFrame] = {}
+        for stage in stages:
+            spec = specs[stage.op_id]
+            source = current if stage.source is None else stage.source(df, outputs)
+            shuffled = stage.shuffled(source, batch_id, n)
+            run = (
+                plan.task_function(stage, spec)
+                if plan is not None
+                else task_function(spec, reports_dir, counted)
+            )
+            current = outputs[stage.op_id] = stage.output_of(
+                shuffled.mapInArrow(run, stage.output_struct)
+            )
+            if stage.query_output is not None:  # a union of its output with another input's
+                current = stage.query_output(df, outputs)
+        if plan is not None:  # batch 0's initial state is not in the batches after it
+            plan.record(df, current, batch_id > 0 or all(s.initial is None for s in stages))
     if counted is not None:
         counted.start_batch()
     sink_started = time.time()
     try:
-        sink.add_batch(batch_id, current, config.output_mode)
+        with _payload(session, plan, config, batch_id, specs, reports_dir):
+            sink.add_batch(batch_id, current, config.output_mode)
     except Exception as exc:
         failure = reports_dir.first_failure()
         if failure is None:
@@ -121,6 +140,31 @@ def run_stages(
         _commit_untouched(session, specs, missing, reports_dir)
         reports = winning_reports(reports_dir.read(), kept)
     return list(reports.values()), timings
+
+
+@contextlib.contextmanager
+def _payload(
+    session: SparkSession,
+    plan: RunPlan | None,
+    config: DriverConfig,
+    batch_id: int,
+    specs: dict[int, TaskSpec],
+    reports: ReportDir,
+) -> Iterator[None]:
+    """The batch's payload set for the jobs this thread starts meanwhile (with ``plan``: its
+    task functions read their batch from it)."""
+    if plan is None:
+        yield
+        return
+    sc = session.sparkContext
+    sc.setLocalProperty(
+        batch_payload.PAYLOAD_KEY,
+        batch_payload.encode(config.start_id, batch_id, specs, reports),
+    )
+    try:
+        yield
+    finally:
+        sc.setLocalProperty(batch_payload.PAYLOAD_KEY, None)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

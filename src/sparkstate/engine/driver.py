@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame
 
 from sparkstate.engine.attempts import CountedAttempts
 from sparkstate.engine.batch_job import engine_settings, run_stages, snapshot_at_stop
+from sparkstate.engine.batch_plan import RunPlan
 from sparkstate.engine.clock import FileClock
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.input_times import input_event_times
@@ -94,6 +95,9 @@ class BatchDriver:
         #: Which task attempts Spark kept in a batch's job (made at the first batch; None under
         #: Spark Connect).
         self._counted: CountedAttempts | None = None
+        #: The run's task functions and plan of its stages (classic sessions; made with
+        #: ``_counted``).
+        self._plan: RunPlan | None = None
         self._counted_made = False
         self.triggers = {
             s.op_id: s.operator.time_trigger()
@@ -147,8 +151,9 @@ class BatchDriver:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        names = ("_lock", "_stop", "_in_batch", "_started", "recent", "error", "_counted")
-        for name in (*names, "_file_clock"):
+        for name in ("_lock", "_stop", "_in_batch", "_started", "recent", "error"):
+            del state[name]
+        for name in ("_counted", "_plan", "_file_clock"):  # made again at the first batch
             del state[name]
         state["_counted_made"] = False
         return state
@@ -162,6 +167,7 @@ class BatchDriver:
         self.error = None
         self._counted = None
         self._file_clock = None
+        self._plan = None
         self._lock = threading.Lock()
         self._stop = None
         self._in_batch = threading.Event()
@@ -385,6 +391,7 @@ class BatchDriver:
         reports_dir = self.log.new_report_dir(batch_id)
         if not self._counted_made:
             self._counted = CountedAttempts.of(df.sparkSession)
+            self._plan = None if is_connect(df) else RunPlan(self._counted)
             self._counted_made = True
         return run_stages(
             self.config,
@@ -397,6 +404,7 @@ class BatchDriver:
             replay=replay,
             owners=self._owners,
             counted=self._counted,
+            plan=self._plan,
         )
 
     def _commit(

@@ -1,4 +1,5 @@
-"""The Spark side of a stateful task: the ``mapInArrow`` function of one operator and batch.
+"""The Spark side of a stateful task: the ``mapInArrow`` function of one operator, made for one
+batch or, in a classic session, for every batch of a run (the batch read from the job's payload).
 
 Everything the task does is :func:`sparkstate.runtime.tasks.run_task`; this module only asks
 Spark's ``TaskContext`` which partition and attempt it runs as, records why a task failed, and,
@@ -22,6 +23,7 @@ import pyarrow as pa
 from pyspark import TaskContext, cloudpickle
 
 from sparkstate.engine.attempts import CountedAttempts
+from sparkstate.engine.batch_payload import PAYLOAD_KEY, SPARK_BATCH_KEY, spec_in_batch
 from sparkstate.engine.user_state import use_spark_errors
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime import home, home_client
@@ -30,7 +32,12 @@ from sparkstate.runtime.providers import PROVIDERS
 from sparkstate.runtime.records import TaskFailure, TaskReport
 from sparkstate.runtime.tasks import Attempt, TaskSpec, commit_untouched, run_task
 
-__all__ = ["commit_untouched_task", "snapshot_in_owner", "task_function"]
+__all__ = [
+    "commit_untouched_task",
+    "snapshot_in_owner",
+    "task_function",
+    "task_function_of_run",
+]
 
 log = logging.getLogger("sparkstate.engine")
 
@@ -52,33 +59,59 @@ def task_function(
     each attempt marks itself in ``counted``, which tells the driver the one Spark kept."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        partition, attempt = _task_identity()
-        if counted is not None:
-            counted.mark(spec.op_id, partition, attempt.task_attempt_id)
-        if partition >= spec.num_partitions:  # a task of a union's stage, numbered across it
-            msg = (
-                f"operator {spec.op_id} ran as partition {partition} of {spec.num_partitions} "
-                "state partitions: its input must be shuffled by its key right before it"
-            )
-            raise QueryError(msg)
-        try:
-            sock = _home(spec, partition)
-            if sock is None:
-                yield from run_task(spec, partition, batches, reports, attempt)
-            else:
-                context = _task_context_fields()
-                job = functools.partial(_task_in_home, spec, partition, reports, attempt, context)
-                what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
-                yield from home_client.run_in_home(
-                    sock, _dumps(job), batches, what, spec.store.conf.home_timeout_s
-                )
-                home.release_free_memory()  # the batches this worker passed on
-        except Exception as exc:
-            if not getattr(exc, "raised_in_home", False):  # the home recorded that one
-                reports.failed(TaskFailure.of(exc, spec.op_id, partition))
-            raise
+        yield from _run(spec, reports, counted, batches)
 
     return run
+
+
+def task_function_of_run(
+    spec: TaskSpec, counted: CountedAttempts | None = None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of one operator in every batch of a run (a classic session):
+    ``spec``'s fixed part, the batch's own and where reports go read from the batch's payload
+    (:mod:`sparkstate.engine.batch_payload`) when the task runs."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tc = TaskContext.get()
+        payload = tc.getLocalProperty(PAYLOAD_KEY) if tc is not None else None
+        spark_batch = tc.getLocalProperty(SPARK_BATCH_KEY) if tc is not None else None
+        batch_spec, reports = spec_in_batch(spec, payload, spark_batch)
+        yield from _run(batch_spec, reports, counted, batches)
+
+    return run
+
+
+def _run(
+    spec: TaskSpec,
+    reports: ReportDir,
+    counted: CountedAttempts | None,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    partition, attempt = _task_identity()
+    if counted is not None:
+        counted.mark(spec.op_id, partition, attempt.task_attempt_id)
+    if partition >= spec.num_partitions:  # a task of a union's stage, numbered across it
+        msg = (
+            f"operator {spec.op_id} ran as partition {partition} of {spec.num_partitions} "
+            "state partitions: its input must be shuffled by its key right before it"
+        )
+        raise QueryError(msg)
+    try:
+        sock = _home(spec, partition)
+        if sock is None:
+            yield from run_task(spec, partition, batches, reports, attempt)
+        else:
+            context = _task_context_fields()
+            job = functools.partial(_task_in_home, spec, partition, reports, attempt, context)
+            what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
+            yield from home_client.run_in_home(
+                sock, _dumps(job), batches, what, spec.store.conf.home_timeout_s
+            )
+            home.release_free_memory()  # the batches this worker passed on
+    except Exception as exc:
+        if not getattr(exc, "raised_in_home", False):  # the home recorded that one
+            reports.failed(TaskFailure.of(exc, spec.op_id, partition))
+        raise
 
 
 def commit_untouched_task(spec: TaskSpec, partition: int) -> TaskReport:

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -48,6 +49,32 @@ class TaskSpec:
     run: str = ""
     #: The state home holding version ``batch_id`` per partition (from the previous commit).
     owners: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def batch_fields(self) -> dict[str, Any]:
+        """What changes from batch to batch, as JSON holds it (:meth:`for_batch` reads it back);
+        the rest of a spec is fixed for a run of the query."""
+        return {
+            "batch_id": self.batch_id,
+            "watermark_ms": self.watermark_ms,
+            "late_watermark_ms": self.late_watermark_ms,
+            "batch_timestamp_ms": self.batch_timestamp_ms,
+            "lineage": {str(p): c for p, c in self.lineage.items()},
+            "replay": self.replay,
+            "owners": {str(p): a for p, a in self.owners.items()},
+        }
+
+    def for_batch(self, fields: dict[str, Any]) -> TaskSpec:
+        """This spec in the batch of ``fields`` (:meth:`batch_fields`)."""
+        return dataclasses.replace(
+            self,
+            batch_id=int(fields["batch_id"]),
+            watermark_ms=int(fields["watermark_ms"]),
+            late_watermark_ms=fields["late_watermark_ms"],
+            batch_timestamp_ms=int(fields["batch_timestamp_ms"]),
+            lineage={int(p): c for p, c in fields["lineage"].items()},
+            replay=bool(fields["replay"]),
+            owners={int(p): a for p, a in fields["owners"].items()},
+        )
 
     def key(self, partition: int) -> PartitionKey:
         return (self.store.state_root, self.op_id, partition)
