@@ -1,7 +1,6 @@
-"""Batches without data. With ``spark.sql.streaming.noDataMicroBatches.enabled=false`` Spark runs
-none, so a window closed by the last batch's watermark is emitted with the next data, or never;
-sparkstate does the same (its clock asks for nothing). With them on, the clock's request files
-run the one Spark runs."""
+"""``spark.sql.streaming.noDataMicroBatches.enabled=false``: Spark runs no batch without data, so
+a window closed by the last batch's watermark is emitted with the next data, or never; sparkstate
+does the same (its clock source asks for nothing)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.clock import FileClock
-from sparkstate.runtime.logs import CheckpointLog
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector, source, start_ours, start_spark
@@ -92,68 +89,3 @@ def test_no_data_batches_off_emits_windows_with_the_next_data_as_spark(
     assert [len(theirs.batches[b]) for b in range(3)] == [0, 0, 1]
     assert ours.schema == theirs.schema
     assert ours.batches == theirs.batches
-
-
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_the_clock_s_request_files_run_spark_s_batch_without_data(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
-) -> None:
-    """Under the default trigger the clock is Spark's own file source over request files: the
-    batch without data that closes the last window runs as Spark's does, the clock is not
-    among the progress's sources, and Spark deletes the requests it has read."""
-
-    def spark_query(c: Collector) -> Any:
-        df: DataFrame = windowed_counts(source(spark, feed, SCHEMA), F)
-        return start_spark(df, "append", tmp_path / "spark", c)
-
-    progress: list[dict[str, Any]] = []
-
-    def ours_query(c: Collector) -> Any:
-        stream = windowed_counts(ss.stream(source(spark, feed, SCHEMA)), SF)
-        query = start_ours(stream, "append", tmp_path / "ours", provider, c)
-        progress.append(query)  # type: ignore[arg-type]
-        return query
-
-    theirs = _run(feed, spark_query)
-    feed.reset()
-    ours = _run(feed, ours_query)
-    assert len(theirs.batches) > len(BATCHES)  # Spark's batches without data among them
-    assert ours.batches == theirs.batches
-    engine = tmp_path / "ours" / "sparkstate"
-    metadata = CheckpointLog(str(engine)).read_metadata()
-    assert metadata is not None
-    assert metadata["clock"] == "files"
-    sources = [s["description"] for p in progress[0].recentProgress for s in p["sources"]]
-    assert sources
-    assert all("clock-requests" not in s for s in sources)
-    # Spark deletes a batch's files when it plans the next batch (on a thread of its own): the
-    # newest request may stay until then.
-    deadline = time.monotonic() + 10
-    while len(list((engine / "clock-requests").iterdir())) > 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(list((engine / "clock-requests").iterdir())) <= 1
-
-
-def test_a_new_run_asks_again_for_what_no_batch_served(tmp_path: Path) -> None:
-    """The request of the last batch before a stop is written again at the next start unless
-    a batch started after it; a processing-time timeout's, once it comes due."""
-    served = FileClock(str(tmp_path / "served"))
-    served.resume({"requested_at_ms": 1_000, "due_ms": None}, last_batch_at_ms=1_001)
-    assert not (tmp_path / "served").exists()
-    pending = FileClock(str(tmp_path / "pending"))
-    pending.resume({"requested_at_ms": 1_000, "due_ms": None}, last_batch_at_ms=900)
-    assert [p.name for p in (tmp_path / "pending").iterdir()] == ["1000"]
-    due = FileClock(str(tmp_path / "due"))
-    due_ms = int(time.time() * 1000) + 300
-    due.resume({"requested_at_ms": None, "due_ms": due_ms}, last_batch_at_ms=None)
-    assert not (tmp_path / "due").exists()
-    deadline = time.monotonic() + 10
-    while not (tmp_path / "due").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert [p.name for p in (tmp_path / "due").iterdir()] == [f"due-{due_ms}"]
-    assert time.time() * 1000 > due_ms
-    cancelled = FileClock(str(tmp_path / "cancelled"))
-    cancelled.ask({"requested_at_ms": None, "due_ms": int(time.time() * 1000) + 200})
-    cancelled.close()
-    time.sleep(0.5)
-    assert not (tmp_path / "cancelled").exists()

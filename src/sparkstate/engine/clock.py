@@ -29,32 +29,17 @@ restart of the query) takes the clock's line of the newest batch in Spark's offs
 lack the available-now contract: Spark would read the clock once at the start of the run and run
 no batch without data after the last data batch, so a query that needs the clock is refused
 under ``availableNow`` there (:func:`sparkstate.engine.writer.needs_clock`).
-
-**The request files** (:class:`FileClock`, :func:`with_file_clock`). A Python source costs a query
-start about two seconds (Spark starts a Python interpreter for it at every start, and three more
-at the session's first) and every batch two calls into that interpreter. So a query whose Spark
-checkpoint is local, in a classic session, under any trigger but ``availableNow``, takes Spark's
-own text file source instead, over ``clock-requests/`` in the engine's directory: the driver asks
-for a batch by writing an empty file there (at once, or from a timer when a processing-time
-timeout comes due), Spark's next trigger lists it and runs a batch, and deletes it once that batch
-is committed (``cleanSource``). The file source fixes its files at the start of an
-``availableNow`` run, so such a run takes the Python source. A checkpoint keeps the clock it was
-started with (its sources are in Spark's offset log): ``"clock"`` in its metadata is ``"files"``
-for this one, ``true`` for the Python source.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from sparkstate.exceptions import StateFileError
@@ -70,24 +55,9 @@ except ImportError:  # 4.0, 4.1: such a query under availableNow is refused at s
         """The contract's stand-in where PySpark has none: the module imports, never runs."""
 
 
-__all__ = [
-    "FILE_CLOCK",
-    "REQUESTS_DIR",
-    "SOURCE_NAME",
-    "ClockReader",
-    "ClockSource",
-    "FileClock",
-    "with_clock",
-    "with_file_clock",
-]
-
-log = logging.getLogger("sparkstate.engine")
+__all__ = ["SOURCE_NAME", "ClockReader", "ClockSource", "with_clock"]
 
 SOURCE_NAME = "sparkstate_clock"
-#: A checkpoint's metadata ``"clock"`` for the request files (``true``: the Python source).
-FILE_CLOCK = "files"
-#: The request files' directory, in the engine's directory of the checkpoint.
-REQUESTS_DIR = "clock-requests"
 #: Spark polls an idle source about every 10 ms: a local ``clock.json`` is read at every poll
 #: (so the batch right after the request sees it), one on an object store at most once a second.
 REMOTE_REFRESH_S = 1.0
@@ -195,89 +165,3 @@ def with_clock(df: DataFrame, engine_root: str, checkpoint: str) -> DataFrame:
         .load()
     )
     return df.union(clock)
-
-
-def with_file_clock(df: DataFrame, directory: str) -> DataFrame:
-    """``df`` with Spark's text file source over the request files in ``directory`` (a local
-    path) unioned in, never a row from it; Spark deletes each file once its batch committed."""
-    os.makedirs(directory, exist_ok=True)
-    requests = (
-        df.sparkSession.readStream.format("text")
-        .option("cleanSource", "delete")
-        .load(os.path.join(_glob_escaped(directory), "*"))  # a glob: no check that it exists
-    )
-    nothing = requests.where(F.lit(False)).select(  # noqa: FBT003 - a literal
-        *[F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields]
-    )
-    return df.union(nothing)
-
-
-def _glob_escaped(path: str) -> str:
-    return "".join("\\" + c if c in "*?[]{}\\" else c for c in path)
-
-
-class FileClock:
-    """The driver's side of the request files: a batch asked for now is a file written now, one
-    asked for when a processing-time timeout comes due is a file a timer writes then."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self._asked_ms: int | None = None
-        self._timer: threading.Timer | None = None
-        self._timer_due: int | None = None
-        self._lock = threading.Lock()
-
-    def resume(self, request: dict[str, Any], last_batch_at_ms: int | None) -> None:
-        """A new run: ask again for what the last one asked and no batch served (one that
-        started after the request), and for the timeout still to come."""
-        requested = request.get("requested_at_ms")
-        if requested is not None and (last_batch_at_ms is None or last_batch_at_ms < requested):
-            self._write(f"{int(requested)}")
-        self._asked_ms = requested
-        self._arm(request.get("due_ms"))
-
-    def ask(self, request: dict[str, Any]) -> None:
-        """The driver's request after a batch (:func:`sparkstate.runtime.triggers.next_request`)."""
-        requested = request.get("requested_at_ms")
-        if requested is not None and requested != self._asked_ms:
-            self._write(f"{int(requested)}")
-        self._asked_ms = requested
-        self._arm(request.get("due_ms"))
-
-    def close(self) -> None:
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._timer_due = None
-
-    def _arm(self, due_ms: int | None) -> None:
-        with self._lock:
-            if due_ms == self._timer_due:
-                return
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = self._timer_due = None
-            if due_ms is None:
-                return
-            # Spark: a timeout fires in the first batch after it (batch time > timeout).
-            delay_s = max(0.0, (int(due_ms) + 1) / 1000 - time.time())
-            timer = threading.Timer(delay_s, self._write, args=(f"due-{int(due_ms)}",))
-            timer.daemon = True
-            timer.name = "sparkstate-clock"
-            self._timer, self._timer_due = timer, due_ms
-            timer.start()
-
-    def _write(self, name: str) -> None:
-        """An empty file ``name``, whole when Spark lists it (written under a hidden name, which
-        Spark's listing leaves out, then renamed). Not synced: after a crash the driver asks
-        again from ``clock.json``, which is."""
-        os.makedirs(self.directory, exist_ok=True)
-        hidden = os.path.join(self.directory, f".{name}.{os.getpid()}.tmp")
-        try:
-            with open(hidden, "wb"):
-                pass
-            os.replace(hidden, os.path.join(self.directory, name))
-        except OSError:
-            log.warning(
-                "could not ask for a batch without data in %s", self.directory, exc_info=True
-            )

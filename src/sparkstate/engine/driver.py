@@ -27,7 +27,6 @@ from pyspark.sql import DataFrame
 from sparkstate.engine.attempts import CountedAttempts
 from sparkstate.engine.batch_job import engine_settings, run_stages, snapshot_at_stop
 from sparkstate.engine.batch_plan import RunPlan
-from sparkstate.engine.clock import FileClock
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.input_times import input_event_times
 from sparkstate.engine.session import is_connect
@@ -105,9 +104,6 @@ class BatchDriver:
             if config.clock and config.no_data_batches
         }
         self._clock: dict[str, Any] = {}
-        #: The request files the driver asks the clock with (None: the Python source reads
-        #: ``clock.json``).
-        self._file_clock: FileClock | None = None
         self.spark_checkpoint: DurableDir | None = None
         if not remote:
             self._restore()
@@ -123,10 +119,6 @@ class BatchDriver:
         self._clock = self.log.read_clock() if any(self.triggers.values()) else {}
         if self.config.clock and not self.config.no_data_batches:
             self._withdraw_clock_request()
-        if self.config.clock_requests is not None and any(self.triggers.values()):
-            self._file_clock = FileClock(self.config.clock_requests)
-            intent = self.log.read_intent(latest.batch_id) if latest is not None else None
-            self._file_clock.resume(self._clock, intent.batch_timestamp_ms if intent else None)
 
     def _withdraw_clock_request(self) -> None:
         """No-data batches are off: a request an earlier run left for the clock is withdrawn."""
@@ -153,7 +145,7 @@ class BatchDriver:
         state = dict(self.__dict__)
         for name in ("_lock", "_stop", "_in_batch", "_started", "recent", "error"):
             del state[name]
-        for name in ("_counted", "_plan", "_file_clock"):  # made again at the first batch
+        for name in ("_counted", "_plan"):  # made again at the first batch
             del state[name]
         state["_counted_made"] = False
         return state
@@ -166,7 +158,6 @@ class BatchDriver:
         self.recent = []
         self.error = None
         self._counted = None
-        self._file_clock = None
         self._plan = None
         self._lock = threading.Lock()
         self._stop = None
@@ -244,8 +235,6 @@ class BatchDriver:
         """From now on start no batch, and end the one in flight without committing it."""
         hide_cancelled_from_py4j()
         self._stop = request
-        if self._file_clock is not None:
-            self._file_clock.close()
 
     def holds_batch(self) -> bool:
         """True while a batch runs that has not let go for a stop."""
@@ -462,8 +451,6 @@ class BatchDriver:
         if wanted != self._clock:
             self.log.write_clock(wanted)
             self._clock = wanted
-            if self._file_clock is not None:
-                self._file_clock.ask(wanted)
 
     def recent_progress(self) -> list[dict[str, Any]]:
         with self._lock:

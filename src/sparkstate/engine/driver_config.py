@@ -29,9 +29,6 @@ class DriverConfig:
     input_time_columns: tuple[str, ...] = ()
     #: Whether the query takes the clock source, through which the driver asks for batches.
     clock: bool = False
-    #: Where the driver writes the clock's request files (engine/clock.py); None: the clock,
-    #: if any, is the Python source, which reads ``clock.json``.
-    clock_requests: str | None = None
     #: ``spark.sql.streaming.noDataMicroBatches.enabled``: off, the driver asks for no batch
     #: (timers, timeouts and eviction wait for the next data, as in Spark).
     no_data_batches: bool = True

@@ -174,13 +174,7 @@ class ProgressRewriter:
         kept = [
             s
             for s in sources
-            if not is_clock_source(
-                {
-                    "description": s.description(),
-                    "startOffset": s.startOffset(),
-                    "endOffset": s.endOffset(),
-                }
-            )
+            if not is_clock_source({"startOffset": s.startOffset(), "endOffset": s.endOffset()})
         ]
         out = self._gateway.new_array(
             self._jvm.org.apache.spark.sql.streaming.SourceProgress, len(kept)

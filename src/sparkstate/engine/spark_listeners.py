@@ -23,9 +23,7 @@ from typing import Any
 from pyspark.sql.streaming import listener as pyspark_listener
 from pyspark.sql.streaming.listener import QueryProgressEvent
 
-from sparkstate.engine.clock import REQUESTS_DIR
 from sparkstate.engine.jvm_progress import rewrite_progress
-from sparkstate.runtime.logs import ENGINE_DIR
 from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = ["is_clock_source", "register_run", "without_clock"]
@@ -65,10 +63,7 @@ def _merged(run_id: str, progress: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def is_clock_source(source: dict[str, Any]) -> bool:
-    """Whether a source of Spark's progress is the clock: the file source over its request
-    files, or the Python source, whose offsets are only a tick."""
-    if _CLOCK_FILES in str(source.get("description") or ""):
-        return True
+    """Whether a source of Spark's progress is the clock (its offsets are only a tick)."""
     for field in ("endOffset", "startOffset", "latestOffset"):
         offset = source.get(field)
         if isinstance(offset, str):
@@ -79,10 +74,6 @@ def is_clock_source(source: dict[str, Any]) -> bool:
         if isinstance(offset, dict) and set(offset) == {"tick"}:
             return True
     return False
-
-
-#: What the description of the clock's file source holds (``FileStreamSource[<dir>/*]``).
-_CLOCK_FILES = f"/{ENGINE_DIR}/{REQUESTS_DIR}/"
 
 
 def without_clock(progress: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,6 @@ checkpoint and starts Spark's query with the batch driver as its ``foreachBatch`
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.carried_time import EVENT_TIME_CARRIER
-from sparkstate.engine.clock import FILE_CLOCK, REQUESTS_DIR, with_clock, with_file_clock
+from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.errors import SparkIllegalArgumentError
 from sparkstate.engine.input_times import input_time_column
@@ -51,15 +50,13 @@ from sparkstate.runtime.start import (
     prepare_checkpoint,
 )
 from sparkstate.store.base import StoreConf
-from sparkstate.store.files.durable import canonical_location, join_uri, local_path
+from sparkstate.store.files.durable import canonical_location
 from sparkstate.store.registry import provider_class, provider_name
 
 if TYPE_CHECKING:
     from sparkstate.engine.api import StatefulStream
 
 __all__ = ["DataStreamWriter", "needs_clock"]
-
-log = logging.getLogger("sparkstate.engine")
 
 DEFAULT_PROVIDER = "memory"
 _ENGINE_OPTIONS = {"checkpointLocation", "stateLocation", "stateStore", "numPartitions"}
@@ -313,7 +310,7 @@ class DataStreamWriter:
             default_partitions=int(spark.conf.get("spark.sql.shuffle.partitions") or 200),
             output_mode=self._mode,
             operators=[{"id": s.op_id, **s.operator.describe()} for s in stages],
-            clock=self._clock_kind(spark, clock),
+            clock=clock,
             legacy_clock=needs_clock(stages, legacy=True),
         )
         if is_connect(spark):  # the client may not see the checkpoint: the server's side does
@@ -339,20 +336,6 @@ class DataStreamWriter:
         except BaseException:
             lock.release()
             raise
-
-    def _clock_kind(self, spark: Any, clock: bool) -> bool | str:
-        """The clock a new checkpoint takes (engine/clock.py): the request files where Spark's
-        file source can read what the driver writes (a local checkpoint, a classic session) and
-        no ``availableNow`` run fixes its files at the start; else the Python source."""
-        if not clock:
-            return False
-        if self._trigger.get("availableNow") or is_connect(spark):
-            return True
-        try:
-            local = local_path(self._checkpoint_location(spark))
-        except ConfigurationError:
-            local = None
-        return FILE_CLOCK if local is not None else True
 
     def _start_stateless(self) -> SparkStreamingQuery:
         """A query without a stateful step (a stream-static join, a projection) keeps nothing
@@ -468,7 +451,6 @@ class DataStreamWriter:
             if self._stream.own_times
             else (),
             clock=bool(metadata.get("clock")),  # absent: an older checkpoint, its restart refused
-            clock_requests=_clock_requests(checkpoint),
             no_data_batches=_conf_flag(spark, NO_DATA_BATCHES, default=True),
             watermark_policy=str(
                 spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
@@ -481,12 +463,8 @@ class DataStreamWriter:
             assert self._stream.input_times is not None  # checked at start()
             df = self._stream.input_times
         driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)
-        if config.clock_requests is not None:  # no-data batches
-            if self._trigger.get("availableNow"):
-                log.warning(_FILES_UNDER_AVAILABLE_NOW)
-            df = with_file_clock(df, config.clock_requests)
-        elif config.clock:
-            df = with_clock(df, checkpoint.engine_root, checkpoint.location)
+        if config.clock:
+            df = with_clock(df, checkpoint.engine_root, checkpoint.location)  # no-data batches
         writer = df.writeStream.foreachBatch(driver)
         writer = writer.option("checkpointLocation", checkpoint.location)
         if self._name:
@@ -497,17 +475,3 @@ class DataStreamWriter:
         handle = StreamingQuery(spark_query, driver, lock, sink, stages, log_)
         driver.started(str(spark_query.runId))  # the first batch goes on from here
         return handle
-
-
-_FILES_UNDER_AVAILABLE_NOW = (
-    "this checkpoint's query asks for batches without data through files, and an availableNow "
-    "run reads only the files there at its start: a batch without data that its last data "
-    "batch asks for (windows the watermark closes, timeouts) runs at the start of the next run"
-)
-
-
-def _clock_requests(checkpoint: Checkpoint) -> str | None:
-    """Where the driver writes the clock's requests, for a checkpoint that takes them."""
-    if checkpoint.metadata.get("clock") != FILE_CLOCK:
-        return None
-    return local_path(join_uri(checkpoint.engine_root, REQUESTS_DIR))

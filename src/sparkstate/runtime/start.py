@@ -44,9 +44,8 @@ class StartRequest:
     default_partitions: int
     output_mode: str
     operators: list[dict[str, Any]]
-    #: Whether the query takes the clock (new checkpoints; older ones: ``legacy_clock``), and
-    #: which: ``"files"``, the request files; True, the Python source (engine/clock.py).
-    clock: bool | str
+    #: Whether the query takes the clock source (new checkpoints; older ones: ``legacy_clock``).
+    clock: bool
     legacy_clock: bool
 
 
