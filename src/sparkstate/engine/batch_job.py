@@ -151,20 +151,17 @@ def _payload(
     specs: dict[int, TaskSpec],
     reports: ReportDir,
 ) -> Iterator[None]:
-    """The batch's payload set for the jobs this thread starts meanwhile (with ``plan``: its
-    task functions read their batch from it)."""
-    if plan is None:
-        yield
-        return
-    sc = session.sparkContext
-    sc.setLocalProperty(
-        batch_payload.PAYLOAD_KEY,
-        batch_payload.encode(config.start_id, batch_id, specs, reports),
-    )
-    try:
-        yield
-    finally:
-        sc.setLocalProperty(batch_payload.PAYLOAD_KEY, None)  # type: ignore[arg-type]
+    """The batch's payload set for the jobs this thread starts from now on (with ``plan``: its
+    task functions read their batch from it). It stays set after the sink's action: the
+    foreachBatch function runs after it, and its jobs compute the stateful stages again where
+    Spark lost their cached output (an executor lost); the next batch sets its own, and a task
+    of an earlier batch's plan run in a later one refuses it (Spark's batch id differs)."""
+    if plan is not None:
+        session.sparkContext.setLocalProperty(
+            batch_payload.PAYLOAD_KEY,
+            batch_payload.encode(config.start_id, batch_id, specs, reports),
+        )
+    yield
 
 
 @contextlib.contextmanager
