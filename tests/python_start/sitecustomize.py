@@ -8,37 +8,35 @@ zip on every import (a zip keeps no compiled code) and reads the zip's directory
 the import caches are cleared, which each worker does: about half a second of CPU in every such
 process, where the installed package, compiled by pip, loads at once. The zip is dropped from the
 path only where it is the zip of the very package installed beside it (the same PySpark, file for
-file), so what runs is unchanged. ``tests/conftest.py`` puts this directory on ``PYTHONPATH``.
+file), so what runs is unchanged: the rule of the clock source's launcher
+(``sparkstate/engine/python_launch.py``), here for every process. ``tests/conftest.py`` puts this
+directory on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
-
-def _installed(package: str) -> str | None:
-    """The directory on the path (outside a zip) that holds ``package``."""
-    for entry in sys.path:
-        init = os.path.join(entry, package, "__init__.py")
-        if not entry.endswith(".zip") and os.path.isfile(init):
-            return entry
-    return None
-
-
-def _zips_to_drop() -> set[str]:
-    site = _installed("pyspark")
-    if site is None:
-        return set()
-    lib = os.path.join(site, "pyspark", "python", "lib")
-    drop = {os.path.join(lib, "pyspark.zip")}
-    if _installed("py4j") is not None:
-        drop.update(e for e in sys.path if os.path.dirname(e) == lib and "py4j" in e)
-    return drop
-
-
-_DROP = _zips_to_drop()
-sys.path[:] = [entry for entry in sys.path if entry not in _DROP]
+# The product's own rule (the clock source's launcher), loaded by its file: importing sparkstate
+# here would import its package, and PySpark with it, before the path is right.
+_LAUNCH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "src",
+    "sparkstate",
+    "engine",
+    "python_launch.py",
+)
+_spec = (
+    importlib.util.spec_from_file_location("_sparkstate_python_launch", _LAUNCH)
+    if os.path.isfile(_LAUNCH)
+    else None
+)
+if _spec is not None and _spec.loader is not None:
+    _launch = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_launch)
+    sys.path[:] = _launch.installed_zips_dropped(sys.path)
 
 # A test that records what every process does to durable storage (tests/sync_recorder.py).
 if os.environ.get("SPARKSTATE_RECORD_SYNCS"):
