@@ -102,4 +102,6 @@ def test_the_launcher_runs_the_module_with_pyspark_compiled(tmp_path: Path) -> N
 
 def test_one_launcher_per_interpreter() -> None:
     assert launcher(sys.executable) == launcher(sys.executable)
+    made = launcher(sys.executable)
+    assert made is not None and launcher(made) == made  # never a launcher of a launcher
     assert python_launch._LAUNCHERS[sys.executable] == launcher(sys.executable)

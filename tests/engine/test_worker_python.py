@@ -19,6 +19,7 @@ import pytest
 
 import sparkstate
 from sparkstate.engine import workers
+from sparkstate.engine.python_launch import launched, launcher
 
 JOB = Path(__file__).with_name("worker_python_job.py")
 SRC = str(Path(sparkstate.__file__).resolve().parents[1])
@@ -90,7 +91,8 @@ def test_local_workers_run_the_drivers_interpreter_when_nothing_is_set(
     print(f"\nstart() took {out['start_s']:.1f} s, the whole query {out['elapsed_s']:.1f} s")
     assert "error" not in out, out["error"]
     assert out["python_exec_before"] == "python3"
-    assert out["python_exec"] == sys.executable
+    assert out["python_exec_runs"] == sys.executable  # through its launcher
+
     assert out["worker_executable"] == sys.executable
     assert out["rows"] == [["a", 3], ["b", 1], ["c", 1]]
 
@@ -132,7 +134,10 @@ def test_nothing_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     local = fake_session("local[*]")
     assert workers.choose_interpreter(local).path == sys.executable
-    assert local._sc.pythonExec == sys.executable
+    # Through the launcher of the driver's interpreter (PySpark imported compiled):
+    assert local._sc.pythonExec == launcher(sys.executable)
+    assert launched(local._sc.pythonExec) == sys.executable
+    assert workers.choose_interpreter(local).path == sys.executable  # the same at every start
     # On a cluster the driver's path may not exist on the executors: PySpark's default stays.
     remote = fake_session("spark://h:7077")
     chosen = workers.choose_interpreter(remote)
@@ -141,6 +146,21 @@ def test_nothing_set(monkeypatch: pytest.MonkeyPatch) -> None:
     # Set on the SparkContext by the user's code: kept.
     own = fake_session("local[*]", "/own/python")
     assert workers.choose_interpreter(own).path == "/own/python"
+
+
+def test_a_local_master_starts_the_chosen_interpreter_through_its_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    local = fake_session("local[2]", sys.executable)
+    for _ in range(2):  # the same at every start: the launcher is known for what it starts
+        chosen = workers.choose_interpreter(local)
+        assert (chosen.path, chosen.source) == (sys.executable, "set by PYSPARK_PYTHON")
+        assert launched(local._sc.pythonExec) == sys.executable
+    # An interpreter that cannot be found is left to Spark, which names it when it fails:
+    missing = fake_session("local[2]", **{"spark.pyspark.python": "/no/such/python"})
+    assert workers.choose_interpreter(missing).path == "/no/such/python"
+    assert missing._sc.pythonExec == "/no/such/python"
 
 
 def test_local_workers_of_the_driver_s_interpreter_need_no_job(

@@ -1,20 +1,22 @@
-"""The interpreter Spark starts on the driver for the clock source, importing PySpark compiled.
+"""The interpreters Spark starts on this machine, importing PySpark compiled, not from its zip.
 
 Spark starts a new interpreter for a Python streaming source at every start of a query (its
-source runner), and a daemon per data-source step once per session, each with PySpark's own
-``pyspark.zip`` and py4j's zip first on ``PYTHONPATH``. Python keeps no compiled files for a
-module imported from a zip: such an interpreter compiles PySpark at every start, 1.4 s of CPU
-against 0.3 s from the installed package's compiled files, which was most of what the clock
-added to a query's start.
+source runner), a daemon per data-source step once per session, and the Python workers' daemon
+once per application, each with PySpark's own ``pyspark.zip`` and py4j's zip first on
+``PYTHONPATH``. Python keeps no compiled files for a module imported from a zip: such an
+interpreter compiles PySpark at every start, 1.4 s of CPU against 0.3 s from the installed
+package's compiled files, which was most of what the clock added to a query's start.
 
 Where the zip is the installed ``pyspark`` package's own (a pip install: the same files under
 ``pyspark/python/lib``, with ``pyspark`` and its pinned py4j installed beside it on the path),
 the launcher drops it from the path and runs the module Spark asked for. Any other zip (a Spark
-distribution's ``SPARK_HOME``) stays where Spark put it. The clock is registered with the
-launcher as its interpreter (:func:`register_with_launcher`); nothing else is: a source's reads
-run on the executors, where the launcher's file is not. This file is also the launcher's code:
-Spark runs ``<launcher> -m <module> [args]``, and the launcher ``<python> -c <this file>
--m <module> [args]``.
+distribution's ``SPARK_HOME``) stays where Spark put it. Two things start through a launcher:
+the clock source, registered with one as its interpreter (:func:`register_with_launcher`), and
+on a local master the Python workers (the SparkContext's ``pythonExec``, set by
+:func:`sparkstate.engine.workers.choose_interpreter`). Nothing that can run on another machine
+does, for the launcher is a file of this one. This file is also the launcher's code: Spark runs
+``<launcher> -m <module> [args]``, and the launcher ``<python> -c <this file> -m <module>
+[args]``.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def main() -> None:
     import runpy
 
     if len(sys.argv) < 3 or sys.argv[1] != "-m":
-        sys.exit(f"usage: {sys.argv[0]} -m module [args]")
+        sys.exit(f"usage: {sys.argv[0]} -m module [args], not {sys.argv[1:]}")
     sys.path[:] = installed_zips_dropped(sys.path)
     module = sys.argv[2]
     sys.argv = [sys.argv[0], *sys.argv[3:]]
@@ -73,8 +75,9 @@ _LOCK = threading.Lock()
 
 def launcher(python: str) -> str | None:
     """An executable that starts ``python`` as :func:`main` does (made once per process, in a
-    directory of its own removed at exit), or None where there can be none: not a POSIX
-    system, or a temporary directory that runs nothing (``noexec``)."""
+    directory of its own removed at exit; ``python`` itself where it is one), or None where
+    there can be none: not a POSIX system, or a temporary directory that runs nothing
+    (``noexec``)."""
     import atexit
     import shlex
     import shutil
@@ -85,6 +88,8 @@ def launcher(python: str) -> str | None:
     with _LOCK:
         if python in _LAUNCHERS:
             return _LAUNCHERS[python]
+        if python in _LAUNCHERS.values():  # a launcher already
+            return python
         script: str | None = None
         directory = tempfile.mkdtemp(prefix="sparkstate-python-")
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
@@ -97,6 +102,12 @@ def launcher(python: str) -> str | None:
             os.chmod(script, 0o700)
         _LAUNCHERS[python] = script
         return script
+
+
+def launched(path: str) -> str | None:
+    """The interpreter ``path`` starts where it is a launcher of this process, else None."""
+    with _LOCK:
+        return next((python for python, made in _LAUNCHERS.items() if made == path), None)
 
 
 def register_with_launcher(spark: Any, source: type) -> bool:
