@@ -105,3 +105,26 @@ def test_one_launcher_per_interpreter() -> None:
     made = launcher(sys.executable)
     assert made is not None and launcher(made) == made  # never a launcher of a launcher
     assert python_launch._LAUNCHERS[sys.executable] == launcher(sys.executable)
+
+
+FORKED = """
+import os, sys
+from sparkstate.engine.python_launch import launcher
+made = launcher(sys.executable)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a child forked from the driver ends: its exit handlers run
+os.waitpid(pid, 0)
+print(os.path.exists(made))
+print(made)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the launcher is a POSIX shell script")
+def test_the_launcher_lives_as_long_as_the_process_that_made_it() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60, check=True
+    )
+    alive_after_child, made = done.stdout.split()
+    assert alive_after_child == "True"  # not removed by a forked child's exit
+    assert not os.path.exists(made)  # removed at the exit of the process that made it

@@ -22,6 +22,7 @@ does, for the launcher is a file of this one. This file is also the launcher's c
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 from typing import Any
@@ -80,7 +81,6 @@ def launcher(python: str) -> str | None:
     (``noexec``)."""
     import atexit
     import shlex
-    import shutil
     import tempfile
 
     if os.name != "posix":
@@ -92,7 +92,7 @@ def launcher(python: str) -> str | None:
             return python
         script: str | None = None
         directory = tempfile.mkdtemp(prefix="sparkstate-python-")
-        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        atexit.register(_remove, directory, os.getpid())
         if not os.statvfs(directory).f_flag & getattr(os, "ST_NOEXEC", 0):
             with open(__file__, encoding="utf-8") as f:
                 code = f.read()
@@ -102,6 +102,12 @@ def launcher(python: str) -> str | None:
             os.chmod(script, 0o700)
         _LAUNCHERS[python] = script
         return script
+
+
+def _remove(directory: str, owner: int) -> None:
+    """At exit of the process that made ``directory`` (not of a child forked from it)."""
+    if os.getpid() == owner:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def launched(path: str) -> str | None:
