@@ -100,6 +100,20 @@ def test_the_launcher_runs_the_module_with_pyspark_compiled(tmp_path: Path) -> N
     assert "pyspark.zip" in plain.stdout
 
 
+@pytest.mark.skipif(os.name != "posix", reason="the launcher is a POSIX shell script")
+def test_other_arguments_go_to_the_interpreter_as_they_are() -> None:
+    script = launcher(sys.executable)
+    assert script is not None
+    done = subprocess.run(
+        [script, "-c", "import sys; print(sys.argv[1:]); sys.exit(4)", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (4, "['x']"), done.stderr
+
+
 def test_one_launcher_per_interpreter() -> None:
     assert launcher(sys.executable) == launcher(sys.executable)
     made = launcher(sys.executable)

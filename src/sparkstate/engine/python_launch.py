@@ -58,11 +58,11 @@ def _installed_zip(entry: str, path: list[str]) -> bool:
 
 def main() -> None:
     """``python -c <this file> -m module [args]``: ``python -m module [args]``, with the path
-    of :func:`installed_zips_dropped`."""
+    of :func:`installed_zips_dropped`; with other arguments, ``python [args]`` as it is."""
     import runpy
 
-    if len(sys.argv) < 3 or sys.argv[1] != "-m":
-        sys.exit(f"usage: {sys.argv[0]} -m module [args], not {sys.argv[1:]}")
+    if len(sys.argv) < 3 or sys.argv[1] != "-m":  # not what Spark runs: the interpreter runs it
+        os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
     sys.path[:] = installed_zips_dropped(sys.path)
     module = sys.argv[2]
     sys.argv = [sys.argv[0], *sys.argv[3:]]
