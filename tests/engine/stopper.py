@@ -3,11 +3,18 @@ own, so that the test sees everything Spark and Python print.
 
 ``python -m tests.engine.stopper WORK PROVIDERS SEED`` feeds a directory of JSON files, one per
 batch; runs a deduplication into a Parquet sink (append mode, a file sink's only mode) once
-without a stop, as the reference; then, for each provider, starts the query, lets one batch
-finish, stops the query at a random moment of the next batch's sink action (which runs its
-stateful stage), and starts it again, a few times. It prints one line of JSON: what every stop
-did, and whether the outputs equal the reference's, batch for batch; where they do not, the
+through Spark's own ``dropDuplicates`` without a stop, as the reference; then, for each provider,
+starts the query, lets one batch finish, stops the query at a random moment of the next batch's
+sink action (which runs its stateful stage), and starts it again, a few times. It prints one line
+of JSON: what every stop did, and whether each output equals what a deduplication gives for the
+files that the checkpoint's logs say each batch read, batch for batch (checked on Spark's own
+reference run too), with the same rows over all batches as the reference; where they do not, the
 batches that differ and the entries of the checkpoint's logs (Spark's and sparkstate's).
+
+A stop can fall between the file source's log entry and Spark's offset log entry of the next
+batch; Spark's file source then gives that batch two files at the next start, in Spark's own query
+as in ours. The batches are therefore checked against the files each one read, not against the
+reference's batches.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
@@ -32,7 +40,10 @@ from sparkstate.engine.sinks import FileSink
 from sparkstate.testing import FileFeed
 
 SCHEMA = "k string, v int"
-FILES = 6
+#: A start runs the batch stopped last, the batch it is stopped in, and at most one more that
+#: began before the stop reached it: the third stop needs eight batches at most. Nine, so that
+#: no log is compacted (Spark's logs compact every tenth entry).
+FILES = 9
 STOPS = 3
 
 
@@ -95,10 +106,11 @@ class Probe:
         return ends[-1] if ends else None
 
 
-def start(spark: SparkSession, feed: Path, base: Path, provider: str) -> Any:
+def start(spark: SparkSession, feed: Path, base: Path, provider: str | None) -> Any:
+    """The query through sparkstate's ``provider``, or through Spark's own operator if None."""
     events = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(feed))
     return (
-        ss.stream(events)
+        (events if provider is None else ss.stream(events))
         .dropDuplicates()
         .writeStream.outputMode("append")
         .format("parquet")
@@ -119,6 +131,34 @@ def batch_rows(out: Path) -> dict[str, list[list[Any]]]:
         paths = [json.loads(line)["path"].removeprefix("file://") for line in lines]
         tables = [pq.read_table(p).to_pylist() for p in paths]
         rows[manifest.name] = sorted(([r["k"], r["v"]] for t in tables for r in t), key=str)
+    return rows
+
+
+def expected_batches(checkpoint: Path) -> dict[str, list[list[Any]]]:
+    """Each committed batch's rows as a deduplication gives them, from the files that the offset
+    log and the file source's log say the batch read (the rows of its files not seen before)."""
+    files: dict[int, list[str]] = {}
+    for entry in _entries(checkpoint / "sources" / "0"):
+        lines = (checkpoint / "sources" / "0" / entry).read_text().splitlines()[1:]
+        files[int(entry)] = [
+            unquote(json.loads(line)["path"]).removeprefix("file://") for line in lines
+        ]
+    seen: set[tuple[Any, ...]] = set()
+    rows: dict[str, list[list[Any]]] = {}
+    read_to = -1
+    for batch in _entries(checkpoint / "commits"):
+        offset = (checkpoint / "offsets" / batch).read_text().splitlines()[-1]
+        upto = json.loads(offset)["logOffset"]
+        new = []
+        for entry in range(read_to + 1, upto + 1):
+            for path in files[entry]:
+                for line in Path(path).read_text().splitlines():
+                    row = json.loads(line)
+                    if (row["k"], row["v"]) not in seen:
+                        seen.add((row["k"], row["v"]))
+                        new.append([row["k"], row["v"]])
+        rows[batch] = sorted(new, key=str)
+        read_to = upto
     return rows
 
 
@@ -192,17 +232,21 @@ def main(work: Path, providers: list[str], seed: int) -> dict[str, Any]:
         feed.add([{"k": f"k{rng.randrange(40)}", "v": rng.randrange(1000)} for _row in range(300)])
     probe = Probe()
     probe.install()
-    reference = start(spark, feed.path, work / "reference", "memory")
+    reference = start(spark, feed.path, work / "reference", None)
     reference.processAllAvailable()
     reference.stop()
-    want = batch_rows(work / "reference" / "out")
-    report: dict[str, Any] = {"seed": seed, "batches": len(want), "stops": [], "equal": {}}
+    spark_rows = batch_rows(work / "reference" / "out")
+    report: dict[str, Any] = {"seed": seed, "batches": len(spark_rows), "stops": [], "equal": {}}
+    # The oracle of the batches, checked on Spark's own run.
+    report["equal"]["spark"] = spark_rows == expected_batches(work / "reference" / "chk")
+    every_row = sorted((r for rows in spark_rows.values() for r in rows), key=str)
     for provider in providers:
         base = work / provider
         report["stops"] += stop_inside_batches(spark, feed.path, base, provider, rng, probe)
-        got = batch_rows(base / "out")
-        report["equal"][provider] = got == want
-        if got != want:  # what differs, and where each log stands
+        got, want = batch_rows(base / "out"), expected_batches(base / "chk")
+        all_got = sorted((r for rows in got.values() for r in rows), key=str)
+        report["equal"][provider] = got == want and all_got == every_row
+        if not report["equal"][provider]:  # what differs, and where each log stands
             report.setdefault("differs", {})[provider] = {
                 b: {"want": want.get(b), "got": got.get(b)}
                 for b in _in_order(set(want) | set(got))
