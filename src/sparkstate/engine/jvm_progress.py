@@ -39,8 +39,10 @@ log = logging.getLogger("sparkstate.engine")
 Merge = Callable[[str, dict[str, Any]], dict[str, Any] | None]
 
 #: The fields of Spark's ``StreamingQueryProgress`` that are set from the merged progress (its
-#: ``sources`` are Spark's, the clock left out).
-REWRITTEN = ("stateOperators", "sink", "eventTime", "durationMs")
+#: ``sources`` are Spark's, the clock left out). ``stateOperators`` last: a reader on another
+#: thread that sees them sees the whole rewrite (and :meth:`ProgressRewriter._rewrite` takes a
+#: progress with operators as done).
+REWRITTEN = ("sink", "eventTime", "durationMs", "stateOperators")
 
 _lock = threading.Lock()
 #: The sessions' listener buses our listener is on.
@@ -159,13 +161,13 @@ class ProgressRewriter:
         if not idle:
             self._ran[run_id] = spark["batchId"]
         parsed = self._parse(json.dumps(_as_spark_json(merged)))
+        self._field("sources").set(progress, self._without_clock(progress.sources()))
         for name in REWRITTEN:
             field = self._field(name)
             value = field.get(parsed)
             if idle and name == "stateOperators":
                 value = self._idle_operators(value)
             field.set(progress, value)
-        self._field("sources").set(progress, self._without_clock(progress.sources()))
 
     def _without_clock(self, sources: Any) -> Any:
         """Spark's sources of a progress but sparkstate's clock."""
