@@ -513,3 +513,57 @@ def test_the_writer_refuses_what_spark_refuses(spark: SparkSession, tmp_path: Pa
     assert got["ours"] == got["spark"]
     assert "accepted" not in got["spark"].values()
     assert created[0] == created[1] and ("# Clustering Information", "", "") in created[0]["layout"]
+
+
+def test_the_file_sinks_log_compacts_as_sparks(spark: SparkSession, tmp_path: Path) -> None:
+    """``spark.sql.streaming.fileSink.log.compactInterval`` sets when the file sink's log is
+    compacted, as in Spark's own file sink; across a restart with another interval, the log keeps
+    the one it was written with, by Spark's rule. The logs name the same batches, each lists as
+    many files, and both outputs read back the same rows."""
+    conf = "spark.sql.streaming.fileSink.log.compactInterval"
+    batches = [[{"k": f"k{b}-{i}", "v": b * 10 + i} for i in range(b + 1)] for b in range(7)]
+    feeds = {ours: FileFeed(tmp_path / f"in-{ours}") for ours in (False, True)}
+
+    def start(ours: bool) -> Any:
+        events = source(spark, feeds[ours], SCHEMA)
+        return (
+            (ss.stream(events) if ours else events)
+            .dropDuplicates(["k"])
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / f"out-{ours}"))
+            .option("checkpointLocation", str(tmp_path / f"chk-{ours}"))
+            .start()
+        )
+
+    def log_of(ours: bool) -> dict[str, int]:
+        meta = tmp_path / f"out-{ours}" / "_spark_metadata"
+        return {
+            m.name: len(m.read_text().splitlines()) - 1
+            for m in meta.iterdir()
+            if not m.name.startswith(".")
+        }
+
+    previous = spark.conf.get(conf, None)
+    try:
+        for interval, phase in ((3, batches[:4]), (5, batches[4:])):
+            spark.conf.set(conf, str(interval))
+            for ours in (False, True):
+                query = start(ours)
+                for rows in phase:
+                    feeds[ours].add(rows)
+                    query.processAllAvailable()
+                query.stop()
+        spark.conf.set(conf, "0")
+        with pytest.raises(ConfigurationError, match="to a positive value"):
+            start(True)
+    finally:
+        if previous is None:
+            spark.conf.unset(conf)
+        else:
+            spark.conf.set(conf, previous)
+
+    assert log_of(True) == log_of(False)
+    assert {"2.compact", "5.compact"} <= set(log_of(True))  # every 3 batches, the first interval
+    read = {ours: spark.read.parquet(str(tmp_path / f"out-{ours}")) for ours in (False, True)}
+    assert normalize(read[True].collect()) == normalize(read[False].collect())
+    assert read[True].count() == sum(len(rows) for rows in batches)

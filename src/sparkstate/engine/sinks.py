@@ -60,7 +60,8 @@ UNPARTITIONED = ("memory", FOREACH, FOREACH_BATCH)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 METADATA_DIR = "_spark_metadata"
 STAGING_DIR = "_sparkstate_staging"
-#: Spark's default ``spark.sql.streaming.fileSink.log.compactInterval``.
+#: The session setting of the file sink's compaction interval, and Spark's default of it.
+COMPACT_INTERVAL_CONF = "spark.sql.streaming.fileSink.log.compactInterval"
 COMPACT_INTERVAL = 10
 
 
@@ -97,17 +98,31 @@ class FileSink(Sink):
     """Exactly-once files: a batch's files become visible with its manifest, and only then.
 
     The manifest is Spark's own file-sink log (``<path>/_spark_metadata/<batch>``, compacted every
-    10 batches), so ``spark.read.<format>(path)`` sees exactly the committed files, as it does for
-    Spark's file sink. A replayed batch whose manifest exists writes nothing (its stateful stage
+    ``compact_interval`` batches, or every interval the log was written with, by Spark's rule),
+    so ``spark.read.<format>(path)`` sees exactly the committed files, as it does for Spark's
+    file sink. A replayed batch whose manifest exists writes nothing (its stateful stage
     still runs, to reproduce the state); files of a failed attempt are never listed.
     """
 
     def __init__(
-        self, fmt: str, path: str, options: dict[str, str], partition_by: tuple[str, ...] = ()
+        self,
+        fmt: str,
+        path: str,
+        options: dict[str, str],
+        partition_by: tuple[str, ...] = (),
+        compact_interval: int = COMPACT_INTERVAL,
     ) -> None:
         if fmt not in FILE_FORMATS:
             msg = f"file sink format must be one of {FILE_FORMATS}, got {fmt!r}"
             raise ConfigurationError(msg)
+        if compact_interval <= 0:
+            msg = (
+                f"Please set {COMPACT_INTERVAL_CONF} (was {compact_interval}) to a positive value."
+            )
+            raise ConfigurationError(msg)
+        #: The session's interval; the log's own, if it was written with another, wins.
+        self._default_interval = compact_interval
+        self._interval: int | None = None
         self.fmt = fmt
         self.options = options
         #: ``partitionBy``'s columns: a batch's files go under ``<column>=<value>/`` directories.
@@ -124,9 +139,33 @@ class FileSink(Sink):
     def committed(self, batch_id: int) -> bool:
         return self.meta.exists(self._log_name(batch_id))
 
-    @staticmethod
-    def _log_name(batch_id: int) -> str:
-        compact = (batch_id + 1) % COMPACT_INTERVAL == 0
+    @property
+    def compact_interval(self) -> int:
+        """Every how many batches the log is compacted: the session's interval, unless the log's
+        newest compaction was written with another (Spark's ``CompactibleFileStreamLog``)."""
+        if self._interval is None:
+            compactions = [
+                int(e.name.removesuffix(".compact"))
+                for e in self.meta.list()
+                if e.name.endswith(".compact") and e.name.split(".")[0].isdigit()
+            ]
+            latest = max(compactions, default=None)
+            self._interval = self._default_interval
+            if latest is not None and (latest + 1) % self._default_interval != 0:
+                self._interval = derive_compact_interval(self._default_interval, latest)
+                log.warning(
+                    "%s: the file sink's log was compacted at batch %d, so it is compacted every "
+                    "%d batches, not every %d (%s)",
+                    self.description,
+                    latest,
+                    self._interval,
+                    self._default_interval,
+                    COMPACT_INTERVAL_CONF,
+                )
+        return self._interval
+
+    def _log_name(self, batch_id: int) -> str:
+        compact = (batch_id + 1) % self.compact_interval == 0
         return f"{batch_id}.compact" if compact else str(batch_id)
 
     def add_batch(self, batch_id: int, df: DataFrame, output_mode: str) -> None:
@@ -202,7 +241,7 @@ class FileSink(Sink):
         return [json.loads(line) for line in lines if line.strip()]
 
     def _all_entries_before(self, batch_id: int) -> list[dict[str, Any]]:
-        start = batch_id - COMPACT_INTERVAL  # the previous compaction, or -1
+        start = batch_id - self.compact_interval  # the previous compaction, or -1
         out: list[dict[str, Any]] = []
         for b in range(max(start, 0), batch_id):
             if self.committed(b):
@@ -216,9 +255,21 @@ class FileSink(Sink):
         if not ids:
             return []
         latest = ids[-1]
-        compacts = [b for b in ids if (b + 1) % COMPACT_INTERVAL == 0]
+        compacts = sorted(int(n.split(".")[0]) for n in names if n.endswith(".compact"))
         first = compacts[-1] if compacts else 0
         return [e["path"] for b in range(first, latest + 1) for e in self._entries(b)]
+
+
+def derive_compact_interval(default: int, latest_compaction: int) -> int:
+    """The interval of a log whose newest compaction is batch ``latest_compaction``, which the
+    session's ``default`` does not fall on (Spark's ``deriveCompactInterval``): the smallest
+    divisor of ``latest_compaction + 1`` from ``default`` up, the batch count itself if none."""
+    batches = latest_compaction + 1
+    if batches <= default:
+        return batches
+    if default < batches // 2:
+        return next((i for i in range(default, batches // 2 + 1) if batches % i == 0), batches)
+    return batches
 
 
 def _data_files(staging: DurableDir, depth: int) -> list[tuple[str, FileEntry]]:
@@ -418,7 +469,13 @@ def make_sink(
             msg = f"the {fmt} sink needs a path: .option('path', ...) or .start(path)"
             raise ConfigurationError(msg)
         file_options = {k: v for k, v in options.items() if k != "path"}
-        return FileSink(fmt, path, file_options, partition_by)
+        interval = spark.conf.get(COMPACT_INTERVAL_CONF, str(COMPACT_INTERVAL))
+        try:
+            compact_interval = int(interval or COMPACT_INTERVAL)
+        except ValueError:
+            msg = f"{COMPACT_INTERVAL_CONF} must be a whole number, got {interval!r}"
+            raise ConfigurationError(msg) from None
+        return FileSink(fmt, path, file_options, partition_by, compact_interval)
     if fmt == "console":
         return ConsoleSink(spark, options)
     if fmt == "memory":
