@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.readwriter import DataStreamWriter as SparkDataStreamWriter
 
 from sparkstate.engine.errors import SparkAnalysisError
+from sparkstate.engine.spark_conf import FILE_SINK_COMPACT_INTERVAL, file_sink_compact_interval
 from sparkstate.exceptions import ConfigurationError, StateFileError
 from sparkstate.store.files.durable import DurableDir, FileEntry, local_path
 
@@ -60,8 +61,7 @@ UNPARTITIONED = ("memory", FOREACH, FOREACH_BATCH)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 METADATA_DIR = "_spark_metadata"
 STAGING_DIR = "_sparkstate_staging"
-#: The session setting of the file sink's compaction interval, and Spark's default of it.
-COMPACT_INTERVAL_CONF = "spark.sql.streaming.fileSink.log.compactInterval"
+#: Spark's default ``spark.sql.streaming.fileSink.log.compactInterval``.
 COMPACT_INTERVAL = 10
 
 
@@ -115,11 +115,6 @@ class FileSink(Sink):
         if fmt not in FILE_FORMATS:
             msg = f"file sink format must be one of {FILE_FORMATS}, got {fmt!r}"
             raise ConfigurationError(msg)
-        if compact_interval <= 0:
-            msg = (
-                f"Please set {COMPACT_INTERVAL_CONF} (was {compact_interval}) to a positive value."
-            )
-            raise ConfigurationError(msg)
         #: The session's interval; the log's own, if it was written with another, wins.
         self._default_interval = compact_interval
         self._interval: int | None = None
@@ -144,12 +139,7 @@ class FileSink(Sink):
         """Every how many batches the log is compacted: the session's interval, unless the log's
         newest compaction was written with another (Spark's ``CompactibleFileStreamLog``)."""
         if self._interval is None:
-            compactions = [
-                int(e.name.removesuffix(".compact"))
-                for e in self.meta.list()
-                if e.name.endswith(".compact") and e.name.split(".")[0].isdigit()
-            ]
-            latest = max(compactions, default=None)
+            latest = max(_compactions(e.name for e in self.meta.list()), default=None)
             self._interval = self._default_interval
             if latest is not None and (latest + 1) % self._default_interval != 0:
                 self._interval = derive_compact_interval(self._default_interval, latest)
@@ -160,7 +150,7 @@ class FileSink(Sink):
                     latest,
                     self._interval,
                     self._default_interval,
-                    COMPACT_INTERVAL_CONF,
+                    FILE_SINK_COMPACT_INTERVAL,
                 )
         return self._interval
 
@@ -255,9 +245,13 @@ class FileSink(Sink):
         if not ids:
             return []
         latest = ids[-1]
-        compacts = sorted(int(n.split(".")[0]) for n in names if n.endswith(".compact"))
-        first = compacts[-1] if compacts else 0
+        first = max(_compactions(names), default=0)
         return [e["path"] for b in range(first, latest + 1) for e in self._entries(b)]
+
+
+def _compactions(names: Iterable[str]) -> list[int]:
+    """The batches of a file sink log's compactions, among its files' ``names``."""
+    return [int(n.removesuffix(".compact")) for n in names if n.endswith(".compact")]
 
 
 def derive_compact_interval(default: int, latest_compaction: int) -> int:
@@ -469,13 +463,8 @@ def make_sink(
             msg = f"the {fmt} sink needs a path: .option('path', ...) or .start(path)"
             raise ConfigurationError(msg)
         file_options = {k: v for k, v in options.items() if k != "path"}
-        interval = spark.conf.get(COMPACT_INTERVAL_CONF, str(COMPACT_INTERVAL))
-        try:
-            compact_interval = int(interval or COMPACT_INTERVAL)
-        except ValueError:
-            msg = f"{COMPACT_INTERVAL_CONF} must be a whole number, got {interval!r}"
-            raise ConfigurationError(msg) from None
-        return FileSink(fmt, path, file_options, partition_by, compact_interval)
+        interval = file_sink_compact_interval(spark)
+        return FileSink(fmt, path, file_options, partition_by, interval)
     if fmt == "console":
         return ConsoleSink(spark, options)
     if fmt == "memory":

@@ -37,6 +37,7 @@ _ENCODING = f"{_SQL}stateStore.encodingFormat"
 _ENCODINGS = ("unsaferow", "avro")
 _MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+FILE_SINK_COMPACT_INTERVAL = f"{_SQL}fileSink.log.compactInterval"
 
 
 def store_options_from_spark(spark: Any) -> dict[str, str]:
@@ -116,15 +117,31 @@ def arrow_batch_limits(spark: Any) -> tuple[int, int]:
     """``spark.sql.execution.arrow.maxRecordsPerBatch`` (10000; <= 0: no limit) and
     ``maxBytesPerBatch`` (2^31 - 1): how Spark cuts a key's rows into the frames
     ``transformWithStateInPandas`` hands ``handleInputRows``."""
-    values = []
-    for name, default in ((_MAX_RECORDS, 10_000), (_MAX_BYTES, 2**31 - 1)):
-        raw = spark.conf.get(name, None)
-        try:
-            values.append(default if raw in (None, "") else int(str(raw).strip()))
-        except ValueError as exc:
-            msg = f"{name}={raw!r} is not a whole number"
-            raise ConfigurationError(msg) from exc
+    values = [
+        _whole_number(spark, _MAX_RECORDS, 10_000),
+        _whole_number(spark, _MAX_BYTES, 2**31 - 1),
+    ]
     if values[1] <= 0:
         msg = f"{_MAX_BYTES}={values[1]} must be positive (as Spark requires)"
         raise ConfigurationError(msg)
     return values[0], values[1]
+
+
+def file_sink_compact_interval(spark: Any) -> int:
+    """``spark.sql.streaming.fileSink.log.compactInterval`` (10): every how many batches a file
+    sink compacts its log; Spark's refusal of one below 1."""
+    interval = _whole_number(spark, FILE_SINK_COMPACT_INTERVAL, 10)
+    if interval <= 0:
+        msg = f"Please set {FILE_SINK_COMPACT_INTERVAL} (was {interval}) to a positive value."
+        raise ConfigurationError(msg)
+    return interval
+
+
+def _whole_number(spark: Any, name: str, default: int) -> int:
+    """The session's setting ``name`` as a whole number, ``default`` where it is not set."""
+    raw = spark.conf.get(name, None)
+    try:
+        return default if raw in (None, "") else int(str(raw).strip())
+    except ValueError as exc:
+        msg = f"{name}={raw!r} is not a whole number"
+        raise ConfigurationError(msg) from exc
