@@ -67,6 +67,7 @@ def _in_range(key: Row, start: Row | None, end: Row | None) -> bool:
 
 class StoreMachine(RuleBasedStateMachine):
     provider_name = "memory"
+    provider_conf: dict[str, Any] = {}  # noqa: RUF012 - a class's setting, not changed
 
     def __init__(self) -> None:
         super().__init__()
@@ -75,7 +76,11 @@ class StoreMachine(RuleBasedStateMachine):
             self.provider_name,
             f"{self.tmp}/checkpoint",
             f"{self.tmp}/local",
-            conf={"min_deltas_for_snapshot": SNAPSHOT_EVERY, "min_versions_to_retain": RETAIN},
+            conf={
+                "min_deltas_for_snapshot": SNAPSHOT_EVERY,
+                "min_versions_to_retain": RETAIN,
+                **self.provider_conf,
+            },
         )
         self.provider = self.factory.open()
         genesis = Attempt(0, None, None, {})
@@ -300,8 +305,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert not self.store.has_committed
 
 
-def machine_test(provider: str, max_examples: int, steps: int) -> Any:
-    machine = type(f"{provider.title()}StoreMachine", (StoreMachine,), {"provider_name": provider})
+def machine_test(
+    provider: str, max_examples: int, steps: int, conf: dict[str, Any] | None = None
+) -> Any:
+    fields = {"provider_name": provider, "provider_conf": conf or {}}
+    machine = type(f"{provider.title()}StoreMachine", (StoreMachine,), fields)
     machine.TestCase.settings = settings(
         max_examples=max_examples,
         stateful_step_count=steps,
@@ -315,6 +323,10 @@ TestMemoryStore = machine_test("memory", max_examples=80, steps=40)
 
 if HAVE_ROCKSDB:
     TestRocksDBStore = machine_test("rocksdb", max_examples=20, steps=30)
+    # Every lookup a read of RocksDB (no copy of the state in memory).
+    TestRocksDBStoreReadingRocksDB = machine_test(
+        "rocksdb", max_examples=10, steps=30, conf={"value_copy_mb": 0}
+    )
 else:
 
     @pytest.mark.skip(reason="sparkstate.store.rocksdb.provider has not landed yet")

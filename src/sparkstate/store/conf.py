@@ -63,6 +63,10 @@ class StoreConf:
     #: RocksDB memory of all Python workers of an executor together (0: ``block_cache_mb`` per
     #: worker); each worker gets ``memory_budget_mb / python_workers``, half of it for memtables.
     memory_budget_mb: int = 0
+    #: RocksDB provider: memory of one state home (or Python worker) for copies of whole
+    #: partitions' state, read instead of RocksDB while a partition's state fits in what is left
+    #: (:mod:`sparkstate.store.rocksdb.value_copy`); 0: none.
+    value_copy_mb: int = 64
     #: Python workers an executor runs at once (its task slots); 0: the engine sets it.
     python_workers: int = 0
     lock_timeout_s: float = 120.0
@@ -104,7 +108,7 @@ class StoreConf:
         if self.home_timeout_s <= 0:
             msg = f"home_timeout_s must be > 0, got {self.home_timeout_s}"
             raise ConfigurationError(msg)
-        for name in ("memory_budget_mb", "python_workers"):
+        for name in ("memory_budget_mb", "python_workers", "value_copy_mb"):
             if getattr(self, name) < 0:
                 msg = f"{name} must be >= 0, got {getattr(self, name)}"
                 raise ConfigurationError(msg)

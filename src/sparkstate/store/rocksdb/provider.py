@@ -42,6 +42,7 @@ from sparkstate.store.rocksdb.snapshot import (
     upload_snapshot,
 )
 from sparkstate.store.rocksdb.store import STAT_NAMES, RocksDBStateStore
+from sparkstate.store.rocksdb.value_copy import ValueCopy
 from sparkstate.store.spark_metrics import ROCKSDB_METRICS, VersionPhases
 from sparkstate.store.versions.layout import VersionIndex, VersionRef, file_name
 from sparkstate.store.versions.versioned import VersionedProvider
@@ -83,6 +84,10 @@ class RocksDBStateStoreProvider(VersionedProvider):
         self._in_use = False
         #: Another process asked for the partition while a store was open.
         self._release_asked = False
+        #: The database's pairs in memory while they fit (:mod:`.value_copy`), and the key
+        #: count at which a copy last did not fit (none is tried again above half of it).
+        self._copy: ValueCopy | None = None
+        self._copy_refused_at: int | None = None
 
     def init(
         self,
@@ -150,6 +155,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             local: LocalStoreDir | None = getattr(self, "local", None)
             if local is not None and local.held:
                 listener().unregister(local.path)
+            self.drop_copy()
             if self._db is not None:
                 with contextlib.suppress(StateStoreError):
                     self._db.close()
@@ -223,9 +229,13 @@ class RocksDBStateStoreProvider(VersionedProvider):
         db, local_ref, num_keys = self._open_local()
         self._db = db  # closed by release() if anything below fails
         if db is not None and local_ref == target:
-            store = RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
+            copy = self._copy_at(db, target, num_keys, read_only=read_only)
+            store = RocksDBStateStore(
+                self, target, version, db, num_keys, read_only=read_only, copy=copy
+            )
             store.found = None if target is None else "open" if kept_open else "local"
             return store
+        self.drop_copy()  # the database moves to another version
         usable = local_ref if db is not None and local_ref and target else None
         if usable is not None and target is not None and usable.version >= target.version:
             usable = None
@@ -265,11 +275,53 @@ class RocksDBStateStoreProvider(VersionedProvider):
             self._stats["changelogsReplayed"] += 1
             self._phases.changelogs_replayed += 1
         self._phases.replay_changelog_ms = (time.perf_counter() - started) * 1000
-        store = RocksDBStateStore(self, target, version, db, num_keys, read_only=read_only)
+        copy = self._copy_at(db, target, num_keys, read_only=read_only)
+        store = RocksDBStateStore(
+            self, target, version, db, num_keys, read_only=read_only, copy=copy
+        )
         from_local = plan is not None and plan.from_local and usable is not None
         if target is not None:
             store.found = "caught_up" if from_local else "restored"
         return store
+
+    # --- the copy in memory ------------------------------------------------------------------
+
+    def _copy_at(
+        self, db: LocalDB, ref: VersionRef | None, num_keys: int, *, read_only: bool
+    ) -> ValueCopy | None:
+        """The copy of ``db`` at ``ref``, the one held if it is of that version, else read
+        from the database for a store that will write (and whose state may fit), else None."""
+        copy = self._copy
+        if copy is not None and copy.live and copy.ref == ref:
+            return copy
+        self.drop_copy()
+        refused = self._copy_refused_at
+        if read_only or (refused is not None and num_keys * 2 > refused):
+            return None
+        # A bounded RocksDB memory (memory_budget_mb, Spark's boundedMemoryUsage) bounds it all.
+        limit = 0 if self.conf.memory_budget_mb else self.conf.value_copy_mb
+        if ref is None and num_keys == 0:
+            self._copy = ValueCopy.empty(ref, limit)
+        else:
+            self._copy = ValueCopy.of_db(db, ref, num_keys, limit)
+            if self._copy is None and limit > 0:
+                self._copy_refused_at = max(0, num_keys)
+        return self._copy
+
+    def applied(
+        self, ref: VersionRef, keys: list[bytes], values: list[bytes | None], num_keys: int
+    ) -> None:
+        """The database took version ``ref``'s writes: so does the copy, while it fits."""
+        copy = self._copy
+        if copy is not None and copy.live and not copy.apply(ref, keys, values):
+            self._copy = None
+            self._copy_refused_at = num_keys
+
+    def drop_copy(self) -> None:
+        """Give the copy in memory up (its version and the database's may part)."""
+        if self._copy is not None:
+            self._copy.drop()
+            self._copy = None
 
     def _sst_map_path(self) -> str:
         return os.path.join(self.local.path, "sst_map.json")
@@ -433,7 +485,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
         share (Spark divides a shared cache among the instances of an executor)."""
         stats = db.memory_stats()
         own = stats["all_memtables_bytes"] + stats["table_readers_bytes"]
-        return own + stats["share_cached_blocks_bytes"]
+        copy = self._copy.nbytes if self._copy is not None else 0
+        return own + stats["share_cached_blocks_bytes"] + copy
 
     def custom_metrics(self) -> dict[str, float]:
         """Work counters since this provider was created (restores, uploads, ...)."""

@@ -1,7 +1,8 @@
 """One version of the ``rocksdb`` provider: the local database plus an overlay of its writes.
 
-Reads see the overlay first, then the database (a multi-get of only the keys that can be
-stored, see :meth:`RocksDBStateStore._fetch`). The row count is kept without extra reads where
+Reads see the overlay first, then the copy of a small state in memory (:mod:`.value_copy`) or
+the database (a multi-get of only the keys that can be stored, see
+:meth:`RocksDBStateStore._fetch`). The row count is kept without extra reads where
 the keys written were read before. Commit writes the version's changelog through the provider,
 then applies the overlay and the version marker to RocksDB in one WriteBatch; abort drops the
 overlay, so it costs nothing and needs no reload.
@@ -21,6 +22,7 @@ import numpy as np
 
 from sparkstate.store.base import StateStore, StoreStatus
 from sparkstate.store.rocksdb.local import LocalDB, key_order
+from sparkstate.store.rocksdb.value_copy import ValueCopy
 from sparkstate.store.spark_metrics import (
     VersionPhases,
     rocksdb_file_metrics,
@@ -68,11 +70,14 @@ class RocksDBStateStore(StateStore):
         num_keys: int,
         *,
         read_only: bool,
+        copy: ValueCopy | None = None,
     ) -> None:
         super().__init__(provider.id, version, provider.families, read_only=read_only)
         self._provider = provider
         self._base = base
         self._db = db
+        #: Every pair of the database in memory, where the provider holds them (read instead).
+        self._copy = copy
         self._pending: dict[bytes, bytes | None] = {}
         #: Whether keys read from the database existed there, to count rows without extra reads.
         self._existed: dict[bytes, bool] = {}
@@ -110,6 +115,9 @@ class RocksDBStateStore(StateStore):
         end first, an index by time) are mostly such keys, where lookups of absent keys would be
         most of a batch's read time. ``in_key_order``: the keys ascend (see ``_fetch_ascending``).
         """
+        copy = self._copy
+        if copy is not None and copy.live:  # complete: a key not in it is not stored
+            return list(map(copy.values.get, keys))
         if in_key_order:
             return self._fetch_ascending(keys)
         tops = self._family_tops()
@@ -274,7 +282,12 @@ class RocksDBStateStore(StateStore):
             "checkpoint_id": ref.checkpoint_id,
             "num_keys": self._num_keys,
         }
-        self._db.apply_batch(zip(keys, values, strict=True), marker)
+        try:
+            self._db.apply_batch(zip(keys, values, strict=True), marker)
+        except BaseException:
+            self._provider.drop_copy()  # the database may not have taken them
+            raise
+        self._provider.applied(ref, keys, values, self._num_keys)
         self.checkpoint_id = ref.checkpoint_id
         self._final = {"changelogBytesWritten": changelog_bytes}
         self._provider.after_commit(self, ref)
