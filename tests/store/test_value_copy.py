@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 from sparkstate.store.base import StateStoreProvider
+from sparkstate.store.rocksdb.provider import RocksDBStateStoreProvider
 from sparkstate.store.rocksdb.value_copy import BUDGET
 from sparkstate.testing.factory import ProviderFactory
 
@@ -46,6 +47,14 @@ def batch(
         model.pop(k, None)
     assert store.metrics().num_keys == len(model)
     return found, store.metrics().custom["rocksdbGetCount"]
+
+
+def memtable_bytes(provider: RocksDBStateStoreProvider) -> int:
+    """Where the partition's local database flushes its memtable (a setting of the database the
+    provider holds open, which nothing public reports)."""
+    db = provider._db  # noqa: SLF001
+    assert db is not None
+    return db.memtable_bytes
 
 
 def test_lookups_read_the_copy_and_answer_what_rocksdb_holds(
@@ -91,10 +100,13 @@ def test_a_state_that_outgrows_the_budget_reads_rocksdb_and_frees_its_copy(
 ) -> None:
     rng = random.Random(11)
     held_before = BUDGET.used
-    provider = rocksdb_factory.open(value_copy_mb=1)
+    provider = rocksdb_factory.open(value_copy_mb=1, block_cache_mb=128, write_buffer_mb=64)
+    assert isinstance(provider, RocksDBStateStoreProvider)
     model: dict[Key, Value] = {}
     _, gets = batch(provider, 0, model, rng, 2_000)
     assert gets == 0
+    # A copied state flushes its memtable early: a write into a large one costs more.
+    assert memtable_bytes(provider) == 8 << 20
     assert BUDGET.used > held_before  # charged to the process
     store = provider.get_read_store(1)
     with_copy = store.metrics().memory_used_bytes
@@ -106,6 +118,7 @@ def test_a_state_that_outgrows_the_budget_reads_rocksdb_and_frees_its_copy(
         assert version < 20, "the copy never gave way"
     _, gets = batch(provider, version, model, rng, 5_000)
     assert gets > 0  # RocksDB answers now, as right as before (batch checks every answer)
+    assert memtable_bytes(provider) >= 32 << 20  # half the process's memtables' 64 MB or more
     store = provider.get_read_store(version + 1)
     assert dict(store.iterator()) == model
     assert store.metrics().num_keys == len(model) and with_copy > 0

@@ -44,6 +44,7 @@ from sparkstate.store.rocksdb.options import (
     LocalDBConf,
     SharedResources,
     db_options,
+    memtable_bytes,
     shared_resources,
     write_options,
 )
@@ -182,6 +183,7 @@ class LocalDB:
         self.resources = shared_resources(self.conf.block_cache_mb, self.conf.write_buffer_mb)
         self._opts = db_options(self.conf, self.resources, create=create_if_missing)
         self._write_opts = write_options()
+        self._memtable_bytes = memtable_bytes(self.resources, copied=False)
         self._iterators: weakref.WeakSet[Generator[Any, None, None]]
         self._iterators = weakref.WeakSet()
         #: Bytes of every batch applied by this object (RocksDB's WriteBatch size).
@@ -369,6 +371,23 @@ class LocalDB:
             _raise_translated(exc, "apply a write batch", self.path)
         self.bytes_written += size
         return size
+
+    @property
+    def memtable_bytes(self) -> int:
+        """The size at which the memtable is flushed (RocksDB's ``write_buffer_size``)."""
+        return self._memtable_bytes
+
+    def size_memtable(self, *, copied: bool) -> None:
+        """Flush the memtable at the size for a state that is (or is not) copied in memory
+        (:func:`.options.memtable_bytes`) from the next write on."""
+        nbytes = memtable_bytes(self.resources, copied=copied)
+        if nbytes == self._memtable_bytes:
+            return
+        try:
+            self._live().set_options({"write_buffer_size": str(nbytes)})
+        except Exception as exc:
+            _raise_translated(exc, "set the memtable size", self.path)
+        self._memtable_bytes = nbytes
 
     def _memtables_over_budget(self) -> bool:
         """Whether the process's memtables hold more than their share of the cache after a

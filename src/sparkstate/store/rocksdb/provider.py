@@ -289,24 +289,28 @@ class RocksDBStateStoreProvider(VersionedProvider):
     def _copy_at(
         self, db: LocalDB, ref: VersionRef | None, num_keys: int, *, read_only: bool
     ) -> ValueCopy | None:
-        """The copy of ``db`` at ``ref``, the one held if it is of that version, else read
-        from the database for a store that will write (and whose state may fit), else None."""
+        """The copy of ``db`` at ``ref``: the one held if it is of that version, else one read
+        from the database for a store that will write, where the state may fit, else None. The
+        database's memtable is sized for it (:func:`.options.memtable_bytes`)."""
         copy = self._copy
         if copy is not None and copy.live and copy.ref == ref:
             return copy
         self.drop_copy()
         refused = self._copy_refused_at
-        if read_only or (refused is not None and num_keys * 2 > refused):
-            return None
+        if not read_only and (refused is None or num_keys * 2 <= refused):
+            self._copy = self._read_copy(db, ref, num_keys)
+        db.size_memtable(copied=self._copy is not None)
+        return self._copy
+
+    def _read_copy(self, db: LocalDB, ref: VersionRef | None, num_keys: int) -> ValueCopy | None:
         # A bounded RocksDB memory (memory_budget_mb, Spark's boundedMemoryUsage) bounds it all.
         limit = 0 if self.conf.memory_budget_mb else self.conf.value_copy_mb
         if ref is None and num_keys == 0:
-            self._copy = ValueCopy.empty(ref, limit)
-        else:
-            self._copy = ValueCopy.of_db(db, ref, num_keys, limit)
-            if self._copy is None and limit > 0:
-                self._copy_refused_at = max(0, num_keys)
-        return self._copy
+            return ValueCopy.empty(ref, limit)
+        copy = ValueCopy.of_db(db, ref, num_keys, limit)
+        if copy is None and limit > 0:
+            self._copy_refused_at = max(0, num_keys)
+        return copy
 
     def applied(
         self, ref: VersionRef, keys: list[bytes], values: list[bytes | None], num_keys: int
@@ -316,6 +320,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
         if copy is not None and copy.live and not copy.apply(ref, keys, values):
             self._copy = None
             self._copy_refused_at = num_keys
+            if self._db is not None:
+                self._db.size_memtable(copied=False)
 
     def drop_copy(self) -> None:
         """Give the copy in memory up (its version and the database's may part)."""
