@@ -44,11 +44,12 @@ SIZES = [3_000, 12_000, 48_000]
 SNAPSHOT_AT = len(SIZES) + 1
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
-def test_memory_follows_the_state_and_spark_names_describe_the_batch(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
-) -> None:
-    q = (
+def _count_query(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str, **store: str
+) -> Any:
+    """A count by key over ``feed`` on ``provider`` with the ``stateStore.*`` options ``store``,
+    started."""
+    writer = (
         ss.stream(source(spark, feed, "k string"))
         .groupBy("k")
         .agg(SF.count("*").alias("n"))
@@ -56,9 +57,23 @@ def test_memory_follows_the_state_and_spark_names_describe_the_batch(
         .format("noop")
         .option("checkpointLocation", str(tmp_path / "chk"))
         .option("stateStore", provider)
-        .option("stateStore.min_deltas_for_snapshot", str(SNAPSHOT_AT))
-        .option("stateStore.value_copy_mb", "0")  # rocksdb: its lookups read RocksDB
-        .start()
+    )
+    for name, value in store.items():
+        writer = writer.option(f"stateStore.{name}", value)
+    return writer.start()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_memory_follows_the_state_and_spark_names_describe_the_batch(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    q = _count_query(
+        spark,
+        feed,
+        tmp_path,
+        provider,
+        min_deltas_for_snapshot=str(SNAPSHOT_AT),
+        value_copy_mb="0",  # rocksdb: its lookups read RocksDB
     )
     ops: list[dict[str, Any]] = []
     batches = [[{"k": f"k{i:06d}"} for i in range(n)] for n in [*SIZES, SIZES[-1]]]
@@ -93,6 +108,24 @@ def test_memory_follows_the_state_and_spark_names_describe_the_batch(
         # database is closed in the worker it leaves.)
         flushed = ops[-1]["customMetrics"]
         assert flushed["rocksdbSstFileSize"] > 0 and flushed["rocksdbTotalBytesWrittenByFlush"] > 0
+
+
+def test_a_small_rocksdb_state_is_read_from_its_copy_in_memory(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """By default a rocksdb query whose state fits its homes' copies reads RocksDB for no
+    lookup, and counts and writes its rows as with the copy off (the test above)."""
+    q = _count_query(spark, feed, tmp_path, "rocksdb")
+    ops: list[dict[str, Any]] = []
+    batches = [[{"k": f"k{i:06d}"} for i in range(n)] for n in SIZES[:2]]
+    run_batches(
+        feed, q, batches, on_batch=lambda _: ops.append(q.lastProgress["stateOperators"][0])
+    )
+    assert [op["numRowsTotal"] for op in ops] == SIZES[:2]
+    for op in ops:
+        custom = op["customMetrics"]
+        assert custom["rocksdbGetCount"] == 0
+        assert custom["rocksdbPutCount"] == op["numRowsUpdated"] > 0
 
 
 # --- numRowsTotal against Spark's operators -----------------------------------------------------
@@ -175,33 +208,6 @@ class Expiring(StatefulProcessor):  # type: ignore[misc]
 
     def close(self) -> None:
         pass
-
-
-def test_a_small_rocksdb_state_is_read_from_its_copy_in_memory(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path
-) -> None:
-    """By default a rocksdb query whose state fits its homes' copies reads RocksDB for no
-    lookup, and counts and writes its rows as with the copy off (the test above)."""
-    q = (
-        ss.stream(source(spark, feed, "k string"))
-        .groupBy("k")
-        .agg(SF.count("*").alias("n"))
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .option("stateStore", "rocksdb")
-        .start()
-    )
-    ops: list[dict[str, Any]] = []
-    batches = [[{"k": f"k{i:06d}"} for i in range(n)] for n in SIZES[:2]]
-    run_batches(
-        feed, q, batches, on_batch=lambda _: ops.append(q.lastProgress["stateOperators"][0])
-    )
-    assert [op["numRowsTotal"] for op in ops] == SIZES[:2]
-    for op in ops:
-        custom = op["customMetrics"]
-        assert custom["rocksdbGetCount"] == 0
-        assert custom["rocksdbPutCount"] == op["numRowsUpdated"] > 0
 
 
 def _count_case(name: str, mode: str, query: Any) -> Differential:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
 from sparkstate.store.base import FOUND_METRICS, StateStore
+from sparkstate.store.sizes import entry_bytes, map_size_bytes
 from sparkstate.store.spark_metrics import HDFS_METRICS
 from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
 from sparkstate.store.versions.layout import VersionIndex, VersionRef, file_name, new_checkpoint_id
@@ -26,22 +27,6 @@ from sparkstate.store.versions.versioned import VersionedProvider
 __all__ = ["MemoryStateStore", "MemoryStateStoreProvider"]
 
 _SNAPSHOT_KIND = b"SNAP"
-#: Entries whose mean size estimates the memory a version holds.
-_SIZE_SAMPLE = 1000
-
-
-def _entry_bytes(data: dict[bytes, bytes]) -> float:
-    """The mean size of a key and value object of ``data``, from a sample of its entries."""
-    sample = list(itertools.islice(data.items(), _SIZE_SAMPLE))
-    if not sample:
-        return 0.0
-    return sum(map(sys.getsizeof, itertools.chain.from_iterable(sample))) / len(sample)
-
-
-def map_size_bytes(data: dict[bytes, bytes]) -> int:
-    """An estimate of one version's map, as Spark's ``SizeEstimator`` of it: its hash table and
-    its key and value objects."""
-    return sys.getsizeof(data) + int(len(data) * _entry_bytes(data))
 
 
 class KeyOrder:
@@ -304,7 +289,7 @@ class MemoryStateStoreProvider(VersionedProvider):
         lists = {id(x): x for o in (*self._orders.values(), order) for x in o.lists()}
         tables = sum(sys.getsizeof(data) for _, data, _ in maps)
         return (
-            tables + sum(map(sys.getsizeof, lists.values())) + int(objects * _entry_bytes(current))
+            tables + sum(map(sys.getsizeof, lists.values())) + int(objects * entry_bytes(current))
         )
 
     def _open(self, version: int, checkpoint_id: str | None, read_only: bool) -> MemoryStateStore:

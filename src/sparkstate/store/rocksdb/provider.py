@@ -305,8 +305,6 @@ class RocksDBStateStoreProvider(VersionedProvider):
     def _read_copy(self, db: LocalDB, ref: VersionRef | None, num_keys: int) -> ValueCopy | None:
         # A bounded RocksDB memory (memory_budget_mb, Spark's boundedMemoryUsage) bounds it all.
         limit = 0 if self.conf.memory_budget_mb else self.conf.value_copy_mb
-        if ref is None and num_keys == 0:
-            return ValueCopy.empty(ref, limit)
         copy = ValueCopy.of_db(db, ref, num_keys, limit)
         if copy is None and limit > 0:
             self._copy_refused_at = max(0, num_keys)

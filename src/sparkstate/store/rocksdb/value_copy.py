@@ -12,20 +12,22 @@ it is dropped, and its partition reads RocksDB as before; a large state never ha
 
 from __future__ import annotations
 
+import itertools
+import operator
 import sys
 import threading
 from collections.abc import Sequence
 
 from sparkstate.store.rocksdb.local import RESERVED_PREFIX, LocalDB
+from sparkstate.store.sizes import map_size_bytes
 from sparkstate.store.versions.layout import VersionRef
 
 __all__ = ["ValueCopy"]
 
-#: What a pair costs a dict beyond its bytes: two bytes objects' headers and a slot of the table
-#: (its entry and index, at the dict's load factor).
-_PAIR_OVERHEAD = 2 * sys.getsizeof(b"") + 56
+#: The least a pair costs a dict: two empty bytes objects and a slot of the table.
+_MIN_PAIR_BYTES = 2 * sys.getsizeof(b"") + 24
 _SCAN_CHUNK = 4096
-_SAMPLE = 512
+_NONES = itertools.repeat(None)
 
 
 class _Budget:
@@ -36,11 +38,16 @@ class _Budget:
         self.used = 0
 
     def take(self, nbytes: int, limit: int) -> bool:
+        """Charge ``nbytes`` more (fewer, if negative) unless that passes ``limit``."""
         with self._lock:
             if nbytes > 0 and self.used + nbytes > limit:
                 return False
             self.used += nbytes
             return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
 
 
 BUDGET = _Budget()
@@ -55,15 +62,8 @@ class ValueCopy:
         self.values: dict[bytes, bytes] = {}
         self.live = True
         self._limit = limit_bytes
-        #: Bytes charged to the process's budget: the pairs at the mean size of those written.
+        #: Bytes charged to the process's budget (:func:`~sparkstate.store.sizes.map_size_bytes`).
         self.nbytes = 0
-        self._seen_pairs = 0
-        self._seen_bytes = 0
-
-    @classmethod
-    def empty(cls, ref: VersionRef | None, limit_mb: int) -> ValueCopy | None:
-        """A copy of a database that holds nothing; None when copies are off."""
-        return cls(ref, limit_mb << 20) if limit_mb > 0 else None
 
     @classmethod
     def of_db(
@@ -73,12 +73,12 @@ class ValueCopy:
         count is unknown (rows not tracked) or says the copy cannot fit, or the scan outgrows
         the budget."""
         limit = limit_mb << 20
-        if limit <= 0 or num_keys < 0 or num_keys * _PAIR_OVERHEAD > limit - BUDGET.used:
+        if limit <= 0 or num_keys < 0 or num_keys * _MIN_PAIR_BYTES > limit - BUDGET.used:
             return None
         copy = cls(ref, limit)
         for keys, values in db.scan_chunks(b"", RESERVED_PREFIX, _SCAN_CHUNK):
             copy.values.update(zip(keys, values, strict=True))
-            if not copy._charge(keys, values):
+            if not copy._charge():
                 return None
         return copy
 
@@ -88,21 +88,15 @@ class ValueCopy:
         held = self.values
         held.update(zip(keys, values, strict=True))  # type: ignore[arg-type]
         if None in values:
-            for key, value in zip(keys, values, strict=True):
-                if value is None:
-                    del held[key]
+            for key in itertools.compress(keys, map(operator.is_, values, _NONES)):
+                del held[key]
         self.ref = ref
-        return self._charge(keys, values)
+        return self._charge()
 
-    def _charge(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> bool:
-        """Charge the budget for what the copy holds now, after ``keys``/``values`` were
-        written; False, with the copy dropped, when the budget cannot take it."""
-        step = max(1, len(keys) // _SAMPLE)  # the mean size from a sample of the pairs
-        sample_keys, sample_values = keys[::step], values[::step]
-        self._seen_pairs += len(sample_keys)
-        self._seen_bytes += sum(map(len, sample_keys)) + sum(map(len, filter(None, sample_values)))
-        mean = self._seen_bytes / max(1, self._seen_pairs)
-        charge = int(len(self.values) * (_PAIR_OVERHEAD + mean))
+    def _charge(self) -> bool:
+        """Charge the budget for what the copy holds now; False, with the copy dropped, when
+        the budget cannot take it."""
+        charge = map_size_bytes(self.values)
         if not BUDGET.take(charge - self.nbytes, self._limit):
             self.drop()
             return False
@@ -112,7 +106,7 @@ class ValueCopy:
     def drop(self) -> None:
         """Give the copy's memory back; it answers nothing after this."""
         if self.live:
-            BUDGET.take(-self.nbytes, 0)
+            BUDGET.give(self.nbytes)
         self.live = False
         self.nbytes = 0
         self.values = {}
