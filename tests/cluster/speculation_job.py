@@ -79,6 +79,7 @@ def ours(
         .option("stateStore", PROVIDERS[provider])
         .option("stateStore.local_dir", "sparkstate-local")
         .option("stateStore.state_home", str(homes).lower())
+        .option("stateStore.direct_batch_rows", "0")  # every batch in Spark's tasks, speculated
         .start()
     )
 

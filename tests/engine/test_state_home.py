@@ -193,7 +193,8 @@ def test_worker_killed_while_its_task_runs_in_the_home(
     killed: list[int] = []
     killer = threading.Thread(target=_kill_workers_when_stalled, args=(marker, jvm, killed))
     killer.start()
-    q = start(spark, feed, tmp_path, KILLING[provider])
+    # Every batch in Spark's tasks (a small one runs from the driver, with no worker).
+    q = start(spark, feed, tmp_path, KILLING[provider], **{"stateStore.direct_batch_rows": "0"})
     try:
         run_batches(feed, q, BATCHES, on_batch=lambda b: b or before.update(homes(jvm)))
     finally:

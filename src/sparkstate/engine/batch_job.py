@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from sparkstate.engine import batch_payload
+from sparkstate.engine import batch_payload, direct_batch
 from sparkstate.engine.attempts import CountedAttempts, winning_reports
 from sparkstate.engine.batch_plan import RunPlan
 from sparkstate.engine.driver_config import DriverConfig
@@ -89,6 +89,13 @@ def run_stages(
         s.op_id: task_spec(config, s, s is stages[-1], intent, lineage, replay, owners)
         for s in stages
     }
+    direct = None if replay else direct_batch.wanted(config, stages, plan, batch_id)
+    if direct is not None and plan is not None:
+        timings = direct_batch.run_direct(
+            config, direct, specs[direct.op_id], sink, reports_dir, df, plan
+        )
+        if timings is not None:
+            return list(winning_reports(reports_dir.read()).values()), timings
     current = plan.reused(df) if plan is not None else None
     if current is None:
         current = df

@@ -39,6 +39,8 @@ __all__ = ["RunPlan"]
 log = logging.getLogger("sparkstate.engine")
 
 TaskFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+#: The recorded plan of the stateful stages over a batch.
+STAGES = "stages"
 #: The leaf class of a foreachBatch DataFrame's plan.
 BATCH_LEAF = "LogicalRDD"
 
@@ -64,10 +66,17 @@ class RunPlan:
     def __init__(self, counted: CountedAttempts | None) -> None:
         self.counted = counted
         self._functions: dict[int, tuple[Stage, str, TaskFunction]] = {}
-        self._chain: _Chain | None = None
-        #: Whether a plan was recorded or found not to be a chain (tried once, then again
-        #: only after a batch the recorded plan did not fit).
-        self._recorded = False
+        #: The recorded plans, by what they are of: the stages' (``STAGES``), or the input the
+        #: driver reads for a direct batch (engine/direct_batch.py).
+        self._chains: dict[str, _Chain] = {}
+        #: The plans recorded or found not to be a chain (tried once, then again only after a
+        #: batch the recorded plan did not fit).
+        self._recorded: set[str] = set()
+        #: The JVM query of the run, and the last batch of it that read rows: its id and Spark's
+        #: count of them (a small one lets the next batch run from the driver,
+        #: engine/direct_batch.py).
+        self.spark_query: Any = None
+        self.input_rows: tuple[int, int] | None = None
 
     def task_function(self, stage: Stage, spec: TaskSpec) -> TaskFunction:
         """The task function of ``stage`` for the run (``spec``: its spec in any batch)."""
@@ -78,16 +87,18 @@ class RunPlan:
             self._functions[stage.op_id] = made
         return made[2]
 
-    def reused(self, batch: DataFrame) -> DataFrame | None:
-        """The stages' DataFrame over ``batch``, the recorded plan over its leaf; None: none is
-        recorded, or ``batch`` is not over a leaf of the recorded plan's attributes."""
-        chain = self._chain
+    def reused(self, batch: DataFrame, of: str = STAGES) -> DataFrame | None:
+        """The DataFrame ``of`` (the stages') over ``batch``, the recorded plan over its leaf;
+        None: none is recorded, or ``batch`` is not over a leaf of the recorded plan's
+        attributes."""
+        chain = self._chains.get(of)
         if chain is None:
             return None
         leaf = _leaf(batch._jdf.logicalPlan(), of_class=False)
         if leaf is None or not leaf.output().equals(chain.leaf_output):
             log.info("the batch's rows are not those of the recorded plan; planned anew")
-            self._chain, self._recorded = None, False  # this batch's plan is recorded instead
+            del self._chains[of]  # this batch's plan is recorded instead
+            self._recorded.discard(of)
             return None
         plan = leaf
         for node in reversed(chain.nodes):
@@ -95,12 +106,13 @@ class RunPlan:
         session = batch.sparkSession
         return type(batch)(chain.of_rows(session._jsparkSession, plan), session)
 
-    def record(self, batch: DataFrame, output: DataFrame, reusable: bool) -> None:
-        """Keep ``output``'s plan over ``batch``'s leaf for the batches after it, where it is a
-        chain of single-child nodes (``reusable``: it holds nothing of the batch but its leaf)."""
-        if self._recorded or not reusable:
+    def record(self, batch: DataFrame, output: DataFrame, reusable: bool, of: str = STAGES) -> None:
+        """Keep ``output``'s plan over ``batch``'s leaf for the batches after it, as the plan
+        ``of`` (the stages'), where it is a chain of single-child nodes (``reusable``: it holds
+        nothing of the batch but its leaf)."""
+        if of in self._recorded or not reusable:
             return
-        self._recorded = True
+        self._recorded.add(of)
         nodes: list[Any] = []
         node = output._jdf.logicalPlan()
         children = node.children()
@@ -115,7 +127,7 @@ class RunPlan:
         jvm: Any = batch.sparkSession.sparkContext._jvm
         dataset: Any = functools.reduce(getattr, batch._jdf.getClass().getName().split("."), jvm)
         nil = getattr(getattr(jvm.scala.collection.immutable, "Nil$"), "MODULE$")
-        self._chain = _Chain(nodes, leaf.output(), dataset.ofRows, nil)
+        self._chains[of] = _Chain(nodes, leaf.output(), dataset.ofRows, nil)
 
 
 def _leaf(plan: Any, of_class: bool = True) -> Any | None:

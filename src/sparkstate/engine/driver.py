@@ -97,6 +97,7 @@ class BatchDriver:
         #: The run's task functions and plan of its stages (classic sessions; made with
         #: ``_counted``).
         self._plan: RunPlan | None = None
+        self._spark_query: Any = None
         self._counted_made = False
         self.triggers = {
             s.op_id: s.operator.time_trigger()
@@ -145,7 +146,7 @@ class BatchDriver:
         state = dict(self.__dict__)
         for name in ("_lock", "_stop", "_in_batch", "_started", "recent", "error"):
             del state[name]
-        for name in ("_counted", "_plan"):  # made again at the first batch
+        for name in ("_counted", "_plan", "_spark_query"):  # made again at the first batch
             del state[name]
         state["_counted_made"] = False
         return state
@@ -159,6 +160,7 @@ class BatchDriver:
         self.error = None
         self._counted = None
         self._plan = None
+        self._spark_query = None
         self._lock = threading.Lock()
         self._stop = None
         self._in_batch = threading.Event()
@@ -202,9 +204,11 @@ class BatchDriver:
         if self._in_server and isinstance(exc, Exception):
             self.log.write_failure(self.config.start_id, TaskFailure.of(exc, -1, -1))
 
-    def started(self, run_id: str) -> None:
-        """Spark started the query under ``run_id`` (progress carries it)."""
+    def started(self, run_id: str, spark_query: Any = None) -> None:
+        """Spark started the query under ``run_id`` (progress carries it); ``spark_query``: the
+        JVM's query of a classic session, whose progress tells how many rows its batches read."""
         self.config.run_id = run_id
+        self._spark_query = spark_query
         self._started.set()
 
     def snapshot_at_stop(self) -> None:
@@ -382,6 +386,8 @@ class BatchDriver:
             self._counted = CountedAttempts.of(df.sparkSession)
             self._plan = None if is_connect(df) else RunPlan(self._counted)
             self._counted_made = True
+        if self._plan is not None and self._plan.spark_query is None:
+            self._plan.spark_query = self._spark_query  # known once start() returned
         return run_stages(
             self.config,
             self.stages,

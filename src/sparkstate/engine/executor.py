@@ -35,6 +35,7 @@ from sparkstate.runtime.tasks import Attempt, TaskSpec, commit_untouched, run_ta
 
 __all__ = [
     "commit_untouched_task",
+    "run_in_owner",
     "snapshot_in_owner",
     "task_function",
     "task_function_of_run",
@@ -146,6 +147,20 @@ def commit_untouched_task(spec: TaskSpec, partition: int) -> TaskReport:
     what = f"partition {partition} of operator {spec.op_id} (untouched) in batch {spec.batch_id}"
     report: TaskReport = _result_in_home(sock, job, what, spec.store.conf.home_timeout_s)
     return report
+
+
+def run_in_owner(
+    spec: TaskSpec, partition: int, batches: Iterator[pa.RecordBatch], reports: ReportDir
+) -> Iterator[pa.RecordBatch] | None:
+    """The task of ``partition`` run from the driver in the state home that holds the
+    partition (``spec.owners``) over ``batches``: its output, or None if that home cannot be
+    reached (:mod:`sparkstate.engine.direct_batch`)."""
+    sock = home_client.connect_owner(spec.owners[partition])
+    if sock is None:
+        return None
+    job = functools.partial(_task_in_home, spec, partition, reports, Attempt(), None)
+    what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
+    return home_client.run_in_home(sock, _dumps(job), batches, what, spec.store.conf.home_timeout_s)
 
 
 def snapshot_in_owner(spec: TaskSpec, partition: int, owner: str) -> bool:

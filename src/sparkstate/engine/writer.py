@@ -473,5 +473,6 @@ class DataStreamWriter:
             writer = writer.trigger(**self._trigger)
         spark_query = writer.start()
         handle = StreamingQuery(spark_query, driver, lock, sink, stages, log_)
-        driver.started(str(spark_query.runId))  # the first batch goes on from here
+        # The first batch goes on from here.
+        driver.started(str(spark_query.runId), getattr(spark_query, "_jsq", None))
         return handle

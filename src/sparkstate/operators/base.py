@@ -223,6 +223,9 @@ class StatefulOperator(StateLayout, ABC):
     #: their bytes but does not order by value: True where keys are only looked up (grouping
     #: keys, deduplicated columns), never scanned in the order of such a column.
     nested_keys: ClassVar[bool] = False
+    #: Whether the operator calls the user's own functions (which may ask Spark's
+    #: ``TaskContext`` where they run): such a step runs in Spark's tasks only.
+    calls_user_code: ClassVar[bool] = False
 
     input_schema: pa.Schema
     key_schema: pa.Schema

@@ -84,6 +84,11 @@ class StoreConf:
     #: sends every quarter of this) before it gives the home up as hung: the task fails, the
     #: home (if on this machine) is killed, and Spark's retry gets a new home.
     home_timeout_s: float = 120.0
+    #: A batch of a query whose last batch with data read at most this many rows (Spark's
+    #: ``numInputRows``) runs its stateful step from the driver, which sends each partition's
+    #: rows to the state home holding it, instead of a Spark stage
+    #: (:mod:`sparkstate.engine.direct_batch`); 0 (the default for now): never.
+    direct_batch_rows: int = 0
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.
     max_versions_in_memory: int = 2
@@ -108,7 +113,7 @@ class StoreConf:
         if self.home_timeout_s <= 0:
             msg = f"home_timeout_s must be > 0, got {self.home_timeout_s}"
             raise ConfigurationError(msg)
-        for name in ("memory_budget_mb", "python_workers", "value_copy_mb"):
+        for name in ("memory_budget_mb", "python_workers", "value_copy_mb", "direct_batch_rows"):
             if getattr(self, name) < 0:
                 msg = f"{name} must be >= 0, got {getattr(self, name)}"
                 raise ConfigurationError(msg)

@@ -131,6 +131,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     """
 
     kind: ClassVar[str] = "flatMapGroupsWithState"
+    calls_user_code: ClassVar[bool] = True
     progress_name: ClassVar[str] = "flatMapGroupsWithState"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     #: Whether the old timeout of Spark's write rule is the stored one (Scala) or -1 (PySpark).

@@ -111,6 +111,7 @@ class TransformWithState(StatefulOperator):
     """Runs a ``StatefulProcessor`` on one partition's keys, batch after batch."""
 
     kind: ClassVar[str] = "transformWithState"
+    calls_user_code: ClassVar[bool] = True
     progress_name: ClassVar[str] = "transformWithStateInPySparkExec"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     #: Its rows are its state variables' as Spark counts them (:mod:`.state_rows`).
