@@ -72,11 +72,10 @@ class RunPlan:
         #: The plans recorded or found not to be a chain (tried once, then again only after a
         #: batch the recorded plan did not fit).
         self._recorded: set[str] = set()
-        #: The JVM query of the run, and the last batch of it that read rows: its id and Spark's
-        #: count of them (a small one lets the next batch run from the driver,
-        #: engine/direct_batch.py).
+        #: The JVM query of the run, and Spark's count of the rows its last batch with data
+        #: read (a small one lets the next batch run from the driver, engine/direct_batch.py).
         self.spark_query: Any = None
-        self.input_rows: tuple[int, int] | None = None
+        self.input_rows: int | None = None
 
     def task_function(self, stage: Stage, spec: TaskSpec) -> TaskFunction:
         """The task function of ``stage`` for the run (``spec``: its spec in any batch)."""

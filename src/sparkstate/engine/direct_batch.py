@@ -102,10 +102,10 @@ def _rows_read(plan: RunPlan) -> int | None:
         return None
     progress = plan.spark_query.lastProgress()
     if progress is not None:
-        batch, rows = int(progress.batchId()), int(progress.numInputRows())
+        rows = int(progress.numInputRows())
         if rows > 0 or plan.input_rows is None:
-            plan.input_rows = (batch, rows)
-    return None if plan.input_rows is None else plan.input_rows[1]
+            plan.input_rows = rows
+    return plan.input_rows
 
 
 def run_direct(
