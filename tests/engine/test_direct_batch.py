@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
-from pyspark.sql.types import StructType
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine import direct_batch
 from sparkstate.engine.batch_job import engine_settings
 from sparkstate.testing import Collector, FileFeed
 
@@ -133,23 +131,31 @@ def test_small_batches_run_their_state_from_the_driver_with_sparks_output(
     assert sum(map(len, progress)) > len(files), "no batch without data ran"
 
 
-def test_the_output_leaves_the_users_session_the_active_one(spark: SparkSession) -> None:
-    """The output becomes a DataFrame of the batch's session, Spark's clone of the user's with
-    the settings of the query's start; the session the user's code gets stays its own."""
-    clone = spark.newSession()
-    before = SparkSession._activeSession
-    frame = direct_batch._local_frame(
-        clone,
-        pa.table({"k": ["a"]}),
-        StructType.fromJson(
-            {
-                "type": "struct",
-                "fields": [{"name": "k", "type": "string", "nullable": True, "metadata": {}}],
-            }
-        ),
-    )
-    assert frame.collect()[0].k == "a"
-    assert SparkSession._activeSession is before
+def test_the_users_session_stays_the_active_one_while_queries_run(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A batch's output becomes a DataFrame of the batch's session, Spark's clone of the
+    user's with the settings of the query's start. With two queries' batches made at once, the
+    session the user's code gets is its own at every moment, and after."""
+    queries = []
+    for i in range(2):
+        source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 20).load()
+        counts = ss.stream(source).groupBy((F.col("value") % 5).alias("k")).count()
+        writer = counts.writeStream.outputMode("update").format("noop")
+        for key, value in {**ON, "checkpointLocation": str(tmp_path / f"chk{i}")}.items():
+            writer = writer.option(key, value)
+        queries.append(writer.trigger(processingTime="50 milliseconds").start())
+    seen = []
+    try:
+        while min(sum(direct(q.recentProgress)) for q in queries) < 4:
+            seen.append(SparkSession.getActiveSession())
+            time.sleep(0.01)
+    finally:
+        for query in queries:
+            query.stop()
+    assert all(session is spark for session in seen), {id(s) for s in seen}
+    assert SparkSession.getActiveSession() is spark
+    assert SparkSession.builder.getOrCreate() is spark
 
 
 def test_a_batch_after_a_large_one_runs_through_spark(spark: SparkSession, tmp_path: Path) -> None:

@@ -35,12 +35,12 @@ import logging
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.conversion import SparkConversionMixin
 from pyspark.sql.types import StructType
 
 from sparkstate.engine.batch_plan import RunPlan
@@ -172,21 +172,13 @@ def run_direct(
 
 def _local_frame(session: SparkSession, table: pa.Table, struct: StructType) -> DataFrame:
     """``table`` as a DataFrame of ``session`` (the batch's, Spark's clone of the user's for
-    the stream), the user's active session left as it was: PySpark's ``createDataFrame``
-    makes its session the process's active one, and the clone's settings (those of the
-    query's start) would then be those of every session the user's code asks for later
-    (``SparkSession.getActiveSession()``, ``builder.getOrCreate()``)."""
-    active = SparkSession._activeSession
-    sessions: Any = SparkSession._get_j_spark_session_class(session._jvm)
-    jvm_active = sessions.getActiveSession()
-    try:
-        return session.createDataFrame(table, schema=struct)
-    finally:
-        SparkSession._activeSession = active
-        if jvm_active.isDefined():
-            sessions.setActiveSession(jvm_active.get())
-        else:
-            sessions.clearActiveSession()
+    the stream), the process's active session untouched. PySpark's ``createDataFrame`` first
+    makes its session the active one, for every thread: the clone, with the settings of the
+    query's start, would then be what ``SparkSession.getActiveSession()`` and
+    ``builder.getOrCreate()`` give the user's code, and saving and restoring around it races
+    with another query's batch doing the same. The conversion it hands an Arrow table to
+    touches no active session."""
+    return SparkConversionMixin.createDataFrame(session, table, schema=struct)
 
 
 def _input(stage: Stage, df: DataFrame, batch_id: int, n: int, plan: RunPlan) -> pa.Table:
