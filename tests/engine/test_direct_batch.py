@@ -29,8 +29,6 @@ from .helpers import assert_same_as_spark, start_ours, start_spark
 from .test_state_home import homes, jvm_pid
 
 SCHEMA = "k string, ts timestamp, v double"
-#: The driver's path on (off by default for now).
-ON = {"stateStore.direct_batch_rows": "10000"}
 ZONE = "spark.sql.session.timeZone"
 
 Build = Callable[[DataFrame, bool], Any]
@@ -87,7 +85,6 @@ def run(
         if provider is None:
             query = start_spark(stream, "update", tmp / "chk", collector)
         else:
-            options = {**ON, **options}
             query = start_ours(stream, "update", tmp / "chk", provider, collector, **options)
         try:
             for file in part:
@@ -142,8 +139,7 @@ def test_the_users_session_stays_the_active_one_while_queries_run(
         source = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 20).load()
         counts = ss.stream(source).groupBy((F.col("value") % 5).alias("k")).count()
         writer = counts.writeStream.outputMode("update").format("noop")
-        for key, value in {**ON, "checkpointLocation": str(tmp_path / f"chk{i}")}.items():
-            writer = writer.option(key, value)
+        writer = writer.option("checkpointLocation", str(tmp_path / f"chk{i}"))
         queries.append(writer.trigger(processingTime="50 milliseconds").start())
     seen = []
     try:

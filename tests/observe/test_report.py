@@ -203,8 +203,12 @@ def test_each_series_draws_the_values_of_the_log(page: str, logged: list[dict[st
     assert sum(dropped[1]) > 0
 
     phases = charts["Batch duration by phase"]
-    for phase in ("statefulStage", "stateCommit"):
-        assert_drawn(phases[phase], per_batch(logged, lambda p, n=phase: p["durationMs"][n]))
+    # A batch through Spark's tasks reports ``statefulStage``, one whose state ran from the
+    # driver ``directState``; each is drawn as 0 where a batch did not report it.
+    for phase in ("statefulStage", "directState", "stateCommit"):
+        assert any(phase in p["durationMs"] for p in logged), phase
+        drawn = per_batch(logged, lambda p, n=phase: p["durationMs"].get(n, 0))
+        assert_drawn(phases[phase], drawn)
     stacked = [sum(v) for v in zip(*(ys for _, ys in phases.values()), strict=True)]
     assert stacked == pytest.approx([p["durationMs"]["triggerExecution"] for p in logged])
 

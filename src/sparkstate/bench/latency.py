@@ -73,9 +73,6 @@ RATIO_PAIRS = [
     ("sparkstate-rocksdb", "spark-hdfs"),
     ("sparkstate-rocksdb", "spark-rocksdb"),
 ]
-#: ``stateStore.direct_batch_rows`` of sparkstate's queries: both workloads' batches run their
-#: state from the driver (engine/direct_batch.py).
-DIRECT_BATCH_ROWS = "10000"
 
 
 # --- the system (child side) ----------------------------------------------------------------------
@@ -140,9 +137,6 @@ def _query(system: str, df: Any, checkpoint: str) -> Any:
     )
     if ours:
         writer = writer.option("stateStore", system.removeprefix("sparkstate-"))
-        # A small batch's state from the driver (off by default for now): what a small stream
-        # sets.
-        writer = writer.option("stateStore.direct_batch_rows", DIRECT_BATCH_ROWS)
     return writer
 
 
