@@ -110,6 +110,7 @@ def los_angeles(spark: SparkSession) -> Iterator[None]:
     spark.conf.set(ZONE, previous)
 
 
+@pytest.mark.versions  # every supported PySpark: the output made a local DataFrame
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_small_batches_run_their_state_from_the_driver_with_sparks_output(
     spark: SparkSession, tmp_path: Path, provider: str, los_angeles: None
@@ -128,6 +129,7 @@ def test_small_batches_run_their_state_from_the_driver_with_sparks_output(
     assert sum(map(len, progress)) > len(files), "no batch without data ran"
 
 
+@pytest.mark.versions
 def test_the_users_session_stays_the_active_one_while_queries_run(
     spark: SparkSession, tmp_path: Path
 ) -> None:
