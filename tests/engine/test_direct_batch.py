@@ -6,6 +6,7 @@ query's, through a restart, in a session whose time zone is not UTC."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -22,6 +23,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 import sparkstate as ss
 from sparkstate import functions as SF
 from sparkstate.engine.batch_job import engine_settings
+from sparkstate.runtime import home_client
 from sparkstate.testing import Collector, FileFeed
 
 from .conftest import PARTITIONS, PROVIDERS
@@ -190,6 +192,42 @@ def test_a_batch_whose_homes_are_gone_runs_through_spark(
     assert ran[:2] == [False, True], ran
     assert ran[2] is False, ran  # its homes killed before it: through Spark, which starts new ones
     assert all(ran[3:]), ran
+
+
+def test_homes_that_never_answer_the_driver_leave_the_run_to_sparks_tasks(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """After the run's first two batches, the driver's connections to the homes go unanswered
+    until they time out (a network that drops them): that batch and every later one go through
+    Spark's tasks, which reach the homes from the executors, with Spark's output; the log says
+    why. Waiting out the time again at every batch would cost each batch the wait."""
+    files = [rows(i) for i in range(5)]
+    tried: list[str] = []  # the driver's connections, each waited out
+    tried_by_file: list[int] = []
+
+    def unanswered(address: str) -> None:
+        tried.append(address)
+        time.sleep(home_client.OWNER_TIMEOUT_S)
+
+    def drop_connections(batches_done: int) -> None:
+        tried_by_file.append(len(tried))
+        if batches_done == 2:
+            monkeypatch.setattr(home_client, "OWNER_TIMEOUT_S", 0.5)
+            monkeypatch.setattr(home_client, "connect_owner", unanswered)
+
+    theirs, _ = run(spark, tmp_path / "spark", windowed, files, None)
+    with caplog.at_level(logging.WARNING, logger="sparkstate.engine"):
+        ours, progress = run(
+            spark, tmp_path / "ours", windowed, files, "memory", on_batch=drop_connections
+        )
+    assert_same_as_spark(ours, theirs)
+    ran = direct(progress[0])
+    assert ran[:2] == [False, True], ran
+    assert not any(ran[2:]), ran
+    # The driver waited in one batch only, not again in the batches after it.
+    assert tried_by_file[2] > 0, tried_by_file
+    assert tried_by_file[2:] == [tried_by_file[2]] * 3, tried_by_file
+    assert "run their state in Spark's tasks" in caplog.text
 
 
 def test_off_every_batch_runs_through_spark(spark: SparkSession, tmp_path: Path) -> None:

@@ -76,6 +76,8 @@ class RunPlan:
         #: read (a small one lets the next batch run from the driver, engine/direct_batch.py).
         self.spark_query: Any = None
         self.input_rows: int | None = None
+        #: Why no batch of the run runs from the driver any more (None: they may).
+        self.direct_off: str | None = None
 
     def task_function(self, stage: Stage, spec: TaskSpec) -> TaskFunction:
         """The task function of ``stage`` for the run (``spec``: its spec in any batch)."""

@@ -49,6 +49,7 @@ from sparkstate.engine.executor import run_in_owner
 from sparkstate.engine.sinks import Sink
 from sparkstate.engine.spark_schema import arrow_schema, quote
 from sparkstate.engine.stage import Stage
+from sparkstate.runtime import home_client
 from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.tasks import TaskSpec
 
@@ -67,7 +68,13 @@ THREADS = 8
 
 
 class Unreachable(Exception):
-    """A partition's home could not be reached from the driver."""
+    """A partition's home could not be reached from the driver; ``timed_out``: the attempt
+    waited out its time (no answer at all, as behind a firewall that drops what it refuses),
+    not refused at once (a home that is gone)."""
+
+    def __init__(self, message: str, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def wanted(
@@ -75,7 +82,13 @@ def wanted(
 ) -> Stage | None:
     """The stage to run from the driver in this batch, or None: the batch goes through Spark."""
     conf = config.store.conf
-    if plan is None or not conf.state_home or conf.direct_batch_rows <= 0 or len(stages) != 1:
+    if (
+        plan is None
+        or plan.direct_off is not None
+        or not conf.state_home
+        or conf.direct_batch_rows <= 0
+        or len(stages) != 1
+    ):
         return None
     stage = stages[0]
     if (
@@ -136,7 +149,19 @@ def run_direct(
         with ThreadPoolExecutor(min(n, THREADS), thread_name_prefix="sparkstate-direct") as pool:
             outputs = list(pool.map(lambda p: _run(spec, p, parts[p], reports), range(n)))
     except Unreachable as exc:
-        log.info("batch %d: %s; the batch runs through Spark", spec.batch_id, exc)
+        if not exc.timed_out:  # a home gone: Spark's tasks start another, then the driver's again
+            log.info("batch %d: %s; the batch runs through Spark", spec.batch_id, exc)
+            return None
+        # The driver cannot reach the executors' homes (a network that drops its connections):
+        # trying again would cost every batch the wait.
+        plan.direct_off = str(exc)
+        log.warning(
+            "batch %d: %s (no answer in %.0f s); this run's batches run their state in "
+            "Spark's tasks, not from the driver",
+            spec.batch_id,
+            exc,
+            home_client.OWNER_TIMEOUT_S,
+        )
         return None
     except Exception as exc:
         failure = reports.first_failure()
@@ -232,9 +257,10 @@ def _run(
 ) -> list[pa.RecordBatch]:
     """Partition ``partition``'s task in its home, over ``rows``: its output."""
     frames: Iterator[pa.RecordBatch] = iter(rows.to_batches(max_chunksize=FRAME_ROWS))
+    tried = time.monotonic()
     output = run_in_owner(spec, partition, frames, reports)
     if output is None:
         owner = spec.owners[partition].partition("/")[0]
         msg = f"the state home {owner} of partition {partition} cannot be reached"
-        raise Unreachable(msg)
+        raise Unreachable(msg, time.monotonic() - tried >= home_client.OWNER_TIMEOUT_S / 2)
     return list(output)
