@@ -43,6 +43,16 @@ def windowed(df: DataFrame, ours: bool) -> Any:
     return df.groupBy(F.window("ts", "10 seconds"), "k").agg(F.sum("v"))
 
 
+def joined(df: DataFrame, ours: bool) -> Any:
+    """A left outer self-join of the stream in a time range: each row with the rows of its
+    key up to 2 s around it, or alone once the watermark passed it."""
+    df = (ss.stream(df) if ours else df).withWatermark("ts", "5 seconds")
+    left = df.select(F.col("k").alias("lk"), F.col("ts").alias("lts"), F.col("v").alias("lv"))
+    right = df.select(F.col("k").alias("rk"), F.col("ts").alias("rts"), F.col("v").alias("rv"))
+    time_range = "lk = rk AND rts BETWEEN lts - INTERVAL 2 SECONDS AND lts + INTERVAL 2 SECONDS"
+    return left.join(right, F.expr(time_range), "leftOuter")
+
+
 def by_key(df: DataFrame, ours: bool) -> Any:
     return (ss.stream(df) if ours else df).groupBy("k").count()
 
@@ -71,6 +81,7 @@ def run(
     provider: str | None,
     restart_after: int | None = None,
     on_batch: Callable[[int], None] = lambda i: None,
+    mode: str = "update",
     **options: str,
 ) -> tuple[Collector, list[list[dict[str, Any]]]]:
     """``build``'s query, sparkstate's on ``provider`` or (None) Spark's, fed one file a batch,
@@ -85,9 +96,9 @@ def run(
             continue
         stream = build(feed.stream(spark, SCHEMA), provider is not None)
         if provider is None:
-            query = start_spark(stream, "update", tmp / "chk", collector)
+            query = start_spark(stream, mode, tmp / "chk", collector)
         else:
-            query = start_ours(stream, "update", tmp / "chk", provider, collector, **options)
+            query = start_ours(stream, mode, tmp / "chk", provider, collector, **options)
         try:
             for file in part:
                 feed.add(file)
@@ -129,6 +140,23 @@ def test_small_batches_run_their_state_from_the_driver_with_sparks_output(
         # The progress tells the state as a Spark stage's tasks report it.
         assert all(p["stateOperators"][0]["numRowsTotal"] > 0 for p in each_run)
     assert sum(map(len, progress)) > len(files), "no batch without data ran"
+
+
+@pytest.mark.versions
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_stream_stream_joins_small_batches_run_from_the_driver_with_sparks_output(
+    spark: SparkSession, tmp_path: Path, provider: str
+) -> None:
+    """Both sides' rows of a batch go to the partition of their key, as Spark's shuffle of
+    each side sends them; matched rows, rows left alone when the watermark passes them and
+    the state's eviction are Spark's, through a restart."""
+    files = [rows(i) for i in range(6)]
+    theirs, _ = run(spark, tmp_path / "spark", joined, files, None, 3, mode="append")
+    ours, progress = run(spark, tmp_path / "ours", joined, files, provider, 3, mode="append")
+    assert_same_as_spark(ours, theirs)
+    for each_run in progress:
+        ran = direct(each_run)
+        assert ran == [False] + [True] * (len(ran) - 1), ran
 
 
 @pytest.mark.versions

@@ -12,8 +12,10 @@ ms a partition, and the homes that hold the partitions already listen on TCP (th
 them for snapshots when a query stops), so the driver can give them the rows itself.
 
 A batch runs so when its query's run is a classic session's, its state is in state homes, it
-has one stateful step that runs no user code and is fed by the query's input only, the homes
-that hold its partitions can be reached, and the query's last batch with data read at most
+has one stateful step that runs no user code and is fed by the query's input only (an
+aggregation, a deduplication, a stream-stream join: both sides' rows are read in the one task,
+each with the partition of its key), the homes that hold its partitions can be reached, and
+the query's last batch with data read at most
 ``stateStore.direct_batch_rows`` rows (Spark's ``numInputRows``: a run's first batch, and the
 batch after a large one, run through Spark). A burst after small batches runs so once: its
 rows are read in one task, as Spark's stage would read them in several. The input is read
@@ -94,7 +96,6 @@ def wanted(
     if (
         stage.source is not None
         or stage.query_output is not None
-        or stage.inputs is not None
         or not stage.partition_columns
         or stage.operator.calls_user_code
         or (batch_id == 0 and stage.initial is not None)
