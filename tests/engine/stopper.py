@@ -41,9 +41,15 @@ from sparkstate.testing import FileFeed
 
 SCHEMA = "k string, v int"
 #: A start runs the batch stopped last, the batch it is stopped in, and at most one more that
-#: began before the stop reached it: the third stop needs eight batches at most. Nine, so that
-#: no log is compacted (Spark's logs compact every tenth entry).
-FILES = 9
+#: began before the stop reached it, and a stop between the file source's log and Spark's
+#: offset log gives the next batch two files: each stop takes four files at most, and a fourth
+#: start needs one more. The file logs' compaction is moved out of the way (:data:`NO_COMPACTION`).
+FILES = 14
+#: Spark's file logs compact every tenth entry by default; the checks read each entry.
+NO_COMPACTION = {
+    "spark.sql.streaming.fileSource.log.compactInterval": "100",
+    "spark.sql.streaming.fileSink.log.compactInterval": "100",
+}
 STOPS = 3
 
 
@@ -224,6 +230,7 @@ def main(work: Path, providers: list[str], seed: int) -> dict[str, Any]:
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
+        .config(map=NO_COMPACTION)
         .getOrCreate()
     )
     rng = random.Random(seed)
