@@ -49,8 +49,9 @@ from sparkstate.engine.batch_plan import RunPlan
 from sparkstate.engine.driver_config import DriverConfig
 from sparkstate.engine.executor import run_in_owner
 from sparkstate.engine.sinks import Sink
-from sparkstate.engine.spark_schema import arrow_schema, quote
+from sparkstate.engine.spark_schema import arrow_schema, quote, session_time_zone
 from sparkstate.engine.stage import Stage
+from sparkstate.operators.arbitrary.user_types import in_session_zone
 from sparkstate.runtime import home_client
 from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.tasks import TaskSpec
@@ -217,27 +218,7 @@ def _input(stage: Stage, df: DataFrame, batch_id: int, n: int, plan: RunPlan) ->
         keys = [quote(c) for c in stage.partition_columns]
         query = prepared.select("*", F.pmod(F.hash(*keys), F.lit(n)).alias(PARTITION))
         plan.record(df, query, batch_id > 0 or stage.initial is None, DIRECT_INPUT)
-    table = query.toArrow()
-    zone = str(df.sparkSession.conf.get("spark.sql.session.timeZone"))
-    wanted_schema = pa.schema([_zoned(f, zone) for f in table.schema])
-    return table if wanted_schema == table.schema else table.cast(wanted_schema)
-
-
-def _zoned(field: pa.Field, zone: str) -> pa.Field:
-    """``field`` with its timestamps (nested ones too) in ``zone``, as Spark's Arrow writer
-    hands a Python task timestamps."""
-    t = field.type
-    if pa.types.is_timestamp(t) and t.tz is not None:
-        t = pa.timestamp(t.unit, zone)
-    elif pa.types.is_struct(t):
-        t = pa.struct([_zoned(t.field(i), zone) for i in range(t.num_fields)])
-    elif pa.types.is_map(t):
-        t = pa.map_(_zoned(t.key_field, zone), _zoned(t.item_field, zone))
-    elif pa.types.is_large_list(t):
-        t = pa.large_list(_zoned(t.value_field, zone))
-    elif pa.types.is_list(t):
-        t = pa.list_(_zoned(t.value_field, zone))
-    return field.with_type(t)
+    return in_session_zone(query.toArrow(), session_time_zone(df))
 
 
 def _partitions(table: pa.Table, n: int) -> list[pa.Table]:
@@ -248,8 +229,9 @@ def _partitions(table: pa.Table, n: int) -> list[pa.Table]:
         return [rows]
     order = np.argsort(partition, kind="stable")
     ordered = rows.take(pa.array(order))
-    ends = np.cumsum(np.bincount(partition, minlength=n))
-    starts = ends - np.bincount(partition, minlength=n)
+    sizes = np.bincount(partition, minlength=n)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
     return [ordered.slice(int(s), int(e - s)) for s, e in zip(starts, ends, strict=True)]
 
 
