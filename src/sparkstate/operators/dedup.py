@@ -165,11 +165,12 @@ class Deduplicate(StatefulOperator):
             return
         end = store.column_family().key_codec.encode_prefix((ctx.watermark_ms * 1000 + 1,))
         doomed: list[bytes] = []
-        for kencs, _ in store.range_scan_encoded_chunks(b"\x01", end):
+        for kencs, _ in store.range_scan_encoded_chunks(store.scan_start(b"\x01"), end):
             doomed += kencs
         if doomed:
             store.remove_encoded_many(doomed)
             ctx.metrics.num_rows_removed += len(doomed)
+        store.mark_removed(b"\x01", end)
 
 
 class DeduplicateWithinWatermark(Deduplicate):
@@ -243,12 +244,12 @@ class DeduplicateWithinWatermark(Deduplicate):
         ``watermark >= expiresAtMicros``)."""
         index = TimestampIndex(EXPIRY_CF)
         due = index.due(store, ctx.watermark_ms * 1000)
-        if not due:
-            return
-        store.remove_encoded_many([k for _, k in due])
-        index.extend_removals(due)
-        index.flush(store)
-        ctx.metrics.num_rows_removed += len(due)
+        if due:
+            store.remove_encoded_many([k for _, k in due])
+            index.extend_removals(due)
+            index.flush(store)
+            ctx.metrics.num_rows_removed += len(due)
+        index.removed_due(store, ctx.watermark_ms * 1000)
 
 
 def _first_rows(keys: list[bytes]) -> tuple[list[bytes], np.ndarray]:

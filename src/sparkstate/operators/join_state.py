@@ -257,9 +257,11 @@ class SideState:
         end = _ts_prefix(state_wm_us + 1)
         doomed_index: list[bytes] = []
         width = len(_ts_prefix(0))
-        for kencs, _ in self.store.range_scan_encoded_chunks(None, end, self.index_cf):
+        start = self.store.scan_start(None, self.index_cf)
+        for kencs, _ in self.store.range_scan_encoded_chunks(start, end, self.index_cf):
             doomed_index.extend(kencs)
         if not doomed_index:
+            self.store.mark_removed(None, end, self.index_cf)
             return None
         kids = np.unique(self.ids([k[width:] for k in doomed_index]))
         idx = self.rows_of(kids)
@@ -268,6 +270,7 @@ class SideState:
         self.alive[gone] = False
         self.dirty.update(np.unique(self.kid[gone]).tolist())
         self.store.remove_encoded_many(doomed_index, self.index_cf)
+        self.store.mark_removed(None, end, self.index_cf)
         unmatched = gone[~self.matched[gone]]
         return len(gone), self.table.take(pa.array(unmatched))
 

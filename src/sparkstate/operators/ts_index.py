@@ -138,11 +138,18 @@ class TimestampIndex:
         """Entries with ``ts <= up_to`` as ``(ts, encoded key)``, in order (flush first)."""
         end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
         out: list[tuple[int, bytes]] = []
-        for keys, _ in store.range_scan_encoded_chunks(None, end, self.cf_name):
+        start = store.scan_start(None, self.cf_name)
+        for keys, _ in store.range_scan_encoded_chunks(start, end, self.cf_name):
             times = _TS_CODEC.decode_many_arrow([k[:_TS_WIDTH] for k in keys])
             ts = times.column(0).to_pylist()
             out += zip(ts, [k[_TS_WIDTH:] for k in keys], strict=True)
         return out
+
+    def removed_due(self, store: StateStore, up_to: int) -> None:
+        """Say that every entry with ``ts <= up_to`` was removed (flushed): the next versions'
+        :meth:`due` start past them."""
+        if up_to < _INT64_MAX:
+            store.mark_removed(None, encode_ts(up_to + 1), self.cf_name)
 
     def size(self, store: StateStore) -> int:
         """The number of entries (flush first): the count where one is kept, else a scan."""

@@ -144,6 +144,9 @@ class StateStore(ABC):
         self.commit_time_ms = 0
         #: Where the provider found this version (:data:`FOUND_METRICS`); None: not said.
         self.found: str | None = None
+        #: Ranges of physical keys known to hold no key, per family: ``{start: end}``
+        #: (:meth:`mark_removed`); the provider hands them from one version to the next.
+        self.gaps: dict[str, dict[bytes, bytes]] = {}
 
     # --- provider core -------------------------------------------------------------------------
 
@@ -257,7 +260,10 @@ class StateStore(ABC):
     def put(self, key: Row, value: Row, cf: str = DEFAULT_CF) -> None:
         self._writable()
         fam = self.column_family(cf)
-        self.raw_put(fam.physical_key(key), fam.value_codec.encode(value))
+        pkey = fam.physical_key(key)
+        if cf in self.gaps:
+            self._written_into_gaps(cf, [pkey])
+        self.raw_put(pkey, fam.value_codec.encode(value))
         self._num_updated += 1
 
     def remove(self, key: Row, cf: str = DEFAULT_CF) -> None:
@@ -279,6 +285,8 @@ class StateStore(ABC):
         if len(pkeys) != len(encoded):
             msg = f"{self.id}: put_many got {len(pkeys)} keys but {len(encoded)} values"
             raise ValueError(msg)
+        if cf in self.gaps:
+            self._written_into_gaps(cf, pkeys)
         self.raw_put_many(pkeys, encoded)
         self._num_updated += len(pkeys)
 
@@ -346,7 +354,10 @@ class StateStore(ABC):
         if len(keys) != len(values):
             msg = f"{self.id}: put_encoded_many got {len(keys)} keys but {len(values)} values"
             raise ValueError(msg)
-        self.raw_put_many(self._keys_to_write(keys, cf), values)
+        pkeys = self._keys_to_write(keys, cf)
+        if cf in self.gaps:
+            self._written_into_gaps(cf, pkeys)
+        self.raw_put_many(pkeys, values)
         self._num_updated += len(keys)
 
     def remove_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> None:
@@ -393,6 +404,54 @@ class StateStore(ABC):
         lo = prefix if start is None else prefix + start
         hi = fam.end_of_family() if end is None else prefix + end
         return self.raw_scan_chunks(lo, hi, len(prefix), chunk)
+
+    # --- ranges known to be empty -----------------------------------------------------------------
+    # An eviction scans a family from its start up to the watermark and removes every key it
+    # finds. In RocksDB a removed key stays as a tombstone until a compaction drops it, and the
+    # next eviction's scan from the start walks every tombstone of the evictions before it again
+    # (at 50k keys evicted a batch, most of an eviction's time). So an eviction says what it
+    # emptied, and the next version's scan starts past it.
+
+    def scan_start(self, start: bytes | None = None, cf: str = DEFAULT_CF) -> bytes | None:
+        """Where a scan of family ``cf`` from encoded ``start`` (None: the family's start) can
+        begin: past the keys an earlier version removed from there (:meth:`mark_removed`), as
+        far as no key was written there again since."""
+        gaps = self.gaps.get(cf)
+        if not gaps:
+            return start
+        prefix = self.column_family(cf).prefix
+        end = gaps.get(prefix + (start or b""))
+        return start if end is None else end[len(prefix) :]
+
+    def mark_removed(self, start: bytes | None, end: bytes, cf: str = DEFAULT_CF) -> None:
+        """Say that family ``cf`` holds no key from encoded ``start`` (None: the family's start)
+        up to ``end`` (exclusive) now: the caller removed every key there. A key written there
+        later narrows the range; the versions after this one start their scans from ``start``
+        at the range's end."""
+        prefix = self.column_family(cf).prefix
+        lo, hi = prefix + (start or b""), prefix + end
+        if hi > lo:
+            self.gaps.setdefault(cf, {})[lo] = hi
+
+    def _written_into_gaps(self, cf: str, pkeys: Sequence[bytes]) -> None:
+        """Narrow the family's empty ranges to end before the keys just written into them."""
+        if not pkeys:
+            return
+        gaps = self.gaps[cf]
+        lowest = min(pkeys)
+        for lo, hi in list(gaps.items()):
+            if lowest >= hi:
+                continue
+            inside = [k for k in pkeys if lo <= k < hi]
+            if not inside:
+                continue
+            first = min(inside)
+            if first > lo:
+                gaps[lo] = first
+            else:
+                del gaps[lo]
+        if not gaps:
+            del self.gaps[cf]
 
     def commit(self) -> int:
         """Make this version's writes durable as version ``version + 1`` and return that number."""

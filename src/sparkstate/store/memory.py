@@ -224,6 +224,7 @@ class MemoryStateStore(StateStore):
         values = list(self._changes.values())
         self._delta_bytes = self._provider.write_changelog(ref, self._base, keys, values)
         self._provider.remember(ref, self._data, self._order, written=self._written())
+        self._provider.keep_gaps(ref, self.gaps)
         self.checkpoint_id = ref.checkpoint_id
 
     def _abort(self) -> None:
@@ -342,6 +343,7 @@ class MemoryStateStoreProvider(VersionedProvider):
         )
         store.snapshots_skipped = self.corrupt_snapshots_skipped - skipped
         store.replayed = shared
+        store.gaps = self.gaps_at(target)
         store.found = found
         return store
 

@@ -309,9 +309,11 @@ class StreamingAggregate(StatefulOperator):
         started = time.perf_counter()
         fam = store.column_family()
         # Present (marker 0x01) times up to the watermark; null event times are never late.
+        # The scan starts past what the evictions before this one emptied.
         end = fam.key_codec.encode_prefix((ctx.watermark_ms * 1000 + 1,))
         doomed: list[bytes] = []
-        for kencs, keys_table, values_table in scan(store, fam, start=b"\x01", end=end):
+        start = store.scan_start(b"\x01")
+        for kencs, keys_table, values_table in scan(store, fam, start=start, end=end):
             doomed.extend(kencs)
             if emit:
                 out = self._finish(keys_table, values_table)
@@ -322,6 +324,7 @@ class StreamingAggregate(StatefulOperator):
         if doomed:
             store.remove_encoded_many(doomed)
             ctx.metrics.num_rows_removed += len(doomed)
+        store.mark_removed(b"\x01", end)
         ctx.metrics.all_removals_time_ms += int((time.perf_counter() - started) * 1000)
 
     def _finish(

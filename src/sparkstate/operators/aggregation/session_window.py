@@ -399,6 +399,7 @@ class SessionWindowAggregate(StatefulOperator):
         started = time.perf_counter()
         due = ends.due(store, ctx.watermark_ms * 1000)
         if not due:
+            ends.removed_due(store, ctx.watermark_ms * 1000)
             return
         fam = store.column_family()
         pks = [pk for _, pk in due]
@@ -408,6 +409,7 @@ class SessionWindowAggregate(StatefulOperator):
         store.remove_encoded_many(pks)
         ends.extend_removals(due)
         ends.flush(store)
+        ends.removed_due(store, ctx.watermark_ms * 1000)
         # The keys' start lists lose the evicted starts.
         width = self._start_width
         slot: dict[bytes, int] = {}

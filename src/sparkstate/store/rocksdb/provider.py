@@ -234,6 +234,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 self, target, version, db, num_keys, read_only=read_only, copy=copy
             )
             store.found = None if target is None else "open" if kept_open else "local"
+            store.gaps = self.gaps_at(target)
             return store
         self.drop_copy()  # the database moves to another version
         usable = local_ref if db is not None and local_ref and target else None
@@ -282,6 +283,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         from_local = plan is not None and plan.from_local and usable is not None
         if target is not None:
             store.found = "caught_up" if from_local else "restored"
+        store.gaps = self.gaps_at(target)
         return store
 
     # --- the copy in memory ------------------------------------------------------------------

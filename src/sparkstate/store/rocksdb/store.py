@@ -288,6 +288,7 @@ class RocksDBStateStore(StateStore):
             self._provider.drop_copy()  # the database may not have taken them
             raise
         self._provider.applied(ref, keys, values, self._num_keys)
+        self._provider.keep_gaps(ref, self.gaps)
         self.checkpoint_id = ref.checkpoint_id
         self._final = {"changelogBytesWritten": changelog_bytes}
         self._provider.after_commit(self, ref)

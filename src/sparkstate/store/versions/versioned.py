@@ -88,6 +88,19 @@ class VersionedProvider(
         self._parents: dict[VersionRef, VersionRef | None] = {}
         #: The newest snapshot version seen on durable storage (-1: none yet).
         self.last_snapshot_version = -1
+        #: The empty key ranges of the last version a store of this provider committed
+        #: (:meth:`StateStore.mark_removed`), for the store that opens it next.
+        self._gaps: tuple[VersionRef, dict[str, dict[bytes, bytes]]] | None = None
+
+    def keep_gaps(self, ref: VersionRef, gaps: dict[str, dict[bytes, bytes]]) -> None:
+        """What a store committing ``ref`` knew to be empty."""
+        self._gaps = (ref, gaps) if gaps else None
+
+    def gaps_at(self, ref: VersionRef | None) -> dict[str, dict[bytes, bytes]]:
+        """The empty ranges known of version ``ref`` (a copy: a store narrows its own)."""
+        if self._gaps is None or ref is None or self._gaps[0] != ref:
+            return {}
+        return {cf: dict(ranges) for cf, ranges in self._gaps[1].items()}
 
     def _check_schema(self) -> None:
         specs = {n: (f.key_schema, f.value_schema) for n, f in self.families.items()}
