@@ -56,7 +56,7 @@ def test_scans_follow_a_model_across_versions(tmp_path: Path) -> None:
 
 def test_order_lists_each_key_once() -> None:
     data = {b"b": b"", b"a": b""}
-    order = KeyOrder()
+    order = KeyOrder(b"")
     assert order.keys(data) == [b"a", b"b"]
     del data[b"a"]
     order.removed([b"a"])
@@ -72,7 +72,7 @@ def test_removed_runs_and_scattered_keys_follow_a_model() -> None:
     (skipped until dropped); either way the order lists the map's keys, each once."""
     rng = random.Random(11)
     data: dict[bytes, bytes] = {}
-    order = KeyOrder()
+    order = KeyOrder(b"")
     order.keys(data)  # tracking from the start
     for _ in range(300):
         fresh = [rng.randrange(500).to_bytes(2, "big") for _ in range(rng.randrange(30))]
@@ -124,4 +124,42 @@ def test_workers_taking_turns_catch_up_from_their_own_older_version(tmp_path: Pa
             del model[k]
         version = store.commit()
         checkpoint_id = store.checkpoint_id
+    factory.close_all()
+
+
+def test_each_family_keeps_its_own_order(tmp_path: Path) -> None:
+    """A scan of one family orders that family alone: writes to another family, never scanned,
+    keep no order, and scans of each family, in later versions too, follow a model."""
+    rng = random.Random(5)
+    factory = ProviderFactory(
+        "memory",
+        str(tmp_path / "checkpoint"),
+        str(tmp_path / "local"),
+        key_schema=KEY,
+        value_schema=VALUE,
+        column_families={"index": (KEY, VALUE)},
+    )
+    provider = factory.open()
+    models: dict[str, dict[int, int]] = {"default": {}, "index": {}}
+    for version in range(8):
+        store = provider.get_store(version)
+        for _ in range(60):
+            cf = rng.choice(["default", "default", "index"])
+            k = rng.randrange(50)
+            if rng.random() < 0.3 and k in models[cf]:
+                store.remove_many([(k,)], cf)
+                del models[cf][k]
+            else:
+                store.put_many([(k,)], [(version,)], cf)
+                models[cf][k] = version
+        scanned = [(k, v) for (k,), (v,) in store.range_scan(cf="index")]
+        assert scanned == sorted(models["index"].items())
+        orders = getattr(store, "_order")  # noqa: B009 - what the store keeps
+        assert orders.tracks(store.column_family("index").prefix)
+        assert not orders.tracks(store.column_family().prefix)  # never scanned: no order
+        store.commit()
+    store = provider.get_store(8)
+    assert [k for (k,), _ in store.range_scan()] == sorted(models["default"])
+    assert [k for (k,), _ in store.range_scan(cf="index")] == sorted(models["index"])
+    store.abort()
     factory.close_all()

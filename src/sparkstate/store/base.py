@@ -43,6 +43,7 @@ __all__ = [
     "StoreStatus",
     "cf_prefix",
     "default_local_dir",
+    "key_successor",
 ]
 
 MAX_CF_NAME_BYTES = 200
@@ -95,10 +96,10 @@ class ColumnFamily:
 
     def end_of_family(self) -> bytes:
         """The smallest physical key greater than every key of this family."""
-        return _successor(self.prefix)
+        return key_successor(self.prefix)
 
 
-def _successor(prefix: bytes) -> bytes:
+def key_successor(prefix: bytes) -> bytes:
     """Smallest byte string greater than every string that starts with ``prefix``."""
     trimmed = prefix.rstrip(b"\xff")
     if not trimmed:
@@ -159,14 +160,19 @@ class StateStore(ABC):
     @abstractmethod
     def raw_put(self, key: bytes, value: bytes) -> None: ...
 
-    def raw_put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def raw_put_many(
+        self, keys: Sequence[bytes], values: Sequence[bytes], *, family: bytes | None = None
+    ) -> None:
+        """``raw_put`` of each pair; ``family``: the column family prefix every key has, where
+        the caller knows it (None: the keys may be of several families)."""
         for k, v in zip(keys, values, strict=True):
             self.raw_put(k, v)
 
     @abstractmethod
     def raw_delete(self, key: bytes) -> None: ...
 
-    def raw_delete_many(self, keys: Sequence[bytes]) -> None:
+    def raw_delete_many(self, keys: Sequence[bytes], *, family: bytes | None = None) -> None:
+        """``raw_delete`` of each key; ``family`` as for :meth:`raw_put_many`."""
         for k in keys:
             self.raw_delete(k)
 
@@ -287,14 +293,14 @@ class StateStore(ABC):
             raise ValueError(msg)
         if cf in self.gaps:
             self._written_into_gaps(cf, pkeys)
-        self.raw_put_many(pkeys, encoded)
+        self.raw_put_many(pkeys, encoded, family=fam.prefix)
         self._num_updated += len(pkeys)
 
     def remove_many(self, keys: KeyRows, cf: str = DEFAULT_CF) -> None:
         self._writable()
         fam = self.column_family(cf)
         pkeys = fam.physical_keys(keys)
-        self.raw_delete_many(pkeys)
+        self.raw_delete_many(pkeys, family=fam.prefix)
         self._num_removed += len(pkeys)
 
     def iterator(self, cf: str = DEFAULT_CF) -> Iterator[tuple[Row, Row]]:
@@ -308,7 +314,7 @@ class StateStore(ABC):
         self._readable()
         fam = self.column_family(cf)
         start = fam.prefix + fam.key_codec.encode_prefix(prefix)
-        return self._decode_scan(fam, start, _successor(start))
+        return self._decode_scan(fam, start, key_successor(start))
 
     def range_scan(
         self, start: Row | None = None, end: Row | None = None, cf: str = DEFAULT_CF
@@ -357,14 +363,15 @@ class StateStore(ABC):
         pkeys = self._keys_to_write(keys, cf)
         if cf in self.gaps:
             self._written_into_gaps(cf, pkeys)
-        self.raw_put_many(pkeys, values)
+        self.raw_put_many(pkeys, values, family=self.column_family(cf).prefix)
         self._num_updated += len(keys)
 
     def remove_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> None:
         """Delete encoded keys (absent ones included), counted as removed rows like
         ``remove_many``."""
         self._writable()
-        self.raw_delete_many(self._keys_to_write(keys, cf))
+        pkeys = self._keys_to_write(keys, cf)
+        self.raw_delete_many(pkeys, family=self.column_family(cf).prefix)
         self._num_removed += len(keys)
 
     def _keys_to_write(self, keys: Sequence[bytes], cf: str) -> list[bytes]:

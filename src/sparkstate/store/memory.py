@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
-from sparkstate.store.base import FOUND_METRICS, StateStore
+from sparkstate.store.base import FOUND_METRICS, StateStore, key_successor
 from sparkstate.store.sizes import entry_bytes, map_size_bytes
 from sparkstate.store.spark_metrics import HDFS_METRICS
 from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
@@ -30,18 +30,20 @@ _SNAPSHOT_KIND = b"SNAP"
 
 
 class KeyOrder:
-    """A map's keys in byte order for range scans, kept across versions.
+    """A column family's keys in byte order for range scans, kept across versions.
 
-    Built by one sort at the first scan. After that, keys added are sorted alone and merged in (a
-    linear merge of two sorted runs), and removed keys stay in the list, skipped by the scans,
-    until they are a sixteenth of it. So a scan after a batch's writes costs about
-    what the batch changed, not a sort of the whole map. A version never scanned tracks nothing.
+    Built by one sort of the family's keys at the first scan of the family. After that, keys
+    added are sorted alone and merged in (a linear merge of two sorted runs), and removed keys
+    stay in the list, skipped by the scans, until they are a sixteenth of it. So a scan after a
+    batch's writes costs about what the batch changed, not a sort of the whole family. A family
+    never scanned tracks nothing.
     Every key is in the list once: a removed key that comes back is already there.
     """
 
-    __slots__ = ("_new", "_removed", "_sorted")
+    __slots__ = ("_new", "_prefix", "_removed", "_sorted")
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: bytes) -> None:
+        self._prefix = prefix
         self._sorted: list[bytes] | None = None
         self._new: list[bytes] = []
         self._removed: set[bytes] = set()
@@ -55,7 +57,7 @@ class KeyOrder:
         return [x for x in (self._sorted, self._new) if x]
 
     def copy(self) -> KeyOrder:
-        out = KeyOrder()
+        out = KeyOrder(self._prefix)
         out._sorted = self._sorted  # replaced, never changed in place
         out._new = list(self._new)
         out._removed = set(self._removed)
@@ -89,7 +91,9 @@ class KeyOrder:
     def keys(self, data: dict[bytes, bytes]) -> list[bytes]:
         current, removed = self._sorted, self._removed
         if current is None:
-            current, self._new, self._removed = sorted(data), [], set()
+            prefix = self._prefix
+            mine = (k for k in data if k.startswith(prefix)) if prefix else iter(data)
+            current, self._new, self._removed = sorted(mine), [], set()
         elif self._new:
             current = current + sorted(self._new)
             current.sort()  # two sorted runs: one merge
@@ -98,6 +102,71 @@ class KeyOrder:
             self._removed = set()
         self._sorted, self._new = current, []
         return current
+
+
+def family_of(key: bytes) -> bytes:
+    """The column family prefix of a physical key: its length byte and the name."""
+    return key[: 1 + key[0]] if key else key
+
+
+class KeyOrders:
+    """The key orders of a map's column families, each kept from the first scan of its family:
+    an eviction's scan of one family (a time index) keeps no order of the others, whose writes
+    then cost nothing here. A scan across families (none of the store's own) sorts the map."""
+
+    __slots__ = ("_by_family",)
+
+    def __init__(self) -> None:
+        self._by_family: dict[bytes, KeyOrder] = {}
+
+    @property
+    def tracking(self) -> bool:
+        return bool(self._by_family)
+
+    def tracks(self, family: bytes) -> bool:
+        return family in self._by_family
+
+    def lists(self) -> list[list[bytes]]:
+        return [x for order in self._by_family.values() for x in order.lists()]
+
+    def copy(self) -> KeyOrders:
+        out = KeyOrders()
+        out._by_family = {f: order.copy() for f, order in self._by_family.items()}
+        return out
+
+    def added(self, keys: list[bytes], family: bytes | None) -> None:
+        """Keys just put that were not in the map (of ``family``, None: of any)."""
+        for fam, group in self._tracked(keys, family):
+            fam.added(group)
+
+    def removed(self, keys: list[bytes], family: bytes | None) -> None:
+        """Keys just removed from the map (of ``family``, None: of any)."""
+        for fam, group in self._tracked(keys, family):
+            fam.removed(group)
+
+    def _tracked(
+        self, keys: list[bytes], family: bytes | None
+    ) -> list[tuple[KeyOrder, list[bytes]]]:
+        if not keys or not self._by_family:
+            return []
+        if family is not None:
+            order = self._by_family.get(family)
+            return [] if order is None else [(order, keys)]
+        groups: dict[bytes, list[bytes]] = {}
+        for k in keys:
+            groups.setdefault(family_of(k), []).append(k)
+        return [(self._by_family[f], g) for f, g in groups.items() if f in self._by_family]
+
+    def keys(self, data: dict[bytes, bytes], start: bytes, end: bytes) -> list[bytes]:
+        """The keys of the family of ``start`` in order (and some removed ones, which scans
+        skip), where ``end`` is within that family; else every key of the map, sorted."""
+        family = family_of(start)
+        if not family or end > key_successor(family):
+            return sorted(data)
+        order = self._by_family.get(family)
+        if order is None:
+            order = self._by_family[family] = KeyOrder(family)
+        return order.keys(data)
 
 
 class MemoryStateStore(StateStore):
@@ -112,7 +181,7 @@ class MemoryStateStore(StateStore):
         *,
         read_only: bool,
         load_time_ms: int,
-        key_order: KeyOrder | None = None,
+        key_order: KeyOrders | None = None,
     ) -> None:
         super().__init__(provider.id, version, provider.families, read_only=read_only)
         self._provider = provider
@@ -120,7 +189,7 @@ class MemoryStateStore(StateStore):
         self._data = data
         self._changes: dict[bytes, bytes | None] = {}
         #: The keys in order, kept from the base version when its store was scanned.
-        self._order = key_order.copy() if key_order is not None else KeyOrder()
+        self._order = key_order.copy() if key_order is not None else KeyOrders()
         self.load_time_ms = load_time_ms
         self._delta_bytes = 0
         #: Corrupt snapshots the load of this version skipped.
@@ -135,30 +204,33 @@ class MemoryStateStore(StateStore):
         return list(map(self._data.get, keys))
 
     def raw_put(self, key: bytes, value: bytes) -> None:
-        if self._order.tracking and key not in self._data:
-            self._order.added([key])
+        if self._order.tracks(family_of(key)) and key not in self._data:
+            self._order.added([key], family_of(key))
         self._data[key] = value
         self._changes[key] = value
 
-    def raw_put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def raw_put_many(
+        self, keys: Sequence[bytes], values: Sequence[bytes], *, family: bytes | None = None
+    ) -> None:
         pairs = dict(zip(keys, values, strict=True))
-        if self._order.tracking:
+        order = self._order
+        if order.tracking and (family is None or order.tracks(family)):
             data = self._data
-            self._order.added([k for k in pairs if k not in data])
+            order.added([k for k in pairs if k not in data], family)
         self._data.update(pairs)
         self._changes.update(pairs)
 
     def raw_delete(self, key: bytes) -> None:
-        self.raw_delete_many([key])
+        self.raw_delete_many([key], family=family_of(key))
 
-    def raw_delete_many(self, keys: Sequence[bytes]) -> None:
+    def raw_delete_many(self, keys: Sequence[bytes], *, family: bytes | None = None) -> None:
         popped = list(map(self._data.pop, keys, itertools.repeat(None)))
         gone = list(keys) if None not in popped else list(itertools.compress(keys, popped))
         self._changes.update(dict.fromkeys(gone))
-        self._order.removed(gone)  # scans skip them until the order drops them
+        self._order.removed(gone, family)  # scans skip them until the order drops them
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        keys, data = self._sorted_keys(), self._data
+        keys, data = self._sorted_keys(start, end), self._data
         for i in range(bisect.bisect_left(keys, start), bisect.bisect_left(keys, end)):
             k = keys[i]
             v = data.get(k)
@@ -168,7 +240,7 @@ class MemoryStateStore(StateStore):
     def raw_scan_suffixes(
         self, start: bytes, end: bytes, skip: int
     ) -> Iterator[tuple[bytes, bytes]]:
-        keys, data = self._sorted_keys(), self._data
+        keys, data = self._sorted_keys(start, end), self._data
         for i in range(bisect.bisect_left(keys, start), bisect.bisect_left(keys, end)):
             k = keys[i]
             v = data.get(k)
@@ -178,7 +250,7 @@ class MemoryStateStore(StateStore):
     def raw_scan_chunks(
         self, start: bytes, end: bytes, skip: int, chunk: int
     ) -> Iterator[tuple[list[bytes], list[bytes]]]:
-        keys, get = self._sorted_keys(), self._data.get
+        keys, get = self._sorted_keys(start, end), self._data.get
         hi = bisect.bisect_left(keys, end)
         for i in range(bisect.bisect_left(keys, start), hi, chunk):
             ks = keys[i : min(i + chunk, hi)]
@@ -189,9 +261,9 @@ class MemoryStateStore(StateStore):
             if ks:
                 yield ([k[skip:] for k in ks] if skip else ks), cast("list[bytes]", found)
 
-    def _sorted_keys(self) -> list[bytes]:
-        """All keys in order (and some removed ones, which scans skip)."""
-        return self._order.keys(self._data)
+    def _sorted_keys(self, start: bytes, end: bytes) -> list[bytes]:
+        """The keys of the family scanned in order (and some removed ones, which scans skip)."""
+        return self._order.keys(self._data, start, end)
 
     def raw_num_keys(self) -> int:
         return len(self._data)
@@ -240,7 +312,7 @@ class MemoryStateStoreProvider(VersionedProvider):
 
     def __init__(self) -> None:
         self._cache: OrderedDict[VersionRef | None, dict[bytes, bytes]] = OrderedDict()
-        self._orders: dict[VersionRef, KeyOrder] = {}
+        self._orders: dict[VersionRef, KeyOrders] = {}
         #: Entries a cached version wrote on top of the version it was opened at (absent: a
         #: version loaded from files, whose objects are all its own).
         self._written: dict[VersionRef, int] = {}
@@ -251,7 +323,7 @@ class MemoryStateStoreProvider(VersionedProvider):
         self,
         ref: VersionRef,
         data: dict[bytes, bytes],
-        order: KeyOrder | None = None,
+        order: KeyOrders | None = None,
         *,
         written: int | None = None,
     ) -> None:
@@ -268,7 +340,7 @@ class MemoryStateStoreProvider(VersionedProvider):
                 self._written.pop(old, None)
 
     def memory_used_bytes(
-        self, current: dict[bytes, bytes], order: KeyOrder, written: int | None
+        self, current: dict[bytes, bytes], order: KeyOrders, written: int | None
     ) -> int:
         """The versions held in memory, as Spark's ``memoryUsedBytes`` (an estimate of the maps
         of its cache), with ``current``, a store's version, among them: every version's hash

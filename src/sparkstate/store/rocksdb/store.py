@@ -180,7 +180,9 @@ class RocksDBStateStore(StateStore):
         self._counted = None
         self._pending[key] = value
 
-    def raw_put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def raw_put_many(
+        self, keys: Sequence[bytes], values: Sequence[bytes], *, family: bytes | None = None
+    ) -> None:
         self._counted = None
         self._pending.update(zip(keys, values, strict=True))
 
@@ -188,7 +190,7 @@ class RocksDBStateStore(StateStore):
         self._counted = None
         self._pending[key] = None
 
-    def raw_delete_many(self, keys: Sequence[bytes]) -> None:
+    def raw_delete_many(self, keys: Sequence[bytes], *, family: bytes | None = None) -> None:
         self._counted = None
         self._pending.update(dict.fromkeys(keys))
 
