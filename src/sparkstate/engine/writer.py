@@ -334,7 +334,7 @@ class DataStreamWriter:
                 prepared = prepare_checkpoint(request)
             return self._start_spark(df, stages, provider_spec, prepared, lock)
         except BaseException:
-            lock.release()
+            lock.release(undo=True)
             raise
 
     def _start_stateless(self) -> SparkStreamingQuery:

@@ -13,6 +13,7 @@ every JSON file is read with :mod:`sparkstate.store.files.json_files`: a damaged
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -257,6 +258,8 @@ class CheckpointLock:
         #: The checkpoint's canonical location, where the log was opened from it.
         self.location = location
         self._lock: FileLock | None = None
+        #: The directory ``acquire`` made, for :meth:`release` to take back (None: it was there).
+        self._made: str | None = None
 
     def acquire(self) -> None:
         with self._guard:
@@ -264,6 +267,7 @@ class CheckpointLock:
                 raise CheckpointInUseError(self._message("this process"))
             path = local_path(self.root)
             if path is not None:
+                self._made = None if os.path.isdir(path) else path
                 os.makedirs(path, exist_ok=True)
                 lock = FileLock(os.path.join(path, LOCK_FILE))
                 if not lock.try_acquire():
@@ -271,12 +275,20 @@ class CheckpointLock:
                 self._lock = lock
             self._held.add(self.root)
 
-    def release(self) -> None:
+    def release(self, *, undo: bool = False) -> None:
+        """Let the checkpoint go; ``undo`` (a start that failed): also remove the directory
+        ``acquire`` made, where nothing but the lock was written to it, so that a refused start
+        leaves the checkpoint as it found it."""
         with self._guard:
             self._held.discard(self.root)
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+            made, self._made = self._made, None
+            if undo and made is not None and os.listdir(made) == [LOCK_FILE]:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(made, LOCK_FILE))
+                    os.rmdir(made)
 
     def _message(self, owner: str) -> str:
         return (

@@ -207,12 +207,15 @@ def check_checkpoint_location(checkpoint: str) -> None:
         msg = f"checkpointLocation {path} is a file, not a directory; give a directory"
         raise ConfigurationError(msg)
     engine = os.path.join(path, "sparkstate")
+    made = not os.path.isdir(engine)
     try:
         os.makedirs(engine, exist_ok=True)
         probe = os.path.join(engine, f".tmp-probe-{os.getpid()}")
         with open(probe, "wb"):
             pass
         os.remove(probe)
+        if made:  # a check writes nothing: the start that follows makes the directory
+            os.rmdir(engine)
     except OSError as exc:
         msg = (
             f"cannot write to checkpointLocation {path}: {exc.strerror or exc}; give a "
