@@ -16,16 +16,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from sparkstate.store import provider_class
 from sparkstate.store.base import StateStore
 from sparkstate.testing import ProviderFactory
 
-PROVIDERS = ["memory"]
-try:  # as in the operator tests: the rocksdb provider is optional
-    provider_class("rocksdb")
-    PROVIDERS.append("rocksdb")
-except Exception:  # noqa: BLE001 - any import problem means "not available"
-    pass
+PROVIDERS = ["memory", "rocksdb"]
 
 KEY = pa.schema([("t", pa.int64())])
 VALUE = pa.schema([("v", pa.int64())])
