@@ -43,6 +43,7 @@ __all__ = [
     "StoreStatus",
     "cf_prefix",
     "default_local_dir",
+    "family_of",
     "key_successor",
 ]
 
@@ -75,6 +76,12 @@ def cf_prefix(name: str) -> bytes:
         msg = f"column family name {name!r} is longer than {MAX_CF_NAME_BYTES} bytes"
         raise ConfigurationError(msg)
     return bytes([len(raw)]) + raw
+
+
+def family_of(key: bytes) -> bytes:
+    """The column family prefix of a physical key (:func:`cf_prefix`): its length byte and the
+    name."""
+    return key[: 1 + key[0]] if key else key
 
 
 class ColumnFamily:

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
-from sparkstate.store.base import FOUND_METRICS, StateStore, key_successor
+from sparkstate.store.base import FOUND_METRICS, StateStore, family_of, key_successor
 from sparkstate.store.sizes import entry_bytes, map_size_bytes
 from sparkstate.store.spark_metrics import HDFS_METRICS
 from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
@@ -102,11 +102,6 @@ class KeyOrder:
             self._removed = set()
         self._sorted, self._new = current, []
         return current
-
-
-def family_of(key: bytes) -> bytes:
-    """The column family prefix of a physical key: its length byte and the name."""
-    return key[: 1 + key[0]] if key else key
 
 
 class KeyOrders:
@@ -204,8 +199,9 @@ class MemoryStateStore(StateStore):
         return list(map(self._data.get, keys))
 
     def raw_put(self, key: bytes, value: bytes) -> None:
-        if self._order.tracks(family_of(key)) and key not in self._data:
-            self._order.added([key], family_of(key))
+        family = family_of(key)
+        if self._order.tracks(family) and key not in self._data:
+            self._order.added([key], family)
         self._data[key] = value
         self._changes[key] = value
 

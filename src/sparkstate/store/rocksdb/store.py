@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sparkstate.store.base import StateStore, StoreStatus
+from sparkstate.store.base import StateStore, StoreStatus, family_of
 from sparkstate.store.rocksdb.local import LocalDB, key_order
 from sparkstate.store.rocksdb.value_copy import ValueCopy
 from sparkstate.store.spark_metrics import (
@@ -125,8 +125,8 @@ class RocksDBStateStore(StateStore):
             (top,) = tops.values()
             end = next(iter(self._families.values())).end_of_family()
             probe = [k for k in keys if k <= top or k >= end]  # (or of no family)
-        else:  # a key's family prefix is its first byte (the name's length) and the name
-            probe = [k for k in keys if k <= tops.get(k[: 1 + k[0]] if k else k, k)]
+        else:
+            probe = [k for k in keys if k <= tops.get(family_of(k), k)]
         if len(probe) == len(keys):
             return self._db.multi_get(keys)
         found = dict(zip(probe, self._db.multi_get(probe), strict=True))
