@@ -192,39 +192,6 @@ def test_changed_queries_are_refused_on_restart(
     query.stop()
 
 
-def test_a_checkpoint_of_sparks_own_query_is_refused_and_left_as_it_was(
-    spark: SparkSession, feed: FileFeed, tmp_path: Path
-) -> None:
-    """A query that ran with Spark's own operator, wrapped and restarted on its checkpoint: the
-    start is refused, and the refused start writes nothing into the checkpoint."""
-    chk = tmp_path / "chk"
-    df = source(spark, feed, SCHEMA)
-    feed.add(BATCHES[0])
-    spark_query = (
-        df.groupBy("k")
-        .count()
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(chk))
-        .start()
-    )
-    spark_query.processAllAvailable()
-    spark_query.stop()
-    before = sorted(p.relative_to(chk) for p in chk.rglob("*"))
-    writer = (
-        ss.stream(df)
-        .groupBy("k")
-        .count()
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("checkpointLocation", str(chk))
-    )
-    with pytest.raises(ConfigurationError, match="committed batches but no sparkstate state"):
-        writer.start()
-    after = sorted(p.relative_to(chk) for p in chk.rglob("*"))
-    assert [str(p) for p in after if p not in before] == []
-
-
 def test_second_query_on_a_checkpoint_in_use_fails(
     spark: SparkSession, feed: FileFeed, tmp_path: Path
 ) -> None:

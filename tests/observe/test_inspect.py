@@ -344,8 +344,9 @@ def test_the_json_carries_the_query_stores_and_the_text_s_numbers(
     chk = checkpoints["processor"]
     doc = document(capsys, chk)
     assert list(doc) == [
-        "checkpoint", "query", "batches", "watermark", "operators", "progress",
+        "checkpoint", "query", "batches", "watermark", "history", "operators", "progress",
     ]  # fmt: skip
+    assert doc["history"] == []  # a checkpoint sparkstate wrote from its first batch
     assert doc["query"]["provider"] == "rocksdb"
     assert doc["query"]["partitions"] == 2
     assert doc["query"]["output_mode"] == "update"

@@ -45,7 +45,13 @@ from sparkstate.store.capabilities import provider_over_files
 from sparkstate.store.conf import StoreId
 from sparkstate.store.files.durable import canonical_location
 
-__all__ = ["repartition", "rescale_at_start", "rescale_locked", "run_repartition"]
+__all__ = [
+    "repartition",
+    "rescale_at_start",
+    "rescale_locked",
+    "run_repartition",
+    "written_by_key",
+]
 
 log = logging.getLogger("sparkstate.engine")
 A = TypeVar("A")
@@ -261,11 +267,8 @@ def _moved(
         f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in move.schema
     )
     old = move.partitions
-    state_root, provider, version = plan.state_root, plan.provider, plan.version
-    to = plan.to_partitions
     read_acc: Any = counters.read if counters else None
     rows_acc: Any = counters.rows if counters else None
-    written_acc: Any = counters.written if counters else None
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -277,6 +280,31 @@ def _moved(
                 if counters is not None:
                     read_acc.add(1)
                     rows_acc.add(n)
+
+    rows = spark.range(0, len(old), 1, len(old)).mapInArrow(read, spark_schema)
+    return written_by_key(
+        rows,
+        move,
+        plan.state_root,
+        plan.provider,
+        plan.version,
+        plan.to_partitions,
+        counters.written if counters else None,
+    )
+
+
+def written_by_key(
+    rows: DataFrame,
+    move: OperatorMove,
+    state_root: str,
+    provider: str,
+    version: int,
+    to: int,
+    written_acc: Any = None,
+) -> DataFrame:
+    """``rows`` (of ``move.schema``: the shuffle's columns, family, key, value) sent where the
+    next batch's shuffle sends their keys, and written there as version ``version`` of each of
+    ``to`` partitions: a row per partition written (operator, partition, checkpoint id, rows)."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # The job is a union of every operator's stage of ``to`` partitions, numbered on:
@@ -300,8 +328,7 @@ def _moved(
             ),
         )
 
-    rows = spark.range(0, len(old), 1, len(old)).mapInArrow(read, spark_schema)
-    shuffled = rows.repartition(plan.to_partitions, *move.shuffle_columns)
+    shuffled = rows.repartition(to, *move.shuffle_columns)
     return shuffled.mapInArrow(write, _WRITTEN)
 
 

@@ -34,6 +34,7 @@ from sparkstate.engine.spark_versions import require
 from sparkstate.engine.stage import Stage
 from sparkstate.engine.steps import AggregateStep, StatelessStep
 from sparkstate.engine.table_sink import default_source, table_sink
+from sparkstate.engine.take_over_job import take_over
 from sparkstate.engine.triggers import check_trigger, checked_trigger
 from sparkstate.engine.workers import check_workers
 from sparkstate.exceptions import ConfigurationError
@@ -316,6 +317,9 @@ class DataStreamWriter:
         if is_connect(spark):  # the client may not see the checkpoint: the server's side does
             check_workers(spark, provider_spec)
             prepared = on_server(spark, request)
+            if prepared.take_over is not None:  # a checkpoint of Spark's own operators
+                take_over(spark, prepared.take_over, stages)
+                prepared = on_server(spark, request)
             if prepared.rescale_to is not None:
                 rescale_at_start(spark, prepared.location, prepared.rescale_to)
                 prepared = on_server(spark, request)
@@ -329,6 +333,9 @@ class DataStreamWriter:
         try:
             check_workers(spark, provider_spec)
             prepared = prepare_checkpoint(request)
+            if prepared.take_over is not None:  # a checkpoint of Spark's own operators
+                take_over(spark, prepared.take_over, stages)
+                prepared = prepare_checkpoint(request)
             if prepared.rescale_to is not None:  # the query asks for another partition count
                 rescale_at_start(spark, prepared.location, prepared.rescale_to)
                 prepared = prepare_checkpoint(request)

@@ -40,10 +40,18 @@ from sparkstate.observe.key_lookup import (
 from sparkstate.observe.metrics import columns
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.runtime.records import BatchCommit, OperatorCommit
+from sparkstate.runtime.take_over import TAKEN_OVER
 from sparkstate.store.base import DEFAULT_CF
 from sparkstate.store.capabilities import DescribesFiles, FileGroup, StoredFiles
 
-__all__ = ["LAST_BATCHES", "dumps", "inspect_checkpoint", "key_document", "run_inspect"]
+__all__ = [
+    "LAST_BATCHES",
+    "dumps",
+    "history",
+    "inspect_checkpoint",
+    "key_document",
+    "run_inspect",
+]
 
 #: Batches of the progress log shown.
 LAST_BATCHES = 5
@@ -95,9 +103,27 @@ def inspect_checkpoint(
             "committed_at": None if commit is None else commit.committed_at,
         },
         "watermark": _watermark(commit),
+        "history": history(chk.metadata),
         "operators": [_operator(chk, op, commit) for op in ops],
         "progress": progress,
     }
+
+
+def history(metadata: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where the checkpoint's state came from, oldest first: taken over from Spark's own
+    operators after batch N (:mod:`sparkstate.runtime.take_over`)."""
+    out = []
+    taken = metadata.get(TAKEN_OVER)
+    if taken:
+        out.append(
+            {
+                "event": "taken_over_from_spark",
+                "batch": int(taken["batch_id"]),
+                "spark_provider": taken.get("spark_provider"),
+                "at": taken.get("at"),
+            }
+        )
+    return out
 
 
 def _watermark(commit: BatchCommit | None) -> dict[str, Any]:

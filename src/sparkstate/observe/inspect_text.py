@@ -75,6 +75,8 @@ def summary(doc: dict[str, Any]) -> str:
     out.append(_line("location", f"{where} ({join_uri(query['state_root'], 'state')})"))
     out.append(_line("batches", _batches(batches)))
     out.append(_line("watermark", _watermark(doc["watermark"])))
+    for event in doc.get("history", []):
+        out.append(_line("history", event_text(event)))
     for op in doc["operators"]:
         out += ["", *_operator(op, doc["query"]["provider"])]
     out += ["", *_progress(doc["progress"], len(doc["operators"]))]
@@ -89,6 +91,16 @@ def _batches(b: dict[str, Any]) -> str:
     if b["shown"] != b["last"]:
         text += f"; shown: after batch {b['shown']}"
     return f"{text}; state version {b['state_version']}, committed {_when(b['committed_at'])}"
+
+
+def event_text(e: dict[str, Any]) -> str:
+    """One event of a checkpoint's history (:func:`sparkstate.observe.inspect.history`)."""
+    if e["event"] == "taken_over_from_spark":
+        return (
+            f"taken over from Spark's own operators ({e['spark_provider']}) after its batch "
+            f"{e['batch']}, {_when(e['at'])}"
+        )
+    return str(e)
 
 
 def _watermark(w: dict[str, Any]) -> str:

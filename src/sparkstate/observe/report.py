@@ -14,9 +14,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from html import escape
+from typing import Any
 
 from sparkstate.exceptions import SparkstateError
-from sparkstate.observe import units
+from sparkstate.observe import inspect_text, units
+from sparkstate.observe.checkpoint import open_checkpoint
+from sparkstate.observe.inspect import history
 from sparkstate.observe.metrics import (
     DISK_METRICS,
     WRITTEN_METRICS,
@@ -190,10 +193,20 @@ def _header(log: ProgressLog, checkpoint: str, cols: Columns, runs: list[Run]) -
         if "sstBytes" in op.disk_bytes:
             state.append(units.byte_size(_last(op.disk_bytes["sstBytes"])) + " on disk")
         rows.append((f"state of {escape(op.label)}", ", ".join(state) + " (last batch)"))
+    rows += [("history", escape(inspect_text.event_text(e))) for e in _history(checkpoint)]
     if isinstance(last.get("sink"), dict) and last["sink"].get("description"):
         rows.append(("sink", escape(str(last["sink"]["description"]))))
     items = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     return f"<dl>{items}</dl><h2>Runs ({len(runs)})</h2>{_runs_table(runs)}"
+
+
+def _history(checkpoint: str) -> list[dict[str, Any]]:
+    """Where the checkpoint's state came from (none where its metadata cannot be read: the
+    page is drawn from the progress log alone)."""
+    try:
+        return history(open_checkpoint(checkpoint).metadata)
+    except SparkstateError:
+        return []
 
 
 def _runs_table(runs: list[Run]) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.operators.spark_state import SparkRows
 from sparkstate.operators.state_layout import StateLayout
 from sparkstate.store.base import StateStore
 from sparkstate.store.schema_json import schema_to_json
@@ -244,6 +245,18 @@ class StatefulOperator(StateLayout, ABC):
     def column_families(self) -> dict[str, tuple[pa.Schema, pa.Schema]]:
         """Extra named keyspaces beside the default one (key schema, value schema)."""
         return {}
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """This operator's state from Spark's own (the ``key`` and ``value`` of Spark's state
+        data source, for a query that ran with Spark's operator): per column family, its keys and
+        values. Raises :class:`SchemaMismatchError` with Spark's condition where the rows are not
+        the state of this query; an operator that cannot take Spark's state over says so."""
+        msg = (
+            f"taking over the state Spark's own {self.progress_name} operator wrote is not "
+            f"supported for sparkstate's {self.kind} yet: run the query from a new checkpoint "
+            "location"
+        )
+        raise ConfigurationError(msg)
 
     @property
     def value_widening(self) -> bool:

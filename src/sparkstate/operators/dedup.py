@@ -25,6 +25,14 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import conform, event_time_stats, is_late, to_epoch_micros
 from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.spark_state import (
+    KEY_NOT_COMPATIBLE,
+    VALUE_NOT_COMPATIBLE,
+    SparkRows,
+    by_name,
+    by_position,
+    fields_of,
+)
 from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, TimestampIndex, index_key_schema
 from sparkstate.store.base import DEFAULT_CF, StateStore
@@ -88,6 +96,12 @@ class Deduplicate(StatefulOperator):
         return out
 
     # --- its state, as the reader shows it -------------------------------------------------------
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """Spark keeps the deduplicated columns, in the order given, and no value."""
+        keys = by_name(fields_of(key), self.key_schema, KEY_NOT_COMPATIBLE, "column")
+        seen = pa.table([pa.repeat(True, keys.num_rows)], schema=self.value_schema)
+        return {DEFAULT_CF: (keys, seen)}
 
     @classmethod
     def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
@@ -207,6 +221,16 @@ class DeduplicateWithinWatermark(Deduplicate):
         out = super().describe()
         out["delay_ms"] = self.delay_ms
         return out
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """Spark keeps the deduplicated columns and each key's ``expiresAtMicros``; the expiry
+        index beside them is made from those."""
+        keys = by_name(fields_of(key), self.key_schema, KEY_NOT_COMPATIBLE, "column")
+        expiry = by_position(fields_of(value), self.value_schema, VALUE_NOT_COMPATIBLE, "value")
+        index_schema, marker_schema = self.column_families()[EXPIRY_CF]
+        index = pa.table([expiry.column(0), *keys.columns], schema=index_schema)
+        markers = pa.table([pa.repeat(True, keys.num_rows)], schema=marker_schema)
+        return {DEFAULT_CF: (keys, expiry), EXPIRY_CF: (index, markers)}
 
     @classmethod
     def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:

@@ -2,8 +2,8 @@
 state location and the stateful operators (state schemas may evolve
 compatibly, :mod:`sparkstate.operators.arbitrary.restart`; the partition count may change, which
 rescales
-the state: :func:`rescale_target`); and a Spark checkpoint without sparkstate's logs
-is refused, since it has no state to continue from."""
+the state: :func:`rescale_target`). A checkpoint of Spark's own operators is taken over
+(:mod:`sparkstate.runtime.take_over`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
 from sparkstate.operators.arbitrary.restart import check_state_change, same_schema
 from sparkstate.store.evolution import KEY_NOT_COMPATIBLE, NOT_COMPATIBLE
-from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri, local_path
+from sparkstate.store.files.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.schema_json import fields_from_json
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "check_num_partitions",
     "check_restart",
     "partitions_asked",
-    "refuse_foreign_checkpoint",
     "rescale_target",
 ]
 
@@ -39,19 +38,6 @@ SCHEMA_PARTS = ("key_schema", "value_schema", "output_schema")
 SCHEMA_CONDITIONS = {"key_schema": KEY_NOT_COMPATIBLE, "value_schema": NOT_COMPATIBLE}
 #: Parts of an operator's description that only name things for readers: not compared.
 READER_PARTS = frozenset({"column_names"})
-
-
-def refuse_foreign_checkpoint(checkpoint: str) -> None:
-    """A Spark checkpoint with committed batches but no sparkstate logs has no state for us."""
-    commits = DurableDir(checkpoint).child("commits")
-    if any(e.name.isdigit() for e in commits.list()):
-        msg = (
-            f"checkpoint {checkpoint} has committed batches but no sparkstate state "
-            f"({join_uri(checkpoint, 'sparkstate')} is missing): either the query ran without "
-            "sparkstate, or that directory was deleted. There is no state to continue from: "
-            "restore the directory or start from a new checkpoint location"
-        )
-        raise ConfigurationError(msg)
 
 
 def check_restart(

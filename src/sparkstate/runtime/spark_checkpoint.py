@@ -27,6 +27,7 @@ __all__ = [
     "input_digest",
     "source_offsets",
     "drop_spark_batch",
+    "rewrite_spark_file",
     "spark_batches",
     "spark_query_id",
 ]
@@ -103,9 +104,9 @@ def copy_spark_batch(
         raise CorruptStateFileError(msg) from exc
     header.setdefault("conf", {})[SHUFFLE_PARTITIONS] = str(shuffle_partitions)
     lines[1] = json.dumps(header, separators=(",", ":"))
-    _write_spark_file(offsets, target, "\n".join(lines))
+    rewrite_spark_file(offsets, target, "\n".join(lines))
     commits = checkpoint.child(COMMITS_DIR)
-    _write_spark_file(commits, target, commits.read(str(source)).decode("utf-8"))
+    rewrite_spark_file(commits, target, commits.read(str(source)).decode("utf-8"))
 
 
 def drop_spark_batch(checkpoint: DurableDir, batch_id: int) -> None:
@@ -116,7 +117,7 @@ def drop_spark_batch(checkpoint: DurableDir, batch_id: int) -> None:
         offsets.delete(name)
 
 
-def _write_spark_file(directory: DurableDir, batch_id: int, text: str) -> None:
+def rewrite_spark_file(directory: DurableDir, batch_id: int, text: str) -> None:
     """One file of a Spark log; a stale checksum file of an earlier one under the same name
     goes first (Hadoop's local file system would check the new file against it)."""
     crc = f".{batch_id}.crc"

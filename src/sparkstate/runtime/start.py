@@ -14,17 +14,23 @@ import uuid
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+from sparkstate.operators.registry import operator_class
 from sparkstate.runtime.logs import CheckpointLog, engine_root_of
 from sparkstate.runtime.metadata import (
     PARTITIONS_ASKED,
     check_checkpoint_location,
     check_restart,
     partitions_asked,
-    refuse_foreign_checkpoint,
     rescale_target,
 )
 from sparkstate.runtime.rescale import settle_rescale
 from sparkstate.runtime.spark_checkpoint import spark_batches, spark_query_id
+from sparkstate.runtime.take_over import (
+    TakeOver,
+    discard_unfinished_take_over,
+    plan_take_over,
+    settle_take_over,
+)
 from sparkstate.store.files.durable import DurableDir, canonical_location
 
 __all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
@@ -63,6 +69,9 @@ class Checkpoint:
     #: A state schema change Spark refuses when it plans the first batch: the query starts, and
     #: its first batch fails with it, as Spark's does (the checkpoint is left as it was).
     refusal: SchemaMismatchError | None = None
+    #: A checkpoint of Spark's own stateful operators, to take over before the query runs
+    #: (:mod:`sparkstate.runtime.take_over`); ``metadata`` is not written yet.
+    take_over: TakeOver | None = None
 
     @property
     def query_id(self) -> str:
@@ -90,6 +99,8 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     if state_option == engine_root:
         state_option = None  # the default place, spelled out
     log_ = CheckpointLog(engine_root)
+    if discard_unfinished_take_over(log_):
+        log.warning("%s: dropped a take-over of Spark's checkpoint that did not finish", location)
     metadata = log_.read_metadata()
     if metadata is not None:
         settled = settle_rescale(location)
@@ -102,7 +113,6 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     rescale_to: int | None = None
     refusal: SchemaMismatchError | None = None
     if metadata is None:
-        refuse_foreign_checkpoint(location)
         num_partitions = int(requested or request.default_partitions)
         if num_partitions < 1:
             msg = f"numPartitions must be >= 1, got {num_partitions}"
@@ -117,8 +127,25 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
             "clock": request.clock,
             PARTITIONS_ASKED: asked,
         }
+        names = {
+            int(o["id"]): operator_class(str(o["kind"])).progress_name for o in request.operators
+        }
+        metadata["query_id"] = spark_query_id(DurableDir(location), str(metadata["query_id"]))
+        take_over = plan_take_over(
+            location, engine_root, state_option or engine_root, metadata, names
+        )
+        if take_over is not None:  # Spark's own operators ran the query: their state goes on
+            return Checkpoint(
+                location,
+                engine_root,
+                state_option or engine_root,
+                take_over.metadata,
+                take_over=take_over,
+            )
         log_.write_metadata(metadata)
     else:
+        if settle_take_over(location, engine_root, metadata):
+            log.warning("%s: finished the take-over of Spark's checkpoint", location)
         refuse_state_without_offsets(location, log_)
         operators = _recorded_ids(metadata.get("operators", []), request.operators)
         refusal = check_restart(metadata, request.provider, state_option, operators, log_.root)

@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators._arrow import (
     EventTimeStats,
     conform,
@@ -41,6 +42,14 @@ from sparkstate.operators.aggregation.aggregate_functions import (
     buffer_column,
 )
 from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.spark_state import (
+    KEY_NOT_COMPATIBLE,
+    VALUE_NOT_COMPATIBLE,
+    SparkRows,
+    by_name,
+    by_position,
+    fields_of,
+)
 from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.store.base import DEFAULT_CF, StateStore
 from sparkstate.store.schema_json import schema_to_json
@@ -229,6 +238,41 @@ class StreamingAggregate(StatefulOperator):
                 continue
             out.extend((f"{k['window']}.{part}", k[part]) for part in ("start", "end"))
         return out
+
+    # --- Spark's own state, taken over ----------------------------------------------------------
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """Spark keeps the grouping keys in the query's order (a window as a ``start``/``end``
+        struct) and the aggregation buffers in the aggregates' order, as this operator does."""
+        if self.key_schema.names == [GLOBAL_KEY]:  # Spark's key is empty
+            by_position(fields_of(key), pa.schema([]), KEY_NOT_COMPATIBLE, "grouping key")
+            zeros = pa.array(np.zeros(len(key), np.int32))
+            spark_keys: list[tuple[str, pa.Array]] = [(GLOBAL_KEY, zeros)]
+        else:
+            spark_keys = []
+            given = fields_of(key)
+            if len(given) != len(self.output_keys):
+                shown = pa.schema(
+                    [
+                        pa.field(k if isinstance(k, str) else k.name, pa.null())
+                        for k in self.output_keys
+                    ]
+                )
+                by_position(given, shown, KEY_NOT_COMPATIBLE, "grouping key")
+            for k, (_, values) in zip(self.output_keys, given, strict=True):
+                if isinstance(k, str):
+                    spark_keys.append((k, values))
+                    continue
+                window = dict(fields_of(values))
+                if sorted(window) != ["end", "start"]:
+                    msg = f"Spark's state has no window struct where this query groups by {k.name}"
+                    raise SchemaMismatchError(msg, KEY_NOT_COMPATIBLE)
+                spark_keys += [(k.start, window["start"]), (k.end, window["end"])]
+        keys = by_name(spark_keys, self.key_schema, KEY_NOT_COMPATIBLE, "grouping key")
+        values = by_position(
+            fields_of(value), self.value_schema, VALUE_NOT_COMPATIBLE, "aggregation buffer"
+        )
+        return {DEFAULT_CF: (keys, values)}
 
     # --- processing ------------------------------------------------------------------------------
 

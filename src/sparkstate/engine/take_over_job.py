@@ -1,0 +1,246 @@
+"""The take-over of a checkpoint Spark's own stateful operators wrote, as one Spark job.
+
+The logs and their order are :mod:`sparkstate.runtime.take_over`'s. The state moves as a rescale
+moves it (:mod:`sparkstate.engine.rescale_job`): per operator, Spark's state data source reads
+the state Spark's operator holds after the batch taken over on (``spark.read.format("statestore")``,
+for either of Spark's providers and any of their checkpoint formats), the operator's class says
+what each of its rows is in our column families
+(:meth:`~sparkstate.operators.base.StatefulOperator.from_spark_state`), Spark's
+``repartition(n, *key columns)`` sends each key where the next batch's shuffle sends it, and a
+task per partition writes what it got as the version the next batch loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from sparkstate.engine.batch_job import engine_settings
+from sparkstate.engine.rescale_job import written_by_key
+from sparkstate.engine.session import is_connect, run_on_server
+from sparkstate.engine.spark_versions import from_arrow_type, to_arrow_type
+from sparkstate.engine.stage import Stage
+from sparkstate.observe.key_lookup import partition_columns
+from sparkstate.observe.rescale import FAMILY, KEY, VALUE, OperatorMove, write_partition
+from sparkstate.operators.base import StatefulOperator
+from sparkstate.operators.registry import layout_of
+from sparkstate.runtime.take_over import TakeOver, begin_take_over, commit_take_over
+from sparkstate.runtime.triggers import next_request
+from sparkstate.store.base import DEFAULT_CF, ColumnFamily
+from sparkstate.store.conf import StoreId
+from sparkstate.store.files.durable import DurableDir
+from sparkstate.store.versions.layout import SCHEMA_FILE
+
+__all__ = ["take_over"]
+
+log = logging.getLogger("sparkstate.engine")
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
+    """Take the checkpoint of ``plan`` over from Spark's operators, for the query of ``stages``
+    (the caller holds the checkpoint's lock)."""
+    started = time.perf_counter()
+    moves = [_move_of(plan, s.op_id, s.operator) for s in stages]
+    with session_conf(spark, plan.read_conf):
+        states = [_spark_state(spark, plan, s.op_id) for s in stages]
+    for state, s in zip(states, stages, strict=True):  # refused here, before anything is written
+        _check_schema(state, s.operator)
+    _on_checkpoint(spark, begin_take_over, plan)
+    _on_checkpoint(
+        spark,
+        _write_schemas,
+        (plan, [(m, _families(s.operator)) for m, s in zip(moves, stages, strict=True)]),
+    )
+    frames = [
+        _converted(state, plan, m, s.operator)
+        for state, m, s in zip(states, moves, stages, strict=True)
+    ]
+    written: dict[int, dict[int, tuple[str, int]]] = {m.op_id: {} for m in moves}
+    job = frames[0]
+    for frame in frames[1:]:
+        job = job.unionByName(frame)
+    with engine_settings(spark, plan.num_partitions), session_conf(spark, plan.read_conf):
+        for r in job.collect():
+            written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_rows"])
+    triggers = {s.op_id: s.operator.time_trigger() for s in stages}
+    moved = plan.next_watermark_ms > plan.batch_watermark_ms
+    clock = next_request({}, triggers, moved, [], int(time.time() * 1000))
+    _on_checkpoint(
+        spark, _commit, (plan, moves, written, clock if plan.metadata.get("clock") else None)
+    )
+    rows = sum(n for parts in written.values() for _, n in parts.values())
+    log.warning(
+        "%s: took over the state of %d operator(s) from Spark's %s after its batch %d "
+        "(%d rows, %.1f s)",
+        plan.location,
+        len(moves),
+        plan.spark_provider.rsplit(".", 1)[-1],
+        plan.batch_id,
+        rows,
+        time.perf_counter() - started,
+    )
+
+
+@contextlib.contextmanager
+def session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
+    """The session's settings ``conf`` while inside; each restored after."""
+    before: dict[str, str | None] = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, old in before.items():
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)
+
+
+def _on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
+    """``func(arg)`` where the checkpoint is reachable: here, or over Spark Connect in a task
+    on the server's side."""
+    return run_on_server(spark, func, arg) if is_connect(spark) else func(arg)
+
+
+def _families(operator: StatefulOperator) -> dict[str, tuple[pa.Schema, pa.Schema]]:
+    return {DEFAULT_CF: (operator.key_schema, operator.value_schema), **operator.column_families()}
+
+
+def _move_of(plan: TakeOver, op_id: int, operator: StatefulOperator) -> OperatorMove:
+    """How the operator's state moves: the columns its rows are shuffled by, as a rescale's."""
+    described = operator.describe()
+    columns = partition_columns(described, operator.key_schema)
+    _, derive = layout_of(operator.kind).derived_families()
+    fields = [
+        pa.field(f"__p{i}", operator.key_schema.field(c).type, nullable=True)
+        for i, c in enumerate(columns)
+    ]
+    schema = pa.schema(
+        [
+            *fields,
+            pa.field(FAMILY, pa.string()),
+            pa.field(KEY, pa.binary()),
+            pa.field(VALUE, pa.binary()),
+        ]
+    )
+    partitions = list(range(plan.num_partitions))
+    return OperatorMove(
+        plan.location,
+        op_id,
+        operator.kind,
+        plan.batch_id,
+        columns,
+        schema,
+        partitions,
+        derive=derive,
+    )
+
+
+def _write_schemas(arg: tuple[TakeOver, list[tuple[OperatorMove, dict[str, Any]]]]) -> None:
+    """Step 1's ``_schema.json`` of every store the state is written into."""
+    plan, moves = arg
+    for move, families in moves:
+        record = plan.schema_record(families)
+        for p in range(plan.num_partitions):
+            directory = DurableDir(plan.state_root).child(
+                StoreId(plan.state_root, move.op_id, p).relative_dir
+            )
+            directory.write_atomic(SCHEMA_FILE, json.dumps(record, indent=2).encode())
+
+
+def _spark_state(spark: SparkSession, plan: TakeOver, op_id: int) -> DataFrame:
+    """The state Spark's operator ``op_id`` holds after the batch taken over on: its ``key``
+    and ``value``, the value's fields named by position (Spark's aggregation buffers repeat
+    names, ``count, sum, sum, count``, which Arrow refuses)."""
+    state = (
+        spark.read.format("statestore")
+        .option("batchId", plan.batch_id)
+        .option("operatorId", op_id)
+        .load(plan.location)
+    )
+    value = state.schema["value"].dataType
+    assert isinstance(value, StructType)
+    positional = StructType(
+        [StructField(f"_{i}", f.dataType, f.nullable) for i, f in enumerate(value.fields)]
+    )
+    return state.select("key", F.col("value").cast(positional).alias("value"))
+
+
+def _check_schema(state: DataFrame, operator: StatefulOperator) -> None:
+    """The operator's refusal of Spark's state where it is not this query's, raised here on
+    the driver, with Spark's condition (the conversion in the tasks would raise it there)."""
+    empty = [pa.array([], to_arrow_type(state.schema[c].dataType)) for c in ("key", "value")]
+    operator.from_spark_state(*empty)
+
+
+def _converted(
+    state: DataFrame, plan: TakeOver, move: OperatorMove, operator: StatefulOperator
+) -> DataFrame:
+    """Spark's state of one operator, as our rows of it, written per partition."""
+    spark_schema = ", ".join(
+        f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in move.schema
+    )
+    described = _families(operator)
+    columns = move.columns
+    schema = move.schema
+
+    def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        families = {name: ColumnFamily(name, k, v) for name, (k, v) in described.items()}
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            rows = operator.from_spark_state(batch.column(0), batch.column(1))
+            for name, (keys, values) in rows.items():
+                family = families[name]
+                n = keys.num_rows
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        *(
+                            keys.column(c).combine_chunks().cast(schema.field(i).type)
+                            for i, c in enumerate(columns)
+                        ),
+                        pa.repeat(pa.scalar(name, pa.string()), n),
+                        pa.array(family.physical_keys(keys), pa.binary()),
+                        pa.array(family.value_codec.encode_many(values), pa.binary()),
+                    ],
+                    schema=schema,
+                )
+
+    rows = state.mapInArrow(convert, spark_schema)
+    return written_by_key(
+        rows,
+        move,
+        plan.state_root,
+        str(plan.metadata["provider"]),
+        plan.version,
+        plan.num_partitions,
+    )
+
+
+def _commit(
+    arg: tuple[
+        TakeOver, list[OperatorMove], dict[int, dict[int, tuple[str, int]]], dict[str, Any] | None
+    ],
+) -> None:
+    """Give a partition no key went to an empty version; commit."""
+    plan, moves, written, clock = arg
+    provider = str(plan.metadata["provider"])
+    for m in moves:
+        for p in range(plan.num_partitions):
+            if p not in written[m.op_id]:
+                written[m.op_id][p] = write_partition(
+                    plan.state_root, provider, m.op_id, p, plan.version, [], m.derive
+                )
+    commit_take_over(plan, written, clock)

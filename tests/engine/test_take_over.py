@@ -1,0 +1,250 @@
+"""A query that ran with Spark's own stateful operators, wrapped with ``ss.stream`` and started on
+its checkpoint: sparkstate takes Spark's state over and the query goes on, with the output of
+Spark's own restart on the same checkpoint, batch for batch."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate.exceptions import SchemaMismatchError
+from sparkstate.observe import inspect_text
+from sparkstate.observe.inspect import inspect_checkpoint
+from sparkstate.observe.progress_log import read_progress_log
+from sparkstate.observe.report import render
+from sparkstate.runtime import take_over as take_over_logs
+
+from .conftest import PROVIDERS, FileFeed
+from .helpers import Collector, at
+
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+CHANGELOG_CONF = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+FORMAT_CONF = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+#: Spark's state store settings, by the name of a case.
+SPARK_STORES: dict[str, dict[str, str]] = {
+    "hdfs": {PROVIDER_CONF: HDFS},
+    "rocksdb": {PROVIDER_CONF: ROCKSDB, CHANGELOG_CONF: "false"},
+    "rocksdb-changelog-v2": {PROVIDER_CONF: ROCKSDB, CHANGELOG_CONF: "true", FORMAT_CONF: "2"},
+}
+
+SCHEMA = "k string, v long, ts timestamp"
+#: Spark runs the first two batches; then both restarts run the rest, one file a batch.
+BATCHES: list[list[dict[str, Any]]] = [
+    [
+        {"k": "a", "v": 1, "ts": at(1)},
+        {"k": "b", "v": 2, "ts": at(5)},
+        {"k": "a", "v": 1, "ts": at(2)},
+    ],
+    [{"k": "a", "v": 3, "ts": at(7)}, {"k": "b", "v": 3, "ts": at(21)}, {"k": None, "v": 4}],
+    [
+        {"k": "a", "v": 5, "ts": at(22)},
+        {"k": "b", "v": 3, "ts": at(21)},
+        {"k": "a", "v": 9, "ts": at(40)},
+    ],
+    [{"k": "a", "v": 5, "ts": at(41)}, {"k": "b", "v": 4, "ts": at(19)}, {"k": "c", "v": None}],
+    [{"k": "c", "v": 7, "ts": at(70)}],
+]
+SPARK_RUNS = 2
+
+
+def windowed(df: Any) -> Any:
+    return (
+        df.withWatermark("ts", "10 seconds")
+        .groupBy(F.window("ts", "5 seconds"), "k")
+        .agg(
+            F.count("*").alias("n"),
+            F.sum("v"),
+            F.avg("v"),
+            F.max("v"),
+            F.min("k").alias("first_k"),
+        )
+    )
+
+
+def by_key(df: Any) -> Any:
+    return df.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+
+
+def global_count(df: Any) -> Any:
+    return df.groupBy().agg(F.count("*").alias("n"), F.first("k").alias("first_k"))
+
+
+def dedup(df: Any) -> Any:
+    return df.withWatermark("ts", "10 seconds").dropDuplicates(["k", "ts"])
+
+
+def dedup_within(df: Any) -> Any:
+    return df.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["k"])
+
+
+class Switch:
+    """One query, run by Spark for the first batches, then restarted twice on copies of that
+    checkpoint: by Spark (the expected output), and wrapped with ``ss.stream`` (ours). Each
+    restart runs the rest of the batches, stops, and starts once more."""
+
+    def __init__(self, spark: SparkSession, tmp_path: Path, query: Callable[[Any], Any]) -> None:
+        self.spark = spark
+        self.tmp_path = tmp_path
+        self.feed = FileFeed(tmp_path / "input")
+        self.query = query
+        self.spark_chk = tmp_path / "spark"
+        self.ours_chk = tmp_path / "ours"
+
+    def df(self) -> DataFrame:
+        return self.feed.stream(self.spark, SCHEMA)
+
+    def start_spark(self, mode: str, collector: Collector, chk: Path) -> Any:
+        writer = self.query(self.df()).writeStream.outputMode(mode).foreachBatch(collector)
+        return writer.option("checkpointLocation", str(chk)).start()
+
+    def start_ours(self, mode: str, collector: Collector, provider: str) -> Any:
+        writer = self.query(ss.stream(self.df())).writeStream.outputMode(mode)
+        writer = writer.foreachBatch(collector).option("stateStore", provider)
+        return writer.option("checkpointLocation", str(self.ours_chk)).start()
+
+    def run_spark_first(self, mode: str, store: dict[str, str]) -> Collector:
+        before = {k: self.spark.conf.get(k, None) for k in store}
+        for k, v in store.items():
+            self.spark.conf.set(k, v)
+        try:
+            collector = Collector()
+            query = self.start_spark(mode, collector, self.spark_chk)
+            for rows in BATCHES[:SPARK_RUNS]:
+                self.feed.add(rows)
+                query.processAllAvailable()
+            query.stop()
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    self.spark.conf.unset(k)
+                else:
+                    self.spark.conf.set(k, v)
+        shutil.copytree(self.spark_chk, self.ours_chk)
+        for rows in BATCHES[SPARK_RUNS:]:
+            self.feed.add(rows)
+        return collector
+
+    def expected(self, mode: str) -> Collector:
+        collector = Collector()
+        for _ in range(2):
+            query = self.start_spark(mode, collector, self.spark_chk)
+            query.processAllAvailable()
+            query.stop()
+        return collector
+
+    def ours(self, mode: str, provider: str) -> Collector:
+        collector = Collector()
+        for _ in range(2):
+            query = self.start_ours(mode, collector, provider)
+            query.processAllAvailable()
+            query.stop()
+        return collector
+
+
+CASES = [
+    pytest.param(windowed, "update", "hdfs", PROVIDERS[0], id="window-update-hdfs"),
+    pytest.param(windowed, "append", "rocksdb", PROVIDERS[-1], id="window-append-rocksdb"),
+    pytest.param(
+        by_key, "update", "rocksdb-changelog-v2", PROVIDERS[0], id="keys-update-rocksdb-v2"
+    ),
+    pytest.param(global_count, "complete", "hdfs", PROVIDERS[-1], id="global-complete-hdfs"),
+    pytest.param(dedup, "append", "hdfs", PROVIDERS[-1], id="dedup-hdfs"),
+    pytest.param(dedup_within, "append", "rocksdb", PROVIDERS[0], id="dedup-within-rocksdb"),
+]
+
+
+@pytest.mark.parametrize(("query", "mode", "spark_store", "provider"), CASES)
+def test_the_query_goes_on_from_sparks_checkpoint(
+    spark: SparkSession,
+    tmp_path: Path,
+    query: Callable[[Any], Any],
+    mode: str,
+    spark_store: str,
+    provider: str,
+) -> None:
+    switch = Switch(spark, tmp_path, query)
+    first = switch.run_spark_first(mode, SPARK_STORES[spark_store])
+    expected = switch.expected(mode)
+    ours = switch.ours(mode, provider)
+    assert ours.batches == expected.batches
+    assert min(ours.batches) == max(first.batches) + 1  # the batch ids go on from Spark's
+    doc = inspect_checkpoint(str(switch.ours_chk))
+    (event,) = doc["history"]
+    assert event["event"] == "taken_over_from_spark"
+    assert event["batch"] == max(first.batches)
+    shown = f"taken over from Spark's own operators ({event['spark_provider']}) after its batch"
+    assert shown in inspect_text.summary(doc)
+    assert escape(shown) in render(read_progress_log(str(switch.ours_chk)), str(switch.ours_chk))
+
+
+def test_another_query_is_refused_and_the_checkpoint_left_as_it_was(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A query whose grouping key is not the one Spark's state holds is refused with Spark's
+    condition, writes nothing of its state, and Spark's own query goes on from the checkpoint."""
+    switch = Switch(spark, tmp_path, by_key)
+    switch.run_spark_first("update", SPARK_STORES["hdfs"])
+    before = sorted(p.relative_to(switch.ours_chk) for p in switch.ours_chk.rglob("*"))
+
+    def other(df: Any) -> Any:
+        return df.groupBy("v").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+
+    switch.query = other
+    with pytest.raises(SchemaMismatchError) as refused:
+        switch.start_ours("update", Collector(), PROVIDERS[0])
+    assert refused.value.condition == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
+    after = sorted(p.relative_to(switch.ours_chk) for p in switch.ours_chk.rglob("*"))
+    assert after == before
+
+
+@pytest.mark.parametrize(
+    "fails_in",
+    [
+        pytest.param("write_metadata", id="before-the-commit-point"),
+        pytest.param("_set_aside_operator_metadata", id="after-the-commit-point"),
+    ],
+)
+def test_a_take_over_that_fails_leaves_sparks_checkpoint_or_completes(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails_in: str
+) -> None:
+    """A take-over that dies before its commit point leaves a checkpoint Spark's own query goes
+    on from; after it, the next start finishes it. Either way the next start of the wrapped
+    query gives Spark's output."""
+    switch = Switch(spark, tmp_path, windowed)
+    switch.run_spark_first("update", SPARK_STORES["hdfs"])
+    expected = switch.expected("update")
+
+    def dies(*args: Any, **kwargs: Any) -> None:
+        msg = "killed"
+        raise OSError(msg)
+
+    if fails_in == "write_metadata":
+        monkeypatch.setattr(take_over_logs.CheckpointLog, "write_metadata", dies)
+    else:
+        monkeypatch.setattr(take_over_logs, "_set_aside_operator_metadata", dies)
+    with pytest.raises(OSError, match="killed"):
+        switch.start_ours("update", Collector(), PROVIDERS[0])
+    monkeypatch.undo()
+    if fails_in == "write_metadata":  # Spark's own query still runs on it, as if nothing happened
+        backup = tmp_path / "backup"
+        shutil.copytree(switch.ours_chk, backup)
+        spark_again = Collector()
+        for _ in range(2):
+            query = switch.start_spark("update", spark_again, switch.ours_chk)
+            query.processAllAvailable()
+            query.stop()
+        assert spark_again.batches == expected.batches
+        shutil.rmtree(switch.ours_chk)
+        shutil.copytree(backup, switch.ours_chk)
+    ours = switch.ours("update", PROVIDERS[0])
+    assert ours.batches == expected.batches
