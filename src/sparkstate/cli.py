@@ -21,6 +21,7 @@ BENCHES = {
     "scale": "sparkstate.bench.scale",
     "latency": "sparkstate.bench.latency",
     "repartition": "sparkstate.bench.repartition",
+    "take-over": "sparkstate.bench.take_over",
 }
 
 
@@ -49,6 +50,17 @@ BENCH_OPTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         (
             "--rows-per-batch",
             {"type": _positive_int, "help": f"new keys per batch while building {_SIZE}"},
+        ),
+    ],
+    "take-over": [
+        ("--state-rows", {"type": _positive_int, "help": f"state rows to take over {_SIZE}"}),
+        (
+            "--rows-per-batch",
+            {"type": _positive_int, "help": f"new keys per batch while building {_SIZE}"},
+        ),
+        (
+            "--spark-provider",
+            {"choices": ["hdfs", "rocksdb"], "help": "Spark's provider that builds the state"},
         ),
     ],
     "windows": [_WORKLOADS],

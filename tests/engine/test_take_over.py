@@ -4,7 +4,12 @@ Spark's own restart on the same checkpoint, batch for batch."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
@@ -15,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
-from sparkstate.exceptions import SchemaMismatchError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.observe.progress_log import read_progress_log
@@ -248,3 +253,122 @@ def test_a_take_over_that_fails_leaves_sparks_checkpoint_or_completes(
         shutil.copytree(backup, switch.ours_chk)
     ours = switch.ours("update", PROVIDERS[0])
     assert ours.batches == expected.batches
+
+
+def test_an_operator_not_taken_over_yet_is_refused_and_the_checkpoint_left_as_it_was(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A stream-stream join's state is not taken over yet: the start says so, and writes
+    nothing into Spark's checkpoint."""
+    chk = tmp_path / "chk"
+    left_feed, right_feed = FileFeed(tmp_path / "left"), FileFeed(tmp_path / "right")
+    left_feed.add([{"k": "a", "v": 1}])
+    right_feed.add([{"k": "b", "w": 2}])
+
+    def join(left: Any) -> Any:
+        return left.join(right_feed.stream(spark, "k string, w long"), "k")
+
+    query = (
+        join(left_feed.stream(spark, "k string, v long"))
+        .writeStream.foreachBatch(Collector())
+        .option("checkpointLocation", str(chk))
+        .start()
+    )
+    query.processAllAvailable()
+    query.stop()
+    before = sorted(p.relative_to(chk) for p in chk.rglob("*"))
+    writer = join(ss.stream(left_feed.stream(spark, "k string, v long"))).writeStream
+    writer = writer.foreachBatch(Collector()).option("checkpointLocation", str(chk))
+    with pytest.raises(
+        ConfigurationError, match="symmetricHashJoin operator wrote is not supported"
+    ):
+        writer.start()
+    assert sorted(p.relative_to(chk) for p in chk.rglob("*")) == before
+
+
+#: A driver that starts the wrapped query on Spark's checkpoint and is SIGKILLed in the middle
+#: of the take-over: before its commit point (Spark's state read and ours written, nothing
+#: committed) or after it (``metadata.json`` written, Spark's logs not finished).
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    import sparkstate as ss
+    from sparkstate.runtime import take_over
+
+    chk, feed, point = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "before-the-commit-point":
+        take_over.CheckpointLog.write_commit = die
+    else:
+        take_over.settle_take_over = die
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    df = spark.readStream.schema("k string, v long, ts timestamp").option(
+        "maxFilesPerTrigger", 1
+    ).json(feed)
+    (
+        ss.stream(df)
+        .withWatermark("ts", "10 seconds")
+        .groupBy(F.window("ts", "5 seconds"), "k")
+        .agg(
+            F.count("*").alias("n"),
+            F.sum("v"),
+            F.avg("v"),
+            F.max("v"),
+            F.min("k").alias("first_k"),
+        )
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", chk)
+        .start()
+    )
+    """
+)
+
+
+def test_a_killed_take_over_leaves_sparks_checkpoint_or_completes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The driver SIGKILLed during the take-over: before the commit point, Spark's own query
+    goes on from the checkpoint as if nothing had happened; after it, the next start finishes
+    the take-over. Either way the wrapped query's next start gives Spark's output."""
+    switch = Switch(spark, tmp_path, windowed)
+    switch.run_spark_first("update", SPARK_STORES["hdfs"])
+    expected = switch.expected("update")
+    taken = tmp_path / "taken"
+    shutil.move(switch.ours_chk, taken)
+    for point in ("before-the-commit-point", "after-the-commit-point"):
+        shutil.copytree(taken, switch.ours_chk)
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        done = subprocess.run(
+            [sys.executable, "-c", KILLED, str(switch.ours_chk), str(switch.feed.path), point],
+            env=env,
+            capture_output=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+        engine = switch.ours_chk / "sparkstate"
+        assert (engine / "metadata.json").exists() == (point == "after-the-commit-point")
+        if point == "before-the-commit-point":  # Spark's own query goes on from a copy
+            spark_chk = tmp_path / "spark-after-kill"
+            shutil.copytree(switch.ours_chk, spark_chk)
+            spark_again = Collector()
+            for _ in range(2):
+                query = switch.start_spark("update", spark_again, spark_chk)
+                query.processAllAvailable()
+                query.stop()
+            assert spark_again.batches == expected.batches
+        ours = switch.ours("update", PROVIDERS[0])
+        assert ours.batches == expected.batches
+        shutil.rmtree(switch.ours_chk)

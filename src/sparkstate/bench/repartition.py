@@ -58,13 +58,16 @@ __all__ = [
     "QUICK",
     "RATIO",
     "SYSTEMS",
+    "Summaries",
     "check_system",
     "expected_check_batch",
     "measure",
     "params_for",
     "ratios",
     "run",
+    "run_to_end",
     "targets",
+    "write_keys",
 ]
 
 SYSTEMS = ["spark-rocksdb", "sparkstate-rocksdb"]
@@ -149,7 +152,7 @@ def expected_check_batch(params: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-def _write_keys(path: str, keys: Sequence[int] | range) -> None:
+def write_keys(path: str, keys: Sequence[int] | range) -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -163,7 +166,7 @@ def _write_keys(path: str, keys: Sequence[int] | range) -> None:
 # --- the systems (child side) ---------------------------------------------------------------------
 
 
-class _Summaries:
+class Summaries:
     """The ``foreachBatch`` function: sums each batch's output (old keys: count 2) and writes
     it to the stream's output; a batch's state is written as its output is computed."""
 
@@ -206,7 +209,7 @@ def _ours() -> Callable[..., int]:
 
 
 def _start(
-    spark: Any, system: str, params: Mapping[str, Any], paths: Mapping[str, str], fn: _Summaries
+    spark: Any, system: str, params: Mapping[str, Any], paths: Mapping[str, str], fn: Summaries
 ) -> Any:
     """The query as a user writes it, on the checkpoint, to the end of its input."""
     from pyspark.sql import functions as F
@@ -236,7 +239,7 @@ def _start(
     return writer.start()
 
 
-def _run_to_end(query: Any, timeout_s: float) -> list[dict[str, Any]]:
+def run_to_end(query: Any, timeout_s: float) -> list[dict[str, Any]]:
     """Wait for an available-now query to end; the progress of its batches, in batch order."""
     if not query.awaitTermination(timeout_s):
         query.stop()
@@ -308,7 +311,7 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
     paths = {"input": os.path.join(workdir, "input"), "checkpoint": os.path.join(workdir, "ckpt")}
     os.makedirs(paths["input"])
     for i, (start, end) in enumerate(build_batches(params)):
-        _write_keys(os.path.join(paths["input"], f"build-{i:05d}.parquet"), range(start, end))
+        write_keys(os.path.join(paths["input"], f"build-{i:05d}.parquet"), range(start, end))
     conf = {"spark.sql.shuffle.partitions": str(params["from_partitions"])}
     if system == THEIRS:
         conf[PROVIDER_CONF] = ROCKSDB_PROVIDER
@@ -317,9 +320,9 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
     session_s = time.perf_counter() - started
     timeout_s = float(params["timeout_s"])
     try:
-        summaries = _Summaries()
+        summaries = Summaries()
         started = time.perf_counter()
-        build = _run_to_end(_start(spark, system, params, paths, summaries), timeout_s)
+        build = run_to_end(_start(spark, system, params, paths, summaries), timeout_s)
         build_s = time.perf_counter() - started
         records = [batch_record(p, summaries.by_batch.get(int(p["batchId"]))) for p in build]
         rows = records[-1]["numRowsTotal"] if records else None
@@ -331,9 +334,9 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
             flush=True,
         )
         old, new = check_keys(params)
-        _write_keys(os.path.join(paths["input"], "check.parquet"), old + new)
+        write_keys(os.path.join(paths["input"], "check.parquet"), old + new)
         started = time.perf_counter()
-        after = _run_to_end(_start(spark, system, params, paths, summaries), timeout_s)
+        after = run_to_end(_start(spark, system, params, paths, summaries), timeout_s)
         after_s = time.perf_counter() - started
         return {
             "available": True,

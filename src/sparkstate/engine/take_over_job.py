@@ -51,6 +51,9 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
     """Take the checkpoint of ``plan`` over from Spark's operators, for the query of ``stages``
     (the caller holds the checkpoint's lock)."""
     started = time.perf_counter()
+    for s in stages:  # an operator that cannot take Spark's state over says so first
+        if type(s.operator).from_spark_state is StatefulOperator.from_spark_state:
+            StatefulOperator.from_spark_state(s.operator, pa.array([]), pa.array([]))
     moves = [_move_of(plan, s.op_id, s.operator) for s in stages]
     with session_conf(spark, plan.read_conf):
         states = [_spark_state(spark, plan, s.op_id) for s in stages]
