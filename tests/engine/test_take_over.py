@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
+from sparkstate.engine import take_over_job
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
@@ -372,3 +373,16 @@ def test_a_killed_take_over_leaves_sparks_checkpoint_or_completes(
         ours = switch.ours("update", PROVIDERS[0])
         assert ours.batches == expected.batches
         shutil.rmtree(switch.ours_chk)
+
+
+def test_rows_a_task_finds_in_another_partition_than_the_engines_go_through_the_shuffle(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window's key is hashed by Spark as its struct and by the engine as two columns, so the
+    rows of Spark's partitions are not in the engine's: told otherwise, the tasks that write
+    each partition in place find the rows of other partitions, and the take-over shuffles."""
+    monkeypatch.setattr(take_over_job, "_same_partitions", lambda *args: True)
+    switch = Switch(spark, tmp_path, windowed)
+    switch.run_spark_first("update", SPARK_STORES["hdfs"])
+    expected = switch.expected("update")
+    assert switch.ours("update", PROVIDERS[0]).batches == expected.batches

@@ -2,14 +2,15 @@
 checkpoint by Spark (``spark``) and wrapped with ``ss.stream`` (``sparkstate-rocksdb``,
 ``sparkstate-memory``), which takes Spark's state over at that start.
 
-Each system, in a fresh subprocess with its own ``local[2]`` session:
+Each system, in fresh subprocesses with their own ``local[2]`` session:
 
 1. builds the state with Spark's own operator and provider (``--spark-provider``, the HDFS-backed
    default or ``rocksdb``): ``groupBy(key).agg(count, sum(value))`` in update mode on 4 shuffle
    partitions over parquet files of new keys (``key = 0..N-1``; full: 10M state rows in batches
    of 2M; ``--quick``: 1M in batches of 500k) under ``trigger(availableNow=True)``; stops;
-2. times the restart on one more file, ``check_keys`` keys already in state and as many new
-   ones: from ``start()`` to the end of that batch. ``spark`` restarts the same query; ours
+2. in a second subprocess (a restarted driver), times the restart on one more file,
+   ``check_keys`` keys already in state and as many new ones: from ``start()`` to the end of
+   that batch. ``spark`` restarts the same query; ours
    starts the wrapped query, whose start takes the state over (and the time of the take-over
    alone is read from its log line).
 
@@ -127,31 +128,35 @@ def _start(spark: Any, system: str, paths: Mapping[str, str], fn: Summaries) -> 
 
 
 def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Build the state with Spark's operator, then restart as ``system``, in this process."""
+    """Phase ``build``: build the state with Spark's operator. Phase ``restart``, in a fresh
+    process as a restarted driver is: restart as ``system`` on one more file."""
     if system not in SYSTEMS:
         msg = f"unknown system {system!r}; known: {SYSTEMS}"
         raise ValueError(msg)
     workdir = params["workdir"]
     paths = {"input": os.path.join(workdir, "input"), "checkpoint": os.path.join(workdir, "ckpt")}
-    os.makedirs(paths["input"])
-    for i, (start, end) in enumerate(build_batches(params)):
-        write_keys(os.path.join(paths["input"], f"build-{i:05d}.parquet"), range(start, end))
     conf = {"spark.sql.shuffle.partitions": str(params["partitions"])}
     if params["spark_provider"] == "rocksdb":
         conf[PROVIDER_CONF] = ROCKSDB_PROVIDER
-    spark = spark_session(f"bench-take-over-{system}", conf)
+    if params["phase"] == "build":
+        os.makedirs(paths["input"])
+        for i, (start, end) in enumerate(build_batches(params)):
+            write_keys(os.path.join(paths["input"], f"build-{i:05d}.parquet"), range(start, end))
+    spark = spark_session(f"bench-take-over-{system}-{params['phase']}", conf)
     timeout_s = float(params["timeout_s"])
     handler = _TakeOverLog()
     logging.getLogger("sparkstate.engine").addHandler(handler)
     try:
         summaries = Summaries()
-        started = time.perf_counter()
-        build = run_to_end(_start(spark, SPARK, paths, summaries), timeout_s)
-        build_s = time.perf_counter() - started
-        rows = build[-1]["stateOperators"][0]["numRowsTotal"] if build else None
-        print(f"    {system}: Spark built {rows:,} state rows in {build_s:,.1f} s", flush=True)
-        old, new = check_keys(params)
-        write_keys(os.path.join(paths["input"], "check.parquet"), old + new)
+        if params["phase"] == "build":
+            started = time.perf_counter()
+            build = run_to_end(_start(spark, SPARK, paths, summaries), timeout_s)
+            build_s = time.perf_counter() - started
+            rows = build[-1]["stateOperators"][0]["numRowsTotal"] if build else None
+            print(f"    {system}: Spark built {rows:,} state rows in {build_s:,.1f} s", flush=True)
+            old, new = check_keys(params)
+            write_keys(os.path.join(paths["input"], "check.parquet"), old + new)
+            return {"available": True, "build_s": build_s, "build_batches": len(build)}
         started = time.perf_counter()
         after = run_to_end(_start(spark, system, paths, summaries), timeout_s)
         restart_s = time.perf_counter() - started
@@ -163,8 +168,6 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
         )
         return {
             "available": True,
-            "build_s": build_s,
-            "build_batches": len(build),
             "restart_s": restart_s,
             "take_over_s": taken[1] if taken else None,
             "take_over_rows": taken[0] if taken else None,
@@ -218,10 +221,19 @@ def ratios(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
 
 
 def _run_system(spec: BenchSpec, system: str) -> dict[str, Any]:
+    """The build in one subprocess, the restart in another (a fresh driver, as a restart is)."""
     print(f"[bench take-over] {system} ... (load {os.getloadavg()[0]:.2f})", flush=True)
     workdir = tempfile.mkdtemp(prefix=f"sparkstate-bench-take-over-{system}-")
+    result: dict[str, Any] = {}
     try:
-        result = run_child(spec, system, workdir)
+        for phase in ("build", "restart"):
+            one = BenchSpec(
+                spec.name, spec.module, spec.systems, [], {**spec.params, "phase": phase},
+                spec.timeout_s,
+            )  # fmt: skip
+            result.update(run_child(one, system, workdir))
+            if "error" in result or not result.get("available"):
+                break
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if result.get("available") and "error" not in result:

@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -46,10 +46,12 @@ from sparkstate.store.conf import StoreId
 from sparkstate.store.files.durable import canonical_location
 
 __all__ = [
+    "WRITTEN",
     "repartition",
     "rescale_at_start",
     "rescale_locked",
     "run_repartition",
+    "write_moved",
     "written_by_key",
 ]
 
@@ -57,7 +59,16 @@ log = logging.getLogger("sparkstate.engine")
 A = TypeVar("A")
 R = TypeVar("R")
 
-_WRITTEN = "op int, partition int, checkpoint_id string, num_rows bigint"
+#: What a task that wrote a partition's state answers: a row per partition.
+WRITTEN = "op int, partition int, checkpoint_id string, num_rows bigint"
+_WRITTEN_SCHEMA = pa.schema(
+    [
+        ("op", pa.int32()),
+        ("partition", pa.int32()),
+        ("checkpoint_id", pa.string()),
+        ("num_rows", pa.int64()),
+    ]
+)
 
 
 def repartition(
@@ -310,26 +321,32 @@ def written_by_key(
         # The job is a union of every operator's stage of ``to`` partitions, numbered on:
         # operator k's partition p is the union's k * to + p.
         partition = TaskContext.get().partitionId() % to  # type: ignore[union-attr]
-        ckpt, n = write_partition(
-            state_root, provider, move.op_id, partition, version, batches, move.derive
-        )
-        n = _rows_in_state(state_root, provider, move, partition, version, ckpt, n)
+        yield write_moved(state_root, provider, move, partition, version, batches)
         if written_acc is not None:
             written_acc.add(1)
-        yield pa.RecordBatch.from_pylist(
-            [{"op": move.op_id, "partition": partition, "checkpoint_id": ckpt, "num_rows": n}],
-            schema=pa.schema(
-                [
-                    ("op", pa.int32()),
-                    ("partition", pa.int32()),
-                    ("checkpoint_id", pa.string()),
-                    ("num_rows", pa.int64()),
-                ]
-            ),
-        )
 
     shuffled = rows.repartition(to, *move.shuffle_columns)
-    return shuffled.mapInArrow(write, _WRITTEN)
+    return shuffled.mapInArrow(write, WRITTEN)
+
+
+def write_moved(
+    state_root: str,
+    provider: str,
+    move: OperatorMove,
+    partition: int,
+    version: int,
+    batches: Iterable[pa.RecordBatch],
+) -> pa.RecordBatch:
+    """Write the rows ``batches`` (of ``move.schema``) as version ``version`` of partition
+    ``partition``: the row (of :data:`WRITTEN`) that says so, with the operator's rows in it."""
+    ckpt, n = write_partition(
+        state_root, provider, move.op_id, partition, version, batches, move.derive
+    )
+    n = _rows_in_state(state_root, provider, move, partition, version, ckpt, n)
+    return pa.RecordBatch.from_pylist(
+        [{"op": move.op_id, "partition": partition, "checkpoint_id": ckpt, "num_rows": n}],
+        schema=_WRITTEN_SCHEMA,
+    )
 
 
 class _Progress:

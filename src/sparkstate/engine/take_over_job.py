@@ -13,6 +13,7 @@ task per partition writes what it got as the version the next batch loads.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -20,12 +21,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from sparkstate.engine.batch_job import engine_settings
-from sparkstate.engine.rescale_job import written_by_key
+from sparkstate.engine.rescale_job import WRITTEN, write_moved, written_by_key
 from sparkstate.engine.session import is_connect, run_on_server
 from sparkstate.engine.spark_versions import from_arrow_type, to_arrow_type
 from sparkstate.engine.stage import Stage
@@ -43,6 +45,12 @@ from sparkstate.store.versions.layout import SCHEMA_FILE
 __all__ = ["take_over"]
 
 log = logging.getLogger("sparkstate.engine")
+#: The columns beside a converted row: the Spark partition it was read from, and the partition
+#: the engine's shuffle sends its key to.
+SPARK_PARTITION = "__spark_partition"
+TARGET = "__target"
+#: The rows whose partitions say whether Spark's partitions are the engine's.
+SAMPLE = 256
 A = TypeVar("A")
 R = TypeVar("R")
 
@@ -65,17 +73,18 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
         _write_schemas,
         (plan, [(m, _families(s.operator)) for m, s in zip(moves, stages, strict=True)]),
     )
-    frames = [
+    converted = [
         _converted(state, plan, m, s.operator)
         for state, m, s in zip(states, moves, stages, strict=True)
     ]
-    written: dict[int, dict[int, tuple[str, int]]] = {m.op_id: {} for m in moves}
-    job = frames[0]
-    for frame in frames[1:]:
-        job = job.unionByName(frame)
-    with engine_settings(spark, plan.num_partitions), session_conf(spark, plan.read_conf):
-        for r in job.collect():
-            written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_rows"])
+    in_place = all(_same_partitions(c, plan, m) for c, m in zip(converted, moves, strict=True))
+    try:  # where Spark's partitions are the engine's, each task writes the state it read
+        written = _run(spark, plan, converted, moves, in_place=in_place)
+    except Exception as exc:
+        if _Misplaced.MARK not in str(exc):
+            raise
+        log.info("%s: Spark's state partitions are not the engine's: shuffling", plan.location)
+        written = _run(spark, plan, converted, moves, in_place=False)
     triggers = {s.op_id: s.operator.time_trigger() for s in stages}
     moved = plan.next_watermark_ms > plan.batch_watermark_ms
     clock = next_request({}, triggers, moved, [], int(time.time() * 1000))
@@ -109,6 +118,27 @@ def session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, old)
+
+
+def _run(
+    spark: SparkSession,
+    plan: TakeOver,
+    converted: list[DataFrame],
+    moves: list[OperatorMove],
+    *,
+    in_place: bool,
+) -> dict[int, dict[int, tuple[str, int]]]:
+    """The job that writes every operator's state; per operator and partition, the checkpoint
+    id written and the operator's rows in it."""
+    frames = [_written(c, plan, m, in_place) for c, m in zip(converted, moves, strict=True)]
+    job = frames[0]
+    for frame in frames[1:]:
+        job = job.unionByName(frame)
+    written: dict[int, dict[int, tuple[str, int]]] = {m.op_id: {} for m in moves}
+    with engine_settings(spark, plan.num_partitions), session_conf(spark, plan.read_conf):
+        for r in job.collect():
+            written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_rows"])
+    return written
 
 
 def _on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
@@ -178,7 +208,9 @@ def _spark_state(spark: SparkSession, plan: TakeOver, op_id: int) -> DataFrame:
     positional = StructType(
         [StructField(f"_{i}", f.dataType, f.nullable) for i, f in enumerate(value.fields)]
     )
-    return state.select("key", F.col("value").cast(positional).alias("value"))
+    return state.select(
+        "key", F.col("value").cast(positional).alias("value"), F.col("partition_id")
+    )
 
 
 def _check_schema(state: DataFrame, operator: StatefulOperator) -> None:
@@ -191,13 +223,12 @@ def _check_schema(state: DataFrame, operator: StatefulOperator) -> None:
 def _converted(
     state: DataFrame, plan: TakeOver, move: OperatorMove, operator: StatefulOperator
 ) -> DataFrame:
-    """Spark's state of one operator, as our rows of it, written per partition."""
-    spark_schema = ", ".join(
-        f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in move.schema
-    )
+    """Spark's state of one operator as our rows of it (:attr:`OperatorMove.schema`), each
+    with the Spark partition it was in (``__spark_partition``)."""
+    schema = pa.schema([*move.schema, pa.field(SPARK_PARTITION, pa.int32())])
+    spark_schema = ", ".join(f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in schema)
     described = _families(operator)
     columns = move.columns
-    schema = move.schema
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         families = {name: ColumnFamily(name, k, v) for name, (k, v) in described.items()}
@@ -205,6 +236,7 @@ def _converted(
             if batch.num_rows == 0:
                 continue
             rows = operator.from_spark_state(batch.column(0), batch.column(1))
+            partitions = batch.column(2)
             for name, (keys, values) in rows.items():
                 family = families[name]
                 n = keys.num_rows
@@ -217,19 +249,77 @@ def _converted(
                         pa.repeat(pa.scalar(name, pa.string()), n),
                         pa.array(family.physical_keys(keys), pa.binary()),
                         pa.array(family.value_codec.encode_many(values), pa.binary()),
+                        partitions.cast(pa.int32()),
                     ],
                     schema=schema,
                 )
 
-    rows = state.mapInArrow(convert, spark_schema)
-    return written_by_key(
-        rows,
-        move,
-        plan.state_root,
-        str(plan.metadata["provider"]),
-        plan.version,
-        plan.num_partitions,
-    )
+    return state.mapInArrow(convert, spark_schema)
+
+
+def _with_target(rows: DataFrame, plan: TakeOver, move: OperatorMove) -> DataFrame:
+    """``rows`` with the partition the engine's shuffle sends each key to (Spark's
+    ``repartition(n, *columns)``: ``pmod(murmur3(columns), n)``)."""
+    hashed = ", ".join(f"`{c}`" for c in move.shuffle_columns)
+    return rows.withColumn(TARGET, F.expr(f"pmod(hash({hashed}), {plan.num_partitions})"))
+
+
+def _same_partitions(rows: DataFrame, plan: TakeOver, move: OperatorMove) -> bool:
+    """Whether a sample of the operator's rows is in the partitions the engine's shuffle sends
+    their keys to (a window's key is hashed as its struct by Spark, as two columns by the
+    engine: those are not, and go through the shuffle at once)."""
+    if not move.columns:
+        return False
+    sample = _with_target(rows, plan, move).select(SPARK_PARTITION, TARGET).limit(SAMPLE)
+    return all(r[0] == r[1] for r in sample.collect())
+
+
+def _written(rows: DataFrame, plan: TakeOver, move: OperatorMove, in_place: bool) -> DataFrame:
+    """The converted rows written as the version the next batch loads: ``in_place``, each Spark
+    partition's rows by the task that read them, checked to be the rows the engine's shuffle
+    sends to that partition (:class:`_Misplaced` where one is not); else sent there by a
+    shuffle first."""
+    provider = str(plan.metadata["provider"])
+    if not in_place:
+        return written_by_key(
+            rows.drop(SPARK_PARTITION),
+            move,
+            plan.state_root,
+            provider,
+            plan.version,
+            plan.num_partitions,
+        )
+    rows = _with_target(rows, plan, move)
+    state_root, version, names = plan.state_root, plan.version, move.schema.names
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        first = next(batches, None)
+        if first is None:  # a partition without state: written empty at the commit
+            return
+        partition = int(first.column(SPARK_PARTITION)[0].as_py())
+
+        def checked() -> Iterator[pa.RecordBatch]:
+            for batch in itertools.chain([first], batches):
+                for column in (SPARK_PARTITION, TARGET):
+                    if pc.any(pc.not_equal(batch.column(column), partition)).as_py():
+                        raise _Misplaced(move.op_id, partition)
+                yield batch.select(names)
+
+        yield write_moved(state_root, provider, move, partition, version, checked())
+
+    return rows.mapInArrow(write, WRITTEN)
+
+
+class _Misplaced(Exception):  # noqa: N818 - a finding, raised in a task to the driver
+    """A row of Spark's state is not where the engine's shuffle sends its key."""
+
+    MARK = "SPARKSTATE_TAKE_OVER_MISPLACED"
+
+    def __init__(self, op_id: int, partition: int) -> None:
+        super().__init__(
+            f"{self.MARK}: a row of operator {op_id}'s state in Spark's partition {partition} "
+            "is not where the engine's shuffle sends its key"
+        )
 
 
 def _commit(
