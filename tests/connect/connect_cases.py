@@ -3,7 +3,8 @@ classic session or a Spark Connect client's, not both) as
 ``python -m tests.connect.connect_cases <url> <workdir> <what>``; prints its results as JSON.
 
 ``differential``: cases of ``tests/engine/test_port.py`` through sparkstate, two
-``availableNow`` runs on one checkpoint each, over the server. ``joins``: stream-stream joins of
+``availableNow`` runs on one checkpoint each, over the server. ``take_over``: a checkpoint of
+Spark's own operator taken over by the wrapped query. ``joins``: stream-stream joins of
 ``tests/engine/test_join.py`` the same way, their conditions written each way a PySpark user
 writes them. ``failure``: a ``foreachBatch`` function that fails in batch 1, then a restart.
 Spark's own output of the same queries (:func:`run_system` and :func:`run_join` with
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -244,12 +246,42 @@ def failure(spark: SparkSession, workdir: Path) -> dict[str, Any]:
     return result
 
 
+def take_over(spark: SparkSession, workdir: Path) -> dict[str, Any]:
+    """A query run by Spark's own operator for two batches, then on a copy of its checkpoint
+    restarted by Spark (the expected output) and wrapped with ``ss.stream`` (which takes the
+    state over, on the server's side), each on one more file."""
+    feed = FileFeed(workdir / "input")
+    for i in range(2):
+        feed.add(rows(i))
+    checkpoint = workdir / "spark"
+
+    def start(df: DataFrame, where: Path, collector: FileCollector) -> Any:
+        writer = df.groupBy("k").count().writeStream.outputMode("update").foreachBatch(collector)
+        return writer.option("checkpointLocation", str(where)).trigger(availableNow=True).start()
+
+    start(
+        feed.stream(spark, SCHEMA), checkpoint, FileCollector(workdir / "first")
+    ).awaitTermination(180)
+    shutil.copytree(checkpoint, workdir / "ours")
+    feed.add(rows(2))
+    expected = FileCollector(workdir / "expected")
+    start(feed.stream(spark, SCHEMA), checkpoint, expected).awaitTermination(180)
+    ours = FileCollector(workdir / "taken")
+    start(ss.stream(feed.stream(spark, SCHEMA)), workdir / "ours", ours).awaitTermination(180)
+    return {"expected": expected.batches(), "ours": ours.batches()}
+
+
 def main() -> None:
     url, workdir, what = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     spark = SparkSession.builder.remote(url).getOrCreate()
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    runs = {"differential": differential, "joins": joins, "failure": failure}
+    runs = {
+        "differential": differential,
+        "joins": joins,
+        "failure": failure,
+        "take_over": take_over,
+    }
     result = runs[what](spark, workdir)
     print(json.dumps(result, default=str))
 

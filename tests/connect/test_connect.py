@@ -161,6 +161,16 @@ def test_failure_over_connect_commits_nothing_and_surfaces(
     assert set(result["rescaled_partitions"]) <= {0, 1}
 
 
+def test_a_checkpoint_of_sparks_own_operator_is_taken_over_over_connect(
+    server: ConnectServer, tmp_path: Path
+) -> None:
+    """The wrapped query started from a client on the checkpoint of Spark's own operator takes
+    its state over on the server's side and goes on as Spark's own restart does."""
+    result = client(server, tmp_path, "take_over")
+    assert result["ours"] == result["expected"]
+    assert list(result["ours"]) == ["2"]  # the batch after Spark's last
+
+
 def test_demo_runs_through_connect(server: ConnectServer, tmp_path: Path) -> None:
     """``sparkstate demo --remote``: the README's way to try it through a server."""
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_MODE_ENABLED"}
