@@ -20,12 +20,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
-from sparkstate.engine import take_over_job
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.observe.report import render
+from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.runtime import take_over as take_over_logs
 
 from .conftest import PROVIDERS, FileFeed
@@ -381,7 +381,7 @@ def test_rows_a_task_finds_in_another_partition_than_the_engines_go_through_the_
     """A window's key is hashed by Spark as its struct and by the engine as two columns, so the
     rows of Spark's partitions are not in the engine's: told otherwise, the tasks that write
     each partition in place find the rows of other partitions, and the take-over shuffles."""
-    monkeypatch.setattr(take_over_job, "_same_partitions", lambda *args: True)
+    monkeypatch.setattr(StreamingAggregate, "spark_partitioned", lambda self: True)
     switch = Switch(spark, tmp_path, windowed)
     switch.run_spark_first("update", SPARK_STORES["hdfs"])
     expected = switch.expected("update")

@@ -33,6 +33,7 @@ from sparkstate.engine.spark_versions import from_arrow_type, to_arrow_type
 from sparkstate.engine.stage import Stage
 from sparkstate.observe.key_lookup import partition_columns
 from sparkstate.observe.rescale import FAMILY, KEY, VALUE, OperatorMove, write_partition
+from sparkstate.observe.spark_hash import spark_partition
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.registry import layout_of
 from sparkstate.runtime.take_over import TakeOver, begin_take_over, commit_take_over
@@ -45,12 +46,11 @@ from sparkstate.store.versions.layout import SCHEMA_FILE
 __all__ = ["take_over"]
 
 log = logging.getLogger("sparkstate.engine")
-#: The columns beside a converted row: the Spark partition it was read from, and the partition
-#: the engine's shuffle sends its key to.
+#: The column beside a converted row: the Spark partition it was read from.
 SPARK_PARTITION = "__spark_partition"
-TARGET = "__target"
-#: The rows whose partitions say whether Spark's partitions are the engine's.
-SAMPLE = 256
+#: The rows of each partition whose partition under the engine's shuffle is checked (a
+#: partitioning that differs, differs for nearly every key).
+CHECKED_ROWS = 64
 A = TypeVar("A")
 R = TypeVar("R")
 
@@ -73,18 +73,19 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
         _write_schemas,
         (plan, [(m, _families(s.operator)) for m, s in zip(moves, stages, strict=True)]),
     )
-    converted = [
-        _converted(state, plan, m, s.operator)
-        for state, m, s in zip(states, moves, stages, strict=True)
-    ]
-    in_place = all(_same_partitions(c, plan, m) for c, m in zip(converted, moves, strict=True))
-    try:  # where Spark's partitions are the engine's, each task writes the state it read
-        written = _run(spark, plan, converted, moves, in_place=in_place)
+    operators = [s.operator for s in stages]
+    in_place = all(
+        s.operator.spark_partitioned() and m.columns for s, m in zip(stages, moves, strict=True)
+    )
+    # Where Spark's partitions are the engine's, each task writes the state it read (and a task
+    # that finds a row of another partition fails the job, which runs again with the shuffle)
+    try:
+        written = _run(spark, plan, states, moves, operators, in_place=in_place)
     except Exception as exc:
         if _Misplaced.MARK not in str(exc):
             raise
         log.info("%s: Spark's state partitions are not the engine's: shuffling", plan.location)
-        written = _run(spark, plan, converted, moves, in_place=False)
+        written = _run(spark, plan, states, moves, operators, in_place=False)
     triggers = {s.op_id: s.operator.time_trigger() for s in stages}
     moved = plan.next_watermark_ms > plan.batch_watermark_ms
     clock = next_request({}, triggers, moved, [], int(time.time() * 1000))
@@ -123,14 +124,18 @@ def session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
 def _run(
     spark: SparkSession,
     plan: TakeOver,
-    converted: list[DataFrame],
+    states: list[DataFrame],
     moves: list[OperatorMove],
+    operators: list[StatefulOperator],
     *,
     in_place: bool,
 ) -> dict[int, dict[int, tuple[str, int]]]:
     """The job that writes every operator's state; per operator and partition, the checkpoint
     id written and the operator's rows in it."""
-    frames = [_written(c, plan, m, in_place) for c, m in zip(converted, moves, strict=True)]
+    frames = [
+        _written(state, plan, m, op, in_place=in_place)
+        for state, m, op in zip(states, moves, operators, strict=True)
+    ]
     job = frames[0]
     for frame in frames[1:]:
         job = job.unionByName(frame)
@@ -220,13 +225,12 @@ def _check_schema(state: DataFrame, operator: StatefulOperator) -> None:
     operator.from_spark_state(*empty)
 
 
-def _converted(
-    state: DataFrame, plan: TakeOver, move: OperatorMove, operator: StatefulOperator
-) -> DataFrame:
-    """Spark's state of one operator as our rows of it (:attr:`OperatorMove.schema`), each
-    with the Spark partition it was in (``__spark_partition``)."""
+def _converter(
+    move: OperatorMove, operator: StatefulOperator
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """What turns Spark's state of one operator (its ``key``, ``value`` and ``partition_id``)
+    into our rows of it: :attr:`OperatorMove.schema`, and the Spark partition each was in."""
     schema = pa.schema([*move.schema, pa.field(SPARK_PARTITION, pa.int32())])
-    spark_schema = ", ".join(f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in schema)
     described = _families(operator)
     columns = move.columns
 
@@ -254,60 +258,65 @@ def _converted(
                     schema=schema,
                 )
 
-    return state.mapInArrow(convert, spark_schema)
+    return convert
 
 
-def _with_target(rows: DataFrame, plan: TakeOver, move: OperatorMove) -> DataFrame:
-    """``rows`` with the partition the engine's shuffle sends each key to (Spark's
-    ``repartition(n, *columns)``: ``pmod(murmur3(columns), n)``)."""
-    hashed = ", ".join(f"`{c}`" for c in move.shuffle_columns)
-    return rows.withColumn(TARGET, F.expr(f"pmod(hash({hashed}), {plan.num_partitions})"))
-
-
-def _same_partitions(rows: DataFrame, plan: TakeOver, move: OperatorMove) -> bool:
-    """Whether a sample of the operator's rows is in the partitions the engine's shuffle sends
-    their keys to (a window's key is hashed as its struct by Spark, as two columns by the
-    engine: those are not, and go through the shuffle at once)."""
-    if not move.columns:
-        return False
-    sample = _with_target(rows, plan, move).select(SPARK_PARTITION, TARGET).limit(SAMPLE)
-    return all(r[0] == r[1] for r in sample.collect())
-
-
-def _written(rows: DataFrame, plan: TakeOver, move: OperatorMove, in_place: bool) -> DataFrame:
-    """The converted rows written as the version the next batch loads: ``in_place``, each Spark
-    partition's rows by the task that read them, checked to be the rows the engine's shuffle
-    sends to that partition (:class:`_Misplaced` where one is not); else sent there by a
-    shuffle first."""
+def _written(
+    state: DataFrame,
+    plan: TakeOver,
+    move: OperatorMove,
+    operator: StatefulOperator,
+    *,
+    in_place: bool,
+) -> DataFrame:
+    """Spark's state of one operator, converted, written as the version the next batch loads:
+    ``in_place``, each Spark partition's rows by the task that read them (its first rows
+    checked to be in the partition the engine's shuffle sends them to: :class:`_Misplaced`
+    where one is not); else sent there by a shuffle first."""
     provider = str(plan.metadata["provider"])
+    convert = _converter(move, operator)
     if not in_place:
-        return written_by_key(
-            rows.drop(SPARK_PARTITION),
-            move,
-            plan.state_root,
-            provider,
-            plan.version,
-            plan.num_partitions,
+        schema = move.schema
+        spark_schema = ", ".join(
+            f"`{f.name}` {from_arrow_type(f.type).simpleString()}" for f in schema
         )
-    rows = _with_target(rows, plan, move)
-    state_root, version, names = plan.state_root, plan.version, move.schema.names
+
+        def converted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in convert(batches):
+                yield batch.select(schema.names)
+
+        rows = state.mapInArrow(converted, spark_schema)
+        return written_by_key(
+            rows, move, plan.state_root, provider, plan.version, plan.num_partitions
+        )
+    state_root, version, names, n = (
+        plan.state_root,
+        plan.version,
+        move.schema.names,
+        plan.num_partitions,
+    )
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        first = next(batches, None)
+        rows = convert(batches)
+        first = next(rows, None)
         if first is None:  # a partition without state: written empty at the commit
             return
         partition = int(first.column(SPARK_PARTITION)[0].as_py())
+        sample = first.slice(0, CHECKED_ROWS)
+        for i in range(sample.num_rows):
+            key = [sample.column(c)[i] for c in move.shuffle_columns]
+            if spark_partition(key, n) != partition:
+                raise _Misplaced(move.op_id, partition)
 
         def checked() -> Iterator[pa.RecordBatch]:
-            for batch in itertools.chain([first], batches):
-                for column in (SPARK_PARTITION, TARGET):
-                    if pc.any(pc.not_equal(batch.column(column), partition)).as_py():
-                        raise _Misplaced(move.op_id, partition)
+            for batch in itertools.chain([first], rows):
+                if pc.any(pc.not_equal(batch.column(SPARK_PARTITION), partition)).as_py():
+                    raise _Misplaced(move.op_id, partition)
                 yield batch.select(names)
 
         yield write_moved(state_root, provider, move, partition, version, checked())
 
-    return rows.mapInArrow(write, WRITTEN)
+    return state.mapInArrow(write, WRITTEN)
 
 
 class _Misplaced(Exception):  # noqa: N818 - a finding, raised in a task to the driver

@@ -258,6 +258,12 @@ class StatefulOperator(StateLayout, ABC):
         )
         raise ConfigurationError(msg)
 
+    def spark_partitioned(self) -> bool:
+        """Whether the engine's shuffle sends each key to the partition Spark's own operator of
+        the same query keeps it in (the same columns, in the same order), so that a take-over
+        writes each partition of Spark's state where it was read."""
+        return False
+
     @property
     def value_widening(self) -> bool:
         """Whether this operator's stores may widen a value field's type across restarts

@@ -97,6 +97,10 @@ class Deduplicate(StatefulOperator):
 
     # --- its state, as the reader shows it -------------------------------------------------------
 
+    def spark_partitioned(self) -> bool:
+        """Spark hashes the deduplicated columns in the order given, as the engine does."""
+        return True
+
     def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
         """Spark keeps the deduplicated columns, in the order given, and no value."""
         keys = by_name(fields_of(key), self.key_schema, KEY_NOT_COMPATIBLE, "column")

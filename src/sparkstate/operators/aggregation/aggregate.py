@@ -274,6 +274,12 @@ class StreamingAggregate(StatefulOperator):
         )
         return {DEFAULT_CF: (keys, values)}
 
+    def spark_partitioned(self) -> bool:
+        """Spark hashes the grouping keys in the query's order, a window as its struct: the
+        same where the state key is the grouping keys in that order (no window, no global key,
+        no watermark column moved to the front)."""
+        return list(self.key_schema.names) == self.output_keys and self.output_keys != [GLOBAL_KEY]
+
     # --- processing ------------------------------------------------------------------------------
 
     def process(
