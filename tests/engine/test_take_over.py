@@ -85,6 +85,10 @@ def global_count(df: Any) -> Any:
     return df.groupBy().agg(F.count("*").alias("n"), F.first("k").alias("first_k"))
 
 
+def limited(df: Any) -> Any:
+    return df.limit(7)
+
+
 def dedup(df: Any) -> Any:
     return df.withWatermark("ts", "10 seconds").dropDuplicates(["k", "ts"])
 
@@ -165,6 +169,7 @@ CASES = [
     ),
     pytest.param(global_count, "complete", "hdfs", PROVIDERS[-1], id="global-complete-hdfs"),
     pytest.param(dedup, "append", "hdfs", PROVIDERS[-1], id="dedup-hdfs"),
+    pytest.param(limited, "append", "rocksdb", PROVIDERS[-1], id="limit-rocksdb"),
     pytest.param(dedup_within, "append", "rocksdb", PROVIDERS[0], id="dedup-within-rocksdb"),
 ]
 

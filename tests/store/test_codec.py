@@ -355,6 +355,10 @@ def test_encode_many_equals_encode(case: tuple[pa.Schema, list[tuple[Any, ...]]]
         assert codec.encode_many(chunked) == expected
         assert codec.encode_many(table.to_batches()[0]) == expected
         assert codec.encode_many(table.slice(3, 30)) == expected[3:33]
+        # As one Arrow array, for a caller that hands the encodings on to Arrow.
+        assert codec.encode_many_arrow(table).to_pylist() == expected
+        assert codec.encode_many_arrow(chunked).to_pylist() == expected
+        assert codec.encode_many_arrow(table.slice(0, 0)).to_pylist() == []
     # A column family's prefix, put before every key in the same pass.
     keys = KeyCodec(schema)
     for prefix in (b"\x00", b"\x05names"):
@@ -362,6 +366,7 @@ def test_encode_many_equals_encode(case: tuple[pa.Schema, list[tuple[Any, ...]]]
         assert keys.encode_many(many, prefix) == expected
         assert keys.encode_many(rows, prefix) == expected[: len(rows)]
         assert keys.encode_many(table, prefix) == expected
+        assert keys.encode_many_arrow(table, prefix).to_pylist() == expected
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -251,8 +251,8 @@ def _converter(
                             for i, c in enumerate(columns)
                         ),
                         pa.repeat(pa.scalar(name, pa.string()), n),
-                        pa.array(family.physical_keys(keys), pa.binary()),
-                        pa.array(family.value_codec.encode_many(values), pa.binary()),
+                        family.key_codec.encode_many_arrow(keys, family.prefix).cast(pa.binary()),
+                        family.value_codec.encode_many_arrow(values).cast(pa.binary()),
                         partitions.cast(pa.int32()),
                     ],
                     schema=schema,

@@ -17,6 +17,13 @@ import pyarrow as pa
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import conform, event_time_stats
 from sparkstate.operators.base import BatchContext, StatefulOperator
+from sparkstate.operators.spark_state import (
+    KEY_NOT_COMPATIBLE,
+    VALUE_NOT_COMPATIBLE,
+    SparkRows,
+    by_position,
+    fields_of,
+)
 from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.store.base import DEFAULT_CF, StateStore
 
@@ -61,6 +68,15 @@ class StreamingLimit(StatefulOperator):
         self.key_schema = pa.schema([input_schema.field(LIMIT_KEY).with_nullable(True)])
         self.value_schema = LIMIT_VALUE_SCHEMA
         self.event_time = event_time
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """Spark keeps its count under one null key."""
+        by_position(
+            fields_of(key), pa.schema([pa.field("key", pa.null())]), KEY_NOT_COMPATIBLE, "key"
+        )
+        counts = by_position(fields_of(value), self.value_schema, VALUE_NOT_COMPATIBLE, "count")
+        keys = pa.table([pa.nulls(len(key), self.key_schema.field(0).type)], schema=self.key_schema)
+        return {DEFAULT_CF: (keys, counts)}
 
     def process(
         self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext

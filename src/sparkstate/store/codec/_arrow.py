@@ -145,6 +145,12 @@ def fsb_to_large_binary(m: Bytes2D) -> pa.Array:
     return fsb.cast(LB)
 
 
+def assemble_arrow(pieces: list[Bytes2D | pa.Array]) -> pa.Array:
+    """:func:`assemble`'s rows as one Arrow array (``large_binary``), never Python objects."""
+    arrays = [fsb_to_large_binary(p) if isinstance(p, np.ndarray) else p for p in pieces]
+    return arrays[0] if len(arrays) == 1 else pc.binary_join_element_wise(*arrays, LB_EMPTY)
+
+
 def assemble(pieces: list[Bytes2D | pa.Array]) -> list[bytes]:
     """Rows of concatenated pieces: uint8 matrices (one row per row) or null-free binary arrays."""
     if len(pieces) == 1 and isinstance(pieces[0], np.ndarray):

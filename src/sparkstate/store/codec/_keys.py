@@ -37,6 +37,7 @@ from sparkstate.store.codec._arrow import (
     arrow_columns,
     arrow_from_le,
     assemble,
+    assemble_arrow,
     columns_from_rows,
     le_bytes,
     rows_of,
@@ -264,6 +265,14 @@ class KeyCodec:
             raise SchemaMismatchError(msg) from exc
         return tuple(out)
 
+    def encode_many_arrow(self, rows: pa.Table | pa.RecordBatch, prefix: bytes = b"") -> pa.Array:
+        """:meth:`encode_many` of Arrow columns as one Arrow array (``large_binary``): for
+        callers that hand the keys on to Arrow, without a Python object per key."""
+        pieces = self._pieces(arrow_columns(self._cols, rows), rows.num_rows, prefix)
+        if pieces is None:
+            return pa.array([prefix] * rows.num_rows, LB)
+        return assemble_arrow(pieces)
+
     def encode_many(self, rows: Rows, prefix: bytes = b"") -> list[bytes]:
         """Encodings of many rows: Arrow columns by position, or tuples. The hot path.
         ``prefix`` (a column family's) is put before every key in the same pass."""
@@ -277,8 +286,16 @@ class KeyCodec:
             if maybe is None:
                 return [prefix + self.encode(r) for r in rows]
             arrays, n = maybe, len(rows)
+        pieces = self._pieces(arrays, n, prefix)
+        return [prefix] * n if pieces is None else assemble(pieces)
+
+    def _pieces(
+        self, arrays: Sequence[pa.Array], n: int, prefix: bytes
+    ) -> list[Bytes2D | pa.Array] | None:
+        """The pieces :func:`assemble` joins into each row's key; None where every key is the
+        prefix alone (no rows, or a key schema without columns)."""
         if n == 0 or not self._cols:
-            return [prefix] * n
+            return None
         pieces: list[Bytes2D | pa.Array] = []
         run: list[tuple[Column, pa.Array]] = []
         lead = prefix
@@ -293,7 +310,7 @@ class KeyCodec:
             pieces.append(_key_nested_piece(col, arr) if nested else _key_var_piece(arr))
         if run or lead:
             pieces.append(self._fixed_matrix(run, n, lead))
-        return assemble(pieces)
+        return pieces
 
     @staticmethod
     def _fixed_matrix(run: list[tuple[Column, pa.Array]], n: int, lead: bytes = b"") -> Bytes2D:

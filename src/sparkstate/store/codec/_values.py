@@ -31,6 +31,7 @@ from sparkstate.store.codec._arrow import (
     arrow_columns,
     arrow_from_le,
     assemble,
+    assemble_arrow,
     columns_from_rows,
     le_bytes,
     rows_of,
@@ -199,8 +200,18 @@ class ValueCodec:
             if maybe is None:
                 return [self.encode(r) for r in rows]
             arrays, n = maybe, len(rows)
+        return [] if n == 0 else assemble(self._pieces(arrays, n))
+
+    def encode_many_arrow(self, rows: pa.Table | pa.RecordBatch) -> pa.Array:
+        """:meth:`encode_many` of Arrow columns as one Arrow array (``large_binary``): for
+        callers that hand the values on to Arrow, without a Python object per value."""
+        n = rows.num_rows
         if n == 0:
-            return []
+            return pa.array([], LB)
+        return assemble_arrow(self._pieces(arrow_columns(self._cols, rows), n))
+
+    def _pieces(self, arrays: Sequence[pa.Array], n: int) -> list[Bytes2D | pa.Array]:
+        """The pieces :func:`assemble` joins into each row's value (``n`` > 0)."""
         head = np.zeros((n, self._head.size), np.uint8)
         h = len(self.header)
         head[:, :h] = np.frombuffer(self.header, np.uint8)
@@ -221,7 +232,7 @@ class ValueCodec:
                 seg[~valid] = 0
         if nulls.any():
             head[:, h : h + self._bitmap_len] = np.packbits(nulls, axis=1, bitorder="little")
-        return assemble(pieces)
+        return pieces
 
     @staticmethod
     def _var_pieces(col: Column, arr: pa.Array) -> list[Bytes2D | pa.Array]:
