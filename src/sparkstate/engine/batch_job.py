@@ -25,7 +25,7 @@ from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskReport
 from sparkstate.runtime.tasks import TaskSpec
 
-__all__ = ["engine_settings", "run_stages", "snapshot_at_stop", "task_spec"]
+__all__ = ["engine_settings", "run_stages", "session_conf", "snapshot_at_stop", "task_spec"]
 
 log = logging.getLogger("sparkstate.engine")
 AQE = "spark.sql.adaptive.enabled"
@@ -178,9 +178,15 @@ def engine_settings(session: SparkSession, num_partitions: int) -> Iterator[None
     Adaptive execution off: coalesced shuffle partitions would break "partition = store".
     Shuffle partitions = state partitions: the partial aggregate's shuffle then already hashes
     by key into ``num_partitions`` and Spark drops the second shuffle of ``repartition``.
-    A setting the session already has is left as it is (a py4j round trip less each way).
     """
-    wanted = {AQE: "false", SHUFFLE_PARTITIONS: str(num_partitions)}
+    with session_conf(session, {AQE: "false", SHUFFLE_PARTITIONS: str(num_partitions)}):
+        yield
+
+
+@contextlib.contextmanager
+def session_conf(session: SparkSession, wanted: dict[str, str]) -> Iterator[None]:
+    """The session's settings ``wanted`` while inside, each restored after. A setting the
+    session already has is left as it is (a py4j round trip less each way)."""
     previous: dict[str, str | None] = {k: session.conf.get(k, None) for k in wanted}
     previous = {k: old for k, old in previous.items() if old != wanted[k]}  # the ones to set
     for k in previous:

@@ -12,7 +12,6 @@ task per partition writes what it got as the version the next batch loads.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
@@ -26,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from sparkstate.engine.batch_job import engine_settings
+from sparkstate.engine.batch_job import engine_settings, session_conf
 from sparkstate.engine.rescale_job import WRITTEN, write_moved, written_by_key
 from sparkstate.engine.session import is_connect, run_on_server
 from sparkstate.engine.spark_versions import from_arrow_type, to_arrow_type
@@ -103,22 +102,6 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
         rows,
         time.perf_counter() - started,
     )
-
-
-@contextlib.contextmanager
-def session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
-    """The session's settings ``conf`` while inside; each restored after."""
-    before: dict[str, str | None] = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, old in before.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
 
 
 def _run(
