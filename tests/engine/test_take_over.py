@@ -77,6 +77,18 @@ def windowed(df: Any) -> Any:
     )
 
 
+def sessions(df: Any) -> Any:
+    return (
+        df.withWatermark("ts", "10 seconds")
+        .groupBy(F.session_window("ts", "5 seconds"), "k")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("total"), F.avg("v"))
+    )
+
+
+def sessions_complete(df: Any) -> Any:
+    return df.groupBy(F.session_window("ts", "5 seconds"), "k").agg(F.count("*").alias("n"))
+
+
 def by_key(df: Any) -> Any:
     return df.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
 
@@ -166,6 +178,10 @@ CASES = [
     pytest.param(windowed, "append", "rocksdb", PROVIDERS[-1], id="window-append-rocksdb"),
     pytest.param(
         by_key, "update", "rocksdb-changelog-v2", PROVIDERS[0], id="keys-update-rocksdb-v2"
+    ),
+    pytest.param(sessions, "append", "hdfs", PROVIDERS[0], id="sessions-append-hdfs"),
+    pytest.param(
+        sessions_complete, "complete", "rocksdb", PROVIDERS[-1], id="sessions-complete-rocksdb"
     ),
     pytest.param(global_count, "complete", "hdfs", PROVIDERS[-1], id="global-complete-hdfs"),
     pytest.param(dedup, "append", "hdfs", PROVIDERS[-1], id="dedup-hdfs"),

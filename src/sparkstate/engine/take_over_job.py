@@ -219,11 +219,16 @@ def _converter(
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         families = {name: ColumnFamily(name, k, v) for name, (k, v) in described.items()}
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
+        # The task's rows at once: an operator's rows of one key may be in several batches
+        # (a session window's sessions, which its list of starts gathers).
+        read = [b for b in batches if b.num_rows]
+        if read:
+            batch = pa.Table.from_batches(read).combine_chunks().to_batches()[0]
             rows = operator.from_spark_state(batch.column(0), batch.column(1))
-            partitions = batch.column(2)
+            # Spark's partition of the task's rows (-1 where they are of several: not in place)
+            bounds = pc.min_max(batch.column(2))
+            one = bounds["min"].as_py() == bounds["max"].as_py()
+            partition = pa.scalar(bounds["min"].as_py() if one else -1, pa.int32())
             for name, (keys, values) in rows.items():
                 family = families[name]
                 n = keys.num_rows
@@ -236,7 +241,7 @@ def _converter(
                         pa.repeat(pa.scalar(name, pa.string()), n),
                         family.key_codec.encode_many_arrow(keys, family.prefix).cast(pa.binary()),
                         family.value_codec.encode_many_arrow(values).cast(pa.binary()),
-                        partitions.cast(pa.int32()),
+                        pa.repeat(partition, n),
                     ],
                     schema=schema,
                 )

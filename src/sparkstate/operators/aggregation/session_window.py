@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators._arrow import conform, decode_keys, decode_values
 from sparkstate.operators._arrow import scan as scan_family
 from sparkstate.operators.aggregation.aggregate import (
@@ -43,6 +43,13 @@ from sparkstate.operators.aggregation.aggregate import (
 )
 from sparkstate.operators.base import BatchContext, StatefulOperator
 from sparkstate.operators.grouping import concat_batches
+from sparkstate.operators.spark_state import (
+    KEY_NOT_COMPATIBLE,
+    VALUE_NOT_COMPATIBLE,
+    SparkRows,
+    by_position,
+    fields_of,
+)
 from sparkstate.operators.state_layout import DeriveFamilies
 from sparkstate.operators.state_views import KeyValueView, StateView
 from sparkstate.operators.ts_index import (
@@ -134,6 +141,55 @@ class SessionWindowAggregate(StatefulOperator):
             STARTS_CF: (self.user_key_schema, _STARTS_SCHEMA),
             ENDS_CF: (index_key_schema(self.key_schema, "end_us"), MARKER_SCHEMA),
             ENDS_COUNT_CF: (COUNT_KEY_SCHEMA, COUNT_SCHEMA),
+        }
+
+    def spark_partitioned(self) -> bool:
+        """Spark hashes the grouping keys without the session, as the engine does."""
+        return True
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """Spark keeps a session under its grouping keys and start (``sessionStartTime``), with
+        the session window, the grouping keys and the buffers as its value. Each key's list of
+        starts and the index of ends are made from those: the call gets every session of a key
+        (Spark keeps them in one partition, and the take-over converts a partition at once)."""
+        n_user = len(self.user_key_schema)
+        keys = by_position(fields_of(key), self.key_schema, KEY_NOT_COMPATIBLE, "grouping key")
+        given = fields_of(value)
+        if not given or not pa.types.is_struct(given[0][1].type):
+            msg = "Spark's state has no session window where this query groups by one"
+            raise SchemaMismatchError(msg, VALUE_NOT_COMPATIBLE)
+        end = dict(fields_of(given[0][1])).get("end")
+        if end is None:
+            msg = "Spark's session window has no end"
+            raise SchemaMismatchError(msg, VALUE_NOT_COMPATIBLE)
+        values = by_position(
+            [("end", end), *given[1 + n_user :]],
+            self.value_schema,
+            VALUE_NOT_COMPATIBLE,
+            "aggregation buffer",
+        )
+        user = keys.select(self.user_key_schema.names)
+        group = self._user_codec.encode_many_arrow(user).dictionary_encode().indices
+        starts = _np(_micros(keys.column(self.window.start)))
+        order = np.lexsort((starts, np.asarray(group, np.int64)))
+        sorted_group = np.asarray(group, np.int64)[order]
+        first = np.r_[True, sorted_group[1:] != sorted_group[:-1]] if len(order) else []
+        lo = np.flatnonzero(first)  # where each key's sessions start, sorted by key and start
+        hi = np.r_[lo[1:], len(order)][: len(lo)].astype(np.int64)
+        packed = pa.array(_pack_starts(starts[order], lo, hi), pa.binary())
+        index_schema, marker_schema = self.column_families()[ENDS_CF]
+        ends = _micros(values.column(self.window.end))
+        n = keys.num_rows
+        return {
+            DEFAULT_CF: (keys, values),
+            STARTS_CF: (
+                user.take(pa.array(order[lo], pa.int64())),
+                pa.table([packed], schema=_STARTS_SCHEMA),
+            ),
+            ENDS_CF: (
+                pa.table([ends, *keys.columns], schema=index_schema),
+                pa.table([pa.repeat(True, n)], schema=marker_schema),
+            ),
         }
 
     @classmethod
