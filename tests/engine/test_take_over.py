@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -30,6 +31,10 @@ from sparkstate.runtime import take_over as take_over_logs
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector, at
+
+#: The user's functions of this module go to Spark's workers by value (it is not importable
+#: there under the name pytest gives it).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -87,6 +92,43 @@ def sessions(df: Any) -> Any:
 
 def sessions_complete(df: Any) -> Any:
     return df.groupBy(F.session_window("ts", "5 seconds"), "k").agg(F.count("*").alias("n"))
+
+
+def count_until_quiet(key: Any, pdfs: Any, state: Any) -> Any:
+    """A count per key, emitted when the watermark passes its last row's time (or the
+    watermark) plus 5 s."""
+    import pandas as pd
+
+    if state.hasTimedOut:
+        (n,) = state.get
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "timed_out": [True]})
+        return
+    n = state.get[0] if state.exists else 0
+    latest = 0
+    for pdf in pdfs:
+        n += len(pdf)
+        latest = max(latest, int(pdf["ts"].max().timestamp() * 1000))
+    state.update((n,))
+    state.setTimeoutTimestamp(max(latest, state.getCurrentWatermarkMs()) + 5000)
+    yield pd.DataFrame({"k": [key[0]], "n": [n], "timed_out": [False]})
+
+
+def arbitrary(df: Any) -> Any:
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    return (
+        df.withWatermark("ts", "10 seconds")
+        .dropna(subset=["ts"])
+        .groupBy("k")
+        .applyInPandasWithState(
+            count_until_quiet,
+            "k string, n long, timed_out boolean",
+            "n long",
+            "update",
+            GroupStateTimeout.EventTimeTimeout,
+        )
+    )
 
 
 def by_key(df: Any) -> Any:
@@ -186,6 +228,7 @@ CASES = [
     pytest.param(global_count, "complete", "hdfs", PROVIDERS[-1], id="global-complete-hdfs"),
     pytest.param(dedup, "append", "hdfs", PROVIDERS[-1], id="dedup-hdfs"),
     pytest.param(limited, "append", "rocksdb", PROVIDERS[-1], id="limit-rocksdb"),
+    pytest.param(arbitrary, "update", "hdfs", PROVIDERS[-1], id="applyInPandasWithState-hdfs"),
     pytest.param(dedup_within, "append", "rocksdb", PROVIDERS[0], id="dedup-within-rocksdb"),
 ]
 

@@ -31,10 +31,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators.arbitrary.group_state import (
     NO_TIMESTAMP,
     GroupState,
@@ -69,6 +70,13 @@ from sparkstate.operators.grouping import (
     on_time_rows,
     pandas_groups,
     rows_of,
+)
+from sparkstate.operators.spark_state import (
+    KEY_NOT_COMPATIBLE,
+    VALUE_NOT_COMPATIBLE,
+    SparkRows,
+    by_position,
+    fields_of,
 )
 from sparkstate.operators.state_layout import DeriveFamilies
 from sparkstate.operators.state_views import KeyValueView, StateView, as_struct
@@ -232,6 +240,46 @@ class FlatMapGroupsWithState(StatefulOperator):
             return pa.table({"groupState": group, "timeoutTimestamp": timeout})
 
         return KeyValueView(DEFAULT_CF, key, value, value_shape=shape)
+
+    def spark_partitioned(self) -> bool:
+        """Spark hashes the grouping keys in the query's order, as the engine does."""
+        return True
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """Spark keeps ``groupState`` (null where the state was removed and a timeout kept)
+        and ``timeoutTimestamp`` (-1: none) under the grouping keys; the timeout index is made
+        from those."""
+        if self.pickled:
+            msg = (
+                f"{self.kind}: a state kept pickled (sparkstate.PICKLED) is not the state "
+                "Spark's operator keeps: declare the state schema Spark's query declared"
+            )
+            raise ConfigurationError(msg)
+        keys = by_position(fields_of(key), self.key_schema, KEY_NOT_COMPATIBLE, "grouping key")
+        given = fields_of(value)
+        if not given or not pa.types.is_struct(given[0][1].type):
+            msg = "Spark's state has no groupState where this query keeps one"
+            raise SchemaMismatchError(msg, VALUE_NOT_COMPATIBLE)
+        group = given[0][1]
+        assert isinstance(group, pa.StructArray)
+        fields = [(f.name, a) for f, a in zip(group.type, group.flatten(), strict=True)]
+        nullable = pa.schema([f.with_nullable(True) for f in self.state_schema])
+        state = by_position(fields, nullable, VALUE_NOT_COMPATIBLE, "state field")
+        n = keys.num_rows
+        timeout = (
+            pc.fill_null(given[1][1].cast(pa.int64()), NO_TIMESTAMP)
+            if len(given) > 1
+            else pa.array(np.full(n, NO_TIMESTAMP, np.int64))
+        )
+        defined = group.is_valid()
+        values = pa.table([*state.columns, timeout, defined], schema=self.value_schema)
+        timed = pc.not_equal(timeout, NO_TIMESTAMP)
+        index = pa.table(
+            [timeout.filter(timed), *(c.filter(timed) for c in keys.columns)],
+            schema=self._index_key_schema,
+        )
+        markers = pa.table([pa.repeat(True, index.num_rows)], schema=MARKER_SCHEMA)
+        return {DEFAULT_CF: (keys, values), TIMEOUT_INDEX_CF: (index, markers)}
 
     @classmethod
     def rows_in_state(cls, store: StateStore) -> int:
