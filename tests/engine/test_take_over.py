@@ -4,6 +4,7 @@ Spark's own restart on the same checkpoint, batch for batch."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -131,6 +132,12 @@ def arbitrary(df: Any) -> Any:
     )
 
 
+def dedup_then_count(df: Any) -> Any:
+    """Two stateful operators: a deduplication, then a windowed count of its rows."""
+    deduplicated = df.withWatermark("ts", "10 seconds").dropDuplicates(["k", "ts"])
+    return deduplicated.groupBy(F.window("ts", "10 seconds"), "k").agg(F.count("*").alias("n"))
+
+
 def by_key(df: Any) -> Any:
     return df.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
 
@@ -171,10 +178,10 @@ class Switch:
         writer = self.query(self.df()).writeStream.outputMode(mode).foreachBatch(collector)
         return writer.option("checkpointLocation", str(chk)).start()
 
-    def start_ours(self, mode: str, collector: Collector, provider: str) -> Any:
+    def start_ours(self, mode: str, collector: Collector, provider: str, **options: str) -> Any:
         writer = self.query(ss.stream(self.df())).writeStream.outputMode(mode)
         writer = writer.foreachBatch(collector).option("stateStore", provider)
-        return writer.option("checkpointLocation", str(self.ours_chk)).start()
+        return writer.options(**options).option("checkpointLocation", str(self.ours_chk)).start()
 
     def run_spark_first(self, mode: str, store: dict[str, str]) -> Collector:
         before = {k: self.spark.conf.get(k, None) for k in store}
@@ -206,10 +213,10 @@ class Switch:
             query.stop()
         return collector
 
-    def ours(self, mode: str, provider: str) -> Collector:
+    def ours(self, mode: str, provider: str, **options: str) -> Collector:
         collector = Collector()
         for _ in range(2):
-            query = self.start_ours(mode, collector, provider)
+            query = self.start_ours(mode, collector, provider, **options)
             query.processAllAvailable()
             query.stop()
         return collector
@@ -227,6 +234,7 @@ CASES = [
     ),
     pytest.param(global_count, "complete", "hdfs", PROVIDERS[-1], id="global-complete-hdfs"),
     pytest.param(dedup, "append", "hdfs", PROVIDERS[-1], id="dedup-hdfs"),
+    pytest.param(dedup_then_count, "append", "rocksdb", PROVIDERS[0], id="two-operators"),
     pytest.param(limited, "append", "rocksdb", PROVIDERS[-1], id="limit-rocksdb"),
     pytest.param(arbitrary, "update", "hdfs", PROVIDERS[-1], id="applyInPandasWithState-hdfs"),
     pytest.param(dedup_within, "append", "rocksdb", PROVIDERS[0], id="dedup-within-rocksdb"),
@@ -450,3 +458,16 @@ def test_rows_a_task_finds_in_another_partition_than_the_engines_go_through_the_
     switch.run_spark_first("update", SPARK_STORES["hdfs"])
     expected = switch.expected("update")
     assert switch.ours("update", PROVIDERS[0]).batches == expected.batches
+
+
+def test_a_start_that_asks_for_another_partition_count_rescales_what_it_took_over(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark ran the query on the session's shuffle partitions; the wrapped query asks for
+    three: the state taken over is rescaled to them as it starts, and the output is Spark's."""
+    switch = Switch(spark, tmp_path, by_key)
+    switch.run_spark_first("update", SPARK_STORES["hdfs"])
+    expected = switch.expected("update")
+    assert switch.ours("update", PROVIDERS[0], numPartitions="3").batches == expected.batches
+    metadata = json.loads((switch.ours_chk / "sparkstate" / "metadata.json").read_text())
+    assert metadata["num_partitions"] == 3

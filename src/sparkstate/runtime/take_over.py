@@ -39,6 +39,7 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, CorruptStateFileError, SchemaMismatchError
 from sparkstate.runtime.logs import METADATA_FILE, CheckpointLog
+from sparkstate.runtime.metadata import PARTITIONS_ASKED, partitions_asked
 from sparkstate.runtime.progress import format_time
 from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit
 from sparkstate.runtime.spark_checkpoint import (
@@ -212,7 +213,13 @@ def plan_take_over(
         policy=str(conf.get(_POLICY_CONF, "min")).lower(),
         operators=found,
         read_conf=read_conf,
-        metadata={**metadata, "num_partitions": num_partitions, TAKEN_OVER: record},
+        metadata={
+            **metadata,
+            "num_partitions": num_partitions,
+            # What Spark's last start asked for: a start that asks for another count rescales
+            PARTITIONS_ASKED: partitions_asked(None, num_partitions),
+            TAKEN_OVER: record,
+        },
     )
 
 
