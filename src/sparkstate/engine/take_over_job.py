@@ -94,12 +94,12 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
     rows = sum(n for parts in written.values() for _, n in parts.values())
     log.warning(
         "%s: took over the state of %d operator(s) from Spark's %s after its batch %d "
-        "(%d rows, %.1f s)",
+        "(%s rows, %.1f s)",
         plan.location,
         len(moves),
         plan.spark_provider.rsplit(".", 1)[-1],
         plan.batch_id,
-        rows,
+        f"{rows:,}",
         time.perf_counter() - started,
     )
 
