@@ -471,3 +471,21 @@ def test_a_start_that_asks_for_another_partition_count_rescales_what_it_took_ove
     assert switch.ours("update", PROVIDERS[0], numPartitions="3").batches == expected.batches
     metadata = json.loads((switch.ours_chk / "sparkstate" / "metadata.json").read_text())
     assert metadata["num_partitions"] == 3
+
+
+def test_a_batch_spark_planned_and_did_not_commit_runs_again_after_the_take_over(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark stopped in the middle of its last batch (its offsets written, its commit not):
+    both restarts run that batch again with the input Spark planned for it, on the state of
+    the batch before."""
+    switch = Switch(spark, tmp_path, by_key)
+    switch.run_spark_first("update", SPARK_STORES["hdfs"])
+    for chk in (switch.spark_chk, switch.ours_chk):
+        last = max(int(p.name) for p in (chk / "commits").iterdir() if p.name.isdigit())
+        (chk / "commits" / str(last)).unlink()
+        (chk / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    expected = switch.expected("update")
+    ours = switch.ours("update", PROVIDERS[0])
+    assert ours.batches == expected.batches
+    assert min(ours.batches) == last  # the batch Spark did not commit, run again
