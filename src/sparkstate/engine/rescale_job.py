@@ -47,6 +47,7 @@ from sparkstate.store.files.durable import canonical_location
 
 __all__ = [
     "WRITTEN",
+    "on_checkpoint",
     "repartition",
     "rescale_at_start",
     "rescale_locked",
@@ -146,13 +147,13 @@ def rescale_locked(
     """:func:`repartition` for a caller that holds the checkpoint's lock; ``in_place``: into
     the last batch's outcome, taking no batch id (:mod:`sparkstate.runtime.rescale`)."""
     started = time.perf_counter()
-    plan, moves = _on_checkpoint(
+    plan, moves = on_checkpoint(
         spark,
         _plan,
         (location, num_partitions, enforce_exactly_once_sink, is_connect(spark), in_place),
     )
     written = _move(spark, plan, moves, progress and not is_connect(spark))
-    _on_checkpoint(spark, _commit, (plan, moves, written))
+    on_checkpoint(spark, _commit, (plan, moves, written))
     rows = sum(n for parts in written.values() for _, n in parts.values())
     log.warning(
         "%s: rescaled the state of %d operator(s) from %d to %d partitions %s batch %d "
@@ -169,7 +170,7 @@ def rescale_locked(
     return plan.batch_id
 
 
-def _on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
+def on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
     """``func(arg)`` where the checkpoint is reachable: here, or over Spark Connect in a task
     on the server's side (the client may not see the checkpoint's file system)."""
     return run_on_server(spark, func, arg) if is_connect(spark) else func(arg)
@@ -402,7 +403,7 @@ def rescale_at_start(spark: SparkSession, location: str, num_partitions: int) ->
     checkpoint's lock), in place: the batch the query runs next loads its state in the new
     partitioning and has the id it would have had, as Spark's restart goes on with its ids.
     Returns the last committed batch (-1: none)."""
-    if _on_checkpoint(spark, _without_state, (location, num_partitions)):
+    if on_checkpoint(spark, _without_state, (location, num_partitions)):
         log.warning(
             "%s: no batch has committed: the state starts with %d partitions",
             location,

@@ -5,9 +5,12 @@ moves it (:mod:`sparkstate.engine.rescale_job`): per operator, Spark's state dat
 the state Spark's operator holds after the batch taken over on (``spark.read.format("statestore")``,
 for either of Spark's providers and any of their checkpoint formats), the operator's class says
 what each of its rows is in our column families
-(:meth:`~sparkstate.operators.base.StatefulOperator.from_spark_state`), Spark's
-``repartition(n, *key columns)`` sends each key where the next batch's shuffle sends it, and a
-task per partition writes what it got as the version the next batch loads.
+(:meth:`~sparkstate.operators.base.StatefulOperator.from_spark_state`), and each partition is
+written as the version the next batch loads. Where the engine's shuffle sends the keys to the
+partition Spark's operator kept them in
+(:meth:`~sparkstate.operators.base.StatefulOperator.spark_partitioned`), the task that read a
+partition writes it; otherwise Spark's ``repartition(n, *key columns)`` sends each key where
+the next batch's shuffle sends it first.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,8 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from sparkstate.engine.batch_job import engine_settings, session_conf
-from sparkstate.engine.rescale_job import WRITTEN, write_moved, written_by_key
-from sparkstate.engine.session import is_connect, run_on_server
+from sparkstate.engine.rescale_job import WRITTEN, on_checkpoint, write_moved, written_by_key
 from sparkstate.engine.spark_versions import from_arrow_type, to_arrow_type
 from sparkstate.engine.stage import Stage
 from sparkstate.observe.key_lookup import partition_columns
@@ -50,8 +52,6 @@ SPARK_PARTITION = "__spark_partition"
 #: The rows of each partition whose partition under the engine's shuffle is checked (a
 #: partitioning that differs, differs for nearly every key).
 CHECKED_ROWS = 64
-A = TypeVar("A")
-R = TypeVar("R")
 
 
 def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
@@ -66,8 +66,8 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
         states = [_spark_state(spark, plan, s.op_id) for s in stages]
     for state, s in zip(states, stages, strict=True):  # refused here, before anything is written
         _check_schema(state, s.operator)
-    _on_checkpoint(spark, begin_take_over, plan)
-    _on_checkpoint(
+    on_checkpoint(spark, begin_take_over, plan)
+    on_checkpoint(
         spark,
         _write_schemas,
         (plan, [(m, _families(s.operator)) for m, s in zip(moves, stages, strict=True)]),
@@ -88,7 +88,7 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
     triggers = {s.op_id: s.operator.time_trigger() for s in stages}
     moved = plan.next_watermark_ms > plan.batch_watermark_ms
     clock = next_request({}, triggers, moved, [], int(time.time() * 1000))
-    _on_checkpoint(
+    on_checkpoint(
         spark, _commit, (plan, moves, written, clock if plan.metadata.get("clock") else None)
     )
     rows = sum(n for parts in written.values() for _, n in parts.values())
@@ -127,12 +127,6 @@ def _run(
         for r in job.collect():
             written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_rows"])
     return written
-
-
-def _on_checkpoint(spark: SparkSession, func: Callable[[A], R], arg: A) -> R:
-    """``func(arg)`` where the checkpoint is reachable: here, or over Spark Connect in a task
-    on the server's side."""
-    return run_on_server(spark, func, arg) if is_connect(spark) else func(arg)
 
 
 def _families(operator: StatefulOperator) -> dict[str, tuple[pa.Schema, pa.Schema]]:
