@@ -50,7 +50,7 @@ from sparkstate.runtime.spark_checkpoint import (
     spark_batches,
 )
 from sparkstate.runtime.triggers import CLOCK_FILE
-from sparkstate.store.files.durable import DurableDir
+from sparkstate.store.files.durable import DurableDir, join_uri
 from sparkstate.store.versions.layout import schema_description
 
 __all__ = [
@@ -228,6 +228,15 @@ def _check_operators(
 ) -> None:
     """The query's stateful operators must be the ones whose state Spark's checkpoint holds,
     under the same ids (Spark numbers them from the sink)."""
+    if not found:
+        msg = (
+            f"checkpoint {location} has committed batches but no state: neither Spark's "
+            f"({join_uri(location, _STATE_DIR)}) nor sparkstate's "
+            f"({join_uri(location, 'sparkstate')} is missing): either the query ran without "
+            "stateful operators, or sparkstate's directory was deleted. There is no state to "
+            "continue from: restore the directory or start from a new checkpoint location"
+        )
+        raise ConfigurationError(msg)
     if sorted(found) != sorted(operator_names):
         msg = (
             f"{location}: Spark's checkpoint holds the state of stateful operators "
