@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
+from sparkstate.engine.batch_job import session_conf
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
@@ -184,22 +185,13 @@ class Switch:
         return writer.options(**options).option("checkpointLocation", str(self.ours_chk)).start()
 
     def run_spark_first(self, mode: str, store: dict[str, str]) -> Collector:
-        before = {k: self.spark.conf.get(k, None) for k in store}
-        for k, v in store.items():
-            self.spark.conf.set(k, v)
-        try:
+        with session_conf(self.spark, store):
             collector = Collector()
             query = self.start_spark(mode, collector, self.spark_chk)
             for rows in BATCHES[:SPARK_RUNS]:
                 self.feed.add(rows)
                 query.processAllAvailable()
             query.stop()
-        finally:
-            for k, v in before.items():
-                if v is None:
-                    self.spark.conf.unset(k)
-                else:
-                    self.spark.conf.set(k, v)
         shutil.copytree(self.spark_chk, self.ours_chk)
         for rows in BATCHES[SPARK_RUNS:]:
             self.feed.add(rows)

@@ -17,7 +17,7 @@ import pickle
 import traceback
 from typing import Any
 
-from sparkstate.exceptions import QueryError, SparkstateError, UserFunctionError
+from sparkstate.exceptions import ConfigurationError, QueryError, SparkstateError, UserFunctionError
 from sparkstate.operators.base import OperatorMetrics
 from sparkstate.store.base import StoreMetrics
 
@@ -176,6 +176,22 @@ class OperatorCommit:
     #: The state home that holds each partition's committed version (its owner): the next
     #: batch's tasks send the partition's input there, wherever Spark runs them.
     homes: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of_written(
+        cls, op_id: int, parts: dict[int, tuple[str, int]], num_partitions: int, by: str
+    ) -> OperatorCommit:
+        """The outcome of a job that wrote every partition's state (a rescale, a take-over):
+        ``parts``, per partition, the checkpoint id written and the rows in it; ``by`` names
+        the job in the error where a partition is missing."""
+        missing = [p for p in range(num_partitions) if p not in parts]
+        if missing:
+            msg = f"operator {op_id}: {by} wrote no state for partitions {missing}"
+            raise ConfigurationError(msg)
+        return cls(
+            checkpoint_ids={p: parts[p][0] for p in range(num_partitions)},
+            num_rows_total=sum(parts[p][1] for p in range(num_partitions)),
+        )
 
     @classmethod
     def of(cls, reports: list[TaskReport]) -> OperatorCommit:

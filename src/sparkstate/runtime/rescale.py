@@ -276,18 +276,12 @@ def commit_rescale(plan: RescalePlan, written: dict[int, dict[int, tuple[str, in
     log_ = CheckpointLog(plan.engine_root)
     previous = log_.read_commit(plan.last_batch)
     assert previous is not None
-    operators = {}
-    for op in plan.operators:
-        op_id = int(op["id"])
-        parts = written.get(op_id, {})
-        missing = [p for p in range(plan.to_partitions) if p not in parts]
-        if missing:
-            msg = f"operator {op_id}: the rescale wrote no state for partitions {missing}"
-            raise ConfigurationError(msg)
-        operators[op_id] = OperatorCommit(
-            checkpoint_ids={p: parts[p][0] for p in range(plan.to_partitions)},
-            num_rows_total=sum(parts[p][1] for p in range(plan.to_partitions)),
+    operators = {
+        int(op["id"]): OperatorCommit.of_written(
+            int(op["id"]), written.get(int(op["id"]), {}), plan.to_partitions, "the rescale"
         )
+        for op in plan.operators
+    }
     log_.write_commit(
         BatchCommit(
             batch_id=plan.batch_id,

@@ -284,17 +284,12 @@ def commit_take_over(
     """Steps 2 to 4: the batch, its outcome (``written``: per operator, per partition, the
     checkpoint id of the version written and the operator's rows in it), the commit point."""
     log_ = CheckpointLog(plan.engine_root)
-    operators = {}
-    for op_id in sorted(plan.operators):
-        parts = written.get(op_id, {})
-        missing = [p for p in range(plan.num_partitions) if p not in parts]
-        if missing:
-            msg = f"operator {op_id}: the take-over wrote no state for partitions {missing}"
-            raise ConfigurationError(msg)
-        operators[op_id] = OperatorCommit(
-            checkpoint_ids={p: parts[p][0] for p in range(plan.num_partitions)},
-            num_rows_total=sum(parts[p][1] for p in range(plan.num_partitions)),
+    operators = {
+        op_id: OperatorCommit.of_written(
+            op_id, written.get(op_id, {}), plan.num_partitions, "the take-over"
         )
+        for op_id in sorted(plan.operators)
+    }
     log_.write_intent(
         BatchIntent(
             plan.batch_id,
@@ -332,13 +327,15 @@ def settle_take_over(location: str, engine_root: str, metadata: dict[str, Any]) 
     if not record:
         return False
     spark = DurableDir(location)
-    wrote = _set_aside_operator_metadata(spark, DurableDir(engine_root))
+    op_ids = [int(o["id"]) for o in metadata.get("operators", [])]
+    wrote = _set_aside_operator_metadata(spark, DurableDir(engine_root), op_ids)
     if not metadata.get("clock"):
         return wrote
+    taken = int(record["batch_id"])
     offsets, _ = spark_batches(spark)
-    for batch_id in offsets:
-        if batch_id < int(record["batch_id"]) - 1:  # Spark's restart reads the one before
-            continue
+    # Spark's restart reads batch N and the one before; a batch Spark planned after N and did
+    # not commit runs again. Batches after those were planned with the clock already.
+    for batch_id in (b for b in offsets if taken - 1 <= b <= taken + 1):
         lines = source_offsets(spark, batch_id)
         if lines and _is_clock(lines[-1]):
             continue
@@ -348,22 +345,27 @@ def settle_take_over(location: str, engine_root: str, metadata: dict[str, Any]) 
     return wrote
 
 
-def _set_aside_operator_metadata(spark: DurableDir, engine_root: DurableDir) -> bool:
-    """Move Spark's operator metadata (``state/<id>/_metadata``) to ``spark/`` under the
-    engine's directory: Spark checks a restarted query's stateful operators against it, and the
-    query Spark runs from now on has none of its own (ours run in its ``foreachBatch``)."""
+def _set_aside_operator_metadata(
+    spark: DurableDir, engine_root: DurableDir, op_ids: list[int]
+) -> bool:
+    """Move Spark's operator metadata (``state/<id>/_metadata``) of the operators ``op_ids`` to
+    ``spark/`` under the engine's directory: Spark checks a restarted query's stateful
+    operators against it, and the query Spark runs from now on has none of its own (ours run in
+    its ``foreachBatch``)."""
     moved = False
-    state = spark.child(_STATE_DIR)
-    aside = engine_root.child(SET_ASIDE).child(_STATE_DIR)
-    for entry in state.walk():
-        parts = entry.name.split("/")
-        if len(parts) < 3 or not parts[0].isdigit() or parts[1] != "_metadata":
-            continue
-        where = "/".join(parts[:-1])
-        state.child(where).move_to(parts[-1], aside.child(where))
-        moved = True
-    for op_id in spark_operators(spark) if moved else {}:
-        state.child(str(op_id)).child("_metadata").delete_all()
+    for op_id in op_ids:
+        where = f"{op_id}/_metadata"
+        metadata = spark.child(_STATE_DIR).child(where)
+        aside = engine_root.child(SET_ASIDE).child(_STATE_DIR).child(where)
+        found = metadata.walk()
+        for entry in found:
+            directory, _, name = entry.name.rpartition("/")
+            source = metadata.child(directory) if directory else metadata
+            target = aside.child(directory) if directory else aside
+            source.move_to(name, target)
+        if found:
+            metadata.delete_all()
+            moved = True
     return moved
 
 
