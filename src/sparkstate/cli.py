@@ -1,4 +1,5 @@
-"""``sparkstate`` command line: ``demo``, ``bench``, ``inspect``, ``report``, ``repartition``."""
+"""``sparkstate`` command line: ``demo``, ``bench``, ``inspect``, ``report``, ``repartition``,
+``export``."""
 
 from __future__ import annotations
 
@@ -172,6 +173,17 @@ def _parser() -> argparse.ArgumentParser:
     rescale.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
     )
+    back = sub.add_parser(
+        "export",
+        help="hand a stopped query's state back to Spark's own operators (run it without "
+        "ss.stream from then on)",
+    )
+    back.add_argument("checkpoint", help="the query's checkpointLocation (a path or a URI)")
+    back.add_argument("--master", default=None, help="Spark master URL (default: local[*])")
+    back.add_argument("--remote", default=None, help=REMOTE_HELP)
+    back.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
     return parser
 
 
@@ -188,6 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             remote=args.remote,
             conf=args.conf,
         )
+    if args.command == "export":
+        from sparkstate.engine.export_job import run_export
+
+        return run_export(args.checkpoint, master=args.master, remote=args.remote, conf=args.conf)
     if getattr(args, "remote", None):
         from sparkstate.engine.session import REMOTE_ENV
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sparkstate.engine.api import GroupedStream, StatefulStream, stream
+    from sparkstate.engine.export_job import export
     from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
     from sparkstate.engine.rescale_job import repartition
     from sparkstate.engine.state_source import register
@@ -24,6 +25,7 @@ __all__ = [
     "add_listener",
     "register",
     "remove_listener",
+    "export",
     "repartition",
     "stream",
 ]
@@ -37,6 +39,7 @@ _HOMES = {
     "StreamingQuery": "sparkstate.engine.query",
     "add_listener": "sparkstate.engine.query",
     "remove_listener": "sparkstate.engine.query",
+    "export": "sparkstate.engine.export_job",
     "repartition": "sparkstate.engine.rescale_job",
     "register": "sparkstate.engine.state_source",
 }

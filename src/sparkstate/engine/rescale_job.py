@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.engine.batch_job import engine_settings
 from sparkstate.engine.query import release_if_finished
-from sparkstate.engine.session import is_connect, run_on_server
+from sparkstate.engine.session import command_session, is_connect, run_on_server
 from sparkstate.engine.spark_versions import from_arrow_type
 from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
@@ -433,15 +433,7 @@ def run_repartition(
     on stderr and exit code 1."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers with sparkstate
     try:
-        settings = dict(_setting(c) for c in conf)
-        if remote:
-            builder = SparkSession.builder.remote(remote)
-        else:
-            builder = SparkSession.builder.master(master or "local[*]")
-            builder = builder.appName("sparkstate repartition").config("spark.ui.enabled", "false")
-        for k, v in settings.items():
-            builder = builder.config(k, v)
-        spark = builder.getOrCreate()
+        spark = command_session("sparkstate repartition", master=master, remote=remote, conf=conf)
         try:
             batch = repartition(
                 spark,
@@ -457,11 +449,3 @@ def run_repartition(
         return 1
     print(f"rescaled {checkpoint} to {num_partitions} partitions in batch {batch}")
     return 0
-
-
-def _setting(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        msg = f"--conf takes KEY=VALUE, got {text!r}"
-        raise ConfigurationError(msg)
-    return key, value

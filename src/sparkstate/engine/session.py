@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import base64
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.start import Checkpoint, StartRequest, prepare_checkpoint
 
-__all__ = ["REMOTE_ENV", "is_connect", "on_server", "run_on_server"]
+__all__ = ["REMOTE_ENV", "command_session", "is_connect", "on_server", "run_on_server"]
 
 #: Where ``sparkstate demo --remote`` and ``bench --remote`` pass on the Spark Connect server.
 REMOTE_ENV = "SPARKSTATE_REMOTE"
@@ -24,6 +25,32 @@ REMOTE_ENV = "SPARKSTATE_REMOTE"
 A = TypeVar("A")
 R = TypeVar("R")
 RESULT = "result"
+
+
+def command_session(
+    app: str, *, master: str | None = None, remote: str | None = None, conf: Sequence[str] = ()
+) -> Any:
+    """The Spark session of a ``sparkstate`` command: ``--master`` a cluster's (default: local),
+    ``--remote`` a Spark Connect server's, ``--conf KEY=VALUE`` its settings."""
+    from pyspark.sql import SparkSession
+
+    settings = dict(_setting(c) for c in conf)
+    if remote:
+        builder = SparkSession.builder.remote(remote)
+    else:
+        builder = SparkSession.builder.master(master or "local[*]")
+        builder = builder.appName(app).config("spark.ui.enabled", "false")
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        msg = f"--conf takes KEY=VALUE, got {text!r}"
+        raise ConfigurationError(msg)
+    return key, value
 
 
 def is_connect(df_or_session: Any) -> bool:

@@ -58,6 +58,13 @@ class Deduplicate(StatefulOperator):
     output_in_state: ClassVar[bool] = False
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
 
+    @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], shown_key: list[str]
+    ) -> tuple[list[str], list[str]] | None:
+        """Spark hashes the deduplicated columns, its state's key."""
+        return list(shown_key), list(shown_key)
+
     def __init__(
         self,
         input_schema: pa.Schema,

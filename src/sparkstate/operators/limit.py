@@ -47,6 +47,13 @@ class StreamingLimit(StatefulOperator):
     unkeyed: ClassVar[str | None] = "is a streaming limit: its state has no keys to look up"
 
     @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], shown_key: list[str]
+    ) -> tuple[list[str], list[str]] | None:
+        """Spark's limit runs in one partition: its count is in partition 0."""
+        return list(shown_key), []
+
+    @classmethod
     def default_view(cls, described: dict[str, Any], key: pa.Schema, value: pa.Schema) -> StateView:
         """Spark's limit keeps its count under one null key named ``key``, as ``value``."""
         return KeyValueView(DEFAULT_CF, key, value, key_shape=_null_key, value_shape=_count_value)

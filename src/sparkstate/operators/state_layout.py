@@ -113,6 +113,16 @@ class StateLayout:
         return list(key_schema.names)
 
     @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], shown_key: list[str]
+    ) -> tuple[list[str], list[str]] | None:
+        """How Spark's own operator keeps this state, for ``sparkstate export``: of the key's
+        fields as the reader shows them (``shown_key``), those in Spark's state key, and those
+        its partitioning hashes, in order ([]: all of it in partition 0, a global operator's
+        state); None where sparkstate does not write this state in Spark's form."""
+        return None
+
+    @classmethod
     def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
         """The column families not moved by a rescale but computed again in each new partition
         from the rows it received, and how (None: the operator counts them again itself)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators.registry import operator_class
+from sparkstate.runtime.export import settle_export
 from sparkstate.runtime.logs import CheckpointLog, engine_root_of
 from sparkstate.runtime.metadata import (
     PARTITIONS_ASKED,
@@ -99,6 +100,8 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     if state_option == engine_root:
         state_option = None  # the default place, spelled out
     log_ = CheckpointLog(engine_root)
+    if settle_export(location, engine_root):  # handed back to Spark: taken over again below
+        log.warning("%s: finished the export to Spark's operators", location)
     if discard_unfinished_take_over(log_):
         log.warning("%s: dropped a take-over of Spark's checkpoint that did not finish", location)
     metadata = log_.read_metadata()

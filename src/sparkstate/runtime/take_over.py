@@ -55,6 +55,7 @@ from sparkstate.store.versions.layout import schema_description
 
 __all__ = [
     "CLOCK_OFFSET",
+    "PROVIDER_CONF",
     "SET_ASIDE",
     "TAKEN_OVER",
     "SparkOperator",
@@ -62,6 +63,7 @@ __all__ = [
     "begin_take_over",
     "commit_take_over",
     "discard_unfinished_take_over",
+    "is_clock",
     "plan_take_over",
     "settle_take_over",
 ]
@@ -74,7 +76,7 @@ MARK_FILE = "take_over.json"
 SET_ASIDE = "spark"
 #: The clock's line added to Spark's offsets (the clock's initial offset: no batch asked yet).
 CLOCK_OFFSET = '{"tick": 0}'
-_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 _POLICY_CONF = "spark.sql.streaming.multipleWatermarkPolicy"
 FORMAT_VERSION_CONF = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 _STATE_DIR = "state"
@@ -194,7 +196,7 @@ def plan_take_over(
     # Spark's offset log does not record the checkpoint format; its state reader reads it from
     # the session, and a v2 commit names the state it committed
     read_conf = {FORMAT_VERSION_CONF: "2"} if commit.get("stateUniqueIds") else {}
-    spark_provider = str(conf.get(_PROVIDER_CONF, "HDFSBackedStateStoreProvider"))
+    spark_provider = str(conf.get(PROVIDER_CONF, "HDFSBackedStateStoreProvider"))
     record = {
         "batch_id": last,
         "spark_provider": spark_provider.rsplit(".", 1)[-1],
@@ -337,7 +339,7 @@ def settle_take_over(location: str, engine_root: str, metadata: dict[str, Any]) 
     # not commit runs again. Batches after those were planned with the clock already.
     for batch_id in (b for b in offsets if taken - 1 <= b <= taken + 1):
         lines = source_offsets(spark, batch_id)
-        if lines and _is_clock(lines[-1]):
+        if lines and is_clock(lines[-1]):
             continue
         text = spark.child(OFFSETS_DIR).read(str(batch_id)).decode("utf-8").rstrip("\n")
         rewrite_spark_file(spark.child(OFFSETS_DIR), batch_id, f"{text}\n{CLOCK_OFFSET}")
@@ -369,7 +371,8 @@ def _set_aside_operator_metadata(
     return moved
 
 
-def _is_clock(line: str) -> bool:
+def is_clock(line: str) -> bool:
+    """Whether a line of Spark's offsets is sparkstate's clock source's."""
     try:
         offset = json.loads(line)
     except ValueError:

@@ -126,6 +126,16 @@ class StreamingAggregate(StatefulOperator):
     progress_name: ClassVar[str] = "stateStoreSave"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
 
+    @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], shown_key: list[str]
+    ) -> tuple[list[str], list[str]] | None:
+        """Spark hashes the grouping keys, its state's key, a window as its struct; a global
+        aggregation's state is in partition 0."""
+        if shown_key == [GLOBAL_KEY]:  # Spark's key is empty
+            return [], []
+        return list(shown_key), list(shown_key)
+
     def __init__(
         self,
         key_schema: pa.Schema,

@@ -146,6 +146,13 @@ class FlatMapGroupsWithState(StatefulOperator):
     compare_with_stored_timeout: ClassVar[bool] = True
     rows_are_keys: ClassVar[bool] = False
 
+    @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], shown_key: list[str]
+    ) -> tuple[list[str], list[str]] | None:
+        """Spark hashes the grouping keys, its state's key."""
+        return list(shown_key), list(shown_key)
+
     def __init__(
         self,
         func: Callable[..., Any],

@@ -1,0 +1,187 @@
+"""A query run wrapped with ``ss.stream``, handed back to Spark's own operators with
+``ss.export``: the query run without ``ss.stream`` goes on from the checkpoint with the output of
+a run that never left Spark, batch for batch."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+
+import sparkstate as ss
+from sparkstate.engine.batch_job import session_conf
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.runtime import export as export_logs
+
+from .conftest import PROVIDERS, FileFeed
+from .helpers import Collector
+from .test_take_over import (
+    BATCHES,
+    SCHEMA,
+    SPARK_STORES,
+    arbitrary,
+    by_key,
+    dedup,
+    dedup_within,
+    global_count,
+    limited,
+    windowed,
+)
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: The batches of each run: ``FIRST`` run by Spark where the case starts on Spark's operators,
+#: ``WRAPPED`` by the wrapped query, the rest by Spark's own after the export.
+FIRST, WRAPPED = 2, 4
+
+
+class Back:
+    """One query, run on its checkpoint as a user moves it: (by Spark first, then) wrapped, then
+    exported and run by Spark; and the same query run by Spark throughout on a checkpoint of its
+    own, through the same stops and starts (the expected output)."""
+
+    def __init__(self, spark: SparkSession, tmp_path: Path, query: Callable[[Any], Any]) -> None:
+        self.spark = spark
+        self.query = query
+        self.mode = "append"
+        self.feeds = {name: FileFeed(tmp_path / f"input-{name}") for name in ("spark", "ours")}
+        self.chk = {name: tmp_path / name for name in ("spark", "ours")}
+        self.out = {name: Collector() for name in ("spark", "ours")}
+
+    def run(self, name: str, rows: list[list[dict[str, Any]]], *, wrapped: bool = False) -> None:
+        """Add ``rows`` (a file each), run the query until it has read them, and stop it."""
+        feed = self.feeds[name]
+        for file in rows:
+            feed.add(file)
+        df = feed.stream(self.spark, SCHEMA)
+        df = ss.stream(df) if wrapped else df
+        writer = self.query(df).writeStream.outputMode(self.mode).foreachBatch(self.out[name])
+        if wrapped:
+            writer = writer.option("stateStore", PROVIDERS[0])
+        query = writer.option("checkpointLocation", str(self.chk[name])).start()
+        query.processAllAvailable()
+        query.stop()
+
+    def both(self, first: str | None) -> None:
+        """The case's runs; ``first``: Spark's store the query starts on (None: the wrapped
+        query starts the checkpoint)."""
+        with session_conf(self.spark, SPARK_STORES[first or "hdfs"]):
+            self.run("spark", BATCHES[:FIRST])
+            self.run("ours", BATCHES[:FIRST], wrapped=first is None)
+        self.run("spark", BATCHES[FIRST:WRAPPED])
+        self.run("ours", BATCHES[FIRST:WRAPPED], wrapped=True)
+        assert ss.export(self.spark, str(self.chk["ours"])) == max(self.out["ours"].batches)
+        for name in ("spark", "ours"):
+            self.run(name, BATCHES[WRAPPED:])
+            self.run(name, [])
+
+
+CASES = [
+    pytest.param(windowed, "update", None, id="window-update"),
+    pytest.param(windowed, "append", "rocksdb", id="window-append-from-rocksdb"),
+    pytest.param(by_key, "update", "hdfs", id="keys-update-from-hdfs"),
+    pytest.param(global_count, "complete", None, id="global-complete"),
+    pytest.param(dedup, "append", None, id="dedup"),
+    pytest.param(dedup_within, "append", "rocksdb-changelog-v2", id="dedup-within-from-v2"),
+    pytest.param(limited, "append", None, id="limit"),
+    pytest.param(arbitrary, "update", None, id="applyInPandasWithState"),
+]
+
+
+@pytest.mark.parametrize(("query", "mode", "first"), CASES)
+def test_spark_goes_on_from_an_exported_checkpoint(
+    spark: SparkSession, tmp_path: Path, query: Callable[[Any], Any], mode: str, first: str | None
+) -> None:
+    back = Back(spark, tmp_path, query)
+    back.mode = mode
+    back.both(first)
+    assert back.out["ours"].batches == back.out["spark"].batches
+    # Spark's state reader reads what was exported as Spark's own state
+    assert (tmp_path / "ours" / "sparkstate-exported").is_dir()
+    assert not (tmp_path / "ours" / "sparkstate" / "metadata.json").exists()
+
+
+def _state(spark: SparkSession, chk: Path, batch_id: int, fmt: str) -> list[Any]:
+    rows = spark.read.format(fmt).option("batchId", batch_id).load(str(chk)).collect()
+    return sorted((tuple(r["key"]), tuple(r["value"])) for r in rows)
+
+
+def test_spark_reads_the_exported_state_as_its_own_and_the_wrapped_query_takes_it_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Right after the export, Spark's state reader reads every row sparkstate's reader read,
+    in the same partition; a wrapped start takes the checkpoint over again, and goes on as
+    Spark does."""
+    back = Back(spark, tmp_path, windowed)
+    back.mode = "update"
+    back.run("ours", BATCHES[:WRAPPED], wrapped=True)
+    last = max(back.out["ours"].batches)
+    ours = _state(spark, back.chk["ours"], last, "sparkstate")
+    assert ss.export(spark, str(back.chk["ours"])) == last
+    assert _state(spark, back.chk["ours"], last, "statestore") == ours
+    assert ss.export(spark, str(back.chk["ours"])) is None  # exported already
+    back.run("spark", BATCHES[:WRAPPED])
+    for name in ("spark", "ours"):
+        back.run(name, BATCHES[WRAPPED:], wrapped=name == "ours")
+        back.run(name, [], wrapped=name == "ours")
+    assert back.out["ours"].batches == back.out["spark"].batches
+
+
+@pytest.mark.parametrize("dies_in", ["commit", "settle"])
+def test_an_export_killed_midway_leaves_a_checkpoint_one_of_them_goes_on_from(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies_in: str
+) -> None:
+    """Killed before its commit point, the export leaves the wrapped query's checkpoint, which
+    the wrapped query goes on from; after it, Spark's restart refuses the checkpoint until the
+    export runs again and finishes. Either way the output is Spark's."""
+    back = Back(spark, tmp_path, windowed)
+    back.mode = "update"
+    back.run("spark", BATCHES[:WRAPPED])
+    back.run("ours", BATCHES[:WRAPPED], wrapped=True)
+
+    def dies(*args: Any, **kwargs: Any) -> None:
+        msg = "killed"
+        raise OSError(msg)
+
+    target = "commit_export" if dies_in == "commit" else "is_clock"
+    monkeypatch.setattr(
+        export_logs if dies_in == "settle" else sys.modules["sparkstate.engine.export_job"],
+        target,
+        dies,
+    )
+    with pytest.raises(OSError, match="killed"):
+        ss.export(spark, str(back.chk["ours"]))
+    monkeypatch.undo()
+    if dies_in == "commit":  # the wrapped query goes on; the export runs again later
+        back.run("ours", BATCHES[WRAPPED : WRAPPED + 1], wrapped=True)
+        back.run("spark", BATCHES[WRAPPED : WRAPPED + 1])
+    else:  # Spark's restart is refused until the export finishes
+        with pytest.raises(Exception, match="(?i)assert|source"):
+            back.run("ours", [])
+    ss.export(spark, str(back.chk["ours"]))
+    rest = BATCHES[WRAPPED + 1 :] if dies_in == "commit" else BATCHES[WRAPPED:]
+    for name in ("spark", "ours"):
+        back.run(name, rest)
+        back.run(name, [])
+    assert back.out["ours"].batches == back.out["spark"].batches
+
+
+def test_an_operator_spark_keeps_otherwise_is_refused_and_the_checkpoint_left_as_it_was(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from .test_take_over import sessions
+
+    back = Back(spark, tmp_path, sessions)
+    back.run("ours", BATCHES[:FIRST], wrapped=True)
+    before = sorted((p, p.stat().st_size) for p in back.chk["ours"].rglob("*") if p.is_file())
+    with pytest.raises(ConfigurationError, match=r"operator\(s\) 0 \(session_window_aggregate\)"):
+        ss.export(spark, str(back.chk["ours"]))
+    after = sorted((p, p.stat().st_size) for p in back.chk["ours"].rglob("*") if p.is_file())
+    assert after == before
+    shutil.rmtree(back.chk["ours"])
