@@ -249,7 +249,8 @@ def failure(spark: SparkSession, workdir: Path) -> dict[str, Any]:
 def take_over(spark: SparkSession, workdir: Path) -> dict[str, Any]:
     """A query run by Spark's own operator for two batches, then on a copy of its checkpoint
     restarted by Spark (the expected output) and wrapped with ``ss.stream`` (which takes the
-    state over, on the server's side), each on one more file."""
+    state over, on the server's side), each on one more file; then the wrapped one's exported
+    back to Spark's operator, and both run by Spark on one more file."""
     feed = FileFeed(workdir / "input")
     for i in range(2):
         feed.add(rows(i))
@@ -268,7 +269,20 @@ def take_over(spark: SparkSession, workdir: Path) -> dict[str, Any]:
     start(feed.stream(spark, SCHEMA), checkpoint, expected).awaitTermination(180)
     ours = FileCollector(workdir / "taken")
     start(ss.stream(feed.stream(spark, SCHEMA)), workdir / "ours", ours).awaitTermination(180)
-    return {"expected": expected.batches(), "ours": ours.batches()}
+    # and back: exported on the server's side, Spark's own operator goes on from it
+    exported = ss.export(spark, str(workdir / "ours"))
+    feed.add(rows(3))
+    expected_back = FileCollector(workdir / "expected-back")
+    start(feed.stream(spark, SCHEMA), checkpoint, expected_back).awaitTermination(180)
+    back = FileCollector(workdir / "back")
+    start(feed.stream(spark, SCHEMA), workdir / "ours", back).awaitTermination(180)
+    return {
+        "expected": expected.batches(),
+        "ours": ours.batches(),
+        "exported": exported,
+        "expected_back": expected_back.batches(),
+        "back": back.batches(),
+    }
 
 
 def main() -> None:

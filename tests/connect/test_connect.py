@@ -165,10 +165,14 @@ def test_a_checkpoint_of_sparks_own_operator_is_taken_over_over_connect(
     server: ConnectServer, tmp_path: Path
 ) -> None:
     """The wrapped query started from a client on the checkpoint of Spark's own operator takes
-    its state over on the server's side and goes on as Spark's own restart does."""
+    its state over on the server's side and goes on as Spark's own restart does; exported from
+    the client, Spark's own operator goes on from it."""
     result = client(server, tmp_path, "take_over")
     assert result["ours"] == result["expected"]
     assert list(result["ours"]) == ["2"]  # the batch after Spark's last
+    assert result["exported"] == 2
+    assert result["back"] == result["expected_back"]
+    assert list(result["back"]) == ["3"]
 
 
 def test_demo_runs_through_connect(server: ConnectServer, tmp_path: Path) -> None:

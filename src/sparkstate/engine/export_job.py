@@ -27,6 +27,7 @@ from pyspark.sql.types import DataType, StructField, StructType
 from sparkstate.engine.query import release_if_finished
 from sparkstate.engine.rescale_job import on_checkpoint
 from sparkstate.engine.session import command_session, is_connect
+from sparkstate.engine.state_source import register
 from sparkstate.exceptions import SparkstateError
 from sparkstate.operators.registry import layout_of
 from sparkstate.runtime.export import Export, commit_export, plan_export, settle_export
@@ -70,6 +71,7 @@ def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int 
     if plan is None:
         log.warning("%s: exported to Spark's operators already", location)
         return None
+    register(spark)  # the state reader reads the state out
     rows = 0
     for store in plan.stores:
         state = (
