@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 import sparkstate as ss
 from sparkstate.engine.batch_job import session_conf
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.runtime import export as export_logs
 
 from .conftest import PROVIDERS, FileFeed
@@ -106,6 +107,8 @@ def test_spark_goes_on_from_an_exported_checkpoint(
     # Spark's state reader reads what was exported as Spark's own state
     assert (tmp_path / "ours" / "sparkstate-exported").is_dir()
     assert not (tmp_path / "ours" / "sparkstate" / "metadata.json").exists()
+    with pytest.raises(ConfigurationError, match="handed back to Spark's own operators by"):
+        inspect_checkpoint(str(tmp_path / "ours"))
 
 
 def _state(spark: SparkSession, chk: Path, batch_id: int, fmt: str) -> list[Any]:

@@ -17,6 +17,7 @@ from sparkstate.exceptions import ConfigurationError, MissingVersionError, Spark
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.operators.registry import layout_of
 from sparkstate.operators.state_layout import StateLayout
+from sparkstate.runtime.export import ASIDE_DIR, exported_aside
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.records import BatchCommit
 from sparkstate.store.base import StateStore, StateStoreProvider
@@ -179,7 +180,15 @@ def open_checkpoint(location: str) -> StateCheckpoint:
     location = str(log.location)
     metadata = log.read_metadata()
     if metadata is None:
-        if DurableDir(location).exists("commits"):
+        exported = exported_aside(location)
+        if exported:
+            msg = (
+                f"{location} was handed back to Spark's own operators by sparkstate export "
+                f"after batch {exported[-1]} (sparkstate's logs of it are in "
+                f"{ASIDE_DIR}/{exported[-1]}); read its state with Spark's own reader: "
+                "spark.read.format('statestore')"
+            )
+        elif DurableDir(location).exists("commits"):
             msg = (
                 f"{location} is a checkpoint of a query that ran without sparkstate; read its "
                 "state with Spark's own reader: spark.read.format('statestore')"
