@@ -33,6 +33,17 @@ def _good_run(system: str) -> dict[str, Any]:
         "output": {f: exp[f] for f in repartition.SUMMARY_FIELDS},
     }
     ours = system != take_over.SPARK
+    old, _ = repartition.check_keys(PARAMS)
+    back = {
+        "batchId": 3,
+        "numRowsTotal": exp["numRowsTotal"],
+        "numRowsUpdated": PARAMS["check_keys"],
+        "output": {
+            "rows": PARAMS["check_keys"],
+            "count": 3 * PARAMS["check_keys"],
+            "sum": 3 * sum(k % repartition.VALUE_MOD for k in old),
+        },
+    }
     return {
         "available": True,
         "build_batches": 2,
@@ -40,6 +51,9 @@ def _good_run(system: str) -> dict[str, Any]:
         "take_over_s": 1.0 if ours else None,
         "take_over_rows": PARAMS["state_rows"] if ours else None,
         "check": [check],
+        "export_s": 1.0 if ours else None,
+        "back_s": 2.0,
+        "back_check": [back],
     }
 
 
@@ -69,16 +83,29 @@ def test_check_passes_a_right_run_and_names_what_is_wrong() -> None:
         "take-over: 9999 rows, 10000 expected",
     ]
     renumbered = {**_good_run("spark"), "build_batches": 3}
-    assert take_over.check_system(PARAMS, "spark", renumbered) == ["check batch: id 2, 3 expected"]
+    assert take_over.check_system(PARAMS, "spark", renumbered) == [
+        "check batch: id 2, 3 expected",
+        "back: batchId 3, expected 4",
+    ]
+    dropped = copy.deepcopy(_good_run("sparkstate-memory"))  # a key the export lost
+    dropped["back_check"][0]["numRowsTotal"] += 1
+    dropped["back_check"][0]["output"]["count"] -= 2
+    assert take_over.check_system(PARAMS, "sparkstate-memory", dropped) == [
+        "back: numRowsTotal 10101, expected 10100",
+        "back: output count 298, expected 300",
+    ]
 
 
 def test_ratio_is_sparks_restart_over_ours() -> None:
     results = {
-        "spark": {"restart_s": 6.0},
-        "sparkstate-rocksdb": {"restart_s": 3.0},
+        "spark": {"restart_s": 6.0, "back_s": 4.0},
+        "sparkstate-rocksdb": {"restart_s": 3.0, "export_s": 1.0, "back_s": 4.0},
         "sparkstate-memory": {"error": "failed"},
     }
-    assert take_over.ratios(results) == {"restart:sparkstate-rocksdb/spark": 2.0}
+    assert take_over.ratios(results) == {
+        "restart:sparkstate-rocksdb/spark": 2.0,
+        "back:sparkstate-rocksdb/spark": 0.8,
+    }
 
 
 def test_the_take_over_is_read_from_its_log_line() -> None:

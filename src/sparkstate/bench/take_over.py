@@ -12,15 +12,21 @@ Each system, in fresh subprocesses with their own ``local[2]`` session:
    ``check_keys`` keys already in state and as many new ones: from ``start()`` to the end of
    that batch. ``spark`` restarts the same query; ours
    starts the wrapped query, whose start takes the state over (and the time of the take-over
-   alone is read from its log line).
+   alone is read from its log line);
+3. in a third subprocess, hands the checkpoint back to Spark: ours run ``ss.export`` (timed)
+   and then Spark's own query, on a file of the check batch's old keys; ``spark`` restarts its
+   query on the same file (the time to compare: export and Spark's restart against Spark's
+   restart alone).
 
 Every run is checked, and a failed check fails the bench: the check batch is batch ``L + 1``
 after the build's last batch ``L``, holds N + ``check_keys`` rows in state, and emitted every key
 of the file once, the old keys with count 2 and twice their value (a key the take-over lost or
-put in the wrong partition would come out as new).
+put in the wrong partition would come out as new); and the batch after the export is batch
+``L + 2``, keeps N + ``check_keys`` rows in state, and counts each old key a third time.
 
 ``restart:<ours>/spark`` is Spark's restart time over ours (>1: ours is faster); the target is
-ours below Spark's, take-over included.
+ours below Spark's, take-over included. ``back:<ours>/spark`` is Spark's restart time over the
+export and Spark's restart after it (no target: the export is a move, made once).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from sparkstate.bench._spark import (
 )
 from sparkstate.bench.repartition import (
     SUMMARY_FIELDS,
+    VALUE_MOD,
     Summaries,
     batch_record,
     build_batches,
@@ -138,6 +145,8 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
     conf = {"spark.sql.shuffle.partitions": str(params["partitions"])}
     if params["spark_provider"] == "rocksdb":
         conf[PROVIDER_CONF] = ROCKSDB_PROVIDER
+    if params["phase"] == "back":
+        return _back(system, params, paths, conf)
     if params["phase"] == "build":
         os.makedirs(paths["input"])
         for i, (start, end) in enumerate(build_batches(params)):
@@ -179,6 +188,70 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
         spark.stop()
 
 
+def _back(
+    system: str, params: dict[str, Any], paths: Mapping[str, str], conf: dict[str, str]
+) -> dict[str, Any]:
+    """Phase ``back``: ours export the checkpoint to Spark's operators; then Spark's own query
+    runs on a file of the check batch's old keys."""
+    old, _ = check_keys(params)
+    write_keys(os.path.join(paths["input"], "back.parquet"), old)
+    spark = spark_session(f"bench-take-over-{system}-back", conf)
+    try:
+        export_s = None
+        if system != SPARK:
+            import sparkstate as ss
+
+            started = time.perf_counter()
+            ss.export(spark, paths["checkpoint"])
+            export_s = time.perf_counter() - started
+        summaries = Summaries()
+        started = time.perf_counter()
+        after = run_to_end(_start(spark, SPARK, paths, summaries), float(params["timeout_s"]))
+        back_s = time.perf_counter() - started
+        print(
+            f"    {system}: "
+            + (f"export {export_s:,.2f} s, " if export_s is not None else "")
+            + f"Spark's restart and batch {back_s:,.2f} s",
+            flush=True,
+        )
+        return {
+            "export_s": export_s,
+            "back_s": back_s,
+            "back_check": [
+                batch_record(p, summaries.by_batch.get(int(p["batchId"]))) for p in after
+            ],
+        }
+    finally:
+        spark.stop()
+
+
+def _check_back(params: Mapping[str, Any], result: Mapping[str, Any]) -> list[str]:
+    """How the batch after the export disagrees with what it must do (empty: it agrees)."""
+    check = result.get("back_check") or []
+    if len(check) != 1:
+        return [f"back: {len(check)} batches ran, 1 expected"]
+    rec, m = check[0], params["check_keys"]
+    old, _ = check_keys(params)
+    want = {
+        "batchId": int(result.get("build_batches", -2)) + 1,
+        "numRowsTotal": params["state_rows"] + m,
+        "numRowsUpdated": m,
+    }
+    problems = [
+        f"back: {field} {rec.get(field)!r}, expected {value!r}"
+        for field, value in want.items()
+        if rec.get(field) != value
+    ]
+    output = rec.get("output") or {}
+    expected = {"rows": m, "count": 3 * m, "sum": 3 * sum(k % VALUE_MOD for k in old)}
+    problems += [
+        f"back: output {field} {output.get(field)!r}, expected {value!r}"
+        for field, value in expected.items()
+        if output.get(field) != value
+    ]
+    return problems
+
+
 def check_system(params: Mapping[str, Any], system: str, result: Mapping[str, Any]) -> list[str]:
     """How a system's restart disagrees with what the check batch must do (empty: it agrees)."""
     problems: list[str] = []
@@ -207,16 +280,21 @@ def check_system(params: Mapping[str, Any], system: str, result: Mapping[str, An
         problems.append(
             f"take-over: {result.get('take_over_rows')} rows, {params['state_rows']} expected"
         )
-    return problems
+    return problems + _check_back(params, result)
 
 
 def ratios(results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     """Spark's restart time over each of ours, where both ran."""
     theirs = results.get(SPARK, {}).get("restart_s")
+    theirs_back = results.get(SPARK, {}).get("back_s")
     out = {}
     for system, r in results.items():
         if system != SPARK and theirs and r.get("restart_s"):
             out[f"restart:{system}/{SPARK}"] = float(theirs) / float(r["restart_s"])
+    for system, r in results.items():
+        if system != SPARK and theirs_back and r.get("back_s") and r.get("export_s"):
+            ours = float(r["export_s"]) + float(r["back_s"])
+            out[f"back:{system}/{SPARK}"] = float(theirs_back) / ours
     return out
 
 
@@ -226,7 +304,7 @@ def _run_system(spec: BenchSpec, system: str) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix=f"sparkstate-bench-take-over-{system}-")
     result: dict[str, Any] = {}
     try:
-        for phase in ("build", "restart"):
+        for phase in ("build", "restart", "back"):
             one = BenchSpec(
                 spec.name, spec.module, spec.systems, [], {**spec.params, "phase": phase},
                 spec.timeout_s,
@@ -242,23 +320,34 @@ def _run_system(spec: BenchSpec, system: str) -> dict[str, Any]:
 
 
 def _print_summary(results: Mapping[str, Mapping[str, Any]], rat: Mapping[str, float]) -> None:
-    head = f"{'system':<22}{'build s':>10}{'restart s':>12}{'take-over s':>13}"
+    head = (
+        f"{'system':<22}{'build s':>10}{'restart s':>12}{'take-over s':>13}{'export s':>10}"
+        f"{'back s':>9}"
+    )
     lines = [head, "-" * len(head)]
     for system, r in results.items():
         if "error" in r or not r.get("available"):
             lines.append(f"{system:<22}{'-':>10}{'-':>12}{'-':>13}  {r.get('error', '')}")
             continue
-        taken = r.get("take_over_s")
+        taken, exported = r.get("take_over_s"), r.get("export_s")
         verdict = "ok" if not r["problems"] else "CHECK FAILED"
         lines.append(
             f"{system:<22}{r['build_s']:>10,.1f}{r['restart_s']:>12,.2f}"
-            f"{(f'{taken:,.2f}' if taken is not None else '-'):>13}  {verdict}"
+            f"{(f'{taken:,.2f}' if taken is not None else '-'):>13}"
+            f"{(f'{exported:,.2f}' if exported is not None else '-'):>10}"
+            f"{r.get('back_s', 0):>9,.2f}  {verdict}"
         )
     print("\n[bench take-over] summary\n" + "\n".join(lines))
     for system, r in results.items():
         for problem in (r.get("problems") or [])[:10]:
             print(f"[bench take-over] {system}: CHECK FAILED: {problem}")
     for key, value in rat.items():
+        if key.startswith("back:"):
+            print(
+                f"[bench take-over] {key}: {value:.2f}x (Spark's restart over the export and "
+                "Spark's restart after it)"
+            )
+            continue
         verdict = "met" if value >= 1.0 else "MISSED"
         print(
             f"[bench take-over] {key}: {value:.2f}x (Spark's restart over ours, take-over "
