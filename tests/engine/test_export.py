@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate.engine.batch_job import session_conf
@@ -22,7 +23,7 @@ from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.runtime import export as export_logs
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector
+from .helpers import Collector, at
 from .test_take_over import (
     BATCHES,
     SCHEMA,
@@ -191,3 +192,66 @@ def test_an_operator_spark_keeps_otherwise_is_refused_and_the_checkpoint_left_as
     after = sorted((p, p.stat().st_size) for p in back.chk["ours"].rglob("*") if p.is_file())
     assert after == before
     shutil.rmtree(back.chk["ours"])
+
+
+LEFT, RIGHT = "lk string, lv long, lt timestamp", "rk string, rv long, rt timestamp"
+#: Per batch, the left's file and the right's: matches, rows that wait, rows that never match.
+JOIN_BATCHES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
+    (
+        [{"lk": "a", "lv": 1, "lt": at(1)}, {"lk": "b", "lv": 2, "lt": at(5)}],
+        [{"rk": "a", "rv": 10, "rt": at(2)}, {"rk": "c", "rv": 30, "rt": at(3)}],
+    ),
+    (
+        [{"lk": "c", "lv": 3, "lt": at(6)}, {"lk": "a", "lv": 4, "lt": at(4)}],
+        [{"rk": "b", "rv": 20, "rt": at(7)}, {"rk": "a", "rv": 11, "rt": at(5)}],
+    ),
+    (
+        [{"lk": "d", "lv": 5, "lt": at(30)}, {"lk": "b", "lv": 6, "lt": at(8)}],
+        [{"rk": "b", "rv": 21, "rt": at(9)}, {"rk": "d", "rv": 40, "rt": at(31)}],
+    ),
+    ([{"lk": "e", "lv": 7, "lt": at(60)}], [{"rk": "e", "rv": 50, "rt": at(61)}]),
+]
+
+
+@pytest.mark.parametrize("how", ["inner", "leftOuter", "fullOuter"])
+def test_spark_goes_on_from_an_exported_stream_stream_join(
+    spark: SparkSession, tmp_path: Path, how: str
+) -> None:
+    """Both sides' rows, under their keys and indexes, with their matched flags: Spark's outer
+    join emits the rows that never matched as it would have."""
+    feeds = {
+        (name, side): FileFeed(tmp_path / f"{name}-{side}")
+        for name in ("spark", "ours")
+        for side in ("left", "right")
+    }
+    out = {name: Collector() for name in ("spark", "ours")}
+
+    def run(name: str, batches: list[Any], *, wrapped: bool = False) -> None:
+        for left_rows, right_rows in batches:
+            feeds[name, "left"].add(left_rows)
+            feeds[name, "right"].add(right_rows)
+        frames = []
+        for side, schema, ts in (("left", LEFT, "lt"), ("right", RIGHT, "rt")):
+            df = feeds[name, side].stream(spark, schema)
+            frames.append((ss.stream(df) if wrapped else df).withWatermark(ts, "10 seconds"))
+        condition = F.expr(
+            "lk = rk AND lt BETWEEN rt - interval 5 seconds AND rt + interval 5 seconds"
+        )
+        joined = frames[0].join(frames[1], condition, how)
+        writer = joined.writeStream.outputMode("append").foreachBatch(out[name])
+        if wrapped:
+            writer = writer.option("stateStore", PROVIDERS[-1])
+        query = writer.option("checkpointLocation", str(tmp_path / name)).start()
+        query.processAllAvailable()
+        query.stop()
+
+    for i in range(2):
+        run("spark", JOIN_BATCHES[i : i + 1])
+        run("ours", JOIN_BATCHES[i : i + 1], wrapped=True)
+    assert ss.export(spark, str(tmp_path / "ours")) == max(out["ours"].batches)
+    for name in ("spark", "ours"):
+        run(name, JOIN_BATCHES[2:])
+        run(name, [])
+    assert out["ours"].batches == out["spark"].batches
+    stores = {p.name for p in (tmp_path / "ours" / "state" / "0" / "0").iterdir()}
+    assert {"left-keyToNumValues", "right-keyWithIndexToValue"} <= stores

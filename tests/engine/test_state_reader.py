@@ -266,6 +266,8 @@ READS: list[tuple[str, dict[str, Any]]] = [
     ("aggregate-memory", {}),
     ("join", {"joinSide": "left"}),
     ("join", {"joinSide": "right"}),
+    ("join", {"storeName": "left-keyWithIndexToValue"}),
+    ("join", {"storeName": "right-keyToNumValues"}),
     ("applyInPandasWithState", {}),
     ("windows", {}),
     ("sessions", {}),
@@ -366,7 +368,7 @@ def test_bad_reads_say_what_to_do(spark: SparkSession, checkpoints: dict[str, An
     with pytest.raises(Exception, match="pick one with .option.'joinSide'"):
         _read(spark, join, "ours").collect()
     with pytest.raises(Exception, match="option.'joinSide', 'left'"):
-        _read(spark, join, "ours", storeName="left-keyToNumValues").collect()
+        _read(spark, join, "ours", storeName="left-keyToNothing").collect()
     with pytest.raises(Exception, match="statestore"):
         _read(spark, checkpoints["aggregate"]["spark"], "ours").collect()
 

@@ -12,6 +12,7 @@ partition as the HDFS-backed provider's snapshot of the version Spark loads next
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -32,13 +33,14 @@ from sparkstate.exceptions import SparkstateError
 from sparkstate.operators.registry import layout_of
 from sparkstate.runtime.export import Export, commit_export, plan_export, settle_export
 from sparkstate.runtime.logs import CheckpointLock, engine_root_of
+from sparkstate.store.base import DEFAULT_CF
 from sparkstate.store.files.durable import DurableDir, canonical_location
 from sparkstate.store.spark_files import lz4_block_stream, schema_file, snapshot_file, unsafe_rows
 
 __all__ = ["export", "run_export"]
 
 log = logging.getLogger("sparkstate.engine")
-_WRITTEN = "op int, partition int, num_rows bigint"
+_WRITTEN = "partition int, num_rows bigint"
 _STATE_DIR = "state"
 
 
@@ -73,24 +75,24 @@ def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int 
         return None
     register(spark)  # the state reader reads the state out
     rows = 0
-    for store in plan.stores:
-        state = (
-            spark.read.format("sparkstate")
-            .option("batchId", plan.batch_id)
-            .option("operatorId", store.op_id)
-            .load(location)
-        )
-        shown = state.schema["key"].dataType
-        assert isinstance(shown, StructType)
-        kept = layout_of(store.kind).spark_partitioning(store.described, list(shown.names))
-        assert kept is not None  # the plan refused an operator Spark keeps otherwise
-        fields, hashed = kept
-        state = state.select(
-            F.struct(*(F.col("key").getField(f).alias(f) for f in fields)).alias("key"),
-            "value",
-        )
-        on_checkpoint(spark, _write_schema, (plan, store.op_id, _schema_json(state)))
-        rows += _write_state(spark, plan, store.op_id, hashed, state)
+    for op in plan.stores:
+        layout = layout_of(op.kind)
+        for name in layout.spark_stores(op.described) or []:
+            reader = spark.read.format("sparkstate").option("batchId", plan.batch_id)
+            reader = reader.option("operatorId", op.op_id)
+            if name != DEFAULT_CF:
+                reader = reader.option("storeName", name)
+            state = reader.load(location)
+            shown = state.schema["key"].dataType
+            assert isinstance(shown, StructType)
+            fields, hashed = layout.spark_partitioning(op.described, name, list(shown.names))
+            state = state.select(
+                F.struct(*(F.col("key").getField(f).alias(f) for f in fields)).alias("key"),
+                "value",
+            )
+            store = _SparkStore(location, op.op_id, name, plan.version)
+            on_checkpoint(spark, _write_schema, (store, _schema_json(state)))
+            rows += _write_state(spark, store, plan.num_partitions, hashed, state)
     on_checkpoint(spark, commit_export, plan)
     log.warning(
         "%s: exported the state of %d operator(s) to Spark's HDFSBackedStateStoreProvider after "
@@ -126,12 +128,28 @@ def _nullable(t: DataType) -> DataType:
     return t
 
 
-def _write_schema(arg: tuple[Export, int, tuple[str, str]]) -> None:
+@dataclasses.dataclass(frozen=True)
+class _SparkStore:
+    """One of Spark's stores written: its operator, name and the version written."""
+
+    location: str
+    op_id: int
+    name: str
+    version: int
+
+    def directory(self, partition: int) -> DurableDir:
+        """Where Spark keeps a partition's files of the store (in a directory of the store's
+        name under the partition's, but for the default store)."""
+        own = [self.name] if self.name != DEFAULT_CF else []
+        return DurableDir(self.location).child(_STATE_DIR, str(self.op_id), str(partition), *own)
+
+
+def _write_schema(arg: tuple[_SparkStore, tuple[str, str]]) -> None:
     """The store's schema, where Spark's operators keep it (beside partition 0), for Spark's
     restart and its state reader to check the query against; one Spark wrote stays (the
     checkpoint was Spark's before: the same query)."""
-    plan, op_id, (key_json, value_json) = arg
-    directory = DurableDir(plan.location).child(_STATE_DIR, str(op_id), "0", "_metadata")
+    store, (key_json, value_json) = arg
+    directory = store.directory(0).child("_metadata")
     if not directory.exists("schema"):
         _write_spark_file(directory, "schema", schema_file(key_json, value_json))
 
@@ -145,16 +163,15 @@ def _write_spark_file(directory: DurableDir, name: str, data: bytes) -> None:
 
 
 def _write_state(
-    spark: SparkSession, plan: Export, op_id: int, hashed: list[str], state: DataFrame
+    spark: SparkSession, store: _SparkStore, n: int, hashed: list[str], state: DataFrame
 ) -> int:
-    """Every partition's snapshot of the operator's state (``hashed``: the fields of its key
+    """Each of the ``n`` partitions' snapshot of the store (``hashed``: the fields of its key
     Spark's operator hashes); its rows."""
-    n = plan.num_partitions
     if hashed:
         spread = state.repartition(n, *(F.col("key").getField(f) for f in hashed))
     else:
         spread = state.coalesce(1)  # a global operator: all of it in partition 0
-    location, version, everything = plan.location, plan.version, not hashed
+    everything = not hashed
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
@@ -166,33 +183,28 @@ def _write_state(
             k, v = b.column(0), b.column(1)
             keys += unsafe_rows([k.field(i) for i in range(k.type.num_fields)], b.num_rows)
             values += unsafe_rows([v.field(i) for i in range(v.type.num_fields)], b.num_rows)
-        _write_snapshot(location, op_id, partition, version, list(zip(keys, values, strict=True)))
+        _write_snapshot(store, partition, list(zip(keys, values, strict=True)))
         yield pa.record_batch(
-            [
-                pa.array([op_id], pa.int32()),
-                pa.array([partition], pa.int32()),
-                pa.array([len(keys)]),
-            ],
-            names=["op", "partition", "num_rows"],
+            [pa.array([partition], pa.int32()), pa.array([len(keys)])],
+            names=["partition", "num_rows"],
         )
 
     written = {r["partition"]: r["num_rows"] for r in spread.mapInArrow(write, _WRITTEN).collect()}
     for p in range(n):  # a partition no task wrote (Spark's restart loads every one)
         if p not in written:
-            on_checkpoint(spark, _write_empty, (location, op_id, p, version))
+            on_checkpoint(spark, _write_empty, (store, p))
     return sum(written.values())
 
 
-def _write_empty(arg: tuple[str, int, int, int]) -> None:
-    location, op_id, partition, version = arg
-    _write_snapshot(location, op_id, partition, version, [])
+def _write_empty(arg: tuple[_SparkStore, int]) -> None:
+    _write_snapshot(*arg, [])
 
 
 def _write_snapshot(
-    location: str, op_id: int, partition: int, version: int, rows: Sequence[tuple[bytes, bytes]]
+    store: _SparkStore, partition: int, rows: Sequence[tuple[bytes, bytes]]
 ) -> None:
-    directory = DurableDir(location).child(_STATE_DIR, str(op_id), str(partition))
-    _write_spark_file(directory, f"{version}.snapshot", lz4_block_stream(snapshot_file(rows)))
+    data = lz4_block_stream(snapshot_file(rows))
+    _write_spark_file(store.directory(partition), f"{store.version}.snapshot", data)
 
 
 def run_export(

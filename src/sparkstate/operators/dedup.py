@@ -59,11 +59,9 @@ class Deduplicate(StatefulOperator):
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
 
     @classmethod
-    def spark_partitioning(
-        cls, described: dict[str, Any], shown_key: list[str]
-    ) -> tuple[list[str], list[str]] | None:
-        """Spark hashes the deduplicated columns, its state's key."""
-        return list(shown_key), list(shown_key)
+    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
+        """Spark keeps it in one store, under the key the reader shows, hashed whole."""
+        return [DEFAULT_CF]
 
     def __init__(
         self,

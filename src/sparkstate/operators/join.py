@@ -38,6 +38,9 @@ from sparkstate.operators.join_state import (
     COUNT_FAMILY,
     COUNT_KEY_SCHEMA,
     COUNT_SCHEMA,
+    INDEX,
+    KEY_TO_NUM_VALUES,
+    KEY_WITH_INDEX_TO_VALUE,
     MATCHED,
     ROWS_SCHEMA,
     SIDE_FAMILIES,
@@ -168,19 +171,35 @@ class StreamingJoin(StatefulOperator):
         join_side: str | None = None,
         flatten: bool = True,
     ) -> StateView:
-        """A side's rows (``joinSide``); a column family by its name."""
+        """A side's rows (``joinSide``); one of Spark's stores of them (``storeName``
+        ``left-keyWithIndexToValue`` and the like); a column family by its name."""
         if store_name is None:
             return side_view(described, families, join_side)
-        side = store_name.split("-")[0]
+        side, _, store = store_name.partition("-")
         if side in SIDE_FAMILIES:
-            msg = (
-                f"sparkstate keeps a join side's rows in one store, not Spark's {store_name!r}: "
-                f"read them with .option('joinSide', {side!r})"
-            )
-            raise ConfigurationError(msg)
+            if store not in (KEY_TO_NUM_VALUES, KEY_WITH_INDEX_TO_VALUE):
+                msg = (
+                    f"a join side has Spark's stores {side}-{KEY_TO_NUM_VALUES} and "
+                    f"{side}-{KEY_WITH_INDEX_TO_VALUE}, not {store_name!r}; its rows are "
+                    f".option('joinSide', {side!r})"
+                )
+                raise ConfigurationError(msg)
+            return side_view(described, families, side, store)
         return super().state_view(
             described, families, store_name=store_name, join_side=join_side, flatten=flatten
         )
+
+    @classmethod
+    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
+        """Spark's four stores, two a side (its join state format 2)."""
+        return list(cls.spark_store_names)
+
+    @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], store: str, shown_key: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """Spark hashes the join key (not a row's ``index`` under it)."""
+        return list(shown_key), [f for f in shown_key if f != INDEX]
 
     @classmethod
     def shown_stores(

@@ -358,10 +358,83 @@ class JoinSideView(StateView):
         return ["update"] * len(owners) + ["delete"] * sum(v is None for v in values)
 
 
+#: Spark's two stores of a join side's rows (its join state format 2), after the side's name.
+KEY_TO_NUM_VALUES = "keyToNumValues"
+KEY_WITH_INDEX_TO_VALUE = "keyWithIndexToValue"
+#: The field of Spark's ``keyWithIndexToValue`` key beside the join key: a row's place under it.
+INDEX = "index"
+
+
+class SparkStoreView(JoinSideView):
+    """One of Spark's stores of a join side, made from the side's rows (``storeName``
+    ``left-keyToNumValues`` and the like): ``keyToNumValues``, each join key and its count of
+    rows; ``keyWithIndexToValue``, each row under its join key and its place there (``index``),
+    with its ``matched`` flag."""
+
+    def __init__(
+        self,
+        family: str,
+        key_schema: pa.Schema,
+        row_schema: pa.Schema,
+        names: dict[str, str],
+        store: str,
+    ) -> None:
+        super().__init__(family, key_schema, row_schema, names)
+        self.store = store
+        self.join_key_type = self.key_type
+        if store == KEY_TO_NUM_VALUES:
+            self.value_type = pa.struct([pa.field("value", pa.int64())])
+        else:
+            self.key_type = pa.struct([*self.key_type, pa.field(INDEX, pa.int64())])
+            self.value_type = pa.struct([*self.value_type, pa.field("matched", pa.bool_())])
+
+    def rows(
+        self, families: dict[str, ColumnFamily], keys: list[bytes], values: Sequence[bytes | None]
+    ) -> pa.Table:
+        key_table = families[self.family].key_codec.decode_many_arrow(keys)
+        key_array = as_struct(key_table.rename_columns([f.name for f in self.join_key_type]))
+        packed = [v[0] for v in families[self.family].value_codec.decode_many(values) if v]
+        at = np.array([i for i, v in enumerate(values) if v is not None], np.int64)
+        deleted = [i for i, v in enumerate(values) if v is None]
+        row_bytes, parents = unpack_rows(packed)
+        owners = at[np.asarray(parents, np.int64)] if parents else np.zeros(0, np.int64)
+        if self.store == KEY_TO_NUM_VALUES:
+            counts = np.bincount(np.asarray(parents, np.int64), minlength=len(packed))
+            shown_keys = key_array.take(pa.array(np.r_[at, deleted].astype(np.int64)))
+            value = pa.StructArray.from_arrays(
+                [pa.array(np.r_[counts, np.zeros(len(deleted))].astype(np.int64))],
+                fields=list(self.value_type),
+                mask=pa.array([False] * len(at) + [True] * len(deleted)),
+            )
+            return pa.Table.from_arrays([shown_keys, value], schema=self.schema)
+        rows, _ = self.row_codec.decode_many_arrow(row_bytes)
+        p = np.asarray(parents, np.int64)
+        starts = np.r_[0, np.flatnonzero(np.diff(p)) + 1] if len(p) else np.zeros(0, np.int64)
+        index = np.arange(len(p)) - np.repeat(starts, np.diff(np.r_[starts, len(p)]))
+        own = key_array.take(pa.array(np.r_[owners, deleted].astype(np.int64)))
+        join_key = [own.field(i) for i in range(own.type.num_fields)]
+        index_column = pa.array(np.r_[index, np.zeros(len(deleted))].astype(np.int64))
+        shown_key = pa.StructArray.from_arrays(
+            [*join_key, index_column], fields=list(self.key_type)
+        )
+        columns = [rows.column(c).combine_chunks() for c in [*self.columns, MATCHED]]
+        value = pa.concat_arrays(
+            [
+                pa.StructArray.from_arrays(columns, fields=list(self.value_type)),
+                pa.nulls(len(deleted), self.value_type),
+            ]
+        )
+        return pa.Table.from_arrays([shown_key, value], schema=self.schema)
+
+
 def side_view(
-    described: dict[str, Any], families: dict[str, tuple[pa.Schema, pa.Schema]], side: str | None
+    described: dict[str, Any],
+    families: dict[str, tuple[pa.Schema, pa.Schema]],
+    side: str | None,
+    store: str | None = None,
 ) -> JoinSideView:
-    """The view of one side's rows (``side``: the reader's ``joinSide``)."""
+    """The view of one side's rows (``side``: the reader's ``joinSide``), or of one of Spark's
+    stores of them (``store``: ``keyToNumValues`` or ``keyWithIndexToValue``)."""
     if side not in SIDE_FAMILIES:
         msg = (
             "a stream-stream join keeps the rows of both sides: pick one with "
@@ -373,4 +446,6 @@ def side_view(
     names = described.get("column_names") or {
         f.name: f.name for f in row_schema if re.fullmatch(r"__ss_[lr]\d+(_\d+)?", f.name)
     }
+    if store is not None:
+        return SparkStoreView(family, families[family][0], row_schema, names, store)
     return JoinSideView(family, families[family][0], row_schema, names)

@@ -47,9 +47,14 @@ class StreamingLimit(StatefulOperator):
     unkeyed: ClassVar[str | None] = "is a streaming limit: its state has no keys to look up"
 
     @classmethod
+    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
+        """Spark keeps it in one store."""
+        return [DEFAULT_CF]
+
+    @classmethod
     def spark_partitioning(
-        cls, described: dict[str, Any], shown_key: list[str]
-    ) -> tuple[list[str], list[str]] | None:
+        cls, described: dict[str, Any], store: str, shown_key: list[str]
+    ) -> tuple[list[str], list[str]]:
         """Spark's limit runs in one partition: its count is in partition 0."""
         return list(shown_key), []
 

@@ -113,14 +113,21 @@ class StateLayout:
         return list(key_schema.names)
 
     @classmethod
-    def spark_partitioning(
-        cls, described: dict[str, Any], shown_key: list[str]
-    ) -> tuple[list[str], list[str]] | None:
-        """How Spark's own operator keeps this state, for ``sparkstate export``: of the key's
-        fields as the reader shows them (``shown_key``), those in Spark's state key, and those
-        its partitioning hashes, in order ([]: all of it in partition 0, a global operator's
-        state); None where sparkstate does not write this state in Spark's form."""
+    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
+        """Spark's stores of this operator's state, for ``sparkstate export``, each read with
+        the reader's ``storeName`` (``default``: the operator's own view); None where
+        sparkstate does not write this state in Spark's form."""
         return None
+
+    @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], store: str, shown_key: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """How Spark's own operator keeps one of its stores (``store``), for ``sparkstate
+        export``: of the key's fields as the reader shows them (``shown_key``), those in
+        Spark's state key, and those its partitioning hashes, in order ([]: all of it in
+        partition 0, a global operator's state). By default, the key as shown, all hashed."""
+        return list(shown_key), list(shown_key)
 
     @classmethod
     def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:

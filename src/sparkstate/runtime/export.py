@@ -117,13 +117,14 @@ def plan_export(location: str, engine_root: str) -> Export | None:
     not_exported = [
         f"{op_id} ({kinds[op_id]})"
         for op_id in sorted(kinds)
-        if layout_of(kinds[op_id]).spark_partitioning(described[op_id], []) is None
+        if layout_of(kinds[op_id]).spark_stores(described[op_id]) is None
     ]
     if not_exported:
         msg = (
             f"{location}: the state of operator(s) {', '.join(not_exported)} cannot be written "
-            "in Spark's form yet: sparkstate exports aggregations, deduplications, the "
-            "streaming limit and applyInPandasWithState. The checkpoint is left as it was"
+            "in Spark's form yet: sparkstate exports aggregations, deduplications, "
+            "stream-stream joins, the streaming limit and applyInPandasWithState. The "
+            "checkpoint is left as it was"
         )
         raise ConfigurationError(msg)
     spark = DurableDir(location)

@@ -127,9 +127,14 @@ class StreamingAggregate(StatefulOperator):
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
 
     @classmethod
+    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
+        """Spark keeps it in one store."""
+        return [DEFAULT_CF]
+
+    @classmethod
     def spark_partitioning(
-        cls, described: dict[str, Any], shown_key: list[str]
-    ) -> tuple[list[str], list[str]] | None:
+        cls, described: dict[str, Any], store: str, shown_key: list[str]
+    ) -> tuple[list[str], list[str]]:
         """Spark hashes the grouping keys, its state's key, a window as its struct; a global
         aggregation's state is in partition 0."""
         if shown_key == [GLOBAL_KEY]:  # Spark's key is empty

@@ -147,11 +147,9 @@ class FlatMapGroupsWithState(StatefulOperator):
     rows_are_keys: ClassVar[bool] = False
 
     @classmethod
-    def spark_partitioning(
-        cls, described: dict[str, Any], shown_key: list[str]
-    ) -> tuple[list[str], list[str]] | None:
-        """Spark hashes the grouping keys, its state's key."""
-        return list(shown_key), list(shown_key)
+    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
+        """Spark keeps it in one store, under the key the reader shows, hashed whole."""
+        return [DEFAULT_CF]
 
     def __init__(
         self,
