@@ -4,9 +4,12 @@ a run that never left Spark, batch for batch."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,6 @@ import sparkstate as ss
 from sparkstate.engine.batch_job import session_conf
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.inspect import inspect_checkpoint
-from sparkstate.runtime import export as export_logs
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector, at
@@ -140,31 +142,54 @@ def test_spark_reads_the_exported_state_as_its_own_and_the_wrapped_query_takes_i
     assert back.out["ours"].batches == back.out["spark"].batches
 
 
+#: A driver that exports the checkpoint and is SIGKILLed in the middle: before its commit
+#: point (Spark's snapshot files written, nothing committed) or after it (``exported.json``
+#: written and Spark's commit rewritten, its offsets not).
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pyspark.sql import SparkSession
+    import sparkstate as ss
+    from sparkstate.engine import export_job
+    from sparkstate.runtime import export
+
+    chk, point = sys.argv[1], sys.argv[2]
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "commit":
+        export_job.commit_export = die
+    else:
+        export.is_clock = die
+    builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    ss.export(builder.getOrCreate(), chk)
+    """
+)
+
+
 @pytest.mark.parametrize("dies_in", ["commit", "settle"])
 def test_an_export_killed_midway_leaves_a_checkpoint_one_of_them_goes_on_from(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies_in: str
+    spark: SparkSession, tmp_path: Path, dies_in: str
 ) -> None:
-    """Killed before its commit point, the export leaves the wrapped query's checkpoint, which
-    the wrapped query goes on from; after it, Spark's restart refuses the checkpoint until the
-    export runs again and finishes. Either way the output is Spark's."""
+    """The driver SIGKILLed during the export: before its commit point, the wrapped query goes
+    on from the checkpoint; after it, Spark's restart refuses the checkpoint until the export
+    runs again and finishes. Either way the output is Spark's."""
     back = Back(spark, tmp_path, windowed)
     back.mode = "update"
     back.run("spark", BATCHES[:WRAPPED])
     back.run("ours", BATCHES[:WRAPPED], wrapped=True)
-
-    def dies(*args: Any, **kwargs: Any) -> None:
-        msg = "killed"
-        raise OSError(msg)
-
-    target = "commit_export" if dies_in == "commit" else "is_clock"
-    monkeypatch.setattr(
-        export_logs if dies_in == "settle" else sys.modules["sparkstate.engine.export_job"],
-        target,
-        dies,
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED, str(back.chk["ours"]), dies_in],
+        env=env,
+        capture_output=True,
+        timeout=180,
+        check=False,
     )
-    with pytest.raises(OSError, match="killed"):
-        ss.export(spark, str(back.chk["ours"]))
-    monkeypatch.undo()
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    engine = back.chk["ours"] / "sparkstate"
+    assert (engine / "exported.json").exists() == (dies_in == "settle")
     if dies_in == "commit":  # the wrapped query goes on; the export runs again later
         back.run("ours", BATCHES[WRAPPED : WRAPPED + 1], wrapped=True)
         back.run("spark", BATCHES[WRAPPED : WRAPPED + 1])
