@@ -177,15 +177,16 @@ def _write_state(
         context = TaskContext.get()
         assert context is not None
         partition = 0 if everything else context.partitionId()
-        keys: list[bytes] = []
-        values: list[bytes] = []
+        keys, values = [], []
         for b in batches:
             k, v = b.column(0), b.column(1)
-            keys += unsafe_rows([k.field(i) for i in range(k.type.num_fields)], b.num_rows)
-            values += unsafe_rows([v.field(i) for i in range(v.type.num_fields)], b.num_rows)
-        _write_snapshot(store, partition, list(zip(keys, values, strict=True)))
+            keys.append(unsafe_rows([k.field(i) for i in range(k.type.num_fields)], b.num_rows))
+            values.append(unsafe_rows([v.field(i) for i in range(v.type.num_fields)], b.num_rows))
+        key_rows = pa.concat_arrays(keys) if keys else pa.array([], pa.binary())
+        value_rows = pa.concat_arrays(values) if values else pa.array([], pa.binary())
+        _write_snapshot(store, partition, key_rows, value_rows)
         yield pa.record_batch(
-            [pa.array([partition], pa.int32()), pa.array([len(keys)])],
+            [pa.array([partition], pa.int32()), pa.array([len(key_rows)])],
             names=["partition", "num_rows"],
         )
 
@@ -197,13 +198,14 @@ def _write_state(
 
 
 def _write_empty(arg: tuple[_SparkStore, int]) -> None:
-    _write_snapshot(*arg, [])
+    empty = pa.array([], pa.binary())
+    _write_snapshot(*arg, empty, empty)
 
 
 def _write_snapshot(
-    store: _SparkStore, partition: int, rows: Sequence[tuple[bytes, bytes]]
+    store: _SparkStore, partition: int, keys: pa.BinaryArray, values: pa.BinaryArray
 ) -> None:
-    data = lz4_block_stream(snapshot_file(rows))
+    data = lz4_block_stream(snapshot_file(keys, values))
     _write_spark_file(store.directory(partition), f"{store.version}.snapshot", data)
 
 

@@ -21,9 +21,9 @@ value's, each as a count (an int) of ``writeUTF`` chunks.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
@@ -47,59 +47,50 @@ _SEED = 0x9747B28C
 _HEADER = struct.Struct("<8sBiii")
 _SIZE = struct.Struct(">i")
 _END = _SIZE.pack(-1)
-_SLOT = struct.Struct("<q")
 #: Decimals Spark keeps in the slot, as their unscaled long.
 _COMPACT_DECIMAL = 18
 
-#: A column as the encoder takes it: each row's value as it goes into the row (an int, float
-#: or bool for the slot, bytes for the variable-length part), or None.
-_Encoded = tuple[list[Any], Callable[[bytearray, int, Any], None] | None]
+#: The zero bytes that pad a variable-length value to 8 bytes, by how many.
+_PADS = pa.array([bytes(i) for i in range(8)], pa.binary())
 
 
-def _fixed(fmt: str) -> Callable[[bytearray, int, Any], None]:
-    packer = struct.Struct(fmt)
-
-    def put(buf: bytearray, at: int, value: Any) -> None:
-        packer.pack_into(buf, at, value)
-
-    return put
-
-
-def _column(values: pa.Array, what: str) -> _Encoded:
-    """A column's values, each as it goes into a row."""
+def _fixed_slots(values: pa.Array) -> np.ndarray | None:
+    """A fixed-width column's slots (int64, its bytes little-endian, the rest zero; 0 where
+    null); None for a variable-length column."""
     t = values.type
-    if pa.types.is_boolean(t):
-        return values.to_pylist(), _fixed("<?")
-    for test, fmt in (
-        (pa.types.is_int8, "<b"),
-        (pa.types.is_int16, "<h"),
-        (pa.types.is_int32, "<i"),
-        (pa.types.is_int64, "<q"),
-        (pa.types.is_float32, "<f"),
-        (pa.types.is_float64, "<d"),
-    ):
-        if test(t):
-            return values.to_pylist(), _fixed(fmt)
-    if pa.types.is_date32(t):
-        return values.cast(pa.int32()).to_pylist(), _fixed("<i")
-    if pa.types.is_timestamp(t):  # Spark's timestamps: microseconds since the epoch
-        micros = values.cast(pa.timestamp("us", t.tz)).cast(pa.int64())
-        return micros.to_pylist(), _fixed("<q")
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return [None if v is None else v.encode("utf-8") for v in values.to_pylist()], None
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return values.to_pylist(), None
-    if pa.types.is_decimal(t) and t.precision <= _COMPACT_DECIMAL:
-        unscaled = [None if v is None else int(v.scaleb(t.scale)) for v in values.to_pylist()]
-        return unscaled, _fixed("<q")
+    n = len(values)
     if pa.types.is_null(t):
-        return [None] * len(values), _fixed("<q")
+        return np.zeros(n, np.int64)
+    if pa.types.is_decimal(t) and t.precision <= _COMPACT_DECIMAL:
+        unscaled = [0 if v is None else int(v.scaleb(t.scale)) for v in values.to_pylist()]
+        return np.array(unscaled, np.int64)
+    if pa.types.is_timestamp(t):  # Spark's timestamps: microseconds since the epoch
+        values = values.cast(pa.timestamp("us", t.tz)).cast(pa.int64())
+    elif pa.types.is_date32(t):
+        values = values.cast(pa.int32())
+    elif pa.types.is_boolean(t):
+        values = values.cast(pa.uint8())
+    kinds = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+    if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        return None
+    filled = values.fill_null(0).to_numpy(zero_copy_only=False)
+    unsigned = filled.view(kinds[values.type.bit_width])  # its bytes, zero-extended below
+    slots: np.ndarray = unsigned.astype(np.uint64).view(np.int64)
+    return slots
+
+
+def _variable(values: pa.Array, what: str) -> pa.Array:
+    """A variable-length column's bytes per row (empty where null)."""
+    t = values.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return values.cast(pa.binary()).fill_null(b"")
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return values.cast(pa.binary()).fill_null(b"")
     if pa.types.is_struct(t):
         assert isinstance(values, pa.StructArray)
         fields = [values.field(i) for i in range(t.num_fields)]
-        rows = unsafe_rows(fields, len(values), f"{what}.")
-        valid = pc.is_valid(values).to_pylist()
-        return [r if ok else None for r, ok in zip(rows, valid, strict=True)], None
+        nested = unsafe_rows(fields, len(values), f"{what}.")
+        return pc.if_else(pc.is_valid(values), nested, pa.scalar(b"", pa.binary()))
     msg = (
         f"cannot write {what} ({t}) in Spark's state format: sparkstate exports state columns "
         "of boolean, integral, floating, date, timestamp, string, binary, decimal (precision "
@@ -108,40 +99,57 @@ def _column(values: pa.Array, what: str) -> _Encoded:
     raise ConfigurationError(msg)
 
 
-def unsafe_rows(columns: Sequence[pa.Array], num_rows: int, what: str = "") -> list[bytes]:
+def unsafe_rows(columns: Sequence[pa.Array], num_rows: int, what: str = "") -> pa.BinaryArray:
     """Each row of ``columns`` as Spark's ``UnsafeRow`` bytes."""
-    encoded = [
-        _column(c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c, f"{what}{i}")
-        for i, c in enumerate(columns)
+    arrays = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in columns]
+    words = (len(arrays) + 63) // 64
+    fixed = np.zeros((num_rows, words + len(arrays)), np.int64)
+    row_size = np.full(num_rows, 8 * fixed.shape[1], np.int64)
+    tails: list[pa.Array] = []
+    for i, values in enumerate(arrays):
+        nulls = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), bool)
+        fixed[:, i // 64] |= nulls.astype(np.int64) << (i % 64)
+        slots = _fixed_slots(values)
+        if slots is not None:
+            fixed[:, words + i] = np.where(nulls, 0, slots)
+            continue
+        data = _variable(values, f"{what}{i}")
+        sizes = pc.binary_length(data).to_numpy(zero_copy_only=False).astype(np.int64)
+        fixed[:, words + i] = np.where(nulls, 0, (row_size << 32) | sizes)
+        pad = -sizes % 8
+        tails.append(data)
+        tails.append(pa.DictionaryArray.from_arrays(pa.array(pad), _PADS).dictionary_decode())
+        row_size += sizes + pad
+    width = 8 * fixed.shape[1]
+    if width == 0:  # a row of no fields (a global aggregation's key): no bytes
+        return pa.array([b""] * num_rows, pa.binary())
+    head = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width), num_rows, [None, pa.py_buffer(fixed.tobytes())]
+    ).cast(pa.binary())
+    if not tails:
+        return head
+    return pc.binary_join_element_wise(head, *tails, b"")
+
+
+def snapshot_file(keys: pa.BinaryArray, values: pa.BinaryArray) -> bytes:
+    """The HDFS-backed provider's snapshot file of these rows (``UnsafeRow`` bytes of each key
+    and its value), before compression."""
+    if len(keys) == 0:
+        return _END
+    sizes = [
+        pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(4),
+            len(rows),
+            [None, pa.py_buffer(pc.binary_length(rows).to_numpy().astype(">i4").tobytes())],
+        ).cast(pa.binary())
+        for rows in (keys, values)
     ]
-    n = len(encoded)
-    bitset = (n + 63) // 64 * 8
-    fixed = bitset + 8 * n
-    rows = []
-    for r in range(num_rows):
-        buf = bytearray(fixed)
-        for i, (values, put) in enumerate(encoded):
-            v = values[r]
-            if v is None:
-                buf[i >> 3] |= 1 << (i & 7)
-            elif put is not None:
-                put(buf, bitset + 8 * i, v)
-            else:
-                _SLOT.pack_into(buf, bitset + 8 * i, (len(buf) << 32) | len(v))
-                buf += v
-                buf += bytes(-len(v) % 8)
-        rows.append(bytes(buf))
-    return rows
-
-
-def snapshot_file(rows: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The HDFS-backed provider's snapshot file of ``rows`` (key and value ``UnsafeRow`` bytes),
-    before compression."""
-    parts = []
-    for key, value in rows:
-        parts += [_SIZE.pack(len(key)), key, _SIZE.pack(len(value)), value]
-    parts.append(_END)
-    return b"".join(parts)
+    entries = pc.binary_join_element_wise(sizes[0], keys, sizes[1], values, b"")
+    _, offset_buffer, data = entries.buffers()
+    assert offset_buffer is not None and data is not None
+    offsets = np.frombuffer(offset_buffer, np.int32, len(entries) + 1, 4 * entries.offset)
+    body: bytes = data.to_pybytes()[offsets[0] : offsets[-1]]
+    return body + _END
 
 
 def lz4_block_stream(data: bytes) -> bytes:
