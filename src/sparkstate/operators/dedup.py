@@ -53,6 +53,7 @@ class Deduplicate(StatefulOperator):
     """``dropDuplicates(columns)``; with ``event_time`` among them, keys expire by watermark."""
 
     kind: ClassVar[str] = "dedup"
+    renames_keep_state: ClassVar[bool] = True
     nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "dedupe"
     output_in_state: ClassVar[bool] = False

@@ -45,6 +45,9 @@ class StateLayout:
     #: Whether the store's key count is the operator's row count (a join keeps many rows under
     #: one key, and counts them itself: :meth:`rows_in_state`).
     rows_are_keys: ClassVar[bool] = True
+    #: Whether Spark keeps the state without its columns' names, so that a restart that only
+    #: renames columns (a grouping column, an aggregate's alias) goes on with it.
+    renames_keep_state: ClassVar[bool] = False
 
     @classmethod
     def state_view(

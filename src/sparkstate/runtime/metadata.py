@@ -12,6 +12,7 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
 from sparkstate.operators.arbitrary.restart import check_state_change, same_schema
+from sparkstate.operators.registry import operator_class
 from sparkstate.store.evolution import KEY_NOT_COMPATIBLE, NOT_COMPATIBLE
 from sparkstate.store.files.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.schema_json import fields_from_json
@@ -75,6 +76,8 @@ def check_restart(
         )
         raise ConfigurationError(msg)
     for old, new in zip(before, described, strict=True):
+        if operator_class(str(new["kind"])).renames_keep_state and _unnamed(old) == _unnamed(new):
+            continue  # as Spark's: the state's columns renamed, its schemas the same otherwise
         try:
             evolving = check_state_change(old, new, file)  # state schemas may evolve compatibly
             _check_schemas(old, new, evolving, file)
@@ -90,6 +93,29 @@ def check_restart(
             )
             raise ConfigurationError(msg)
     return None
+
+
+def _unnamed(described: dict[str, Any]) -> Any:
+    """An operator's description without its columns' names: each schema's fields as types, and
+    where a key or output column's name appears elsewhere (an aggregate's alias, a column the
+    operator names), its place instead."""
+    places: dict[str, str] = {}
+    for part in ("output_schema", "key_schema"):
+        for i, (name, _, _) in enumerate(fields_from_json(described.get(part) or [])):
+            places[name] = f"{part}[{i}]"
+
+    def unnamed(value: Any, key: str = "") -> Any:
+        if key in SCHEMA_PARTS:
+            return [(t, nullable) for _, t, nullable in fields_from_json(value or [])]
+        if isinstance(value, dict):
+            return {k: unnamed(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [unnamed(v) for v in value]
+        if isinstance(value, str):
+            return places.get(value, value)
+        return value
+
+    return unnamed(described)
 
 
 def _check_schemas(old: dict[str, Any], new: dict[str, Any], evolving: set[str], file: str) -> None:

@@ -122,6 +122,7 @@ class StreamingAggregate(StatefulOperator):
     """
 
     kind: ClassVar[str] = "aggregate"
+    renames_keep_state: ClassVar[bool] = True
     nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "stateStoreSave"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
