@@ -5,7 +5,6 @@ a run that never left Spark, batch for batch."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from .test_take_over import (
     dedup_within,
     global_count,
     limited,
+    sessions,
     windowed,
 )
 
@@ -91,6 +91,7 @@ CASES = [
     pytest.param(windowed, "update", None, id="window-update"),
     pytest.param(windowed, "append", "rocksdb", id="window-append-from-rocksdb"),
     pytest.param(by_key, "update", "hdfs", id="keys-update-from-hdfs"),
+    pytest.param(sessions, "append", None, id="sessions-append"),
     pytest.param(global_count, "complete", None, id="global-complete"),
     pytest.param(dedup, "append", None, id="dedup"),
     pytest.param(dedup_within, "append", "rocksdb-changelog-v2", id="dedup-within-from-v2"),
@@ -204,19 +205,46 @@ def test_an_export_killed_midway_leaves_a_checkpoint_one_of_them_goes_on_from(
     assert back.out["ours"].batches == back.out["spark"].batches
 
 
+class Counts:
+    """A ``StatefulProcessor`` that counts each key's rows in a value state."""
+
+    def init(self, handle: Any) -> None:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+        import pandas as pd
+
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(p) for p in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+def counted_in_a_processor(df: Any) -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    processor = type("CountsProcessor", (Counts, StatefulProcessor), {})()
+    return df.groupBy("k").transformWithStateInPandas(
+        processor, "k string, n long", "update", "None"
+    )
+
+
 def test_an_operator_spark_keeps_otherwise_is_refused_and_the_checkpoint_left_as_it_was(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    from .test_take_over import sessions
-
-    back = Back(spark, tmp_path, sessions)
+    """Spark keeps a ``transformWithState``'s state in RocksDB only: it is not exported."""
+    back = Back(spark, tmp_path, counted_in_a_processor)
+    back.mode = "update"
     back.run("ours", BATCHES[:FIRST], wrapped=True)
     before = sorted((p, p.stat().st_size) for p in back.chk["ours"].rglob("*") if p.is_file())
-    with pytest.raises(ConfigurationError, match=r"operator\(s\) 0 \(session_window_aggregate\)"):
+    with pytest.raises(ConfigurationError, match=r"operator\(s\) 0 \(transformWithState\)"):
         ss.export(spark, str(back.chk["ours"]))
     after = sorted((p, p.stat().st_size) for p in back.chk["ours"].rglob("*") if p.is_file())
     assert after == before
-    shutil.rmtree(back.chk["ours"])
 
 
 LEFT, RIGHT = "lk string, lv long, lt timestamp", "rk string, rv long, rt timestamp"

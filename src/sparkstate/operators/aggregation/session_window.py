@@ -93,6 +93,19 @@ class SessionWindowAggregate(StatefulOperator):
     #: A key's sessions are looked up by the key, and evicted in the order of their ends.
     nested_keys: ClassVar[bool] = True
 
+    @classmethod
+    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
+        """Spark keeps the sessions in one store."""
+        return [DEFAULT_CF]
+
+    @classmethod
+    def spark_partitioning(
+        cls, described: dict[str, Any], store: str, shown_key: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """Spark hashes the grouping keys, not the session's start (``sessionStartTime``, the
+        key's last field): a key's sessions are in one partition."""
+        return list(shown_key), list(shown_key[:-1])
+
     def __init__(
         self,
         user_key_schema: pa.Schema,
