@@ -122,9 +122,10 @@ def plan_export(location: str, engine_root: str) -> Export | None:
     if not_exported:
         msg = (
             f"{location}: the state of operator(s) {', '.join(not_exported)} cannot be written "
-            "in Spark's form yet: sparkstate exports aggregations, deduplications, "
-            "stream-stream joins, the streaming limit and applyInPandasWithState. The "
-            "checkpoint is left as it was"
+            "in the form of Spark's default provider: sparkstate exports aggregations (with "
+            "time and session windows), deduplications, stream-stream joins, the streaming "
+            "limit and applyInPandasWithState (Spark keeps a transformWithState's state in "
+            "its RocksDB provider only). The checkpoint is left as it was"
         )
         raise ConfigurationError(msg)
     spark = DurableDir(location)
