@@ -14,6 +14,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
+from sparkstate.engine import migrate_job
+from sparkstate.observe import inspect_text
+from sparkstate.observe.inspect import inspect_checkpoint
+from sparkstate.runtime import migration as migration_logs
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector
@@ -78,3 +82,164 @@ def test_a_restart_that_renames_columns_keeps_the_state_as_sparks_does(
             handle.stop()
     assert out["ours"].batches == out["spark"].batches
     assert len(out["spark"].batches) == 3  # the run after the rename ran its batch
+
+
+NUMBERS = "k string, v long"
+
+
+def _run(
+    spark: SparkSession,
+    feed: FileFeed,
+    chk: Path,
+    query: Callable[[Any], Any],
+    out: Collector,
+    *,
+    wrapped: bool = True,
+    **options: Any,
+) -> None:
+    df = feed.stream(spark, NUMBERS)
+    writer = query(ss.stream(df) if wrapped else df).writeStream.outputMode("update")
+    writer = writer.foreachBatch(out)
+    if wrapped:
+        writer = writer.option("stateStore", PROVIDERS[0])
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    handle = writer.option("checkpointLocation", str(chk)).start()
+    handle.processAllAvailable()
+    handle.stop()
+
+
+def by_int_group(df: DataFrame) -> DataFrame:
+    return df.groupBy((F.col("v") % 3).cast("int").alias("g")).agg(F.count("*").alias("n"))
+
+
+def by_long_group(df: DataFrame) -> DataFrame:
+    return df.groupBy((F.col("v") % 3).cast("long").alias("g")).agg(F.count("*").alias("n"))
+
+
+def test_a_widened_grouping_key_is_refused_as_sparks_or_migrated_with_auto(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``int`` to ``long``: refused as Spark refuses it, with its condition, and the checkpoint
+    left as it was; with ``stateMigration="auto"`` the counts go on, as a run of the changed
+    query from the start counts."""
+    feed, chk, ours = FileFeed(tmp_path / "input"), tmp_path / "chk", Collector()
+    for rows in FILES[:2]:
+        feed.add(rows)
+    _run(spark, feed, chk, by_int_group, ours)
+    feed.add(FILES[2])
+    with pytest.raises(Exception, match="STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"):
+        _run(spark, feed, chk, by_long_group, Collector())
+    _run(spark, feed, chk, by_long_group, ours, stateMigration="auto")
+    expected = Collector()
+    _run(spark, FileFeed(tmp_path / "input"), tmp_path / "spark", by_long_group, expected,
+         wrapped=False)  # fmt: skip
+    assert ours.batches == expected.batches
+    with pytest.raises(Exception, match="before its migration after batch 1"):
+        spark.read.format("sparkstate").option("batchId", 0).load(str(chk)).collect()
+    state = spark.read.format("sparkstate").load(str(chk)).collect()
+    assert sorted((r["key"]["g"], r["value"]["count"]) for r in state) == [(0, 2), (1, 3), (2, 3)]
+    doc = inspect_checkpoint(str(chk))
+    assert [e["event"] for e in doc["history"]] == ["migrated"]
+    assert (
+        "migrated the state of operator(s) [0] to a changed query after batch 1"
+        in inspect_text.summary(doc)
+    )
+
+
+def count_only(df: DataFrame) -> DataFrame:
+    return df.groupBy("k").agg(F.count("*").alias("n"))
+
+
+def count_sum_max(df: DataFrame) -> DataFrame:
+    return df.groupBy("k").agg(
+        F.count("*").alias("n"), F.sum("v").alias("total"), F.max("v").alias("top")
+    )
+
+
+def count_sum(df: DataFrame) -> DataFrame:
+    return df.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+
+
+def _by_key(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        out.setdefault(r["k"], []).append(r["v"])
+    return out
+
+
+def test_a_new_aggregate_starts_from_its_empty_value_with_auto(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An aggregate added to the query: the keys' counts go on, and the new ones start from
+    nothing (a sum of no rows is null, a maximum of none too) at the migration."""
+    feed, chk, ours = FileFeed(tmp_path / "input"), tmp_path / "chk", Collector()
+    for rows in FILES[:2]:
+        feed.add(rows)
+    _run(spark, feed, chk, count_only, ours)
+    feed.add(FILES[2])
+    _run(spark, feed, chk, count_sum_max, ours, stateMigration="auto")
+    before = _by_key(FILES[0] + FILES[1])
+    after = _by_key(FILES[2])
+    expected = sorted(
+        (k, len(before.get(k, [])) + len(vs), sum(vs), max(vs)) for k, vs in after.items()
+    )
+    assert sorted(tuple(r) for r in ours.batches[2]) == expected
+
+
+def test_a_migration_function_maps_each_old_row_to_new_ones(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``fn(key, value)`` in the state reader's shape: a key dropped, the new sum's buffer set
+    from the old count."""
+    feed, chk, ours = FileFeed(tmp_path / "input"), tmp_path / "chk", Collector()
+    for rows in FILES[:2]:
+        feed.add(rows)
+    _run(spark, feed, chk, count_only, ours)
+    feed.add(FILES[2])
+
+    def fn(key: dict[str, Any], value: dict[str, Any]) -> Any:
+        if key["k"] == "b":
+            return None
+        return key, {"count": value["count"], "sum": 10 * value["count"]}
+
+    _run(spark, feed, chk, count_sum, ours, stateMigration=fn)
+    before = _by_key(FILES[0] + FILES[1])
+    before.pop("b")
+    after = _by_key(FILES[2])
+    expected = sorted(
+        (k, len(before.get(k, [])) + len(vs), 10 * len(before.get(k, [])) + sum(vs))
+        for k, vs in after.items()
+    )
+    assert sorted(tuple(r) for r in ours.batches[2]) == expected
+
+
+@pytest.mark.parametrize("dies_in", ["commit_migration", "settle_migration"])
+def test_a_migration_that_dies_leaves_the_old_state_or_completes(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies_in: str
+) -> None:
+    """Before its commit point the old query still runs on the checkpoint, and the migration
+    runs again at the next start that asks for it; after it, the next start finishes it."""
+    feed, chk, ours = FileFeed(tmp_path / "input"), tmp_path / "chk", Collector()
+    for rows in FILES[:2]:
+        feed.add(rows)
+    _run(spark, feed, chk, count_only, ours)
+
+    def dies(*args: Any, **kwargs: Any) -> None:
+        msg = "killed"
+        raise OSError(msg)
+
+    module = migration_logs if dies_in == "settle_migration" else migrate_job
+    monkeypatch.setattr(module, dies_in, dies)
+    with pytest.raises(OSError, match="killed"):
+        _run(spark, feed, chk, count_sum_max, Collector(), stateMigration="auto")
+    monkeypatch.undo()
+    if dies_in == "commit_migration":  # the old query goes on from the old state
+        feed.add(FILES[2][:1])
+        _run(spark, feed, chk, count_only, ours)
+        assert sorted(tuple(r) for r in ours.batches[2]) == [("b", 2)]
+    feed.add(FILES[2][1:])
+    _run(spark, feed, chk, count_sum_max, ours, stateMigration="auto")
+    last = max(ours.batches)
+    counts = {k: len(vs) for k, vs in _by_key(FILES[0] + FILES[1] + FILES[2]).items()}
+    assert {r[0]: r[1] for r in ours.batches[last]} == {k: counts[k] for k in _by_key(FILES[2][1:])}

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,7 +44,14 @@ from sparkstate.store.conf import StoreId
 from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.versions.layout import SCHEMA_FILE
 
-__all__ = ["take_over"]
+__all__ = [
+    "StateTarget",
+    "converted_and_written",
+    "families_of",
+    "move_of",
+    "take_over",
+    "write_schemas",
+]
 
 log = logging.getLogger("sparkstate.engine")
 #: The column beside a converted row: the Spark partition it was read from.
@@ -61,7 +68,7 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
     for s in stages:  # an operator that cannot take Spark's state over says so first
         if type(s.operator).from_spark_state is StatefulOperator.from_spark_state:
             StatefulOperator.from_spark_state(s.operator, pa.array([]), pa.array([]))
-    moves = [_move_of(plan, s.op_id, s.operator) for s in stages]
+    moves = [move_of(plan, s.op_id, s.operator) for s in stages]
     with session_conf(spark, plan.read_conf):
         states = [_spark_state(spark, plan, s.op_id) for s in stages]
     for state, s in zip(states, stages, strict=True):  # refused here, before anything is written
@@ -69,8 +76,8 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
     on_checkpoint(spark, begin_take_over, plan)
     on_checkpoint(
         spark,
-        _write_schemas,
-        (plan, [(m, _families(s.operator)) for m, s in zip(moves, stages, strict=True)]),
+        write_schemas,
+        (plan, [(m, families_of(s.operator)) for m, s in zip(moves, stages, strict=True)]),
     )
     operators = [s.operator for s in stages]
     in_place = all(
@@ -116,7 +123,7 @@ def _run(
     """The job that writes every operator's state; per operator and partition, the checkpoint
     id written and the operator's rows in it."""
     frames = [
-        _written(state, plan, m, op, in_place=in_place)
+        converted_and_written(state, plan, m, op, in_place=in_place)
         for state, m, op in zip(states, moves, operators, strict=True)
     ]
     job = frames[0]
@@ -129,11 +136,33 @@ def _run(
     return written
 
 
-def _families(operator: StatefulOperator) -> dict[str, tuple[pa.Schema, pa.Schema]]:
-    return {DEFAULT_CF: (operator.key_schema, operator.value_schema), **operator.column_families()}
+class StateTarget(Protocol):
+    """Where converted state is written: a take-over's, or a migration's
+    (:mod:`sparkstate.engine.migrate_job`)."""
+
+    @property
+    def location(self) -> str: ...
+    @property
+    def state_root(self) -> str: ...
+    @property
+    def batch_id(self) -> int: ...
+    @property
+    def num_partitions(self) -> int: ...
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+    @property
+    def version(self) -> int: ...
+    def schema_record(self, families: dict[str, Any]) -> dict[str, Any]: ...
 
 
-def _move_of(plan: TakeOver, op_id: int, operator: StatefulOperator) -> OperatorMove:
+def families_of(operator: StatefulOperator) -> dict[str, tuple[pa.Schema, pa.Schema]]:
+    return {
+        DEFAULT_CF: (operator.key_schema, operator.value_schema),
+        **operator.column_families(),
+    }
+
+
+def move_of(plan: StateTarget, op_id: int, operator: StatefulOperator) -> OperatorMove:
     """How the operator's state moves: the columns its rows are shuffled by, as a rescale's."""
     described = operator.describe()
     columns = partition_columns(described, operator.key_schema)
@@ -163,7 +192,7 @@ def _move_of(plan: TakeOver, op_id: int, operator: StatefulOperator) -> Operator
     )
 
 
-def _write_schemas(arg: tuple[TakeOver, list[tuple[OperatorMove, dict[str, Any]]]]) -> None:
+def write_schemas(arg: tuple[StateTarget, list[tuple[OperatorMove, dict[str, Any]]]]) -> None:
     """Step 1's ``_schema.json`` of every store the state is written into."""
     plan, moves = arg
     for move, families in moves:
@@ -208,7 +237,7 @@ def _converter(
     """What turns Spark's state of one operator (its ``key``, ``value`` and ``partition_id``)
     into our rows of it: :attr:`OperatorMove.schema`, and the Spark partition each was in."""
     schema = pa.schema([*move.schema, pa.field(SPARK_PARTITION, pa.int32())])
-    described = _families(operator)
+    described = families_of(operator)
     columns = move.columns
 
     def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -243,9 +272,9 @@ def _converter(
     return convert
 
 
-def _written(
+def converted_and_written(
     state: DataFrame,
-    plan: TakeOver,
+    plan: StateTarget,
     move: OperatorMove,
     operator: StatefulOperator,
     *,

@@ -16,6 +16,7 @@ from sparkstate.engine.clock import with_clock
 from sparkstate.engine.driver import BatchDriver, DriverConfig
 from sparkstate.engine.errors import SparkIllegalArgumentError
 from sparkstate.engine.input_times import input_time_column
+from sparkstate.engine.migrate_job import check_migration, migrate
 from sparkstate.engine.plan import plan_stages
 from sparkstate.engine.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.rescale_job import rescale_at_start
@@ -61,6 +62,9 @@ __all__ = ["DataStreamWriter", "needs_clock"]
 
 DEFAULT_PROVIDER = "memory"
 _ENGINE_OPTIONS = {"checkpointLocation", "stateLocation", "stateStore", "numPartitions"}
+#: The option that migrates the state of a query whose state schemas changed: ``"auto"`` or a
+#: function (:mod:`sparkstate.engine.migrate_job`).
+MIGRATION_OPTION = "stateMigration"
 _STORE_PREFIX = "stateStore."
 _MAINTENANCE = "stateStore.maintenanceIntervalSeconds"
 #: Whether Spark's analyzer tells names apart by case.
@@ -98,6 +102,8 @@ class DataStreamWriter:
         self._mode = "append"
         self._format: str | None = None
         self._options: dict[str, str] = {}
+        #: ``stateMigration``: ``"auto"`` or a function (None: a changed state is refused).
+        self._migration: Any = None
         self._trigger: dict[str, Any] = {}
         self._name: str | None = None
         #: What a ``foreach`` or ``foreachBatch`` sink calls with each batch.
@@ -125,6 +131,10 @@ class DataStreamWriter:
         return self
 
     def option(self, key: str, value: Any) -> DataStreamWriter:
+        if key == MIGRATION_OPTION:  # a function is kept as it is: it runs in the tasks
+            check_migration(value)
+            self._migration = value
+            return self
         self._options[key] = str(value).lower() if isinstance(value, bool) else str(value)
         return self
 
@@ -313,12 +323,16 @@ class DataStreamWriter:
             operators=[{"id": s.op_id, **s.operator.describe()} for s in stages],
             clock=clock,
             legacy_clock=needs_clock(stages, legacy=True),
+            migrate=self._migration is not None,
         )
         if is_connect(spark):  # the client may not see the checkpoint: the server's side does
             check_workers(spark, provider_spec)
             prepared = on_server(spark, request)
             if prepared.take_over is not None:  # a checkpoint of Spark's own operators
                 take_over(spark, prepared.take_over, stages)
+                prepared = on_server(spark, request)
+            if prepared.migration is not None:  # the state schemas changed: a migration
+                migrate(spark, prepared.migration, stages, self._migration)
                 prepared = on_server(spark, request)
             if prepared.rescale_to is not None:
                 rescale_at_start(spark, prepared.location, prepared.rescale_to)
@@ -335,6 +349,9 @@ class DataStreamWriter:
             prepared = prepare_checkpoint(request)
             if prepared.take_over is not None:  # a checkpoint of Spark's own operators
                 take_over(spark, prepared.take_over, stages)
+                prepared = prepare_checkpoint(request)
+            if prepared.migration is not None:  # the state schemas changed: a migration
+                migrate(spark, prepared.migration, stages, self._migration)
                 prepared = prepare_checkpoint(request)
             if prepared.rescale_to is not None:  # the query asks for another partition count
                 rescale_at_start(spark, prepared.location, prepared.rescale_to)

@@ -19,6 +19,7 @@ from sparkstate.operators.registry import layout_of
 from sparkstate.operators.state_layout import StateLayout
 from sparkstate.runtime.export import ASIDE_DIR, exported_aside
 from sparkstate.runtime.logs import CheckpointLog
+from sparkstate.runtime.migration import state_root_of
 from sparkstate.runtime.records import BatchCommit
 from sparkstate.store.base import StateStore, StateStoreProvider
 from sparkstate.store.capabilities import provider_over_files
@@ -196,5 +197,5 @@ def open_checkpoint(location: str) -> StateCheckpoint:
         else:
             msg = f"{location} is not a sparkstate checkpoint: it has no sparkstate/metadata.json"
         raise ConfigurationError(msg)
-    state_root = metadata.get("state_location") or log.root
+    state_root = state_root_of(metadata, str(metadata.get("state_location") or log.root))
     return StateCheckpoint(location, log, metadata, str(state_root))

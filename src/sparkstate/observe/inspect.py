@@ -39,6 +39,7 @@ from sparkstate.observe.key_lookup import (
 )
 from sparkstate.observe.metrics import columns
 from sparkstate.observe.progress_log import read_progress_log
+from sparkstate.runtime.migration import MIGRATED
 from sparkstate.runtime.records import BatchCommit, OperatorCommit
 from sparkstate.runtime.take_over import TAKEN_OVER
 from sparkstate.store.base import DEFAULT_CF
@@ -111,7 +112,8 @@ def inspect_checkpoint(
 
 def history(metadata: dict[str, Any]) -> list[dict[str, Any]]:
     """Where the checkpoint's state came from, oldest first: taken over from Spark's own
-    operators after batch N (:mod:`sparkstate.runtime.take_over`)."""
+    operators after batch N (:mod:`sparkstate.runtime.take_over`), migrated to a changed query
+    after batch M (:mod:`sparkstate.runtime.migration`)."""
     out = []
     taken = metadata.get(TAKEN_OVER)
     if taken:
@@ -121,6 +123,15 @@ def history(metadata: dict[str, Any]) -> list[dict[str, Any]]:
                 "batch": int(taken["batch_id"]),
                 "spark_provider": taken.get("spark_provider"),
                 "at": taken.get("at"),
+            }
+        )
+    for done in metadata.get(MIGRATED, []):
+        out.append(
+            {
+                "event": "migrated",
+                "batch": int(done["batch_id"]),
+                "operators": list(done.get("changed", [])),
+                "at": done.get("at"),
             }
         )
     return out

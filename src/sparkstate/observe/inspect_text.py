@@ -100,6 +100,11 @@ def event_text(e: dict[str, Any]) -> str:
             f"taken over from Spark's own operators ({e['spark_provider']}) after its batch "
             f"{e['batch']}, {_when(e['at'])}"
         )
+    if e["event"] == "migrated":
+        return (
+            f"migrated the state of operator(s) {e['operators']} to a changed query after "
+            f"batch {e['batch']}, {_when(e['at'])}"
+        )
     return str(e)
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 from sparkstate.exceptions import ConfigurationError, MissingVersionError
 from sparkstate.observe.checkpoint import StateCheckpoint, open_checkpoint
 from sparkstate.observe.views import CHANGE_COLUMNS, StateView, view_for
+from sparkstate.runtime.migration import MIGRATED
 from sparkstate.store.capabilities import ReadsChanges
 
 __all__ = ["ReadRequest", "StateReader", "state_metadata", "METADATA_SCHEMA"]
@@ -202,7 +203,22 @@ class StateReader:
                     f"{self.batch_id} ({chk.partitions_at(self.batch_id)} partitions)"
                 )
                 raise ConfigurationError(msg)
+        self._check_generation(self.first if request.change_feed else self.batch_id)
         self.view = self._view()
+
+    def _check_generation(self, batch_id: int) -> None:
+        """A batch before the last migration's was written for the query before it: its
+        state is not in the generation the checkpoint reads
+        (:mod:`sparkstate.runtime.migration`)."""
+        migrated = [int(m["batch_id"]) for m in self.checkpoint.metadata.get(MIGRATED, [])]
+        if migrated and batch_id < max(migrated):
+            msg = (
+                f"the state of batch {batch_id} of {self.checkpoint.location} was written for "
+                f"the query before its migration after batch {max(migrated)}: read batch "
+                f"{max(migrated)} or later (the older state is kept, in its old form, under the "
+                "state's earlier generation)"
+            )
+            raise MissingVersionError(msg)
 
     def _view(self) -> StateView:
         families = None

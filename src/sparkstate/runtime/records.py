@@ -216,6 +216,8 @@ class BatchCommit:
     #: A batch that rescaled the state: ``{"from": n, "to": m}`` partitions (see
     #: :class:`BatchIntent`).
     repartition: dict[str, int] | None = None
+    #: A batch whose outcome a migration rewrote (:mod:`sparkstate.runtime.migration`).
+    migration: dict[str, Any] | None = None
 
     def lineage(self) -> dict[int, dict[int, str | None]]:
         """Checkpoint id of version ``batch_id + 1`` per operator and partition."""
@@ -226,7 +228,11 @@ class BatchCommit:
         return {op: dict(c.homes) for op, c in self.operators.items()}
 
     def to_json(self) -> str:
-        extra = {} if self.repartition is None else {"repartition": self.repartition}
+        extra: dict[str, Any] = {}
+        if self.repartition is not None:
+            extra["repartition"] = self.repartition
+        if self.migration is not None:
+            extra["migration"] = self.migration
         return _dumps(
             {
                 **extra,
@@ -266,6 +272,7 @@ class BatchCommit:
                 for op, entry in data["operators"].items()
             },
             repartition=_partition_counts(data.get("repartition")),
+            migration=data.get("migration"),
         )
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.logs import CheckpointLog, engine_root_of
+from sparkstate.runtime.migration import state_root_of
 from sparkstate.runtime.progress import format_time
 from sparkstate.runtime.records import BatchCommit, BatchIntent, OperatorCommit
 from sparkstate.runtime.spark_checkpoint import (
@@ -169,7 +170,7 @@ def rescale_without_state(location: str, num_partitions: int) -> bool:
     engine_root, log_, metadata = _log_of(location)
     if log_.latest_commit() is not None or spark_batches(DurableDir(location))[1]:
         return False
-    root = str(metadata.get("state_location") or engine_root)
+    root = state_root_of(metadata, str(metadata.get("state_location") or engine_root))
     for op in metadata.get("operators", []):
         for p in range(int(metadata["num_partitions"])):
             directory = DurableDir(root).child(StoreId(root, int(op["id"]), p).relative_dir)
@@ -254,7 +255,7 @@ def plan_rescale(
                 repartition={"from": current, "to": num_partitions, "after": last_committed},
             )
         )
-    state_root = metadata.get("state_location") or engine_root
+    state_root = state_root_of(metadata, str(metadata.get("state_location") or engine_root))
     return RescalePlan(
         location=location,
         engine_root=engine_root,

@@ -24,6 +24,12 @@ from sparkstate.runtime.metadata import (
     partitions_asked,
     rescale_target,
 )
+from sparkstate.runtime.migration import (
+    Migration,
+    plan_migration,
+    settle_migration,
+    state_root_of,
+)
 from sparkstate.runtime.rescale import settle_rescale
 from sparkstate.runtime.spark_checkpoint import spark_batches, spark_query_id
 from sparkstate.runtime.take_over import (
@@ -54,6 +60,9 @@ class StartRequest:
     #: Whether the query takes the clock source (new checkpoints; older ones: ``legacy_clock``).
     clock: bool
     legacy_clock: bool
+    #: Whether the query brings a ``stateMigration``: a state schema change Spark refuses
+    #: migrates the state instead (:mod:`sparkstate.runtime.migration`).
+    migrate: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +82,8 @@ class Checkpoint:
     #: A checkpoint of Spark's own stateful operators, to take over before the query runs
     #: (:mod:`sparkstate.runtime.take_over`); ``metadata`` is not written yet.
     take_over: TakeOver | None = None
+    #: The migration of the state to the query's changed operators, before the query runs.
+    migration: Migration | None = None
 
     @property
     def query_id(self) -> str:
@@ -106,6 +117,10 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         log.warning("%s: dropped a take-over of Spark's checkpoint that did not finish", location)
     metadata = log_.read_metadata()
     if metadata is not None:
+        if settle_migration(engine_root):
+            log.warning("%s: finished the migration of the state", location)
+            metadata = log_.read_metadata()
+            assert metadata is not None
         settled = settle_rescale(location)
         if settled:
             log.warning("%s: %s", location, settled)
@@ -152,6 +167,18 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         refuse_state_without_offsets(location, log_)
         operators = _recorded_ids(metadata.get("operators", []), request.operators)
         refusal = check_restart(metadata, request.provider, state_option, operators, log_.root)
+        if refusal is not None and request.migrate:  # the state moves to the changed query
+            root = state_option or engine_root
+            migration = plan_migration(location, engine_root, root, metadata, operators)
+            if migration is not None:
+                return Checkpoint(
+                    location,
+                    engine_root,
+                    state_root_of(metadata, root),
+                    metadata,
+                    migration=migration,
+                )
+            refusal = None  # no batch committed: no state to migrate
         if refusal is None:  # else the checkpoint stays as it was, and the first batch fails
             rescale_to = rescale_target(metadata, asked)
             recorded = {
@@ -171,7 +198,7 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
     if query_id != metadata["query_id"]:  # Spark's checkpoint was there first
         metadata = {**metadata, "query_id": query_id}
         log_.write_metadata(metadata)
-    state_root = state_option or engine_root
+    state_root = state_root_of(metadata, state_option or engine_root)
     return Checkpoint(location, engine_root, state_root, metadata, rescale_to, refusal)
 
 

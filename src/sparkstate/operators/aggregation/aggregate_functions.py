@@ -174,6 +174,25 @@ class AggregateFunction:
 
     # --- buffers ---------------------------------------------------------------------------------
 
+    def empty_buffers(self) -> list[Any] | None:
+        """The buffers of this aggregate over no rows, as Spark's initial values are (an
+        aggregate added to a running query starts from them); None where they are not plain
+        values (a sketch, a digest)."""
+        func = self.func
+        if func == "count":
+            return [0]
+        if func == "sum":
+            return [None, True] if pa.types.is_decimal(self.output_type) else [None]
+        if func == "avg":
+            return [0 if self._decimal_avg() else 0.0, 0]
+        if func in ("min", "max"):
+            return [None]
+        if func in ("first", "last", "any_value"):
+            return [None, False]
+        if func in ("collect_list", "collect_set"):
+            return [[]]
+        return None
+
     def buffers(self) -> list[tuple[str, pa.DataType]]:
         """The buffers kept in state: (name suffix, type)."""
         func, out = self.func, self.output_type
