@@ -3,7 +3,12 @@ with Spark's output; what it refuses, ours refuses with Spark's condition."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,10 +19,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
-from sparkstate.engine import migrate_job
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
-from sparkstate.runtime import migration as migration_logs
+from sparkstate.runtime.migration import MIGRATED
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector
@@ -214,27 +218,62 @@ def test_a_migration_function_maps_each_old_row_to_new_ones(
     assert sorted(tuple(r) for r in ours.batches[2]) == expected
 
 
-@pytest.mark.parametrize("dies_in", ["commit_migration", "settle_migration"])
-def test_a_migration_that_dies_leaves_the_old_state_or_completes(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dies_in: str
+#: A driver that starts the changed query with ``stateMigration="auto"`` and is SIGKILLed in
+#: the middle of the migration: before its commit point (the new generation written, nothing
+#: committed) or after it (the last batch's outcome rewritten, ``metadata.json`` not).
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    import sparkstate as ss
+    from sparkstate.engine import migrate_job
+    from sparkstate.runtime import migration
+
+    chk, feed, point = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "commit":
+        migrate_job.commit_migration = die
+    else:
+        migration.settle_migration = die
+    builder = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    spark = builder.config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    df = spark.readStream.schema("k string, v long").option("maxFilesPerTrigger", 1).json(feed)
+    counted = ss.stream(df).groupBy("k").agg(
+        F.count("*").alias("n"), F.sum("v").alias("total"), F.max("v").alias("top")
+    )
+    writer = counted.writeStream.outputMode("update").format("noop")
+    writer.option("stateMigration", "auto").option("checkpointLocation", chk).start()
+    """
+)
+
+
+@pytest.mark.parametrize("dies_in", ["commit", "settle"])
+def test_a_killed_migration_leaves_the_old_state_or_completes(
+    spark: SparkSession, tmp_path: Path, dies_in: str
 ) -> None:
-    """Before its commit point the old query still runs on the checkpoint, and the migration
-    runs again at the next start that asks for it; after it, the next start finishes it."""
+    """The driver SIGKILLed in the middle of the migration: before its commit point the old
+    query still runs on the checkpoint, and the migration runs again at the next start that
+    asks for it; after it, the next start finishes it. The counts go on either way."""
     feed, chk, ours = FileFeed(tmp_path / "input"), tmp_path / "chk", Collector()
     for rows in FILES[:2]:
         feed.add(rows)
     _run(spark, feed, chk, count_only, ours)
-
-    def dies(*args: Any, **kwargs: Any) -> None:
-        msg = "killed"
-        raise OSError(msg)
-
-    module = migration_logs if dies_in == "settle_migration" else migrate_job
-    monkeypatch.setattr(module, dies_in, dies)
-    with pytest.raises(OSError, match="killed"):
-        _run(spark, feed, chk, count_sum_max, Collector(), stateMigration="auto")
-    monkeypatch.undo()
-    if dies_in == "commit_migration":  # the old query goes on from the old state
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED, str(chk), str(feed.path), dies_in],
+        env=env,
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    metadata = json.loads((chk / "sparkstate" / "metadata.json").read_text())
+    assert MIGRATED not in metadata  # killed before metadata.json followed, either way
+    if dies_in == "commit":  # the old query goes on from the old state
         feed.add(FILES[2][:1])
         _run(spark, feed, chk, count_only, ours)
         assert sorted(tuple(r) for r in ours.batches[2]) == [("b", 2)]
@@ -243,3 +282,5 @@ def test_a_migration_that_dies_leaves_the_old_state_or_completes(
     last = max(ours.batches)
     counts = {k: len(vs) for k, vs in _by_key(FILES[0] + FILES[1] + FILES[2]).items()}
     assert {r[0]: r[1] for r in ours.batches[last]} == {k: counts[k] for k in _by_key(FILES[2][1:])}
+    (migrated,) = json.loads((chk / "sparkstate" / "metadata.json").read_text())[MIGRATED]
+    assert migrated["changed"] == [0]
