@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.engine.batch_job import engine_settings
-from sparkstate.engine.rescale_job import on_checkpoint
+from sparkstate.engine.rescale_job import on_checkpoint, write_unwritten
 from sparkstate.engine.spark_versions import from_arrow_type
 from sparkstate.engine.stage import Stage
 from sparkstate.engine.state_source import register
@@ -37,7 +37,7 @@ from sparkstate.engine.take_over_job import (
     write_schemas,
 )
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.observe.rescale import OperatorMove, write_partition
+from sparkstate.observe.rescale import OperatorMove
 from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.state_views import as_struct
@@ -115,14 +115,10 @@ def migrate(spark: SparkSession, plan: Migration, stages: list[Stage], how: Any)
 def _commit(
     arg: tuple[Migration, list[OperatorMove], dict[int, dict[int, tuple[str, int]]]],
 ) -> None:
-    """Give a partition no key went to an empty version; commit."""
     plan, moves, written = arg
-    for m in moves:
-        for p in range(plan.num_partitions):
-            if p not in written[m.op_id]:
-                written[m.op_id][p] = write_partition(
-                    plan.state_root, plan.provider, m.op_id, p, plan.version, [], m.derive
-                )
+    write_unwritten(
+        plan.state_root, plan.provider, moves, plan.num_partitions, plan.version, written
+    )
     commit_migration(plan, written)
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "rescale_locked",
     "run_repartition",
     "write_moved",
+    "write_unwritten",
     "written_by_key",
 ]
 
@@ -196,15 +197,29 @@ def _plan(arg: tuple[str, int, bool, bool, bool]) -> tuple[RescalePlan, list[Ope
 def _commit(
     arg: tuple[RescalePlan, list[OperatorMove], dict[int, dict[int, tuple[str, int]]]],
 ) -> None:
-    """Give a new partition no key went to (no task ran there) an empty version; commit."""
     plan, moves, written = arg
+    write_unwritten(
+        plan.state_root, plan.provider, moves, plan.to_partitions, plan.version, written
+    )
+    commit_rescale(plan, written)
+
+
+def write_unwritten(
+    state_root: str,
+    provider: str,
+    moves: list[OperatorMove],
+    num_partitions: int,
+    version: int,
+    written: dict[int, dict[int, tuple[str, int]]],
+) -> None:
+    """Give each partition no key went to (no task wrote it) an empty version, into
+    ``written`` (per operator and partition: the checkpoint id written and its rows)."""
     for m in moves:
-        for p in range(plan.to_partitions):
+        for p in range(num_partitions):
             if p not in written[m.op_id]:
                 written[m.op_id][p] = write_partition(
-                    plan.state_root, plan.provider, m.op_id, p, plan.version, [], m.derive
+                    state_root, provider, m.op_id, p, version, [], m.derive
                 )
-    commit_rescale(plan, written)
 
 
 def _move(

@@ -29,11 +29,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from sparkstate.engine.batch_job import engine_settings, session_conf
-from sparkstate.engine.rescale_job import WRITTEN, on_checkpoint, write_moved, written_by_key
+from sparkstate.engine.rescale_job import (
+    WRITTEN,
+    on_checkpoint,
+    write_moved,
+    write_unwritten,
+    written_by_key,
+)
 from sparkstate.engine.spark_versions import from_arrow_type, to_arrow_type
 from sparkstate.engine.stage import Stage
 from sparkstate.observe.key_lookup import partition_columns
-from sparkstate.observe.rescale import FAMILY, KEY, VALUE, OperatorMove, write_partition
+from sparkstate.observe.rescale import FAMILY, KEY, VALUE, OperatorMove
 from sparkstate.observe.spark_hash import spark_partition
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.registry import layout_of
@@ -347,13 +353,7 @@ def _commit(
         TakeOver, list[OperatorMove], dict[int, dict[int, tuple[str, int]]], dict[str, Any] | None
     ],
 ) -> None:
-    """Give a partition no key went to an empty version; commit."""
     plan, moves, written, clock = arg
     provider = str(plan.metadata["provider"])
-    for m in moves:
-        for p in range(plan.num_partitions):
-            if p not in written[m.op_id]:
-                written[m.op_id][p] = write_partition(
-                    plan.state_root, provider, m.op_id, p, plan.version, [], m.derive
-                )
+    write_unwritten(plan.state_root, provider, moves, plan.num_partitions, plan.version, written)
     commit_take_over(plan, written, clock)

@@ -53,16 +53,12 @@ class Deduplicate(StatefulOperator):
     """``dropDuplicates(columns)``; with ``event_time`` among them, keys expire by watermark."""
 
     kind: ClassVar[str] = "dedup"
+    exported_to_spark: ClassVar[bool] = True
     renames_keep_state: ClassVar[bool] = True
     nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "dedupe"
     output_in_state: ClassVar[bool] = False
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
-
-    @classmethod
-    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
-        """Spark keeps it in one store, under the key the reader shows, hashed whole."""
-        return [DEFAULT_CF]
 
     def __init__(
         self,

@@ -82,6 +82,7 @@ class StreamingJoin(StatefulOperator):
     """``left.join(right, condition, how)`` over two streams, state in the store."""
 
     kind: ClassVar[str] = "join"
+    exported_to_spark: ClassVar[bool] = True
     progress_name: ClassVar[str] = "symmetricHashJoin"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append",)
     #: Spark keeps two stores per side; ours keeps a side's rows in one column family.
@@ -188,11 +189,6 @@ class StreamingJoin(StatefulOperator):
         return super().state_view(
             described, families, store_name=store_name, join_side=join_side, flatten=flatten
         )
-
-    @classmethod
-    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
-        """Spark's four stores, two a side (its join state format 2)."""
-        return list(cls.spark_store_names)
 
     @classmethod
     def spark_partitioning(

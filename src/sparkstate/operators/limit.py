@@ -41,15 +41,11 @@ class StreamingLimit(StatefulOperator):
     """``limit(n)`` on a stream in append mode: the first ``limit`` rows the query ever sees."""
 
     kind: ClassVar[str] = "limit"
+    exported_to_spark: ClassVar[bool] = True
     progress_name: ClassVar[str] = "globalLimit"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append",)
     output_in_state: ClassVar[bool] = False
     unkeyed: ClassVar[str | None] = "is a streaming limit: its state has no keys to look up"
-
-    @classmethod
-    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
-        """Spark keeps it in one store."""
-        return [DEFAULT_CF]
 
     @classmethod
     def spark_partitioning(

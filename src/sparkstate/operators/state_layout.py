@@ -48,6 +48,9 @@ class StateLayout:
     #: Whether Spark keeps the state without its columns' names, so that a restart that only
     #: renames columns (a grouping column, an aggregate's alias) goes on with it.
     renames_keep_state: ClassVar[bool] = False
+    #: Whether ``sparkstate export`` writes the state in the form of Spark's default provider
+    #: (:meth:`spark_stores`, :meth:`spark_partitioning`).
+    exported_to_spark: ClassVar[bool] = False
 
     @classmethod
     def state_view(
@@ -120,7 +123,7 @@ class StateLayout:
         """Spark's stores of this operator's state, for ``sparkstate export``, each read with
         the reader's ``storeName`` (``default``: the operator's own view); None where
         sparkstate does not write this state in Spark's form."""
-        return None
+        return list(cls.spark_store_names) if cls.exported_to_spark else None
 
     @classmethod
     def spark_partitioning(

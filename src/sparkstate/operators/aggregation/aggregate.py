@@ -122,15 +122,11 @@ class StreamingAggregate(StatefulOperator):
     """
 
     kind: ClassVar[str] = "aggregate"
+    exported_to_spark: ClassVar[bool] = True
     renames_keep_state: ClassVar[bool] = True
     nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "stateStoreSave"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
-
-    @classmethod
-    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
-        """Spark keeps it in one store."""
-        return [DEFAULT_CF]
 
     @classmethod
     def spark_partitioning(

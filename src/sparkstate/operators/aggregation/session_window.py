@@ -87,16 +87,12 @@ class SessionWindowAggregate(StatefulOperator):
     """
 
     kind: ClassVar[str] = "session_window_aggregate"
+    exported_to_spark: ClassVar[bool] = True
     progress_name: ClassVar[str] = "sessionWindowStateStoreSaveExec"
     rows_are_keys: ClassVar[bool] = False
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "complete")
     #: A key's sessions are looked up by the key, and evicted in the order of their ends.
     nested_keys: ClassVar[bool] = True
-
-    @classmethod
-    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
-        """Spark keeps the sessions in one store."""
-        return [DEFAULT_CF]
 
     @classmethod
     def spark_partitioning(

@@ -139,17 +139,13 @@ class FlatMapGroupsWithState(StatefulOperator):
     """
 
     kind: ClassVar[str] = "flatMapGroupsWithState"
+    exported_to_spark: ClassVar[bool] = True
     calls_user_code: ClassVar[bool] = True
     progress_name: ClassVar[str] = "flatMapGroupsWithState"
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
     #: Whether the old timeout of Spark's write rule is the stored one (Scala) or -1 (PySpark).
     compare_with_stored_timeout: ClassVar[bool] = True
     rows_are_keys: ClassVar[bool] = False
-
-    @classmethod
-    def spark_stores(cls, described: dict[str, Any]) -> list[str] | None:
-        """Spark keeps it in one store, under the key the reader shows, hashed whole."""
-        return [DEFAULT_CF]
 
     def __init__(
         self,
