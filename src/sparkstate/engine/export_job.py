@@ -75,7 +75,7 @@ def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int 
         return None
     register(spark)  # the state reader reads the state out
     rows = 0
-    for op in plan.stores:
+    for op in plan.operators:
         layout = layout_of(op.kind)
         for name in layout.spark_stores(op.described) or []:
             reader = spark.read.format("sparkstate").option("batchId", plan.batch_id)
@@ -98,7 +98,7 @@ def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int 
         "%s: exported the state of %d operator(s) to Spark's HDFSBackedStateStoreProvider after "
         "batch %d (%s rows, %.1f s); run the query without ss.stream to go on",
         location,
-        len(plan.stores),
+        len(plan.operators),
         plan.batch_id,
         f"{rows:,}",
         time.perf_counter() - started,

@@ -243,7 +243,7 @@ def _automatic(
         n = batch.num_rows
         if plan is not None:
             values = [
-                old_values[int(what)] if kind == "old" else pa.array([what] * n)
+                old_values[int(what)] if kind == "old" else pa.repeat(pa.scalar(what), n)
                 for kind, what in plan
             ]
         elif len(old_values) == value_type.num_fields:

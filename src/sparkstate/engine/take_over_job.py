@@ -155,7 +155,7 @@ class StateTarget(Protocol):
     @property
     def num_partitions(self) -> int: ...
     @property
-    def metadata(self) -> dict[str, Any]: ...
+    def provider(self) -> str: ...
     @property
     def version(self) -> int: ...
     def schema_record(self, families: dict[str, Any]) -> dict[str, Any]: ...
@@ -290,7 +290,7 @@ def converted_and_written(
     ``in_place``, each Spark partition's rows by the task that read them (its first rows
     checked to be in the partition the engine's shuffle sends them to: :class:`_Misplaced`
     where one is not); else sent there by a shuffle first."""
-    provider = str(plan.metadata["provider"])
+    provider = plan.provider
     convert = _converter(move, operator)
     if not in_place:
         schema = move.schema
@@ -354,6 +354,6 @@ def _commit(
     ],
 ) -> None:
     plan, moves, written, clock = arg
-    provider = str(plan.metadata["provider"])
+    provider = plan.provider
     write_unwritten(plan.state_root, provider, moves, plan.num_partitions, plan.version, written)
     commit_take_over(plan, written, clock)

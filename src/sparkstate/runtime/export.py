@@ -51,7 +51,7 @@ __all__ = [
     "EXPORTED",
     "HDFS_PROVIDER",
     "Export",
-    "SparkStore",
+    "ExportedOperator",
     "commit_export",
     "exported_aside",
     "plan_export",
@@ -63,11 +63,10 @@ EXPORTED = "exported.json"
 #: Where the engine's directory goes once the checkpoint is Spark's again, beside it.
 ASIDE_DIR = "sparkstate-exported"
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-_STATE_DIR = "state"
 
 
 @dataclasses.dataclass(frozen=True)
-class SparkStore:
+class ExportedOperator:
     """One operator whose state is exported: its id, kind, and entry in ``metadata.json``."""
 
     op_id: int
@@ -85,7 +84,7 @@ class Export:
     num_partitions: int
     #: sparkstate's watermark for the batch after ``batch_id``.
     next_watermark_ms: int
-    stores: list[SparkStore]
+    operators: list[ExportedOperator]
 
     @property
     def version(self) -> int:
@@ -97,7 +96,7 @@ class Export:
             "batch_id": self.batch_id,
             "next_watermark_ms": self.next_watermark_ms,
             "num_partitions": self.num_partitions,
-            "operators": [s.op_id for s in self.stores],
+            "operators": [o.op_id for o in self.operators],
             "at": format_time(time.time()),
         }
 
@@ -148,7 +147,9 @@ def plan_export(location: str, engine_root: str) -> Export | None:
         batch_id=batch_id,
         num_partitions=int(metadata["num_partitions"]),
         next_watermark_ms=int(commit.watermark.get("watermark_ms", commit.watermark_ms)),
-        stores=[SparkStore(op_id, kinds[op_id], described[op_id]) for op_id in sorted(kinds)],
+        operators=[
+            ExportedOperator(op_id, kinds[op_id], described[op_id]) for op_id in sorted(kinds)
+        ],
     )
 
 
@@ -182,24 +183,15 @@ def settle_export(location: str, engine_root: str) -> bool:
         if is_clock(lines[-1]):
             lines = lines[:-1]
         rewrite_spark_file(spark.child(OFFSETS_DIR), b, "\n".join(lines))
-    aside = spark.child(ASIDE_DIR).child(str(batch_id))
-    for entry in root.walk():
-        if entry.name in (EXPORTED, LOCK_FILE):
-            continue
-        directory, _, name = entry.name.rpartition("/")
-        (root.child(directory) if directory else root).move_to(
-            name, aside.child(directory) if directory else aside
-        )
-    root.move_to(EXPORTED, aside)
+    root.move_tree_to(spark.child(ASIDE_DIR).child(str(batch_id)), keep=(EXPORTED, LOCK_FILE))
+    # the mark last, beside the logs it names: a kill before it leaves it to finish this again
+    spark.child(ASIDE_DIR).write_atomic(f"{batch_id}.json", root.read(EXPORTED))
+    root.delete(EXPORTED)
     return True
 
 
 def exported_aside(location: str) -> list[int]:
-    """The batches after which the checkpoint was handed back to Spark (its engine's
-    directories set aside)."""
-    aside = DurableDir(location).child(ASIDE_DIR)
-    return sorted(
-        int(e.name.split("/", 1)[0])
-        for e in aside.walk()
-        if e.name.endswith("/" + EXPORTED) and e.name.split("/", 1)[0].isdigit()
-    )
+    """The batches after which the checkpoint was handed back to Spark (each export's record,
+    ``<N>.json``, beside the engine's directory it set aside)."""
+    names = DurableDir(location).child(ASIDE_DIR).names()
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())

@@ -86,10 +86,6 @@ class Migration:
         return self.batch_id + 1
 
     @property
-    def metadata(self) -> dict[str, Any]:
-        return {"provider": self.provider}
-
-    @property
     def changed(self) -> list[int]:
         """The ids of the operators whose description changed."""
         old = {int(o["id"]): o for o in self.old_operators}

@@ -114,6 +114,11 @@ class TakeOver:
     metadata: dict[str, Any]
 
     @property
+    def provider(self) -> str:
+        """sparkstate's provider the state is written for."""
+        return str(self.metadata["provider"])
+
+    @property
     def version(self) -> int:
         """The state version the take-over writes (the one batch ``batch_id + 1`` loads)."""
         return self.batch_id + 1
@@ -359,13 +364,7 @@ def _set_aside_operator_metadata(
         where = f"{op_id}/_metadata"
         metadata = spark.child(_STATE_DIR).child(where)
         aside = engine_root.child(SET_ASIDE).child(_STATE_DIR).child(where)
-        found = metadata.walk()
-        for entry in found:
-            directory, _, name = entry.name.rpartition("/")
-            source = metadata.child(directory) if directory else metadata
-            target = aside.child(directory) if directory else aside
-            source.move_to(name, target)
-        if found:
+        if metadata.move_tree_to(aside):
             metadata.delete_all()
             moved = True
     return moved

@@ -446,6 +446,19 @@ class DurableDir:
             msg = f"cannot move {self.where(name)} to {other.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
 
+    def move_tree_to(self, other: DurableDir, keep: tuple[str, ...] = ()) -> int:
+        """Move every file below this directory into ``other``, at the same relative paths,
+        but those named in ``keep`` (directly in this one); returns how many moved."""
+        moved = 0
+        for entry in self.walk():
+            if entry.name in keep:
+                continue
+            directory, _, name = entry.name.rpartition("/")
+            source = self.child(directory) if directory else self
+            source.move_to(name, other.child(directory) if directory else other)
+            moved += 1
+        return moved
+
     def append(self, name: str, data: bytes) -> None:
         """Add ``data`` at the end of ``name``, on a local file system only: object stores cannot
         append (give each record a file of its own there)."""
