@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate.engine.batch_job import session_conf
-from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.observe.progress_log import read_progress_log
@@ -320,34 +320,99 @@ def test_a_take_over_that_fails_leaves_sparks_checkpoint_or_completes(
     assert ours.batches == expected.batches
 
 
-def test_an_operator_not_taken_over_yet_is_refused_and_the_checkpoint_left_as_it_was(
+LEFT, RIGHT = "lk string, lv long, lt timestamp", "rk string, rv long, rt timestamp"
+#: Per batch, the left's file and the right's: matches, rows that wait, rows that never match.
+JOIN_BATCHES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
+    (
+        [{"lk": "a", "lv": 1, "lt": at(1)}, {"lk": "b", "lv": 2, "lt": at(5)}],
+        [{"rk": "a", "rv": 10, "rt": at(2)}, {"rk": "c", "rv": 30, "rt": at(3)}],
+    ),
+    (
+        [{"lk": "c", "lv": 3, "lt": at(6)}, {"lk": "a", "lv": 4, "lt": at(4)}],
+        [{"rk": "b", "rv": 20, "rt": at(7)}, {"rk": "a", "rv": 11, "rt": at(5)}],
+    ),
+    (
+        [{"lk": "d", "lv": 5, "lt": at(30)}, {"lk": "b", "lv": 6, "lt": at(8)}],
+        [{"rk": "b", "rv": 21, "rt": at(9)}, {"rk": "d", "rv": 40, "rt": at(31)}],
+    ),
+    ([{"lk": "e", "lv": 7, "lt": at(60)}], [{"rk": "e", "rv": 50, "rt": at(61)}]),
+]
+
+
+def joined(left: DataFrame, right: DataFrame, how: str) -> DataFrame:
+    condition = F.expr("lk = rk AND lt BETWEEN rt - interval 5 seconds AND rt + interval 5 seconds")
+    return left.withWatermark("lt", "10 seconds").join(
+        right.withWatermark("rt", "10 seconds"), condition, how
+    )
+
+
+@pytest.mark.parametrize(
+    ("how", "spark_store", "provider"),
+    [
+        pytest.param("inner", "hdfs", PROVIDERS[-1], id="inner-hdfs"),
+        pytest.param("leftOuter", "rocksdb", PROVIDERS[0], id="leftOuter-rocksdb"),
+        pytest.param("fullOuter", "rocksdb-changelog-v2", PROVIDERS[-1], id="fullOuter-rocksdb-v2"),
+    ],
+)
+def test_a_stream_stream_join_goes_on_from_sparks_checkpoint(
+    spark: SparkSession, tmp_path: Path, how: str, spark_store: str, provider: str
+) -> None:
+    """Both sides' rows, with their matched flags, taken over from Spark's four stores: the
+    rows that arrive later match them, and an outer join emits those that never matched when
+    the watermark passes them, as Spark's own restart does."""
+    feeds = {side: FileFeed(tmp_path / side) for side in ("left", "right")}
+    spark_chk, ours_chk = tmp_path / "spark", tmp_path / "ours"
+
+    def run(collector: Collector, chk: Path, *, wrapped: bool) -> None:
+        left, right = feeds["left"].stream(spark, LEFT), feeds["right"].stream(spark, RIGHT)
+        writer = joined(ss.stream(left) if wrapped else left, right, how).writeStream
+        writer = writer.outputMode("append").foreachBatch(collector)
+        if wrapped:
+            writer = writer.option("stateStore", provider)
+        query = writer.option("checkpointLocation", str(chk)).start()
+        query.processAllAvailable()
+        query.stop()
+
+    first = Collector()
+    with session_conf(spark, SPARK_STORES[spark_store]):
+        for left_rows, right_rows in JOIN_BATCHES[:2]:
+            feeds["left"].add(left_rows)
+            feeds["right"].add(right_rows)
+            run(first, spark_chk, wrapped=False)
+    shutil.copytree(spark_chk, ours_chk)
+    for left_rows, right_rows in JOIN_BATCHES[2:]:
+        feeds["left"].add(left_rows)
+        feeds["right"].add(right_rows)
+    expected, ours = Collector(), Collector()
+    for _ in range(2):
+        run(expected, spark_chk, wrapped=False)
+        run(ours, ours_chk, wrapped=True)
+    assert ours.batches == expected.batches
+    assert min(ours.batches) == max(first.batches) + 1
+    left_rows = spark.read.format("sparkstate").option("joinSide", "left").load(str(ours_chk))
+    assert left_rows.count() > 0  # the rows the later batches still hold, as ours
+
+
+def test_a_join_of_other_columns_is_refused_and_the_checkpoint_left_as_it_was(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """A stream-stream join's state is not taken over yet: the start says so, and writes
-    nothing into Spark's checkpoint."""
+    """A join whose side keeps other columns than Spark's state of it is refused with Spark's
+    condition, and nothing is written into Spark's checkpoint."""
     chk = tmp_path / "chk"
-    left_feed, right_feed = FileFeed(tmp_path / "left"), FileFeed(tmp_path / "right")
-    left_feed.add([{"k": "a", "v": 1}])
-    right_feed.add([{"k": "b", "w": 2}])
-
-    def join(left: Any) -> Any:
-        return left.join(right_feed.stream(spark, "k string, w long"), "k")
-
-    query = (
-        join(left_feed.stream(spark, "k string, v long"))
-        .writeStream.foreachBatch(Collector())
-        .option("checkpointLocation", str(chk))
-        .start()
-    )
+    feeds = {side: FileFeed(tmp_path / side) for side in ("left", "right")}
+    feeds["left"].add(JOIN_BATCHES[0][0])
+    feeds["right"].add(JOIN_BATCHES[0][1])
+    left, right = feeds["left"].stream(spark, LEFT), feeds["right"].stream(spark, RIGHT)
+    query = joined(left, right, "inner").writeStream.foreachBatch(Collector())
+    query = query.option("checkpointLocation", str(chk)).start()
     query.processAllAvailable()
     query.stop()
     before = sorted(p.relative_to(chk) for p in chk.rglob("*"))
-    writer = join(ss.stream(left_feed.stream(spark, "k string, v long"))).writeStream
-    writer = writer.foreachBatch(Collector()).option("checkpointLocation", str(chk))
-    with pytest.raises(
-        ConfigurationError, match="symmetricHashJoin operator wrote is not supported"
-    ):
-        writer.start()
+    other = ss.stream(feeds["left"].stream(spark, LEFT)).withColumnRenamed("lv", "lv2")
+    writer = joined(other, right, "inner").writeStream.foreachBatch(Collector())
+    with pytest.raises(SchemaMismatchError, match="lv2") as refused:
+        writer.option("checkpointLocation", str(chk)).start()
+    assert refused.value.condition == "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"
     assert sorted(p.relative_to(chk) for p in chk.rglob("*")) == before
 
 

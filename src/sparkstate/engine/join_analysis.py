@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow.compute as pc
@@ -327,7 +327,7 @@ class JoinAnalysis:
             "right": jt in ("rightOuter", "fullOuter"),
         }
         frames: dict[str, DataFrame] = {}
-        shapes: dict[str, Callable[[DataFrame], DataFrame]] = {}
+        shapes: dict[str, Callable[[DataFrame, Sequence[str]], DataFrame]] = {}
         parts: dict[str, tuple[list[StructField], str | None, str | None, pc.Expression | None]]
         parts = {}
         sides = {"left": self.left, "right": self.right, **self.carried}
@@ -365,7 +365,7 @@ class JoinAnalysis:
                 for col in key_columns(i, a if s == "left" else b, self.sql)
             ]
             shapes[s] = side_shape(pred, [*key_cols, *cols, *extra_cols])
-            frames[s] = shapes[s](df)
+            frames[s] = shapes[s](df, ())
             fields = [f for f in frames[s].schema.fields if not f.name.startswith("__ss_k")]
             parts[s] = (fields, event_time, late_time, side_only)
         # Key types: the left side's; the right side's keys are cast to them.
@@ -393,7 +393,7 @@ class JoinAnalysis:
             condition,
             self._column_names(keys),
         )
-        union_of = self._union(frames, key_struct, shapes)
+        union_of, side_rows = self._union(frames, key_struct, shapes)
         union = union_of(sides["left"], sides["right"], ())
         output_struct = StructType(
             [
@@ -419,6 +419,7 @@ class JoinAnalysis:
             {side: "input" if i == 0 else f"input.{i}" for i, (side, *_) in enumerate(watermarks)},
             pushed=self._pushed(keys, only, preserved),
             key_struct=key_struct,
+            side_rows=side_rows,
         )
 
     def _pushed(
@@ -445,11 +446,15 @@ class JoinAnalysis:
         self,
         frames: dict[str, DataFrame],
         key_struct: StructType,
-        shapes: dict[str, Callable[[DataFrame], DataFrame]],
-    ) -> Callable[[DataFrame, DataFrame, tuple[str, ...]], DataFrame]:
+        shapes: dict[str, Callable[[DataFrame, Sequence[str]], DataFrame]],
+    ) -> tuple[
+        Callable[[DataFrame, DataFrame, tuple[str, ...]], DataFrame],
+        Callable[[str, DataFrame, Sequence[str]], DataFrame],
+    ]:
         """The tagged union of a left and a right DataFrame (shaped as the sides are), the
         sides named in its third argument shuffled by the join key (into the session's
-        shuffle partitions, the state partitions while a batch runs)."""
+        shuffle partitions, the state partitions while a batch runs); and one side's rows
+        alone as the union holds them (:attr:`JoinPlan.side_rows`)."""
         left_fields = frames["left"].schema.fields
         right_fields = frames["right"].schema.fields
         lcols = [f for f in left_fields if not f.name.startswith("__ss_k")]
@@ -470,16 +475,18 @@ class JoinAnalysis:
 
         by_key = [F.col(f.name) for f in key_struct.fields]
 
+        selects = {"left": left_select, "right": right_select}
+
+        def side_rows(side: str, rows: DataFrame, keep: Sequence[str]) -> DataFrame:
+            return shapes[side](rows, keep).select(*selects[side], *keep)
+
         def union_of(left: DataFrame, right: DataFrame, shuffled: tuple[str, ...]) -> DataFrame:
-            frames = {
-                "left": shapes["left"](left).select(*left_select),
-                "right": shapes["right"](right).select(*right_select),
-            }
+            frames = {"left": side_rows("left", left, ()), "right": side_rows("right", right, ())}
             for s in shuffled:
                 frames[s] = frames[s].repartition(*by_key)
             return frames["left"].unionByName(frames["right"])
 
-        return union_of
+        return union_of, side_rows
 
     def _column_names(self, keys: list[tuple[Any, Any]]) -> dict[str, str]:
         """The query's names of the operator's key and side columns (for the state reader)."""

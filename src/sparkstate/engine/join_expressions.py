@@ -4,7 +4,7 @@ window) travels as its fields."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -46,11 +46,14 @@ def stateful_side(side: str, stateful: str) -> str:
     )
 
 
-def side_shape(pred: Column | None, columns: list[Column]) -> Callable[[DataFrame], DataFrame]:
-    """A side's DataFrame as the join reads it: filtered by ``pred``, then ``columns``."""
+def side_shape(
+    pred: Column | None, columns: list[Column]
+) -> Callable[[DataFrame, Sequence[str]], DataFrame]:
+    """A side's DataFrame as the join reads it: filtered by ``pred``, then ``columns`` (and the
+    columns named in the second argument, carried as they are)."""
 
-    def shape(df: DataFrame) -> DataFrame:
-        return (df if pred is None else df.where(pred)).select(*columns)
+    def shape(df: DataFrame, keep: Sequence[str] = ()) -> DataFrame:
+        return (df if pred is None else df.where(pred)).select(*columns, *keep)
 
     return shape
 

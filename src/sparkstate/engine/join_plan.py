@@ -154,6 +154,7 @@ def plan_join_step(step: JoinStep, at: PlanContext) -> Planned:
         inputs=dict(plan.tracker_inputs),
         source=plan.source(at.op_id),
         key_struct=plan.key_struct,
+        side_rows=plan.side_rows,
     )
     names = [f.name for f in plan.output_struct.fields]
     output = plan.union.select(*names).select(*plan.output_columns)

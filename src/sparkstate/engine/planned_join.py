@@ -4,7 +4,7 @@ input (the tagged union of both sides) and output, and the stages of its sides' 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql.types import StructType
@@ -50,6 +50,10 @@ class JoinPlan:
     pushed: dict[str, list[tuple[frozenset[str], str]]] = dataclasses.field(default_factory=dict)
     #: Spark's types of the join key's columns, the key of both sides' state.
     key_struct: StructType = dataclasses.field(default_factory=StructType)
+    #: One side's rows (``left`` or ``right``; a DataFrame of the side's columns, by the names
+    #: the query gives them) as the operator's input holds them, the columns named in the
+    #: third argument carried along: Spark's state of the join, taken over.
+    side_rows: Callable[[str, DataFrame, Sequence[str]], DataFrame] | None = None
     #: What Spark refuses of a side's steps when the query starts, not where it is written
     #: (its streaming checks, such as a deduplication within a watermark the side lacks).
     refused: Exception | None = None

@@ -4,7 +4,7 @@ takes (:class:`PlanContext`) and gives back (:class:`Planned`)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
@@ -60,6 +60,9 @@ class Stage:
     #: output with another input's rows or outputs (engine/union_plan.py), from the query's
     #: input and the outputs of the stages that ran, by operator id.
     query_output: Callable[[DataFrame, dict[int, DataFrame]], DataFrame] | None = None
+    #: A join's: one side's rows as the operator's input holds them
+    #: (:attr:`~sparkstate.engine.planned_join.JoinPlan.side_rows`), for its take-over.
+    side_rows: Callable[[str, DataFrame, Sequence[str]], DataFrame] | None = None
     #: ``partition_columns`` as Spark takes them, made at the first batch.
     _shuffle_by: tuple[tuple[str, ...], ColumnSeq] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
@@ -38,11 +39,15 @@ from sparkstate.engine.rescale_job import (
 )
 from sparkstate.engine.spark_versions import from_arrow_type, to_arrow_type
 from sparkstate.engine.stage import Stage
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.observe.key_lookup import partition_columns
 from sparkstate.observe.rescale import FAMILY, KEY, VALUE, OperatorMove
 from sparkstate.observe.spark_hash import spark_partition
 from sparkstate.operators.base import StatefulOperator
+from sparkstate.operators.join import MATCHED, SPARK_INDEX
+from sparkstate.operators.join_state import KEY_WITH_INDEX_TO_VALUE
 from sparkstate.operators.registry import layout_of
+from sparkstate.operators.spark_state import VALUE_NOT_COMPATIBLE
 from sparkstate.runtime.take_over import TakeOver, begin_take_over, commit_take_over
 from sparkstate.runtime.triggers import next_request
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
@@ -76,7 +81,7 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
             StatefulOperator.from_spark_state(s.operator, pa.array([]), pa.array([]))
     moves = [move_of(plan, s.op_id, s.operator) for s in stages]
     with session_conf(spark, plan.read_conf):
-        states = [_spark_state(spark, plan, s.op_id) for s in stages]
+        states = [_spark_state(spark, plan, s) for s in stages]
     for state, s in zip(states, stages, strict=True):  # refused here, before anything is written
         _check_schema(state, s.operator)
     on_checkpoint(spark, begin_take_over, plan)
@@ -210,16 +215,20 @@ def write_schemas(arg: tuple[StateTarget, list[tuple[OperatorMove, dict[str, Any
             directory.write_atomic(SCHEMA_FILE, json.dumps(record, indent=2).encode())
 
 
-def _spark_state(spark: SparkSession, plan: TakeOver, op_id: int) -> DataFrame:
-    """The state Spark's operator ``op_id`` holds after the batch taken over on: its ``key``
+def _read(spark: SparkSession, plan: TakeOver, op_id: int, store: str | None = None) -> DataFrame:
+    reader = spark.read.format("statestore").option("batchId", plan.batch_id)
+    if store is not None:
+        reader = reader.option("storeName", store)
+    return reader.option("operatorId", op_id).load(plan.location)
+
+
+def _spark_state(spark: SparkSession, plan: TakeOver, stage: Stage) -> DataFrame:
+    """The state Spark's operator of ``stage`` holds after the batch taken over on: its ``key``
     and ``value``, the value's fields named by position (Spark's aggregation buffers repeat
     names, ``count, sum, sum, count``, which Arrow refuses)."""
-    state = (
-        spark.read.format("statestore")
-        .option("batchId", plan.batch_id)
-        .option("operatorId", op_id)
-        .load(plan.location)
-    )
+    if stage.side_rows is not None:
+        return _join_state(spark, plan, stage)
+    state = _read(spark, plan, stage.op_id)
     value = state.schema["value"].dataType
     assert isinstance(value, StructType)
     positional = StructType(
@@ -227,6 +236,51 @@ def _spark_state(spark: SparkSession, plan: TakeOver, op_id: int) -> DataFrame:
     )
     return state.select(
         "key", F.col("value").cast(positional).alias("value"), F.col("partition_id")
+    )
+
+
+def _join_state(spark: SparkSession, plan: TakeOver, stage: Stage) -> DataFrame:
+    """The rows both sides of a stream-stream join keep in Spark's state, from each side's
+    ``keyWithIndexToValue`` store (a row under its join key and its place there, with its
+    ``matched`` flag), as the operator's input holds them (the join key and the columns the
+    condition and the watermark read computed as a batch computes them): the ``key`` is the
+    join key, the ``value`` the row with the side it is of, its flag and its place."""
+    assert stage.side_rows is not None
+    sides = []
+    for side in ("left", "right"):
+        state = _read(spark, plan, stage.op_id, f"{side}-{KEY_WITH_INDEX_TO_VALUE}")
+        key, value = (state.schema[c].dataType for c in ("key", "value"))
+        assert isinstance(key, StructType) and isinstance(value, StructType)
+        *columns, flag = value.fieldNames()
+        if flag != "matched":
+            msg = (
+                f"Spark keeps the join's {side} rows without their matched flag (its join state "
+                "format 1): sparkstate takes over join state of format 2 (Spark's default since "
+                "3.0); run the query from a new checkpoint location"
+            )
+            raise ConfigurationError(msg)
+        rows = state.select(
+            *(F.col("value").getField(c).alias(c) for c in columns),
+            F.col("value").getField(flag).alias(MATCHED),
+            F.col("key").getField(key.fieldNames()[-1]).alias(SPARK_INDEX),
+            "partition_id",
+        )
+        try:
+            shaped = stage.side_rows(side, rows, (MATCHED, SPARK_INDEX, "partition_id"))
+            shaped.schema  # noqa: B018 - analysed here, where a missing column is refused
+        except AnalysisException as exc:
+            msg = (
+                f"Spark's state of the join's {side} side keeps the columns {columns}, which do "
+                f"not make this query's {side} side ({exc.getMessage().splitlines()[0]}): the "
+                "query is not the one that wrote the checkpoint"
+            )
+            raise SchemaMismatchError(msg, VALUE_NOT_COMPATIBLE) from exc
+        sides.append(shaped)
+    union = sides[0].unionByName(sides[1])
+    keys = list(stage.partition_columns)
+    carried = [c for c in union.columns if c not in keys and c != "partition_id"]
+    return union.select(
+        F.struct(*keys).alias("key"), F.struct(*carried).alias("value"), "partition_id"
     )
 
 
@@ -314,7 +368,7 @@ def converted_and_written(
     )
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = convert(batches)
+        rows = (b for b in convert(batches) if b.num_rows)
         first = next(rows, None)
         if first is None:  # a partition without state: written empty at the commit
             return

@@ -49,9 +49,17 @@ from sparkstate.operators.join_state import (
     read_counts,
     recount,
     row_schema,
+    side_rows_state,
     side_view,
     unpack_rows,
     write_counts,
+)
+from sparkstate.operators.spark_state import (
+    KEY_NOT_COMPATIBLE,
+    VALUE_NOT_COMPATIBLE,
+    SparkRows,
+    by_name,
+    fields_of,
 )
 from sparkstate.operators.state_layout import DeriveFamilies, Families, ShownStore
 from sparkstate.operators.state_views import StateView
@@ -64,6 +72,7 @@ __all__ = [
     "JOIN_TYPES",
     "MATCHED",
     "SIDE_FAMILIES",
+    "SPARK_INDEX",
     "JoinSide",
     "StreamingJoin",
     "read_counts",
@@ -74,6 +83,8 @@ __all__ = [
 #: Spark's names of the join types a stream-stream join supports.
 JOIN_TYPES = ("inner", "leftOuter", "rightOuter", "fullOuter", "leftSemi")
 SIDE_COLUMN = "__ss_side"
+#: The column of a row's place under its join key in Spark's state (its ``index``), taken over.
+SPARK_INDEX = "__ss_index"
 _ROW = "__ss_row"  # position of a row in its side's input or state table
 _OTHER = "__ss_other"
 
@@ -189,6 +200,32 @@ class StreamingJoin(StatefulOperator):
         return super().state_view(
             described, families, store_name=store_name, join_side=join_side, flatten=flatten
         )
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        """Rows of both sides as the operator's input holds them (the take-over computes them
+        from Spark's rows): ``key`` the join key, ``value`` :data:`SIDE_COLUMN`, each side's
+        columns, the row's :data:`MATCHED` flag and its :data:`SPARK_INDEX`."""
+        keys = by_name(fields_of(key), self.key_schema, KEY_NOT_COMPATIBLE, "join key column")
+        values = dict(fields_of(value))
+        out: SparkRows = {}
+        for code, side in enumerate((self.left, self.right)):
+            mine = pc.equal(values[SIDE_COLUMN], code)
+            rows = by_name(
+                [(c, values[c].filter(mine)) for c in side.names],
+                pa.schema([f.with_nullable(True) for f in side.fields]),
+                VALUE_NOT_COMPATIBLE,
+                f"{side.name} column",
+            )
+            out.update(
+                side_rows_state(
+                    side,
+                    keys.filter(mine),
+                    rows,
+                    values[MATCHED].filter(mine),
+                    values[SPARK_INDEX].filter(mine),
+                )
+            )
+        return out
 
     @classmethod
     def spark_partitioning(

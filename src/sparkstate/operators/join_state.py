@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import to_epoch_micros
 from sparkstate.operators.state_views import StateView, as_struct
-from sparkstate.operators.ts_index import MARKER, TS_SCHEMA
+from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA, TS_SCHEMA, index_key_schema
 from sparkstate.operators.ts_index import encode_ts as _ts_prefix
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
@@ -38,6 +38,7 @@ __all__ = [
     "read_counts",
     "recount",
     "row_schema",
+    "side_rows_state",
     "side_view",
     "unpack_rows",
     "write_counts",
@@ -147,6 +148,43 @@ def recount(families: pa.Array, keys: pa.Array, values: pa.Array) -> tuple[pa.Ar
         out_keys.append(count_family.physical_key((code,)))
         out_values.append(count_family.value_codec.encode((rows,)))
     return pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary())
+
+
+def side_rows_state(
+    side: JoinSide, keys: pa.Table, rows: pa.Table, matched: pa.Array, index: pa.Array
+) -> dict[str, tuple[pa.Table, pa.Table]]:
+    """One side's state made of its rows, one per row Spark kept: the side's column family
+    (each join key's rows, in the order of their ``index`` under it, with their ``matched``
+    flags) and its time index (where its rows are evicted), as tables of their schemas."""
+    key_schema = keys.schema
+    family = ColumnFamily(SIDE_FAMILIES[side.name], key_schema, ROWS_SCHEMA)
+    encoded = family.key_codec.encode_many_arrow(keys)
+    groups = np.asarray(pc.dictionary_encode(encoded).indices, np.int64)
+    order = np.lexsort((np.asarray(index.fill_null(0), np.int64), groups))
+    counts = np.bincount(groups, minlength=int(groups.max()) + 1 if len(groups) else 0)
+    firsts = order[np.r_[0, np.cumsum(counts)[:-1]]] if len(counts) else order[:0]
+    flagged = rows.take(pa.array(order)).append_column(
+        MATCHED, matched.take(pa.array(order)).fill_null(False)
+    )
+    packed = _pack(ValueCodec(row_schema(side)).encode_many(flagged), counts.tolist())
+    out = {
+        family.name: (
+            keys.take(pa.array(firsts)),
+            pa.table({"rows": pa.array(packed, pa.binary())}, schema=ROWS_SCHEMA),
+        )
+    }
+    if side.state_time is not None:
+        times = to_epoch_micros(rows.column(side.state_time))
+        present = times.is_valid()
+        stamped = pa.table(
+            [times.filter(present), *(c.filter(present) for c in keys.columns)],
+            schema=index_key_schema(key_schema),
+        )
+        unique = stamped.group_by(stamped.column_names, use_threads=False).aggregate([])
+        unique = unique.select(stamped.column_names).cast(stamped.schema)
+        marks = pa.table({"_": pa.repeat(True, unique.num_rows)}, schema=MARKER_SCHEMA)
+        out[f"{side.name}$time"] = (unique, marks)
+    return out
 
 
 def write_counts(store: StateStore, counts: dict[str, int]) -> None:
