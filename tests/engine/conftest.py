@@ -20,6 +20,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 from pyspark.sql import SparkSession  # noqa: E402
+from tests.module_session import WORKER_JVM_CONF  # noqa: E402
 
 from sparkstate.testing import FileFeed  # noqa: E402
 
@@ -49,6 +50,7 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.python.worker.reuse", "true")
+        .config(map=WORKER_JVM_CONF)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
