@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
@@ -23,7 +24,7 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate.engine.batch_job import session_conf
-from sparkstate.exceptions import SchemaMismatchError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.observe.progress_log import read_progress_log
@@ -318,6 +319,155 @@ def test_a_take_over_that_fails_leaves_sparks_checkpoint_or_completes(
         shutil.copytree(backup, switch.ours_chk)
     ours = switch.ours("update", PROVIDERS[0])
     assert ours.batches == expected.batches
+
+
+class Remembers:
+    """A ``StatefulProcessor`` with state of every kind: a count per key (value state), the
+    values seen (list state), a count per value (map state), and an event-time timer 5 s after
+    each key's latest row, at which it says what it holds."""
+
+    def init(self, handle: Any) -> None:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        def one(name: str) -> StructType:
+            return StructType([StructField(name, LongType())])
+
+        self.handle = handle
+        self.count = handle.getValueState("count", one("n"))
+        self.seen = handle.getListState("seen", one("v"))
+        self.per_value = handle.getMapState("perValue", one("v"), one("n"))
+
+    def _said(self, key: str, why: str) -> Any:
+        import pandas as pd
+
+        seen = sorted(v for (v,) in self.seen.get() if v is not None)
+        entries = sorted((k[0], n[0]) for k, n in self.per_value.iterator() if k[0] is not None)
+        return pd.DataFrame(
+            {
+                "k": [key],
+                "n": [self.count.get()[0] if self.count.exists() else 0],
+                "seen": [",".join(map(str, seen))],
+                "per_value": [",".join(f"{v}:{n}" for v, n in entries)],
+                "why": [why],
+            }
+        )
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+        n = self.count.get()[0] if self.count.exists() else 0
+        latest = 0
+        for pdf in rows:
+            n += len(pdf)
+            latest = max(latest, int(pdf["ts"].max().timestamp() * 1000))
+            for v in pdf["v"].dropna().astype("int64"):
+                self.seen.appendValue((int(v),))
+                count = (
+                    self.per_value.getValue((int(v),))[0]
+                    if self.per_value.containsKey((int(v),))
+                    else 0
+                )
+                self.per_value.updateValue((int(v),), (count + 1,))
+        self.count.update((n,))
+        for old in self.handle.listTimers():
+            self.handle.deleteTimer(old)
+        self.handle.registerTimer(latest + 5000)
+        yield self._said(key[0], "rows")
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Any:  # noqa: N802, N803
+        yield self._said(key[0], "timer")
+        self.count.clear()
+
+    def close(self) -> None:
+        pass
+
+
+def remembered(df: Any) -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    processor = type("RemembersProcessor", (Remembers, StatefulProcessor), {})()
+    return (
+        df.withWatermark("ts", "10 seconds")
+        .dropna(subset=["k", "ts"])
+        .groupBy("k")
+        .transformWithStateInPandas(
+            processor,
+            "k string, n long, seen string, per_value string, why string",
+            "update",
+            "EventTime",
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("spark_store", "provider"),
+    [
+        pytest.param("rocksdb", PROVIDERS[0], id="rocksdb"),
+        pytest.param("rocksdb-changelog-v2", PROVIDERS[-1], id="rocksdb-changelog-v2"),
+    ],
+)
+def test_a_stateful_processor_goes_on_from_sparks_checkpoint(
+    spark: SparkSession, tmp_path: Path, spark_store: str, provider: str
+) -> None:
+    """``transformWithStateInPandas`` with value, list and map state and event-time timers:
+    each state variable and the registered timers taken over from Spark's state (which Spark
+    keeps in RocksDB only), so the later rows add to the values, lists and maps, and the timers
+    fire at Spark's batches."""
+    switch = Switch(spark, tmp_path, remembered)
+    first = switch.run_spark_first("update", SPARK_STORES[spark_store])
+    expected = switch.expected("update")
+    ours = switch.ours("update", provider)
+    assert ours.batches == expected.batches
+    assert min(ours.batches) == max(first.batches) + 1
+    assert any("timer" in str(rows) for rows in ours.batches.values())
+
+
+class CountsForAnHour:
+    """A ``StatefulProcessor`` counting each key's rows in a value state with a TTL."""
+
+    def init(self, handle: Any) -> None:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        schema = StructType([StructField("n", LongType())])
+        self.count = handle.getValueState("count", schema, 3_600_000)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+        import pandas as pd
+
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(p) for p in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+def counted_for_an_hour(df: Any) -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    processor = type("CountsForAnHourProcessor", (CountsForAnHour, StatefulProcessor), {})()
+    return (
+        df.dropna(subset=["k"])
+        .groupBy("k")
+        .transformWithStateInPandas(processor, "k string, n long", "update", "ProcessingTime")
+    )
+
+
+def test_state_with_a_ttl_is_refused_and_the_checkpoint_left_as_it_was(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark's state data source does not show when a TTL's values expire: such a processor's
+    state is not taken over; the start says so and writes nothing into Spark's checkpoint."""
+    switch = Switch(spark, tmp_path, counted_for_an_hour)
+    switch.feed.add(BATCHES[0])
+    with session_conf(spark, SPARK_STORES["rocksdb"]):  # a batch on every trigger: not awaited
+        query = switch.start_spark("update", Collector(), switch.ours_chk)
+        while not (switch.ours_chk / "commits" / "0").exists() and query.isActive:
+            time.sleep(0.1)
+        query.stop()
+    before = sorted(p.relative_to(switch.ours_chk) for p in switch.ours_chk.rglob("*"))
+    with pytest.raises(ConfigurationError, match=r"state variables with a TTL \(count\)"):
+        switch.start_ours("update", Collector(), PROVIDERS[0])
+    after = sorted(p.relative_to(switch.ours_chk) for p in switch.ours_chk.rglob("*"))
+    assert after == before
 
 
 LEFT, RIGHT = "lk string, lv long, lt timestamp", "rk string, rv long, rt timestamp"

@@ -47,7 +47,7 @@ from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.join import MATCHED, SPARK_INDEX
 from sparkstate.operators.join_state import KEY_WITH_INDEX_TO_VALUE
 from sparkstate.operators.registry import layout_of
-from sparkstate.operators.spark_state import VALUE_NOT_COMPATIBLE
+from sparkstate.operators.spark_state import READ, VALUE_NOT_COMPATIBLE
 from sparkstate.runtime.take_over import TakeOver, begin_take_over, commit_take_over
 from sparkstate.runtime.triggers import next_request
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
@@ -215,11 +215,35 @@ def write_schemas(arg: tuple[StateTarget, list[tuple[OperatorMove, dict[str, Any
             directory.write_atomic(SCHEMA_FILE, json.dumps(record, indent=2).encode())
 
 
-def _read(spark: SparkSession, plan: TakeOver, op_id: int, store: str | None = None) -> DataFrame:
+def _read(
+    spark: SparkSession, plan: TakeOver, op_id: int, options: dict[str, str] | None = None
+) -> DataFrame:
     reader = spark.read.format("statestore").option("batchId", plan.batch_id)
-    if store is not None:
-        reader = reader.option("storeName", store)
-    return reader.option("operatorId", op_id).load(plan.location)
+    return reader.options(**(options or {})).option("operatorId", op_id).load(plan.location)
+
+
+def _reads_state(
+    spark: SparkSession, plan: TakeOver, op_id: int, reads: dict[str, dict[str, str]]
+) -> DataFrame:
+    """Several reads of one operator's state (a processor's state variables and timers) as one
+    DataFrame: the ``key``, and a ``value`` of the read's name (:data:`READ`) and a field per
+    read, each the read's columns beside the key, null on the other reads' rows."""
+    frames = {name: _read(spark, plan, op_id, options) for name, options in reads.items()}
+    payloads = {
+        name: F.struct(*(c for c in df.columns if c not in ("key", "partition_id")))
+        for name, df in frames.items()
+    }
+    types = {name: frames[name].select(p).schema[0].dataType for name, p in payloads.items()}
+    union = None
+    for name, df in frames.items():
+        value = F.struct(
+            F.lit(name).alias(READ),
+            *((payloads[n] if n == name else F.lit(None).cast(types[n])).alias(n) for n in frames),
+        )
+        rows = df.select("key", value.alias("value"), "partition_id")
+        union = rows if union is None else union.unionByName(rows)
+    assert union is not None
+    return union
 
 
 def _spark_state(spark: SparkSession, plan: TakeOver, stage: Stage) -> DataFrame:
@@ -228,6 +252,9 @@ def _spark_state(spark: SparkSession, plan: TakeOver, stage: Stage) -> DataFrame
     names, ``count, sum, sum, count``, which Arrow refuses)."""
     if stage.side_rows is not None:
         return _join_state(spark, plan, stage)
+    reads = stage.operator.spark_reads()
+    if reads is not None:
+        return _reads_state(spark, plan, stage.op_id, reads)
     state = _read(spark, plan, stage.op_id)
     value = state.schema["value"].dataType
     assert isinstance(value, StructType)
@@ -248,7 +275,7 @@ def _join_state(spark: SparkSession, plan: TakeOver, stage: Stage) -> DataFrame:
     assert stage.side_rows is not None
     sides = []
     for side in ("left", "right"):
-        state = _read(spark, plan, stage.op_id, f"{side}-{KEY_WITH_INDEX_TO_VALUE}")
+        state = _read(spark, plan, stage.op_id, {"storeName": f"{side}-{KEY_WITH_INDEX_TO_VALUE}"})
         key, value = (state.schema[c].dataType for c in ("key", "value"))
         assert isinstance(key, StructType) and isinstance(value, StructType)
         *columns, flag = value.fieldNames()

@@ -258,6 +258,14 @@ class StatefulOperator(StateLayout, ABC):
         )
         raise ConfigurationError(msg)
 
+    def spark_reads(self) -> dict[str, dict[str, str]] | None:
+        """The reads of Spark's state data source a take-over of this operator makes, by name
+        (each its reader options), where it is not one read of the operator's state: their
+        rows reach :meth:`from_spark_state` in one ``value`` struct, a field per read and the
+        name of the read a row is of
+        (:data:`~sparkstate.operators.spark_state.READ`)."""
+        return None
+
     def spark_partitioned(self) -> bool:
         """Whether the engine's shuffle sends each key to the partition Spark's own operator of
         the same query keeps it in (the same columns, in the same order), so that a take-over

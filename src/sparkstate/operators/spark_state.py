@@ -19,6 +19,7 @@ from sparkstate.store import evolution
 
 __all__ = [
     "KEY_NOT_COMPATIBLE",
+    "READ",
     "VALUE_NOT_COMPATIBLE",
     "SparkRows",
     "by_name",
@@ -28,6 +29,10 @@ __all__ = [
 
 KEY_NOT_COMPATIBLE = evolution.KEY_NOT_COMPATIBLE
 VALUE_NOT_COMPATIBLE = evolution.NOT_COMPATIBLE
+
+#: The field of the ``value`` struct naming the read a row is of, for an operator whose state is
+#: several reads of Spark's (:meth:`~sparkstate.operators.base.StatefulOperator.spark_reads`).
+READ = "__ss_read"
 
 #: What an operator's state is in our column families: per family, its keys and values, as
 #: tables of the family's key and value schemas.

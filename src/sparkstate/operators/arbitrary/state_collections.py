@@ -28,7 +28,7 @@ from sparkstate.operators.ts_index import NO_TS
 from sparkstate.store.base import StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
 
-__all__ = ["ListState", "MapState", "decode_list", "decode_map", "map_rows"]
+__all__ = ["ListState", "MapState", "decode_list", "decode_map", "join_blob", "map_rows"]
 
 _U32 = struct.Struct("<I")
 
@@ -88,7 +88,7 @@ def map_rows(value_codec: ValueCodec) -> Callable[[bytes], int]:
     return entries
 
 
-def _join_blob(parts: Iterable[bytes]) -> bytes:
+def join_blob(parts: Iterable[bytes]) -> bytes:
     return b"".join(_U32.pack(len(p)) + p for p in parts)
 
 
@@ -195,9 +195,9 @@ class ListState(_BlobState):
             if not elements:
                 blobs[kenc] = None
             elif self._ttl is None:
-                blobs[kenc] = _join_blob(encode(v) for v, _ in elements)
+                blobs[kenc] = join_blob(encode(v) for v, _ in elements)
             else:
-                blobs[kenc] = _join_blob(encode((*v, e)) for v, e in elements)
+                blobs[kenc] = join_blob(encode((*v, e)) for v, e in elements)
             if self._index is not None:
                 new = self._min_expiration(e for _, e in elements)
                 self._index.move(kenc, self._indexed.get(kenc, NO_TS), new)
@@ -330,7 +330,7 @@ class MapState(_BlobState):
                 for kbytes in sorted(entries):
                     _, value, exp = entries[kbytes]
                     parts += (kbytes, encode((*value, exp) if ttl else value))
-                blobs[kenc] = _join_blob(parts)
+                blobs[kenc] = join_blob(parts)
             if self._index is not None:
                 new = self._min_expiration(e for _, _, e in entries.values())
                 self._index.move(kenc, self._indexed.get(kenc, NO_TS), new)

@@ -31,6 +31,7 @@ __all__ = [
     "TimeMode",
     "TimerState",
     "TimerValues",
+    "pack_expiries",
     "time_mode",
     "timer_expiries",
 ]
@@ -97,7 +98,7 @@ class ExpiredTimerInfo:
         return f"ExpiredTimerInfo(expiryTimeMs={self._expiryTimeInMs})"
 
 
-def _pack(expiries: list[int]) -> bytes:
+def pack_expiries(expiries: list[int]) -> bytes:
     return struct.pack(f"<{len(expiries)}q", *expiries)
 
 
@@ -161,7 +162,7 @@ class TimerState:
         if puts:
             encode = store.column_family(TIMERS_CF).value_codec.encode
             store.put_encoded_many(
-                puts, [encode((_pack(self._cache[k]),)) for k in puts], TIMERS_CF
+                puts, [encode((pack_expiries(self._cache[k]),)) for k in puts], TIMERS_CF
             )
         if deletes:
             store.remove_encoded_many(deletes, TIMERS_CF)

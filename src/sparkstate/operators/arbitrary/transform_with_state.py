@@ -56,6 +56,7 @@ from sparkstate.operators.arbitrary.processor_input import (
 )
 from sparkstate.operators.arbitrary.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
 from sparkstate.operators.arbitrary.schemas import SchemaLike, to_arrow_schema
+from sparkstate.operators.arbitrary.spark_processor_state import processor_reads, processor_state
 from sparkstate.operators.arbitrary.state_collections import map_rows
 from sparkstate.operators.arbitrary.state_rows import (
     ROWS_CF,
@@ -90,6 +91,7 @@ from sparkstate.operators.grouping import (
     on_time_rows,
     rows_of,
 )
+from sparkstate.operators.spark_state import SparkRows
 from sparkstate.operators.state_layout import DeriveFamilies, Families, ShownStore
 from sparkstate.operators.state_views import StateView
 from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
@@ -297,6 +299,16 @@ class TransformWithState(StatefulOperator):
     def derived_families(cls) -> tuple[tuple[str, ...], DeriveFamilies | None]:
         """The variables' rows: not moved, a new partition counts them once."""
         return (ROWS_CF,), None
+
+    # --- Spark's state of the processor, taken over (:mod:`.spark_processor_state`) --------------
+
+    def spark_reads(self) -> dict[str, dict[str, str]] | None:
+        """Each state variable, and the registered timers."""
+        timers = self.time_mode != TimeMode.NONE
+        return processor_reads(self.state_specs, timers, self.progress_name)
+
+    def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
+        return processor_state(self.key_schema, self.state_specs, key, value)
 
     # --- the batch -------------------------------------------------------------------------------
 
