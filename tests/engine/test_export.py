@@ -110,7 +110,7 @@ def test_spark_goes_on_from_an_exported_checkpoint(
     assert back.out["ours"].batches == back.out["spark"].batches
     # Spark's state reader reads what was exported as Spark's own state
     assert (tmp_path / "ours" / "sparkstate-exported").is_dir()
-    assert not (tmp_path / "ours" / "sparkstate" / "metadata.json").exists()
+    assert not (tmp_path / "ours" / "sparkstate").exists()  # nothing of it left, not even dirs
     with pytest.raises(ConfigurationError, match="handed back to Spark's own operators by"):
         inspect_checkpoint(str(tmp_path / "ours"))
 

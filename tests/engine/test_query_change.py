@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.runtime.migration import MIGRATED
@@ -189,6 +190,18 @@ def test_a_new_aggregate_starts_from_its_empty_value_with_auto(
         (k, len(before.get(k, [])) + len(vs), sum(vs), max(vs)) for k, vs in after.items()
     )
     assert sorted(tuple(r) for r in ours.batches[2]) == expected
+    # Spark's logs deleted back before the migration: refused, and fine again once put back
+    aside = {}
+    for log in ("commits", "offsets"):
+        for batch in ("1", "2"):
+            aside[chk / log / batch] = (chk / log / batch).read_bytes()
+            (chk / log / batch).unlink()
+    with pytest.raises(ConfigurationError, match="migrated to a changed query after batch 1"):
+        _run(spark, feed, chk, count_sum_max, Collector())
+    for path, data in aside.items():
+        path.write_bytes(data)
+    _run(spark, feed, chk, count_sum_max, ours)
+    assert max(ours.batches) == 2
 
 
 def test_a_migration_function_maps_each_old_row_to_new_ones(

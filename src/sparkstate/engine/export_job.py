@@ -61,7 +61,7 @@ def export(spark: SparkSession, checkpoint_location: str) -> int | None:
     try:
         return _export_locked(spark, location, engine_root)
     finally:
-        lock.release()
+        lock.release(emptied=True)
 
 
 def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int | None:

@@ -275,17 +275,20 @@ class CheckpointLock:
                 self._lock = lock
             self._held.add(self.root)
 
-    def release(self, *, undo: bool = False) -> None:
+    def release(self, *, undo: bool = False, emptied: bool = False) -> None:
         """Let the checkpoint go; ``undo`` (a start that failed): also remove the directory
         ``acquire`` made, where nothing but the lock was written to it, so that a refused start
-        leaves the checkpoint as it found it."""
+        leaves the checkpoint as it found it; ``emptied`` (an export, which moved everything
+        aside): remove the directory where nothing but the lock is left in it."""
         with self._guard:
             self._held.discard(self.root)
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
             made, self._made = self._made, None
-            if undo and made is not None and os.listdir(made) == [LOCK_FILE]:
+            if emptied:
+                made = local_path(self.root)
+            if (undo or emptied) and made is not None and os.listdir(made) == [LOCK_FILE]:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(made, LOCK_FILE))
                     os.rmdir(made)

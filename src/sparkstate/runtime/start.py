@@ -25,6 +25,7 @@ from sparkstate.runtime.metadata import (
     rescale_target,
 )
 from sparkstate.runtime.migration import (
+    MIGRATED,
     Migration,
     plan_migration,
     settle_migration,
@@ -165,6 +166,7 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         if settle_take_over(location, engine_root, metadata):
             log.warning("%s: finished the take-over of Spark's checkpoint", location)
         refuse_state_without_offsets(location, log_)
+        refuse_rollback_past_migration(location, metadata)
         operators = _recorded_ids(metadata.get("operators", []), request.operators)
         refusal = check_restart(metadata, request.provider, state_option, operators, log_.root)
         if refusal is not None and request.migrate:  # the state moves to the changed query
@@ -200,6 +202,27 @@ def prepare_checkpoint(request: StartRequest) -> Checkpoint:
         log_.write_metadata(metadata)
     state_root = state_root_of(metadata, state_option or engine_root)
     return Checkpoint(location, engine_root, state_root, metadata, rescale_to, refusal)
+
+
+def refuse_rollback_past_migration(location: str, metadata: dict[str, Any]) -> None:
+    """Spark's commits deleted back past the batch after which the state was migrated to a
+    changed query: the state of those batches is the old query's, in the earlier generation,
+    so the batches cannot run again on it."""
+    migrated = [int(m["batch_id"]) for m in metadata.get(MIGRATED) or []]
+    if not migrated:
+        return
+    _offsets, commits = spark_batches(DurableDir(location))
+    last = max(commits, default=None)
+    if last is not None and last >= max(migrated):
+        return
+    msg = (
+        f"the state of {location} was migrated to a changed query after batch "
+        f"{max(migrated)}, and the last batch Spark's commit log has is "
+        f"{'none' if last is None else last}: batches before a migration cannot run again (their "
+        "state is the old query's, in the generation before it). Put back Spark's commits and "
+        f"offsets up to batch {max(migrated)}, or start from a new checkpoint location"
+    )
+    raise ConfigurationError(msg)
 
 
 def refuse_state_without_offsets(location: str, log_: CheckpointLog) -> None:

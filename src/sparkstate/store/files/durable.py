@@ -448,7 +448,8 @@ class DurableDir:
 
     def move_tree_to(self, other: DurableDir, keep: tuple[str, ...] = ()) -> int:
         """Move every file below this directory into ``other``, at the same relative paths,
-        but those named in ``keep`` (directly in this one); returns how many moved."""
+        but those named in ``keep`` (directly in this one), and remove the directories left
+        empty below it; returns how many moved."""
         moved = 0
         for entry in self.walk():
             if entry.name in keep:
@@ -457,6 +458,11 @@ class DurableDir:
             source = self.child(directory) if directory else self
             source.move_to(name, other.child(directory) if directory else other)
             moved += 1
+        local = local_path(self.uri)
+        if local is not None:  # the directories left empty go too (an object store has none)
+            for path, _, _ in os.walk(local, topdown=False):
+                if path != local and not os.listdir(path):
+                    os.rmdir(path)
         return moved
 
     def append(self, name: str, data: bytes) -> None:
