@@ -221,6 +221,26 @@ def at(seconds: int) -> str:
     return f"2024-01-01 00:{seconds // 60:02d}:{seconds % 60:02d}"
 
 
+#: A stream-stream join's sides, for the tests that run one through Spark and ours.
+LEFT, RIGHT = "lk string, lv long, lt timestamp", "rk string, rv long, rt timestamp"
+#: Per batch, the left's file and the right's: matches, rows that wait, rows that never match.
+JOIN_BATCHES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
+    (
+        [{"lk": "a", "lv": 1, "lt": at(1)}, {"lk": "b", "lv": 2, "lt": at(5)}],
+        [{"rk": "a", "rv": 10, "rt": at(2)}, {"rk": "c", "rv": 30, "rt": at(3)}],
+    ),
+    (
+        [{"lk": "c", "lv": 3, "lt": at(6)}, {"lk": "a", "lv": 4, "lt": at(4)}],
+        [{"rk": "b", "rv": 20, "rt": at(7)}, {"rk": "a", "rv": 11, "rt": at(5)}],
+    ),
+    (
+        [{"lk": "d", "lv": 5, "lt": at(30)}, {"lk": "b", "lv": 6, "lt": at(8)}],
+        [{"rk": "b", "rv": 21, "rt": at(9)}, {"rk": "d", "rv": 40, "rt": at(31)}],
+    ),
+    ([{"lk": "e", "lv": 7, "lt": at(60)}], [{"rk": "e", "rv": 50, "rt": at(61)}]),
+]
+
+
 def wide_row(
     k: str, t: int | None, v: int | None, d: float | None, s: str | None, m: float | None
 ) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.inspect import inspect_checkpoint
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, at
+from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector
 from .test_take_over import (
     BATCHES,
     SCHEMA,
@@ -245,25 +245,6 @@ def test_an_operator_spark_keeps_otherwise_is_refused_and_the_checkpoint_left_as
         ss.export(spark, str(back.chk["ours"]))
     after = sorted((p, p.stat().st_size) for p in back.chk["ours"].rglob("*") if p.is_file())
     assert after == before
-
-
-LEFT, RIGHT = "lk string, lv long, lt timestamp", "rk string, rv long, rt timestamp"
-#: Per batch, the left's file and the right's: matches, rows that wait, rows that never match.
-JOIN_BATCHES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
-    (
-        [{"lk": "a", "lv": 1, "lt": at(1)}, {"lk": "b", "lv": 2, "lt": at(5)}],
-        [{"rk": "a", "rv": 10, "rt": at(2)}, {"rk": "c", "rv": 30, "rt": at(3)}],
-    ),
-    (
-        [{"lk": "c", "lv": 3, "lt": at(6)}, {"lk": "a", "lv": 4, "lt": at(4)}],
-        [{"rk": "b", "rv": 20, "rt": at(7)}, {"rk": "a", "rv": 11, "rt": at(5)}],
-    ),
-    (
-        [{"lk": "d", "lv": 5, "lt": at(30)}, {"lk": "b", "lv": 6, "lt": at(8)}],
-        [{"rk": "b", "rv": 21, "rt": at(9)}, {"rk": "d", "rv": 40, "rt": at(31)}],
-    ),
-    ([{"lk": "e", "lv": 7, "lt": at(60)}], [{"rk": "e", "rv": 50, "rt": at(61)}]),
-]
 
 
 @pytest.mark.parametrize("how", ["inner", "leftOuter", "fullOuter"])

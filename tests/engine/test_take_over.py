@@ -33,7 +33,7 @@ from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.runtime import take_over as take_over_logs
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import Collector, at
+from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector, at
 
 #: The user's functions of this module go to Spark's workers by value (it is not importable
 #: there under the name pytest gives it).
@@ -468,25 +468,6 @@ def test_state_with_a_ttl_is_refused_and_the_checkpoint_left_as_it_was(
         switch.start_ours("update", Collector(), PROVIDERS[0])
     after = sorted(p.relative_to(switch.ours_chk) for p in switch.ours_chk.rglob("*"))
     assert after == before
-
-
-LEFT, RIGHT = "lk string, lv long, lt timestamp", "rk string, rv long, rt timestamp"
-#: Per batch, the left's file and the right's: matches, rows that wait, rows that never match.
-JOIN_BATCHES: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
-    (
-        [{"lk": "a", "lv": 1, "lt": at(1)}, {"lk": "b", "lv": 2, "lt": at(5)}],
-        [{"rk": "a", "rv": 10, "rt": at(2)}, {"rk": "c", "rv": 30, "rt": at(3)}],
-    ),
-    (
-        [{"lk": "c", "lv": 3, "lt": at(6)}, {"lk": "a", "lv": 4, "lt": at(4)}],
-        [{"rk": "b", "rv": 20, "rt": at(7)}, {"rk": "a", "rv": 11, "rt": at(5)}],
-    ),
-    (
-        [{"lk": "d", "lv": 5, "lt": at(30)}, {"lk": "b", "lv": 6, "lt": at(8)}],
-        [{"rk": "b", "rv": 21, "rt": at(9)}, {"rk": "d", "rv": 40, "rt": at(31)}],
-    ),
-    ([{"lk": "e", "lv": 7, "lt": at(60)}], [{"rk": "e", "rv": 50, "rt": at(61)}]),
-]
 
 
 def joined(left: DataFrame, right: DataFrame, how: str) -> DataFrame:
