@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -20,6 +22,10 @@ from sparkstate.testing.differential import FileFeed as FileFeed
 from sparkstate.testing.differential import normalize as normalize
 
 from .conftest import PROVIDERS
+
+#: The processors here go to Spark's Python processes by value (the driver's process that runs a
+#: processor's ``init`` for ``transformWithState`` does not import the tests' package).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 #: The input of the window and session cases, whose queries compute every kind of aggregate.
 WIDE_SCHEMA = "k string, ts timestamp, v long, d double, s string, m decimal(10,2)"
@@ -379,3 +385,36 @@ def run_available(writer: Any, name: str) -> Any:
     handle.processAllAvailable()
     handle.stop()
     return handle
+
+
+class Counts:
+    """A ``StatefulProcessor`` that counts each key's rows in a value state (with a TTL where
+    ``ttl_ms`` is set)."""
+
+    ttl_ms: int | None = None
+
+    def init(self, handle: Any) -> None:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        schema = StructType([StructField("n", LongType())])
+        self.count = handle.getValueState("count", schema, self.ttl_ms)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+        import pandas as pd
+
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(p) for p in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+def counted_in_a_processor(df: Any, ttl_ms: int | None = None, time_mode: str = "None") -> Any:
+    """``groupBy("k")`` counted by :class:`Counts` in ``transformWithStateInPandas``."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    processor = type("CountsProcessor", (Counts, StatefulProcessor), {"ttl_ms": ttl_ms})()
+    return df.groupBy("k").transformWithStateInPandas(
+        processor, "k string, n long", "update", time_mode
+    )

@@ -24,7 +24,7 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.inspect import inspect_checkpoint
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector
+from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector, counted_in_a_processor
 from .test_take_over import (
     BATCHES,
     SCHEMA,
@@ -203,34 +203,6 @@ def test_an_export_killed_midway_leaves_a_checkpoint_one_of_them_goes_on_from(
         back.run(name, rest)
         back.run(name, [])
     assert back.out["ours"].batches == back.out["spark"].batches
-
-
-class Counts:
-    """A ``StatefulProcessor`` that counts each key's rows in a value state."""
-
-    def init(self, handle: Any) -> None:
-        from pyspark.sql.types import LongType, StructField, StructType
-
-        self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
-
-    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
-        import pandas as pd
-
-        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(p) for p in rows)
-        self.count.update((n,))
-        yield pd.DataFrame({"k": [key[0]], "n": [n]})
-
-    def close(self) -> None:
-        pass
-
-
-def counted_in_a_processor(df: Any) -> Any:
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-    processor = type("CountsProcessor", (Counts, StatefulProcessor), {})()
-    return df.groupBy("k").transformWithStateInPandas(
-        processor, "k string, n long", "update", "None"
-    )
 
 
 def test_an_operator_spark_keeps_otherwise_is_refused_and_the_checkpoint_left_as_it_was(

@@ -33,7 +33,7 @@ from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.runtime import take_over as take_over_logs
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector, at
+from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector, at, counted_in_a_processor
 
 #: The user's functions of this module go to Spark's workers by value (it is not importable
 #: there under the name pytest gives it).
@@ -420,35 +420,8 @@ def test_a_stateful_processor_goes_on_from_sparks_checkpoint(
     assert any("timer" in str(rows) for rows in ours.batches.values())
 
 
-class CountsForAnHour:
-    """A ``StatefulProcessor`` counting each key's rows in a value state with a TTL."""
-
-    def init(self, handle: Any) -> None:
-        from pyspark.sql.types import LongType, StructField, StructType
-
-        schema = StructType([StructField("n", LongType())])
-        self.count = handle.getValueState("count", schema, 3_600_000)
-
-    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
-        import pandas as pd
-
-        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(p) for p in rows)
-        self.count.update((n,))
-        yield pd.DataFrame({"k": [key[0]], "n": [n]})
-
-    def close(self) -> None:
-        pass
-
-
 def counted_for_an_hour(df: Any) -> Any:
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-    processor = type("CountsForAnHourProcessor", (CountsForAnHour, StatefulProcessor), {})()
-    return (
-        df.dropna(subset=["k"])
-        .groupBy("k")
-        .transformWithStateInPandas(processor, "k string, n long", "update", "ProcessingTime")
-    )
+    return counted_in_a_processor(df.dropna(subset=["k"]), 3_600_000, "ProcessingTime")
 
 
 def test_state_with_a_ttl_is_refused_and_the_checkpoint_left_as_it_was(
