@@ -65,6 +65,23 @@ SPARK_DEFAULTS = {
     "spark.sql.streaming.checkpointFileManagerClass": _CHECKPOINT_FILE_MANAGER,
 }
 
+#: Settings of every JVM the suite starts, the compatibility run's too. A test process starts
+#: one JVM and keeps it for every module it runs (hundreds of queries, several sessions): a
+#: heap with room to spare (``SPARK_DRIVER_MEMORY``, which spark-submit takes where no
+#: ``spark.driver.memory`` is set), and Spark's status store, kept with the UI off too, holding
+#: the last few hundred jobs and SQL executions rather than a thousand each (their plans and
+#: task metrics otherwise fill a 1 GiB heap by the end of the suite, and a JVM whose heap is
+#: exhausted exits, failing every test of its process after it).
+JVM_SETTINGS = {
+    "spark.ui.retainedJobs": "200",
+    "spark.ui.retainedStages": "200",
+    "spark.ui.retainedTasks": "10000",
+    "spark.sql.ui.retainedExecutions": "100",
+    "spark.sql.streaming.ui.retainedQueries": "20",
+    "spark.sql.streaming.ui.retainedProgressUpdates": "20",
+}
+os.environ.setdefault("SPARK_DRIVER_MEMORY", "2g")
+
 #: The JIT's first tier only (see above).
 JIT_OPTS = "-XX:TieredStopAtLevel=1"
 
@@ -122,7 +139,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     parallel = bool(config.getoption("numprocesses", None))
     # Spark takes the JVM's ``spark.*`` system properties as its defaults.
-    properties = [] if COMPAT_RUN else [f"-D{k}={v}" for k, v in SPARK_DEFAULTS.items()]
+    settings = JVM_SETTINGS if COMPAT_RUN else {**SPARK_DEFAULTS, **JVM_SETTINGS}
+    properties = [f"-D{k}={v}" for k, v in settings.items()]
     base = " ".join([JIT_OPTS, *properties])
     os.environ["SPARK_SUBMIT_OPTS"] = java_options(base, background=parallel)
 

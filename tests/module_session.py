@@ -8,20 +8,6 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-#: Settings of the JVM a test worker starts once and keeps for every module it runs (hundreds of
-#: queries): a heap with room to spare, and Spark's status store (kept with the UI off too)
-#: keeping the last few hundred jobs and SQL executions rather than a thousand each, whose plans
-#: and task metrics otherwise fill a 1 GiB heap by the end of the suite.
-WORKER_JVM_CONF = {
-    "spark.driver.memory": "2g",
-    "spark.ui.retainedJobs": "200",
-    "spark.ui.retainedStages": "200",
-    "spark.ui.retainedTasks": "10000",
-    "spark.sql.ui.retainedExecutions": "100",
-    "spark.sql.streaming.ui.retainedQueries": "20",
-    "spark.sql.streaming.ui.retainedProgressUpdates": "20",
-}
-
 
 @contextlib.contextmanager
 def module_session(
@@ -34,7 +20,7 @@ def module_session(
     running = SparkSession.getActiveSession()
     if running is None:
         builder = SparkSession.builder.master(master).appName(app)
-        for key, value in {**WORKER_JVM_CONF, **builder_conf, **conf}.items():
+        for key, value in {**builder_conf, **conf}.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")

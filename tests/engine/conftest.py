@@ -20,7 +20,6 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 from pyspark.sql import SparkSession  # noqa: E402
-from tests.module_session import WORKER_JVM_CONF  # noqa: E402
 
 from sparkstate.testing import FileFeed  # noqa: E402
 
@@ -50,7 +49,6 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.schemaInference", "false")
         .config("spark.python.worker.reuse", "true")
-        .config(map=WORKER_JVM_CONF)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
