@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,32 @@ def test_available_now_runs_to_the_end_and_frees_the_checkpoint(
     assert collector.batches[3] == [("a", 3), ("b", 6), ("c", 7)]
     state = tmp_path / "chk" / "sparkstate" / "state" / "0"
     assert list(state.rglob("*.snapshot")), "maintenance took no snapshot"
+
+
+def test_a_stopped_query_leaves_nothing_of_itself_in_the_process(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """A driver that starts and stops many queries: once stopped and dropped, a query's driver
+    (its plans, operators and state settings) is freed, though Spark's JVM keeps the function
+    its ``foreachBatch`` was given for as long as it keeps the stopped query."""
+    feed.add([{"k": "a", "v": 1}])
+    drivers = []
+    for run in range(3):
+        q = (
+            ss.stream(source(spark, feed, SCHEMA))
+            .groupBy("k")
+            .agg(SF.sum("v").alias("total"))
+            .writeStream.outputMode("update")
+            .foreachBatch(Collector())
+            .option("checkpointLocation", str(tmp_path / f"chk{run}"))
+            .start()
+        )
+        q.processAllAvailable()
+        q.stop()
+        drivers.append(weakref.ref(q._driver))  # noqa: SLF001 - what the handle holds
+        del q
+    gc.collect()
+    assert [d() for d in drivers] == [None, None, None]
 
 
 def test_a_failing_batch_fails_the_query_with_a_clear_message(

@@ -50,7 +50,7 @@ from sparkstate.runtime.triggers import next_request
 from sparkstate.runtime.watermark import WatermarkTracker
 from sparkstate.store.files.durable import DurableDir
 
-__all__ = ["BatchDriver", "DriverConfig", "engine_settings"]
+__all__ = ["BatchDriver", "BatchRelay", "DriverConfig", "engine_settings"]
 
 log = logging.getLogger("sparkstate.engine")
 MAX_RECENT_PROGRESS = 100
@@ -461,6 +461,39 @@ class BatchDriver:
     def recent_progress(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.recent)
+
+    def progress_reader(self) -> Callable[[], list[dict[str, Any]]]:
+        """:meth:`recent_progress`, without this driver: what outlives the run (Spark's
+        listeners) keeps the progress, not the query's plans."""
+        recent, lock = self.recent, self._lock
+
+        def read() -> list[dict[str, Any]]:
+            with lock:
+                return list(recent)
+
+        return read
+
+
+class BatchRelay:
+    """What Spark's ``foreachBatch`` calls: the driver's batches, until the query's handle lets
+    go of it (:meth:`release`, at stop). The JVM keeps the function it was given for as long
+    as it keeps the query, and the handle keeps the JVM's query: a cycle across the gateway
+    that neither side's collector sees. Through the relay, what stays of a stopped query is
+    the relay alone, not its driver and plans (about a megabyte a query, in a process that
+    starts and stops many)."""
+
+    def __init__(self, driver: BatchDriver) -> None:
+        self._driver: BatchDriver | None = driver
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        driver = self._driver
+        if driver is None:
+            msg = f"batch {batch_id} reached a sparkstate query that was stopped"
+            raise RuntimeError(msg)
+        driver(df, batch_id)
+
+    def release(self) -> None:
+        self._driver = None
 
 
 def _merged(inputs: list[OperatorMetrics]) -> OperatorMetrics:

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from pyspark import SparkContext
@@ -15,7 +15,7 @@ from pyspark.sql.streaming.listener import QueryProgressEvent, StreamingQueryPro
 from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.batch_job import snapshot_at_stop
-from sparkstate.engine.driver import BatchDriver
+from sparkstate.engine.driver import BatchDriver, BatchRelay
 from sparkstate.engine.failures import surfaced
 from sparkstate.engine.session import run_on_server
 from sparkstate.engine.sinks import Sink
@@ -100,9 +100,11 @@ class StreamingQuery(SparkStreamingQuery):
         sink: Sink,
         stages: list[Stage],
         log_: CheckpointLog,
+        relay: BatchRelay | None = None,
     ) -> None:
         """``lock`` None: the driver runs in a process of the Spark Connect server's, and what
-        it records (progress, the error that failed it) is read back through the session."""
+        it records (progress, the error that failed it) is read back through the session;
+        ``relay``: what Spark calls each batch, let go of at stop."""
         self._jsq = getattr(spark_query, "_jsq", None)  # PySpark's own methods, classic only
         self._query = spark_query
         self._driver = driver
@@ -112,11 +114,13 @@ class StreamingQuery(SparkStreamingQuery):
         self._log = log_
         self._id = driver.config.query_id
         self._released = False
+        self._relay = relay
         self._remote = lock is None
         with _active_lock:
             _active[log_.root] = self
         if not self._remote:  # Spark's own Python listeners see the state operators too
-            register_run(str(spark_query.runId), self._progress_of, self._jsq)
+            progress_of = _progress_of(driver.progress_reader())
+            register_run(str(spark_query.runId), progress_of, self._jsq)
 
     @property
     def id(self) -> str:
@@ -247,14 +251,6 @@ class StreamingQuery(SparkStreamingQuery):
         latest = {p["batchId"]: p for p in recorded if p.get("batchId") in spark}
         return [latest[b] for b in sorted(latest)]
 
-    def _progress_of(self, spark: dict[str, Any]) -> dict[str, Any] | None:
-        """Spark's progress of one of this run's batches as :attr:`recentProgress` shows it;
-        None before the driver has its own."""
-        for ours in reversed(self._driver.recent_progress()):
-            if ours.get("batchId") == spark.get("batchId"):
-                return _merge(ours, spark)
-        return None
-
     def explain(self, extended: bool = False) -> None:
         """As PySpark's: print the physical plan of the query Spark runs (its last batch's;
         ``extended``: the logical plans too), then sparkstate's stateful operators."""
@@ -300,6 +296,8 @@ class StreamingQuery(SparkStreamingQuery):
         if self._lock is not None:
             self._lock.release()
         self._sink.stop()
+        if self._relay is not None and not self._query.isActive:
+            self._relay.release()
 
 
 def spark_progress(progress: dict[str, Any], run_id: str = "") -> StreamingQueryProgress:
@@ -312,6 +310,22 @@ def spark_progress(progress: dict[str, Any], run_id: str = "") -> StreamingQuery
     data.setdefault("sources", [])
     data["sink"] = {"description": "", "numOutputRows": -1, "metrics": {}, **data.get("sink", {})}
     return StreamingQueryProgress.fromJson(data)
+
+
+def _progress_of(
+    recent: Callable[[], list[dict[str, Any]]],
+) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """Spark's progress of one of a run's batches as its handle's ``recentProgress`` shows it
+    (None before the driver has its own), from the run's ``recent`` progress alone: Spark's
+    listeners keep it past the run, and the handle and its driver hold the query's plans."""
+
+    def progress_of(spark: dict[str, Any]) -> dict[str, Any] | None:
+        for ours in reversed(recent()):
+            if ours.get("batchId") == spark.get("batchId"):
+                return _merge(ours, spark)
+        return None
+
+    return progress_of
 
 
 def _merge(ours: dict[str, Any], spark: dict[str, Any] | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pyspark.sql.streaming.query import StreamingQuery as SparkStreamingQuery
 
 from sparkstate.engine.carried_time import EVENT_TIME_CARRIER
 from sparkstate.engine.clock import with_clock
-from sparkstate.engine.driver import BatchDriver, DriverConfig
+from sparkstate.engine.driver import BatchDriver, BatchRelay, DriverConfig
 from sparkstate.engine.errors import SparkIllegalArgumentError
 from sparkstate.engine.input_times import input_time_column
 from sparkstate.engine.migrate_job import check_migration, migrate
@@ -489,14 +489,15 @@ class DataStreamWriter:
         driver = BatchDriver(config, stages, sink, log_, notify_progress, remote=lock is None)
         if config.clock:
             df = with_clock(df, checkpoint.engine_root, checkpoint.location)  # no-data batches
-        writer = df.writeStream.foreachBatch(driver)
+        relay = BatchRelay(driver)
+        writer = df.writeStream.foreachBatch(relay)
         writer = writer.option("checkpointLocation", checkpoint.location)
         if self._name:
             writer = writer.queryName(self._name)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         spark_query = writer.start()
-        handle = StreamingQuery(spark_query, driver, lock, sink, stages, log_)
+        handle = StreamingQuery(spark_query, driver, lock, sink, stages, log_, relay)
         # The first batch goes on from here.
         driver.started(str(spark_query.runId), getattr(spark_query, "_jsq", None))
         return handle
