@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators._arrow import to_epoch_micros
 from sparkstate.operators.state_views import StateView, as_struct
-from sparkstate.operators.ts_index import MARKER, MARKER_SCHEMA, TS_SCHEMA, index_key_schema
+from sparkstate.operators.ts_index import MARKER, TS_SCHEMA, index_entries
 from sparkstate.operators.ts_index import encode_ts as _ts_prefix
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
@@ -175,15 +175,7 @@ def side_rows_state(
     }
     if side.state_time is not None:
         times = to_epoch_micros(rows.column(side.state_time))
-        present = times.is_valid()
-        stamped = pa.table(
-            [times.filter(present), *(c.filter(present) for c in keys.columns)],
-            schema=index_key_schema(key_schema),
-        )
-        unique = stamped.group_by(stamped.column_names, use_threads=False).aggregate([])
-        unique = unique.select(stamped.column_names).cast(stamped.schema)
-        marks = pa.table({"_": pa.repeat(True, unique.num_rows)}, schema=MARKER_SCHEMA)
-        out[f"{side.name}$time"] = (unique, marks)
+        out[f"{side.name}$time"] = index_entries(times, keys)
     return out
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "NO_TS",
     "TS_SCHEMA",
     "TimestampIndex",
+    "index_entries",
     "index_key_schema",
 ]
 
@@ -52,6 +53,20 @@ def index_key_schema(key_schema: pa.Schema, ts_name: str = "ts_ms") -> pa.Schema
     """Key schema of an index over grouping keys of ``key_schema`` (the name is cosmetic: the
     encoding is the same for every index)."""
     return pa.schema([pa.field(ts_name, pa.int64(), nullable=False), *key_schema])
+
+
+def index_entries(times: pa.Array, keys: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The entries of an index of ``keys`` (a table of grouping keys) by ``times`` (int64, one
+    per key; null: not indexed), each once: as tables of the index's key schema and of
+    :data:`MARKER_SCHEMA`."""
+    present = times.is_valid()
+    stamped = pa.table(
+        [times.filter(present), *(c.filter(present) for c in keys.columns)],
+        schema=index_key_schema(keys.schema),
+    )
+    unique = stamped.group_by(stamped.column_names, use_threads=False).aggregate([])
+    unique = unique.select(stamped.column_names).cast(stamped.schema)
+    return unique, pa.table({"_": pa.repeat(True, unique.num_rows)}, schema=MARKER_SCHEMA)
 
 
 def encode_ts(ts: int) -> bytes:

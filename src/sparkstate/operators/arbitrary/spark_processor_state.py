@@ -39,7 +39,7 @@ from sparkstate.operators.spark_state import (
     by_name,
     fields_of,
 )
-from sparkstate.operators.ts_index import MARKER_SCHEMA, index_key_schema
+from sparkstate.operators.ts_index import index_entries
 from sparkstate.store.codec import KeyCodec, ValueCodec
 
 __all__ = ["TIMERS_READ", "processor_reads", "processor_state"]
@@ -127,14 +127,10 @@ def _timers(
     """A key's timers in expiry order (each once), and their index by expiry."""
     read = dict(fields_of(values[TIMERS_READ].filter(mine)))
     expiries = read["expiration_timestamp_ms"].cast(pa.int64())
-    owners = keys.filter(mine)
-    stamped = pa.table([expiries, *owners.columns], schema=index_key_schema(key_schema))
-    unique = stamped.group_by(stamped.column_names, use_threads=False).aggregate([])
-    unique = unique.select(stamped.column_names).cast(stamped.schema)
+    unique, marks = index_entries(expiries, keys.filter(mine))
     times = unique.column(0).to_pylist()
     firsts, groups = _groups(unique.drop_columns([unique.column_names[0]]), key_schema)
     blobs = [pack_expiries(sorted(times[i] for i in g)) for g in groups]
-    marks = pa.table({"_": pa.repeat(True, unique.num_rows)}, schema=MARKER_SCHEMA)
     owners_of = unique.drop_columns([unique.column_names[0]]).take(pa.array(firsts, pa.int64()))
     return {
         TIMERS_CF: (owners_of.cast(key_schema), _blobs(blobs, TIMERS_VALUE_SCHEMA)),
