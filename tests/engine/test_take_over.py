@@ -5,6 +5,7 @@ Spark's own restart on the same checkpoint, batch for batch."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -12,18 +13,22 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
 import sparkstate as ss
 from sparkstate.engine.batch_job import session_conf
+from sparkstate.engine.take_over_job import SparkFiles
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
@@ -49,6 +54,7 @@ SPARK_STORES: dict[str, dict[str, str]] = {
     "hdfs": {PROVIDER_CONF: HDFS},
     "rocksdb": {PROVIDER_CONF: ROCKSDB, CHANGELOG_CONF: "false"},
     "rocksdb-changelog-v2": {PROVIDER_CONF: ROCKSDB, CHANGELOG_CONF: "true", FORMAT_CONF: "2"},
+    "rocksdb-v2": {PROVIDER_CONF: ROCKSDB, CHANGELOG_CONF: "false", FORMAT_CONF: "2"},
 }
 
 SCHEMA = "k string, v long, ts timestamp"
@@ -227,11 +233,27 @@ CASES = [
     ),
     pytest.param(global_count, "complete", "hdfs", PROVIDERS[-1], id="global-complete-hdfs"),
     pytest.param(dedup, "append", "hdfs", PROVIDERS[-1], id="dedup-hdfs"),
+    pytest.param(dedup, "append", "rocksdb-v2", PROVIDERS[0], id="dedup-rocksdb-v2"),
     pytest.param(dedup_then_count, "append", "rocksdb", PROVIDERS[0], id="two-operators"),
     pytest.param(limited, "append", "rocksdb", PROVIDERS[-1], id="limit-rocksdb"),
     pytest.param(arbitrary, "update", "hdfs", PROVIDERS[-1], id="applyInPandasWithState-hdfs"),
     pytest.param(dedup_within, "append", "rocksdb", PROVIDERS[0], id="dedup-within-rocksdb"),
 ]
+
+
+#: The cases whose operators' state is read from the files of Spark's RocksDB provider (how
+#: many of them), not by its state reader: its plain stores with a snapshot of the version.
+READ_FROM_FILES = {
+    "window-append-rocksdb": 1,
+    "two-operators": 2,
+    "dedup-within-rocksdb": 1,
+    "dedup-rocksdb-v2": 1,
+}
+
+
+def took_over(caplog: pytest.LogCaptureFixture) -> str:
+    (line,) = (r.getMessage() for r in caplog.records if "took over the state" in r.getMessage())
+    return line
 
 
 @pytest.mark.parametrize(("query", "mode", "spark_store", "provider"), CASES)
@@ -242,12 +264,17 @@ def test_the_query_goes_on_from_sparks_checkpoint(
     mode: str,
     spark_store: str,
     provider: str,
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     switch = Switch(spark, tmp_path, query)
     first = switch.run_spark_first(mode, SPARK_STORES[spark_store])
     expected = switch.expected(mode)
-    ours = switch.ours(mode, provider)
+    with caplog.at_level(logging.WARNING, logger="sparkstate.engine"):
+        ours = switch.ours(mode, provider)
     assert ours.batches == expected.batches
+    files = READ_FROM_FILES.get(request.node.callspec.id, 0)
+    assert f"{files} read from Spark's files" in took_over(caplog)
     assert min(ours.batches) == max(first.batches) + 1  # the batch ids go on from Spark's
     doc = inspect_checkpoint(str(switch.ours_chk))
     (event,) = doc["history"]
@@ -650,3 +677,74 @@ def test_a_batch_spark_planned_and_did_not_commit_runs_again_after_the_take_over
     ours = switch.ours("update", PROVIDERS[0])
     assert ours.batches == expected.batches
     assert min(ours.batches) == last  # the batch Spark did not commit, run again
+
+
+def last_commit(chk: Path) -> int:
+    return max(int(p.name) for p in (chk / "commits").iterdir() if p.name.isdigit())
+
+
+def _positional(state: DataFrame) -> DataFrame:
+    """Spark's state rows with the value's fields named by position, as the take-over reads
+    them (an aggregation's buffer repeats names)."""
+    value = state.schema["value"].dataType
+    positional = StructType([StructField(f"_{i}", f.dataType) for i, f in enumerate(value.fields)])
+    return state.select("key", F.col("value").cast(positional).alias("value"), "partition_id")
+
+
+def with_nulls(df: Any) -> Any:
+    """Null keys and null values among strings, longs, doubles and timestamps."""
+    return df.groupBy("k").agg(F.sum("v"), F.avg("v"), F.max("ts"), F.min("k"))
+
+
+@pytest.mark.parametrize("query", [windowed, with_nulls], ids=["windows", "nulls"])
+def test_sparks_rocksdb_files_read_as_its_state_reader_reads_them(
+    spark: SparkSession, tmp_path: Path, query: Callable[[Any], Any]
+) -> None:
+    """Each partition of Spark's RocksDB state after each batch, read from its snapshot files,
+    holds the rows Spark's state data source reads."""
+    switch = Switch(spark, tmp_path, query)
+    switch.run_spark_first("update", SPARK_STORES["rocksdb"])
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 0)
+    operator_dir = str(switch.spark_chk / "state" / "0")
+    seen: list[dict[str, Any]] = []
+    for batch in range(last_commit(switch.spark_chk) + 1):  # the state after each batch
+        reader = spark.read.format("statestore").option("batchId", batch)
+        read = _positional(reader.load(str(switch.spark_chk))).toArrow()
+        key_type, value_type = (read.schema.field(c).type for c in ("key", "value"))
+        files = SparkFiles(operator_dir, batch + 1, (None,) * partitions, key_type, value_type)
+        for p in range(partitions):
+            ours = files.rows_of(p).to_pylist()
+            theirs = read.filter(pc.equal(read.column("partition_id"), p)).to_pylist()
+            assert sorted(map(repr, ours)) == sorted(map(repr, theirs))
+            seen += ours
+    assert len(seen) > 3
+    if query is with_nulls:
+        assert any(r["key"]["k"] is None for r in seen)
+        assert any(None in r["value"].values() for r in seen)  # the latest of no time
+
+
+def test_sparks_files_that_do_not_read_as_expected_are_read_by_its_state_reader(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A snapshot whose rows are not what its metadata says (here: its key count) is not taken
+    from the files: the take-over reads Spark's state with Spark's reader, and says why."""
+    switch = Switch(spark, tmp_path, windowed)
+    switch.run_spark_first("append", SPARK_STORES["rocksdb"])
+    expected = switch.expected("append")
+    version = last_commit(switch.ours_chk) + 1
+    snapshot = switch.ours_chk / "state" / "0" / "0" / f"{version}.zip"
+    with zipfile.ZipFile(snapshot) as z:
+        entries = {name: z.read(name) for name in z.namelist()}
+    header, body = entries["metadata"].decode().split("\n", 1)
+    metadata = json.loads(body)
+    metadata["numKeys"] += 1
+    entries["metadata"] = f"{header}\n{json.dumps(metadata)}".encode()
+    with zipfile.ZipFile(snapshot, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    (snapshot.parent / f".{snapshot.name}.crc").unlink()  # Spark's reader checks the file's own
+    with caplog.at_level(logging.INFO, logger="sparkstate.engine"):
+        ours = switch.ours("append", PROVIDERS[-1])
+    assert ours.batches == expected.batches
+    assert "0 read from Spark's files, 1 by its state reader" in took_over(caplog)
+    assert "keys where its metadata says" in caplog.text

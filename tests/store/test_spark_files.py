@@ -4,6 +4,7 @@ them back is tests/engine/test_export.py's)."""
 from __future__ import annotations
 
 import datetime
+import decimal
 import struct
 
 import pyarrow as pa
@@ -11,6 +12,8 @@ import pytest
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.store.spark_files import (
+    UnreadableRows,
+    arrow_of_unsafe_rows,
     lz4_block_stream,
     read_lz4_block_stream,
     schema_file,
@@ -97,3 +100,101 @@ def test_the_schema_file_is_javas_write_utf() -> None:
     assert data[8:10] == struct.pack(">H", len(encoded))
     assert data[10 : 10 + len(encoded)] == encoded
     assert data[10 + len(encoded) :] == struct.pack(">i", 1) + b"\x00\x02{}"
+
+
+ALL_TYPES = pa.struct(
+    [
+        ("long", pa.int64()),
+        ("text", pa.string()),
+        (
+            "window",
+            pa.struct([("start", pa.timestamp("us", "UTC")), ("end", pa.timestamp("us", "UTC"))]),
+        ),
+        ("int", pa.int32()),
+        ("short", pa.int16()),
+        ("byte", pa.int8()),
+        ("double", pa.float64()),
+        ("float", pa.float32()),
+        ("flag", pa.bool_()),
+        ("price", pa.decimal128(10, 2)),
+        ("day", pa.date32()),
+        ("local", pa.timestamp("us")),
+        ("blob", pa.binary()),
+        ("nothing", pa.null()),
+    ]
+)
+
+
+def test_unsafe_rows_read_back_column_wise_as_they_were_written() -> None:
+    """Spark's rows read as Arrow columns (the take-over's read of Spark's RocksDB files) give
+    back what was written, for every type the export writes, nulls and extremes included, after
+    the byte Spark's RocksDB provider puts before each row; rows of one size and of several."""
+    start = datetime.datetime(2026, 1, 1, tzinfo=UTC)
+    rows = [
+        {
+            "long": 1,
+            "text": "héllo wörld, longer than one slot",
+            "window": {"start": start, "end": None},
+            "int": -5,
+            "short": -3,
+            "byte": 7,
+            "double": 1.5,
+            "float": -2.25,
+            "flag": True,
+            "price": decimal.Decimal("-12.34"),
+            "day": datetime.date(2021, 3, 4),
+            "local": datetime.datetime(2020, 2, 29, 12),
+            "blob": b"\x00\x01",
+            "nothing": None,
+        },
+        dict.fromkeys(ALL_TYPES.names, None) | {"flag": False, "byte": -128},
+        {
+            "long": -(2**63),
+            "text": "",
+            "window": {"start": None, "end": start},
+            "int": 2**31 - 1,
+            "short": 32767,
+            "byte": None,
+            "double": float("inf"),
+            "float": 0.0,
+            "flag": None,
+            "price": decimal.Decimal("99999999.99"),
+            "day": datetime.date(1900, 1, 1),
+            "local": None,
+            "blob": b"",
+            "nothing": None,
+        },
+    ]
+    written = pa.array(rows, ALL_TYPES)
+    encoded = unsafe_rows([written.field(i) for i in range(ALL_TYPES.num_fields)], len(rows))
+    versioned = pa.array([b"\x00" + r for r in encoded.to_pylist()], pa.binary())
+    assert arrow_of_unsafe_rows(versioned, ALL_TYPES, skip=1).to_pylist() == rows
+    fixed = pa.struct([("k", pa.int64()), ("n", pa.int32())])
+    same_size = unsafe_rows([pa.array([3, None, -9]), pa.array([None, 1, 2], pa.int32())], 3)
+    assert arrow_of_unsafe_rows(same_size, fixed).to_pylist() == [
+        {"k": 3, "n": None},
+        {"k": None, "n": 1},
+        {"k": -9, "n": 2},
+    ]
+    assert len(arrow_of_unsafe_rows(pa.array([b"", b""], pa.binary()), pa.struct([]))) == 2
+
+
+@pytest.mark.parametrize(
+    "t",
+    [
+        pa.struct([("xs", pa.list_(pa.int64()))]),
+        pa.struct([("wide", pa.decimal128(38, 2))]),
+        pa.struct([("nested", pa.struct([("m", pa.map_(pa.string(), pa.int64()))]))]),
+    ],
+    ids=["list", "wide-decimal", "nested-map"],
+)
+def test_types_the_column_wise_read_does_not_read_are_refused(t: pa.StructType) -> None:
+    """Lists, maps and decimals wider than a slot are left to Spark's state reader."""
+    with pytest.raises(UnreadableRows, match="state of type"):
+        arrow_of_unsafe_rows(pa.array([], pa.binary()), t)
+
+
+def test_rows_shorter_than_their_schema_are_refused() -> None:
+    short = pa.array([bytes(16)], pa.binary())  # a bitset and one slot, for two fields
+    with pytest.raises(UnreadableRows, match="shorter than the 24 bytes"):
+        arrow_of_unsafe_rows(short, pa.struct([("a", pa.int64()), ("b", pa.int64())]))

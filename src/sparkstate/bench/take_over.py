@@ -76,7 +76,7 @@ QUICK = {**FULL, "state_rows": 1_000_000, "rows_per_batch": 500_000}
 CHECK_SHARE = 100
 TIMEOUTS = (900.0, 3600.0)
 #: The take-over's log line: its rows and seconds.
-_TOOK_OVER = re.compile(r"took over the state .* \(([\d,]+) rows, ([\d.]+) s\)")
+_TOOK_OVER = re.compile(r"took over the state .* \(([\d,]+) rows, ([\d.]+) s[;)]")
 
 
 def params_for(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,12 +15,13 @@ the next batch's shuffle sends it first.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,9 +54,12 @@ from sparkstate.runtime.triggers import next_request
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 from sparkstate.store.conf import StoreId
 from sparkstate.store.files.durable import DurableDir
+from sparkstate.store.rocksdb.spark_checkpoint import ROW_START, snapshot_name, spark_rocksdb_rows
+from sparkstate.store.spark_files import UnreadableRows, arrow_of_unsafe_rows
 from sparkstate.store.versions.layout import SCHEMA_FILE
 
 __all__ = [
+    "SparkFiles",
     "StateTarget",
     "converted_and_written",
     "families_of",
@@ -94,15 +98,29 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
     in_place = all(
         s.operator.spark_partitioned() and m.columns for s, m in zip(stages, moves, strict=True)
     )
+    files = [_files_of(plan, s, state) for s, state in zip(stages, states, strict=True)]
     # Where Spark's partitions are the engine's, each task writes the state it read (and a task
-    # that finds a row of another partition fails the job, which runs again with the shuffle)
-    try:
-        written = _run(spark, plan, states, moves, operators, in_place=in_place)
-    except Exception as exc:
-        if _Misplaced.MARK not in str(exc):
-            raise
-        log.info("%s: Spark's state partitions are not the engine's: shuffling", plan.location)
-        written = _run(spark, plan, states, moves, operators, in_place=False)
+    # that finds a row of another partition fails the job, which runs again with the shuffle);
+    # where a task cannot read Spark's files, the job runs again with Spark's state reader
+    while True:
+        try:
+            written = _run(spark, plan, states, files, moves, operators, in_place=in_place)
+            break
+        except Exception as exc:
+            if _Misplaced.MARK in str(exc) and in_place:
+                log.info(
+                    "%s: Spark's state partitions are not the engine's: shuffling", plan.location
+                )
+                in_place = False
+            elif SparkFiles.MARK in str(exc) and any(files):
+                log.info(
+                    "%s: Spark's state files not read (%s): its state reader reads them",
+                    plan.location,
+                    _cause(exc, SparkFiles.MARK),
+                )
+                files = [None] * len(files)
+            else:
+                raise
     triggers = {s.op_id: s.operator.time_trigger() for s in stages}
     moved = plan.next_watermark_ms > plan.batch_watermark_ms
     clock = next_request({}, triggers, moved, [], int(time.time() * 1000))
@@ -112,13 +130,15 @@ def take_over(spark: SparkSession, plan: TakeOver, stages: list[Stage]) -> None:
     rows = sum(n for parts in written.values() for _, n in parts.values())
     log.warning(
         "%s: took over the state of %d operator(s) from Spark's %s after its batch %d "
-        "(%s rows, %.1f s)",
+        "(%s rows, %.1f s; %s)",
         plan.location,
         len(moves),
         plan.spark_provider.rsplit(".", 1)[-1],
         plan.batch_id,
         f"{rows:,}",
         time.perf_counter() - started,
+        f"{sum(f is not None for f in files)} read from Spark's files, "
+        f"{sum(f is None for f in files)} by its state reader",
     )
 
 
@@ -126,16 +146,25 @@ def _run(
     spark: SparkSession,
     plan: TakeOver,
     states: list[DataFrame],
+    files: list[SparkFiles | None],
     moves: list[OperatorMove],
     operators: list[StatefulOperator],
     *,
     in_place: bool,
 ) -> dict[int, dict[int, tuple[str, int]]]:
-    """The job that writes every operator's state; per operator and partition, the checkpoint
-    id written and the operator's rows in it."""
+    """The job that writes every operator's state (read by Spark's state reader, or from its
+    ``files`` where they are given); per operator and partition, the checkpoint id written and
+    the operator's rows in it."""
     frames = [
-        converted_and_written(state, plan, m, op, in_place=in_place)
-        for state, m, op in zip(states, moves, operators, strict=True)
+        converted_and_written(
+            state if f is None else f.frame(spark),
+            plan,
+            m,
+            op,
+            in_place=in_place,
+            read=None if f is None else f.read,
+        )
+        for state, f, m, op in zip(states, files, moves, operators, strict=True)
     ]
     job = frames[0]
     for frame in frames[1:]:
@@ -311,6 +340,84 @@ def _join_state(spark: SparkSession, plan: TakeOver, stage: Stage) -> DataFrame:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class SparkFiles:
+    """One operator's state read from the files of Spark's RocksDB provider, by one task per
+    partition, rather than by Spark's state data source: the snapshot each partition holds of
+    the version after the batch taken over on (:mod:`sparkstate.store.rocksdb.spark_checkpoint`),
+    its keys and values decoded as the data source's ``key`` and ``value`` (the value's fields
+    by position). What a task cannot read it raises with :data:`MARK`, and the take-over runs
+    again with the data source."""
+
+    MARK: ClassVar[str] = "SPARKSTATE_SPARK_FILES_UNREAD"
+
+    operator_dir: str
+    version: int
+    unique_ids: tuple[str | None, ...]
+    key_type: pa.StructType
+    value_type: pa.StructType
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        """A partition id per task."""
+        n = len(self.unique_ids)
+        return spark.range(0, n, 1, n).select(F.col("id").cast("int").alias("partition"))
+
+    def read(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The rows of Spark's state of each partition id in ``batches``."""
+        for batch in batches:
+            for p in batch.column(0).to_pylist():
+                yield self.rows_of(p)
+
+    def rows_of(self, partition: int) -> pa.RecordBatch:
+        directory = DurableDir(self.operator_dir).child(str(partition))
+        try:
+            keys, values = spark_rocksdb_rows(directory, self.version, self.unique_ids[partition])
+            key = arrow_of_unsafe_rows(keys, self.key_type, ROW_START)
+            value = arrow_of_unsafe_rows(values, self.value_type, ROW_START)
+        except UnreadableRows as exc:
+            msg = f"{self.MARK}: {exc}"
+            raise UnreadableRows(msg) from exc
+        n = len(keys)
+        return pa.RecordBatch.from_arrays(
+            [key, value, pa.repeat(pa.scalar(partition, pa.int32()), n)],
+            ["key", "value", "partition_id"],
+        )
+
+
+def _files_of(plan: TakeOver, stage: Stage, state: DataFrame) -> SparkFiles | None:
+    """How the take-over reads the state of ``stage`` from Spark's files, where it can: Spark's
+    RocksDB provider, an operator whose store Spark keeps plain, of types the decoder reads,
+    and a snapshot of the version in every partition (else None: the data source reads it)."""
+    if not (
+        plan.spark_provider.endswith("RocksDBStateStoreProvider")
+        and stage.operator.spark_plain_store
+    ):
+        return None
+    if stage.side_rows is not None or stage.operator.spark_reads() is not None:
+        return None
+    types = [to_arrow_type(state.schema[c].dataType) for c in ("key", "value")]
+    try:
+        for t in types:
+            arrow_of_unsafe_rows(pa.array([], pa.binary()), t)
+    except UnreadableRows:
+        return None
+    ids = plan.unique_ids.get(stage.op_id)
+    if plan.read_conf and (ids is None or len(ids) != plan.num_partitions):
+        return None
+    unique_ids = tuple(ids) if plan.read_conf and ids else (None,) * plan.num_partitions
+    operator_dir = DurableDir(plan.location).child("state", str(stage.op_id))
+    for p, uid in enumerate(unique_ids):
+        if not operator_dir.child(str(p)).exists(snapshot_name(plan.version, uid)):
+            return None
+    return SparkFiles(operator_dir.uri, plan.version, unique_ids, types[0], types[1])
+
+
+def _cause(exc: Exception, mark: str) -> str:
+    text = str(exc)
+    at = text.find(mark)
+    return text[at + len(mark) + 2 :].splitlines()[0] if at >= 0 else text.splitlines()[0]
+
+
 def _check_schema(state: DataFrame, operator: StatefulOperator) -> None:
     """The operator's refusal of Spark's state where it is not this query's, raised here on
     the driver, with Spark's condition (the conversion in the tasks would raise it there)."""
@@ -366,13 +473,20 @@ def converted_and_written(
     operator: StatefulOperator,
     *,
     in_place: bool,
+    read: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
 ) -> DataFrame:
     """Spark's state of one operator, converted, written as the version the next batch loads:
     ``in_place``, each Spark partition's rows by the task that read them (its first rows
     checked to be in the partition the engine's shuffle sends them to: :class:`_Misplaced`
-    where one is not); else sent there by a shuffle first."""
+    where one is not); else sent there by a shuffle first. ``read``: what makes the rows of
+    Spark's state (``key``, ``value``, ``partition_id``) of ``state``'s batches, where they
+    are not ``state``'s own (:meth:`SparkFiles.read`)."""
     provider = plan.provider
-    convert = _converter(move, operator)
+    conversion = _converter(move, operator)
+
+    def convert(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return conversion(batches if read is None else read(batches))
+
     if not in_place:
         schema = move.schema
         spark_schema = ", ".join(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -172,6 +173,29 @@ def read_partition(move: OperatorMove, partition: int) -> Iterator[pa.RecordBatc
                 yield pa.RecordBatch.from_arrays(arrays, schema=move.schema)
 
 
+def key_order(keys: pa.BinaryArray) -> pa.Array | np.ndarray:
+    """The indices that put ``keys`` in ascending byte order: where every key has one size
+    (a key of fixed-width columns), as big-endian words sorted by numpy, about twice as fast
+    as Arrow's sort of binary values."""
+    _, offset_buffer, data = keys.buffers()
+    if len(keys) < 2 or offset_buffer is None or data is None or keys.null_count:
+        return pc.sort_indices(keys)
+    offsets = np.frombuffer(offset_buffer, np.int32, len(keys) + 1, 4 * keys.offset)
+    size = int(offsets[1] - offsets[0])
+    if size == 0 or int(offsets[-1] - offsets[0]) != size * len(keys):
+        return pc.sort_indices(keys)
+    if not (np.diff(offsets) == size).all():
+        return pc.sort_indices(keys)
+    raw = np.frombuffer(data, np.uint8, size * len(keys), int(offsets[0])).reshape(-1, size)
+    width = (size + 7) // 8
+    padded = np.zeros((len(keys), 8 * width), np.uint8)
+    padded[:, :size] = raw
+    words = padded.view(">u8")
+    if width == 1:
+        return np.argsort(words[:, 0], kind="stable")
+    return np.lexsort([words[:, i] for i in reversed(range(width))])
+
+
 def write_partition(
     state_root: str,
     provider: str,
@@ -204,7 +228,7 @@ def write_partition(
             VALUE: pa.concat_arrays(values) if values else pa.array([], pa.binary()),
         }
     )
-    table = table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
+    table = table.take(key_order(table.column(KEY).combine_chunks()))
     store_id = StoreId(state_root, op_id, partition)
     with provider_over_files(provider, store_id) as bound:
         if bound is None:  # plan_moves wrote every new partition's _schema.json

@@ -227,6 +227,11 @@ class StatefulOperator(StateLayout, ABC):
     #: Whether the operator calls the user's own functions (which may ask Spark's
     #: ``TaskContext`` where they run): such a step runs in Spark's tasks only.
     calls_user_code: ClassVar[bool] = False
+    #: Whether Spark's own operator of this kind keeps its state in one store of whole-row keys
+    #: (no prefix key, no column families), whose RocksDB checkpoint files a take-over reads
+    #: itself (:mod:`sparkstate.store.rocksdb.spark_checkpoint`) rather than through Spark's
+    #: state data source.
+    spark_plain_store: ClassVar[bool] = False
 
     input_schema: pa.Schema
     key_schema: pa.Schema

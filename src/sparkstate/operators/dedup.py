@@ -57,6 +57,7 @@ class Deduplicate(StatefulOperator):
     renames_keep_state: ClassVar[bool] = True
     nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "dedupe"
+    spark_plain_store: ClassVar[bool] = True
     output_in_state: ClassVar[bool] = False
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update")
 

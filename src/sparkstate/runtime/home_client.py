@@ -49,6 +49,7 @@ from sparkstate.runtime.home_wire import (
     send_frame,
 )
 from sparkstate.runtime.providers import PROVIDERS
+from sparkstate.store import rocksdb
 
 __all__ = [
     "HOME_START_TIMEOUT_S",
@@ -210,9 +211,15 @@ def _start(path: str, executor: ProcessRef) -> socket.socket:
 
 def _can_fork() -> bool:
     """Whether this worker can start a home by forking itself: no other thread runs (one could
-    hold a lock the child would wait for forever) and it holds no store open (the child would
-    share it)."""
-    return hasattr(os, "fork") and threading.active_count() == 1 and PROVIDERS.empty()
+    hold a lock the child would wait for forever), it holds no store open (the child would
+    share it), and it never opened a RocksDB database (the child would lack RocksDB's
+    background threads: a take-over's task reads Spark's RocksDB files in the worker)."""
+    return (
+        hasattr(os, "fork")
+        and threading.active_count() == 1
+        and PROVIDERS.empty()
+        and not rocksdb.opened_in_process()
+    )
 
 
 def _fork(path: str, executor: ProcessRef, log_path: str) -> ProcessRef | None:

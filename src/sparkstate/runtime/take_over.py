@@ -110,6 +110,9 @@ class TakeOver:
     operators: dict[int, SparkOperator]
     #: Spark settings its state reader needs to read the checkpoint (its format's).
     read_conf: dict[str, str]
+    #: With checkpoint format v2, the id of the state each operator's partitions committed
+    #: (Spark's commit's ``stateUniqueIds``, the first store's of each partition), by operator.
+    unique_ids: dict[int, list[str | None]]
     #: ``metadata.json`` as it is written at the commit point.
     metadata: dict[str, Any]
 
@@ -148,6 +151,17 @@ def _spark_commit(spark: DurableDir, batch_id: int) -> dict[str, Any]:
     except (IndexError, ValueError, TypeError) as exc:
         msg = f"Spark's commit of batch {batch_id} ({commits.where(str(batch_id))}) is damaged"
         raise CorruptStateFileError(msg) from exc
+
+
+def _unique_ids(commit: dict[str, Any]) -> dict[int, list[str | None]]:
+    ids = commit.get("stateUniqueIds") or {}
+    try:
+        return {
+            int(op): [str(stores[0]) if stores else None for stores in partitions]
+            for op, partitions in ids.items()
+        }
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return {}
 
 
 def spark_operators(spark: DurableDir) -> dict[int, SparkOperator]:
@@ -220,6 +234,7 @@ def plan_take_over(
         policy=str(conf.get(_POLICY_CONF, "min")).lower(),
         operators=found,
         read_conf=read_conf,
+        unique_ids=_unique_ids(commit),
         metadata={
             **metadata,
             "num_partitions": num_partitions,

@@ -213,3 +213,125 @@ def schema_file(key_json: str, value_json: str) -> bytes:
         parts.append(struct.pack(">i", len(chunks)))
         parts += [_write_utf(c) for c in chunks]
     return b"".join(parts)
+
+
+class UnreadableRows(ValueError):
+    """Rows that are not ``UnsafeRow`` bytes of the schema asked for, or of a type
+    :func:`arrow_of_unsafe_rows` does not read (Spark's state data source reads them)."""
+
+
+def _validity(valid: np.ndarray) -> pa.Buffer | None:
+    return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _gather_i64(data: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian 64-bit words of ``data`` at the byte positions ``at``: a strided
+    view where they are evenly spaced (rows of one size), else gathered per alignment."""
+    n = len(at)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    step = int(at[1] - at[0]) if n > 1 else 8
+    if step > 0 and int(at[-1]) == int(at[0]) + step * (n - 1) and (np.diff(at) == step).all():
+        view = np.ndarray((n,), "<i8", data, int(at[0]), (step,))
+        return view.astype(np.int64)
+    out = np.empty(n, np.int64)
+    shift = at % 8
+    for k in np.unique(shift):
+        chosen = shift == k
+        words = np.frombuffer(data, "<i8", (len(data) - int(k)) // 8, int(k))
+        out[chosen] = words[at[chosen] // 8]
+    return out
+
+
+def _bytes_at(
+    data: np.ndarray, starts: np.ndarray, slots: np.ndarray, valid: np.ndarray
+) -> tuple[pa.Buffer, pa.Buffer]:
+    """The offsets and bytes of a variable-length column whose slots (``offset << 32 |
+    size`` from each row's start) are ``slots``."""
+    sizes = np.where(valid, slots & 0xFFFFFFFF, 0)
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        msg = "a variable-length state column of 2 GiB or more in one partition"
+        raise UnreadableRows(msg)
+    first = np.where(valid, starts + (slots >> 32), 0)
+    at = np.repeat(first - offsets[:-1], sizes) + np.arange(offsets[-1])
+    if len(at) and (at.max() >= len(data)):
+        msg = "a variable-length value beyond its row"
+        raise UnreadableRows(msg)
+    return pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data[at].tobytes())
+
+
+def _column(
+    data: np.ndarray, starts: np.ndarray, slots: np.ndarray, valid: np.ndarray, t: pa.DataType
+) -> pa.Array:
+    n = len(starts)
+    validity = _validity(valid)
+    if pa.types.is_null(t):
+        return pa.nulls(n)
+    if pa.types.is_struct(t):
+        nested = np.where(valid, starts + (slots >> 32), starts)
+        fields = _struct_fields(data, nested, t, valid)
+        return pa.StructArray.from_arrays(fields, fields=list(t), mask=pa.array(~valid))
+    if pa.types.is_string(t) or pa.types.is_binary(t):
+        offsets, values = _bytes_at(data, starts, slots, valid)
+        return pa.Array.from_buffers(t, n, [validity, offsets, values])
+    if pa.types.is_decimal128(t) and t.precision <= _COMPACT_DECIMAL:
+        unscaled = np.where(valid, slots, 0)
+        wide = np.stack([unscaled, unscaled >> 63], axis=1)
+        return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(wide.tobytes())])
+    if pa.types.is_boolean(t):
+        return pa.array((slots & 0xFF) != 0, pa.bool_(), mask=~valid)
+    if pa.types.is_float32(t):
+        values = (slots & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    elif pa.types.is_floating(t):
+        values = slots.view(np.float64)
+    elif pa.types.is_integer(t):
+        values = slots.astype(np.dtype(f"int{t.bit_width}"))
+    elif pa.types.is_date32(t):
+        values = slots.astype(np.int32)
+    elif pa.types.is_timestamp(t) and t.unit == "us":
+        values = slots
+    else:
+        msg = f"state of type {t}"
+        raise UnreadableRows(msg)
+    return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(np.ascontiguousarray(values))])
+
+
+def _struct_fields(
+    data: np.ndarray, starts: np.ndarray, t: pa.StructType, present: np.ndarray
+) -> list[pa.Array]:
+    words = (t.num_fields + 63) // 64
+    out = []
+    for i, field in enumerate(t):
+        bits = data[np.where(present, starts + i // 8, 0)]
+        valid = present & ((bits >> (i % 8)) & 1 == 0)
+        slots = _gather_i64(data, np.where(present, starts + 8 * (words + i), 0))
+        out.append(_column(data, starts, slots, valid, field.type))
+    return out
+
+
+def arrow_of_unsafe_rows(rows: pa.BinaryArray, t: pa.StructType, skip: int = 0) -> pa.StructArray:
+    """The inverse of :func:`unsafe_rows`: each row's ``UnsafeRow`` bytes (after ``skip``
+    bytes of its own) as a struct of type ``t``, its fields read column-wise. Raises
+    :class:`UnreadableRows` for a type it does not read (lists, maps, wide decimals) or rows
+    shorter than the schema's fixed part."""
+    _, offset_buffer, data_buffer = rows.buffers()
+    assert offset_buffer is not None
+    bounds = np.frombuffer(offset_buffer, np.int32, len(rows) + 1, 4 * rows.offset)
+    bounds = bounds.astype(np.int64)
+    data = (
+        np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    )
+    starts = bounds[:-1] + skip
+    fixed = 8 * ((t.num_fields + 63) // 64 + t.num_fields) if t.num_fields else 0
+    if len(rows) and int((bounds[1:] - starts).min()) < fixed:
+        msg = f"a row shorter than the {fixed} bytes of its schema's fixed part"
+        raise UnreadableRows(msg)
+    present = np.ones(len(rows), bool)
+    fields = _struct_fields(data, starts, t, present)
+    return pa.StructArray.from_arrays(fields, fields=list(t)) if fields else _no_fields(len(rows))
+
+
+def _no_fields(n: int) -> pa.StructArray:
+    return pa.StructArray.from_arrays([pa.nulls(n)], ["_"]).cast(pa.struct([]))

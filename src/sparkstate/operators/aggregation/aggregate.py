@@ -126,6 +126,7 @@ class StreamingAggregate(StatefulOperator):
     renames_keep_state: ClassVar[bool] = True
     nested_keys: ClassVar[bool] = True
     progress_name: ClassVar[str] = "stateStoreSave"
+    spark_plain_store: ClassVar[bool] = True
     supported_output_modes: ClassVar[tuple[str, ...]] = ("append", "update", "complete")
 
     @classmethod

@@ -40,6 +40,7 @@ from sparkstate.store.files.local_dir import (
     LockHolder,
     local_key,
 )
+from sparkstate.store.rocksdb import mark_opened
 from sparkstate.store.rocksdb.options import (
     LocalDBConf,
     SharedResources,
@@ -195,6 +196,7 @@ class LocalDB:
             # The options of the default column family are passed as well: otherwise rocksdict
             # reopens an existing DB with those of its OPTIONS file, which lose the bloom filter
             # (and the shared block cache), so every SST written after a reopen has no filter.
+            mark_opened()
             self._db: rocksdict.Rdict | None = rocksdict.Rdict(
                 path, self._opts, column_families={"default": self._opts}
             )
