@@ -41,6 +41,7 @@ ROW_START = 1
 SST_DIR = "SSTs"
 _METADATA = "metadata"
 _READAHEAD = 8 << 20
+_ENTRY = pa.struct([("key", pa.binary()), ("value", pa.binary())])
 
 
 def snapshot_name(version: int, unique_id: str | None = None) -> str:
@@ -108,19 +109,13 @@ def _rows(db_dir: str, where: str) -> tuple[pa.BinaryArray, pa.BinaryArray]:
     read = rocksdict.ReadOptions()
     read.fill_cache(False)  # type: ignore[call-arg]  # each block is read once (the stub lacks its flag)
     read.set_readahead_size(_READAHEAD)
-    keys: list[bytes] = []
-    values: list[bytes] = []
     try:
-        it = db.iter(read)
-        it.seek_to_first()
-        while it.valid():  # one pass, the fastest of rocksdict's ways to read everything
-            keys.append(it.key())
-            values.append(it.value())
-            it.next()
-        del it
+        # one pass, each entry straight into Arrow: the fastest of rocksdict's ways to read all
+        entries = pa.array(db.items(read_opt=read), _ENTRY)
     finally:
         db.close()
-    return pa.array(keys, pa.binary()), pa.array(values, pa.binary())
+    assert isinstance(entries, pa.StructArray)
+    return entries.field(0), entries.field(1)
 
 
 def _check_version(rows: pa.BinaryArray, where: str) -> None:
