@@ -748,3 +748,109 @@ def test_sparks_files_that_do_not_read_as_expected_are_read_by_its_state_reader(
     assert ours.batches == expected.batches
     assert "0 read from Spark's files, 1 by its state reader" in took_over(caplog)
     assert "keys where its metadata says" in caplog.text
+
+
+#: The wrapped query's start in a driver of its own, which says when its take-over begins (a
+#: file ``started``; also where there is nothing to take over) and, the take-over done, waits
+#: to be killed instead of running batches.
+STARTED_THEN_KILLED = textwrap.dedent(
+    """
+    import os, sys, time
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    import sparkstate as ss
+    from sparkstate.engine import take_over_job, writer
+
+    chk, feed, started = sys.argv[1], sys.argv[2], sys.argv[3]
+    take_over = take_over_job.take_over
+
+    def announced(*args, **kwargs):
+        open(started, "w").close()
+        return take_over(*args, **kwargs)
+
+    writer.take_over = announced
+
+    def no_batches(*args, **kwargs):
+        open(started, "a").close()  # nothing (more) to take over: started, to be killed
+        time.sleep(600)
+
+    writer.DataStreamWriter._start_spark = no_batches
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    df = spark.readStream.schema("k string, v long, ts timestamp").option(
+        "maxFilesPerTrigger", 1
+    ).json(feed)
+    (
+        ss.stream(df)
+        .withWatermark("ts", "10 seconds")
+        .groupBy(F.window("ts", "5 seconds"), "k")
+        .agg(
+            F.count("*").alias("n"),
+            F.sum("v"),
+            F.avg("v"),
+            F.max("v"),
+            F.min("k").alias("first_k"),
+        )
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("stateStore", "rocksdb")
+        .option("checkpointLocation", chk)
+        .start()
+    )
+    """
+)
+
+
+def _sparks_files(chk: Path) -> dict[str, bytes]:
+    """Spark's own files in the checkpoint (its logs and state), less its operator metadata,
+    which the take-over sets aside at its commit point."""
+    return {
+        str(p.relative_to(chk)): p.read_bytes()
+        for p in chk.rglob("*")
+        if p.is_file() and "sparkstate" not in p.parts and "_metadata" not in p.parts
+    }
+
+
+def test_kills_at_moments_spread_over_the_take_over_lose_and_repeat_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The driver SIGKILLed again and again on one checkpoint, each time a little later after
+    its take-over began (before its Spark job, in it, about its commit point, after it): every
+    kill leaves either Spark's files as Spark left them or a committed take-over, and the
+    wrapped query's start after the last kill gives Spark's output."""
+    switch = Switch(spark, tmp_path, windowed)
+    switch.run_spark_first("update", SPARK_STORES["rocksdb"])
+    expected = switch.expected("update")
+    before = _sparks_files(switch.ours_chk)
+    started = tmp_path / "started"
+    outcomes = []
+    for delay in (0.0, 0.4, 0.8, 1.2, 1.8, 2.6):
+        started.unlink(missing_ok=True)
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        args = [str(switch.ours_chk), str(switch.feed.path), str(started)]
+        driver = subprocess.Popen(
+            [sys.executable, "-c", STARTED_THEN_KILLED, *args],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 180
+        while not started.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert started.exists(), driver.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        time.sleep(delay)
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+        committed = (switch.ours_chk / "sparkstate" / "metadata.json").exists()
+        if not committed:
+            assert _sparks_files(switch.ours_chk) == before  # as Spark left it
+        outcomes.append(committed)
+    assert switch.ours("update", PROVIDERS[-1]).batches == expected.batches
+    assert outcomes[0] is False, outcomes  # the first kill landed before the commit point
+    assert outcomes[-1] is True, outcomes  # a take-over got through
