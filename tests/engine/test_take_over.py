@@ -29,7 +29,7 @@ from pyspark.sql.types import StructField, StructType
 import sparkstate as ss
 from sparkstate.engine.batch_job import session_conf
 from sparkstate.engine.take_over_job import SparkFiles
-from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
 from sparkstate.observe.progress_log import read_progress_log
@@ -38,7 +38,7 @@ from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.runtime import take_over as take_over_logs
 
 from .conftest import PROVIDERS, FileFeed
-from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector, at, counted_in_a_processor
+from .helpers import JOIN_BATCHES, LEFT, RIGHT, Collector, at
 
 #: The user's functions of this module go to Spark's workers by value (it is not importable
 #: there under the name pytest gives it).
@@ -447,27 +447,78 @@ def test_a_stateful_processor_goes_on_from_sparks_checkpoint(
     assert any("timer" in str(rows) for rows in ours.batches.values())
 
 
-def counted_for_an_hour(df: Any) -> Any:
-    return counted_in_a_processor(df.dropna(subset=["k"]), 3_600_000, "ProcessingTime")
+class Expiring:
+    """A ``StatefulProcessor`` whose count lives 4 s (it starts again after a pause) and whose
+    list and map of the counts of each batch live an hour."""
+
+    def init(self, handle: Any) -> None:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        n = StructType([StructField("n", LongType())])
+        self.count = handle.getValueState("count", n, 4000)
+        self.seen = handle.getListState("seen", n, 3_600_000)
+        self.by_size = handle.getMapState("by_size", n, n, 3_600_000)
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+        import pandas as pd
+
+        n = sum(len(p) for p in rows)
+        total = (self.count.get()[0] if self.count.exists() else 0) + n
+        self.count.update((total,))
+        self.seen.appendValue((n,))
+        seen = len(list(self.seen.get()))
+        self.by_size.updateValue((seen,), (n,))
+        sizes = sorted(k[0] for k in self.by_size.keys())  # noqa: SIM118 - a MapState
+        yield pd.DataFrame({"k": [key[0]], "n": [total], "seen": [seen], "sizes": [str(sizes)]})
+
+    def close(self) -> None:
+        pass
 
 
-def test_state_with_a_ttl_is_refused_and_the_checkpoint_left_as_it_was(
+def expiring(df: Any) -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    processor = type("ExpiringProcessor", (Expiring, StatefulProcessor), {})()
+    return (
+        df.dropna(subset=["k"])
+        .groupBy("k")
+        .transformWithStateInPandas(
+            processor, "k string, n long, seen long, sizes string", "update", "ProcessingTime"
+        )
+    )
+
+
+def _until_output(start: Callable[[Collector], Any]) -> Collector:
+    """A query whose processing-time TTL runs a batch on every trigger, stopped once a batch
+    gave rows."""
+    collector = Collector()
+    query = start(collector)
+    deadline = time.monotonic() + 120
+    while not any(collector.batches.values()) and query.isActive and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+    return collector
+
+
+def test_state_with_a_ttl_goes_on_with_the_expirations_spark_gave_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """Spark's state data source does not show when a TTL's values expire: such a processor's
-    state is not taken over; the start says so and writes nothing into Spark's checkpoint."""
-    switch = Switch(spark, tmp_path, counted_for_an_hour)
+    """A processor's value, list and map state with a TTL: each value, element and entry keeps
+    the expiration Spark gave it (Spark's reader shows it beside the value). After a pause
+    longer than the count's TTL, the count starts again in both restarts, and the list and
+    map, whose TTL is an hour, go on."""
+    switch = Switch(spark, tmp_path, expiring)
     switch.feed.add(BATCHES[0])
-    with session_conf(spark, SPARK_STORES["rocksdb"]):  # a batch on every trigger: not awaited
-        query = switch.start_spark("update", Collector(), switch.ours_chk)
-        while not (switch.ours_chk / "commits" / "0").exists() and query.isActive:
-            time.sleep(0.1)
-        query.stop()
-    before = sorted(p.relative_to(switch.ours_chk) for p in switch.ours_chk.rglob("*"))
-    with pytest.raises(ConfigurationError, match=r"state variables with a TTL \(count\)"):
-        switch.start_ours("update", Collector(), PROVIDERS[0])
-    after = sorted(p.relative_to(switch.ours_chk) for p in switch.ours_chk.rglob("*"))
-    assert after == before
+    with session_conf(spark, SPARK_STORES["rocksdb"]):
+        _until_output(lambda c: switch.start_spark("update", c, switch.spark_chk))
+    shutil.copytree(switch.spark_chk, switch.ours_chk)
+    time.sleep(4.5)  # the count of every key has expired
+    switch.feed.add(BATCHES[1])
+    expected = _until_output(lambda c: switch.start_spark("update", c, switch.spark_chk))
+    ours = _until_output(lambda c: switch.start_ours("update", c, PROVIDERS[0]))
+    rows = sorted(r for batch in expected.batches.values() for r in batch)
+    assert sorted(r for batch in ours.batches.values() for r in batch) == rows
+    assert ("a", 1, 2, "[1, 2]") in rows  # the count expired, the list and map went on
 
 
 def joined(left: DataFrame, right: DataFrame, how: str) -> DataFrame:

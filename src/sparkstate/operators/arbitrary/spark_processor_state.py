@@ -10,6 +10,11 @@ a row is of (:data:`~sparkstate.operators.spark_state.READ`), and a field per re
 the other reads' rows. Here each read's rows become the column families a batch writes: a
 value state's value per key; a list's elements per key, in Spark's order, in one value; a
 map's entries per key, in user-key order; a key's timers, in expiry order, and their index.
+
+A variable with a TTL: Spark's reader shows each value, element and entry as a struct of the
+user's ``value`` and its ``ttlExpirationMs`` (the batch's processing time at its write plus the
+TTL, as ours). Each keeps its expiration in our field (:data:`~.ttl.TTL_FIELD`), and the
+variable's TTL index holds each key at its earliest expiration, as a batch writes them.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import ConfigurationError
+from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.operators.arbitrary.state_collections import join_blob
 from sparkstate.operators.arbitrary.state_vars import (
     LIST_VALUE_SCHEMA,
@@ -31,6 +36,7 @@ from sparkstate.operators.arbitrary.timers import (
     TIMERS_VALUE_SCHEMA,
     pack_expiries,
 )
+from sparkstate.operators.arbitrary.ttl import TTL_FIELD, ttl_cf_name
 from sparkstate.operators.spark_state import (
     KEY_NOT_COMPATIBLE,
     READ,
@@ -48,20 +54,9 @@ __all__ = ["TIMERS_READ", "processor_reads", "processor_state"]
 TIMERS_READ = "$timers"
 
 
-def processor_reads(
-    specs: dict[str, VarSpec], timers: bool, operator: str
-) -> dict[str, dict[str, str]]:
+def processor_reads(specs: dict[str, VarSpec], timers: bool) -> dict[str, dict[str, str]]:
     """The reads of Spark's state data source a take-over makes, by name: each state variable,
-    and the timers where the processor has a time mode. A variable with a TTL is refused:
-    Spark's state data source does not show when its values expire."""
-    with_ttl = sorted(name for name, spec in specs.items() if spec.ttl_ms is not None)
-    if with_ttl:
-        msg = (
-            f"taking over the state Spark's own {operator} operator wrote is not supported for "
-            f"state variables with a TTL ({', '.join(with_ttl)}): Spark's state data source does "
-            "not show when their values expire. Run the query from a new checkpoint location"
-        )
-        raise ConfigurationError(msg)
+    and the timers where the processor has a time mode."""
     reads = {name: {"stateVarName": name} for name in sorted(specs)}
     if timers:
         reads[TIMERS_READ] = {"readRegisteredTimers": "true"}
@@ -83,42 +78,56 @@ def processor_state(
         read = dict(fields_of(values[name].filter(mine)))
         owners = keys.filter(mine)
         what = f"state variable {name!r}'s field"
+        column = {"value": "value", "list": "list_element"}.get(spec.kind, "user_map_value")
+        stored, expirations = _stored(read[column], spec, what)
         if spec.kind == "value":
-            stored = by_name(fields_of(read["value"]), spec.schema, VALUE_NOT_COMPATIBLE, what)
             out[name] = (owners, stored)
+            if expirations is not None:
+                out[ttl_cf_name(name)] = index_entries(expirations, owners)
             continue
+        encoded = ValueCodec(spec.element_schema).encode_many(stored)
+        firsts, groups = _groups(owners, key_schema)
+        firsts_of = owners.take(pa.array(firsts, pa.int64()))
+        if expirations is not None:  # a key at its elements' earliest expiration
+            times = expirations.to_pylist()
+            earliest = pa.array([min(times[i] for i in g) for g in groups], pa.int64())
+            out[ttl_cf_name(name)] = index_entries(earliest, firsts_of)
         if spec.kind == "list":
-            elements = by_name(
-                fields_of(read["list_element"]), spec.schema, VALUE_NOT_COMPATIBLE, what
-            )
-            encoded = ValueCodec(spec.element_schema).encode_many(elements)
-            firsts, groups = _groups(owners, key_schema)
             blobs = [join_blob(encoded[i] for i in group) for group in groups]
-            firsts_of = owners.take(pa.array(firsts, pa.int64()))
             out[name] = (firsts_of, _blobs(blobs, LIST_VALUE_SCHEMA))
             continue
         assert spec.key_schema is not None
         user_keys = by_name(
             fields_of(read["user_map_key"]), spec.key_schema, KEY_NOT_COMPATIBLE, what
         )
-        entries = by_name(
-            fields_of(read["user_map_value"]), spec.schema, VALUE_NOT_COMPATIBLE, what
-        )
         user_encoded = KeyCodec(spec.key_schema).encode_many(user_keys)
-        entry_encoded = ValueCodec(spec.element_schema).encode_many(entries)
-        firsts, groups = _groups(owners, key_schema)
         blobs = [
             join_blob(
                 part
                 for i in sorted(group, key=user_encoded.__getitem__)
-                for part in (user_encoded[i], entry_encoded[i])
+                for part in (user_encoded[i], encoded[i])
             )
             for group in groups
         ]
-        out[name] = (owners.take(pa.array(firsts, pa.int64())), _blobs(blobs, MAP_VALUE_SCHEMA))
+        out[name] = (firsts_of, _blobs(blobs, MAP_VALUE_SCHEMA))
     if TIMERS_READ in values:
         out.update(_timers(key_schema, keys, values, pc.equal(reads, TIMERS_READ)))
     return out
+
+
+def _stored(read: pa.Array, spec: VarSpec, what: str) -> tuple[pa.Table, pa.Array | None]:
+    """The values (elements, entries) of a variable as it stores them, and under a TTL their
+    expirations (Spark's read of each: a struct of the ``value`` and its ``ttlExpirationMs``)."""
+    if spec.ttl_ms is None:
+        return by_name(fields_of(read), spec.schema, VALUE_NOT_COMPATIBLE, what), None
+    parts = dict(fields_of(read))
+    if "ttlExpirationMs" not in parts or "value" not in parts:
+        msg = f"Spark keeps state variable {spec.name!r} without a TTL; this query gives it one"
+        raise SchemaMismatchError(msg, VALUE_NOT_COMPATIBLE)
+    expirations = parts["ttlExpirationMs"].cast(pa.int64())
+    stored = by_name(fields_of(parts["value"]), spec.schema, VALUE_NOT_COMPATIBLE, what)
+    field = pa.field(TTL_FIELD, pa.int64(), nullable=False)
+    return stored.append_column(field, expirations), expirations
 
 
 def _timers(

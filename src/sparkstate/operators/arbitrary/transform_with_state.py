@@ -305,7 +305,7 @@ class TransformWithState(StatefulOperator):
     def spark_reads(self) -> dict[str, dict[str, str]] | None:
         """Each state variable, and the registered timers."""
         timers = self.time_mode != TimeMode.NONE
-        return processor_reads(self.state_specs, timers, self.progress_name)
+        return processor_reads(self.state_specs, timers)
 
     def from_spark_state(self, key: pa.StructArray, value: pa.StructArray) -> SparkRows:
         return processor_state(self.key_schema, self.state_specs, key, value)
