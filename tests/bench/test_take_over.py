@@ -99,11 +99,17 @@ def test_check_passes_a_right_run_and_names_what_is_wrong() -> None:
 def test_ratio_is_sparks_restart_over_ours() -> None:
     results = {
         "spark": {"restart_s": 6.0, "back_s": 4.0},
-        "sparkstate-rocksdb": {"restart_s": 3.0, "export_s": 1.0, "back_s": 4.0},
+        "sparkstate-rocksdb": {
+            "restart_s": 3.0,
+            "take_over_s": 1.5,
+            "export_s": 1.0,
+            "back_s": 4.0,
+        },
         "sparkstate-memory": {"error": "failed"},
     }
     assert take_over.ratios(results) == {
         "restart:sparkstate-rocksdb/spark": 2.0,
+        "take-over:sparkstate-rocksdb/spark": 4.0,
         "back:sparkstate-rocksdb/spark": 0.8,
     }
 
@@ -116,7 +122,7 @@ def test_the_take_over_is_read_from_its_log_line() -> None:
         __file__,
         1,
         "/chk: took over the state of 1 operator(s) from Spark's RocksDBStateStoreProvider after "
-        "its batch 4 (10,000,000 rows, 12.8 s)",
+        "its batch 4 (10,000,000 rows, 12.8 s; 1 read from Spark's files, 0 by its state reader)",
         None,
         None,
     )
