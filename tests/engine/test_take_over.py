@@ -598,26 +598,10 @@ def test_a_join_of_other_columns_is_refused_and_the_checkpoint_left_as_it_was(
     assert sorted(p.relative_to(chk) for p in chk.rglob("*")) == before
 
 
-#: A driver that starts the wrapped query on Spark's checkpoint and is SIGKILLed in the middle
-#: of the take-over: before its commit point (Spark's state read and ours written, nothing
-#: committed) or after it (``metadata.json`` written, Spark's logs not finished).
-KILLED = textwrap.dedent(
+#: The wrapped query of the drivers killed during a take-over: ``windowed``, started on ``chk``
+#: over ``feed`` with the ``options`` their script sets.
+KILLED_QUERY = textwrap.dedent(
     """
-    import os, signal, sys
-    from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
-    import sparkstate as ss
-    from sparkstate.runtime import take_over
-
-    chk, feed, point = sys.argv[1], sys.argv[2], sys.argv[3]
-
-    def die(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    if point == "before-the-commit-point":
-        take_over.CheckpointLog.write_commit = die
-    else:
-        take_over.settle_take_over = die
     spark = (
         SparkSession.builder.master("local[2]")
         .config("spark.ui.enabled", "false")
@@ -641,10 +625,39 @@ KILLED = textwrap.dedent(
         )
         .writeStream.outputMode("update")
         .format("noop")
+        .options(**options)
         .option("checkpointLocation", chk)
         .start()
     )
     """
+)
+
+
+#: A driver that starts the wrapped query on Spark's checkpoint and is SIGKILLed in the middle
+#: of the take-over: before its commit point (Spark's state read and ours written, nothing
+#: committed) or after it (``metadata.json`` written, Spark's logs not finished).
+KILLED = (
+    textwrap.dedent(
+        """
+    import os, signal, sys
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    import sparkstate as ss
+    from sparkstate.runtime import take_over
+
+    chk, feed, point = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def die(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "before-the-commit-point":
+        take_over.CheckpointLog.write_commit = die
+    else:
+        take_over.settle_take_over = die
+    options = {}
+    """
+    )
+    + KILLED_QUERY
 )
 
 
@@ -804,8 +817,9 @@ def test_sparks_files_that_do_not_read_as_expected_are_read_by_its_state_reader(
 #: The wrapped query's start in a driver of its own, which says when its take-over begins (a
 #: file ``started``; also where there is nothing to take over) and, the take-over done, waits
 #: to be killed instead of running batches.
-STARTED_THEN_KILLED = textwrap.dedent(
-    """
+STARTED_THEN_KILLED = (
+    textwrap.dedent(
+        """
     import os, sys, time
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -826,34 +840,10 @@ STARTED_THEN_KILLED = textwrap.dedent(
         time.sleep(600)
 
     writer.DataStreamWriter._start_spark = no_batches
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    df = spark.readStream.schema("k string, v long, ts timestamp").option(
-        "maxFilesPerTrigger", 1
-    ).json(feed)
-    (
-        ss.stream(df)
-        .withWatermark("ts", "10 seconds")
-        .groupBy(F.window("ts", "5 seconds"), "k")
-        .agg(
-            F.count("*").alias("n"),
-            F.sum("v"),
-            F.avg("v"),
-            F.max("v"),
-            F.min("k").alias("first_k"),
-        )
-        .writeStream.outputMode("update")
-        .format("noop")
-        .option("stateStore", "rocksdb")
-        .option("checkpointLocation", chk)
-        .start()
-    )
+    options = {"stateStore": "rocksdb"}
     """
+    )
+    + KILLED_QUERY
 )
 
 
