@@ -27,3 +27,19 @@ def test_the_command_says_its_version_and_the_pyspark_it_runs_with() -> None:
     assert done.returncode == 0, done.stderr
     pyspark = metadata.version("pyspark")
     assert done.stdout.strip() == f"sparkstate {sparkstate.__version__} (PySpark {pyspark})"
+
+
+def test_the_command_s_help_is_plain_text() -> None:
+    """``--help`` of the command and of each subcommand, as a terminal shows it: no reST
+    markup."""
+    command = Path(sys.executable).with_name("sparkstate")
+    for args in (["--help"], *([name, "--help"] for name in ("inspect", "report", "export"))):
+        done = subprocess.run(
+            [str(command), *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert "``" not in done.stdout and ":func:" not in done.stdout, done.stdout
+    said = subprocess.run(
+        [str(command), "--help"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
+    assert "inspect a checkpoint" in " ".join(said.split())  # as wrapped for the terminal

@@ -12,6 +12,13 @@ from typing import Any
 
 __all__ = ["main"]
 
+#: What ``sparkstate --help`` says first, as plain text.
+DESCRIPTION = (
+    "sparkstate's command line: run the demo and the benchmarks, inspect a checkpoint, write a "
+    "report of a query's batches, repartition a stopped query's state, export it back to "
+    "Spark's own operators."
+)
+
 #: bench name -> module with ``run(args) -> int``.
 BENCHES = {
     "store": "sparkstate.bench.store",
@@ -113,7 +120,7 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkstate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sparkstate", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 

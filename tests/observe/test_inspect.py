@@ -605,6 +605,42 @@ def test_a_directory_that_is_no_checkpoint(tmp_path: Path, capsys: Any) -> None:
     assert code == 1
     said = f"{tmp_path} is not a sparkstate checkpoint: it has no sparkstate/metadata.json"
     assert err == f"sparkstate inspect: {said}\n"
+    code, _, err = inspect(capsys, str(tmp_path / "nowhere"))
+    assert code == 1
+    assert err == f"sparkstate inspect: {tmp_path / 'nowhere'} does not exist\n"
+
+
+def test_one_operator_of_several_with_its_own_rows(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    """``--operator`` of a query of two operators (a deduplication, then a count per user)
+    shows that operator, and the state rows of each last batch of it alone."""
+    import sparkstate as ss
+    from sparkstate.testing import FileFeed
+
+    feed = FileFeed(tmp_path / "input")
+    for rows in FILES:
+        feed.add(_rows(rows))
+    chk = str(tmp_path / "two")
+    deduplicated = ss.stream(feed.stream(spark, SCHEMA)).dropDuplicates(["user", "ts"])
+    (
+        deduplicated.groupBy("user")
+        .count()
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", chk)
+        .trigger(availableNow=True)
+        .start()
+        .awaitTermination()
+    )
+    logged = progress(chk)
+    for op in (0, 1):
+        code, out, err = inspect(capsys, chk, "--operator", str(op))
+        assert code == 0, err
+        doc = document(capsys, chk, "--operator", str(op))
+        assert [o["id"] for o in doc["operators"]] == [op]
+        shown = [b["state_rows"] for b in doc["progress"]["batches"]]
+        reported = [[p["stateOperators"][op]["numRowsTotal"]] for p in logged[-len(shown) :]]
+        assert shown == reported
+        assert str(reported[-1][0]) in out.splitlines()[-1]  # the last batch's row of the table
 
 
 # --- S3 ------------------------------------------------------------------------------------------

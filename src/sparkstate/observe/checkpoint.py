@@ -194,6 +194,8 @@ def open_checkpoint(location: str) -> StateCheckpoint:
                 f"{location} is a checkpoint of a query that ran without sparkstate; read its "
                 "state with Spark's own reader: spark.read.format('statestore')"
             )
+        elif not DurableDir(location).present():
+            msg = f"{location} does not exist"
         else:
             msg = f"{location} is not a sparkstate checkpoint: it has no sparkstate/metadata.json"
         raise ConfigurationError(msg)

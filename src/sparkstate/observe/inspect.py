@@ -84,6 +84,10 @@ def inspect_checkpoint(
         batch_id = batches[-1]
     commit = None if batch_id is None else chk.commit(batch_id)
     progress, name = _progress(chk)
+    if operator_id is not None:  # the progress's rows of this operator only
+        at = [op.id for op in chk.operators()].index(operator_id)
+        for b in progress["batches"]:
+            b["state_rows"] = b["state_rows"][at : at + 1]
     return {
         "checkpoint": chk.location,
         "query": {

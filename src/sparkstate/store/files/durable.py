@@ -343,6 +343,15 @@ class DurableDir:
             raise StateFileError(msg) from exc
         return bool(info.type != pafs.FileType.NotFound)
 
+    def present(self) -> bool:
+        """Whether this directory exists (on an object store: whether anything is under it)."""
+        try:
+            info = self._remote(lambda: self.fs.get_file_info(self.path), "a lookup")
+        except OSError as exc:
+            msg = f"cannot look up {self.uri}: {why(exc)}"
+            raise StateFileError(msg) from exc
+        return bool(info.type != pafs.FileType.NotFound)
+
     def list(self, *, include_tmp: bool = False) -> list[FileEntry]:
         """Files directly in this directory (none if it does not exist)."""
         try:
