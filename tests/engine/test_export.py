@@ -133,7 +133,8 @@ def test_spark_reads_the_exported_state_as_its_own_and_the_wrapped_query_takes_i
     command = [str(Path(sys.executable).parent / "sparkstate"), "export", str(back.chk["ours"])]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
-    assert f"to Spark's operators after batch {last}" in done.stdout
+    assert f"to Spark's HDFSBackedStateStoreProvider after batch {last}" in done.stdout
+    assert (done.stdout + done.stderr).count("exported the state of") == 1  # said once
     assert _state(spark, back.chk["ours"], last, "statestore") == ours
     assert ss.export(spark, str(back.chk["ours"])) is None  # exported already
     back.run("spark", BATCHES[:WRAPPED])

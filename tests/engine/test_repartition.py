@@ -318,6 +318,27 @@ def test_refusals(spark: SparkSession, runs: dict[Any, Any], tmp_path: Path) -> 
         query.stop()
 
 
+def test_the_command_says_what_it_moved_once(runs: dict[Any, Any], tmp_path: Path) -> None:
+    """``sparkstate repartition``: the rescale's line (keys moved, time) once, on stdout."""
+    import shutil
+
+    chk = tmp_path / "chk"
+    shutil.copytree(runs[("aggregate", "memory", "repartition", "chk")], chk)
+    command = [str(Path(sys.executable).parent / "sparkstate"), "repartition", str(chk)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [*command, "--partitions", "3", "--master", "local[2]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "from 2 to 3 partitions" in done.stdout
+    assert (done.stdout + done.stderr).count("rescaled the state of") == 1
+
+
 def test_a_start_before_any_commit_takes_the_new_count(
     spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

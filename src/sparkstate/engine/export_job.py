@@ -27,7 +27,7 @@ from pyspark.sql.types import DataType, StructField, StructType
 
 from sparkstate.engine.query import release_if_finished
 from sparkstate.engine.rescale_job import on_checkpoint
-from sparkstate.engine.session import command_session, is_connect
+from sparkstate.engine.session import command_session, is_connect, said_once
 from sparkstate.engine.state_source import register
 from sparkstate.exceptions import SparkstateError
 from sparkstate.operators.registry import layout_of
@@ -67,11 +67,17 @@ def export(spark: SparkSession, checkpoint_location: str) -> int | None:
 def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int | None:
     started = time.perf_counter()
     if on_checkpoint(spark, _settle, (location, engine_root)):
-        log.warning("%s: finished an export to Spark's operators", location)
+        log.warning(
+            "%s: finished an export to Spark's operators; run the query without ss.stream",
+            location,
+        )
         return None
     plan = on_checkpoint(spark, _plan, (location, engine_root))
     if plan is None:
-        log.warning("%s: exported to Spark's operators already", location)
+        log.warning(
+            "%s: exported to Spark's operators already; run the query without ss.stream",
+            location,
+        )
         return None
     register(spark)  # the state reader reads the state out
     rows = 0
@@ -222,17 +228,11 @@ def run_export(
     try:
         spark = command_session("sparkstate export", master=master, remote=remote, conf=conf)
         try:
-            batch = export(spark, checkpoint)
+            with said_once():  # the export's line: what moved, or that it had been
+                export(spark, checkpoint)
         finally:
             spark.stop()
     except SparkstateError as exc:
         print(f"sparkstate export: {exc}", file=sys.stderr)
         return 1
-    if batch is None:
-        print(f"{checkpoint} is Spark's already: run the query without ss.stream")
-    else:
-        print(
-            f"exported {checkpoint} to Spark's operators after batch {batch}: run the query "
-            "without ss.stream to go on"
-        )
     return 0

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sparkstate.engine.batch_job import engine_settings
 from sparkstate.engine.query import release_if_finished
-from sparkstate.engine.session import command_session, is_connect, run_on_server
+from sparkstate.engine.session import command_session, is_connect, run_on_server, said_once
 from sparkstate.engine.spark_versions import from_arrow_type
 from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
@@ -450,17 +450,17 @@ def run_repartition(
     try:
         spark = command_session("sparkstate repartition", master=master, remote=remote, conf=conf)
         try:
-            batch = repartition(
-                spark,
-                checkpoint,
-                num_partitions,
-                enforce_exactly_once_sink=not skip_uncommitted,
-                progress=sys.stderr.isatty(),
-            )
+            with said_once():  # the rescale's line: what moved, in how long
+                repartition(
+                    spark,
+                    checkpoint,
+                    num_partitions,
+                    enforce_exactly_once_sink=not skip_uncommitted,
+                    progress=sys.stderr.isatty(),
+                )
         finally:
             spark.stop()
     except SparkstateError as exc:
         print(f"sparkstate repartition: {exc}", file=sys.stderr)
         return 1
-    print(f"rescaled {checkpoint} to {num_partitions} partitions in batch {batch}")
     return 0

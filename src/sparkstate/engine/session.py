@@ -8,7 +8,10 @@ whole process; and it imports nothing of Spark Connect's, whose client needs grp
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
 import pickle
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -43,6 +46,25 @@ def command_session(
     for k, v in settings.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def said_once() -> Iterator[None]:
+    """While a command runs, what sparkstate's logs say at warning level (a command's result:
+    what moved, in how long) printed once, on stdout, as the command's output; not also by
+    Python's last-resort handler on stderr."""
+    logger = logging.getLogger("sparkstate")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setLevel(logging.WARNING)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def _setting(text: str) -> tuple[str, str]:
