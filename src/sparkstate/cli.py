@@ -146,7 +146,13 @@ def _parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="a query's batches on one HTML page")
     report.add_argument("checkpoint", help="the query's checkpointLocation (a path or a URI)")
-    report.add_argument("-o", "--out", default="report.html", help="the page to write")
+    report.add_argument(
+        "-o",
+        "--out",
+        default=None,
+        help="the page to write (default: sparkstate-report-<checkpoint's name>.html in the "
+        "system's temporary directory)",
+    )
 
     inspect = sub.add_parser("inspect", help="a checkpoint's operators, state and last batches")
     inspect.add_argument("checkpoint", help="the query's checkpointLocation (a path or a URI)")

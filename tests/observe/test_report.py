@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,23 @@ def per_batch(logged: list[dict[str, Any]], pick: Any) -> tuple[list[int], list[
 def assert_drawn(drawn: tuple[list[int], list[float]], expected: tuple[list[int], list[float]]):
     assert drawn[0] == expected[0]
     assert drawn[1] == pytest.approx(expected[1], rel=1e-5)
+
+
+def test_unless_told_the_page_goes_to_the_temporary_directory(
+    checkpoint: str, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``--out`` the command writes nothing where it is run from: the page goes to
+    the system's temporary directory, named after the checkpoint, and the command says so."""
+    here, temporary = tmp_path / "here", tmp_path / "temporary"
+    here.mkdir()
+    temporary.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    assert cli.main(["report", checkpoint]) == 0
+    out = temporary / f"sparkstate-report-{Path(checkpoint).name}.html"
+    assert f"wrote {out}:" in capsys.readouterr().out
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert list(here.iterdir()) == []
 
 
 def test_the_command_says_where_it_wrote_and_how_many_batches(

@@ -11,7 +11,9 @@ table lists the last batches. Every text taken from the log is escaped.
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
@@ -66,9 +68,19 @@ td.text,th.text{text-align:left}code{font-size:12px}
 """
 
 
-def run_report(checkpoint: str, out: str) -> int:
-    """The command: write the page, say where and for how many batches; an error is a line on
-    stderr and exit code 1."""
+def default_out(checkpoint: str) -> str:
+    """Where the command writes the page of ``checkpoint`` unless told: in the system's
+    temporary directory (not the current one), named after the checkpoint's last part."""
+    name = re.sub(
+        r"[^A-Za-z0-9._-]+", "_", checkpoint.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    )
+    return os.path.join(tempfile.gettempdir(), f"sparkstate-report-{name or 'query'}.html")
+
+
+def run_report(checkpoint: str, out: str | None = None) -> int:
+    """The command: write the page (to ``out``, else :func:`default_out`), say where and for
+    how many batches; an error is a line on stderr and exit code 1."""
+    out = out or default_out(checkpoint)
     try:
         log = write_report(checkpoint, out)
     except (SparkstateError, OSError) as exc:
