@@ -155,7 +155,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     wait_for_archive()  # the controller's child, reaped
 
 
+#: The fast tier (``-m fast``, ``./scripts/test --fast``): what a developer runs after each
+#: change. Whole modules and packages that start no Spark (the stores, their contract, the
+#: operators, the runtime, the layers) and one differential query per operator family.
+FAST = (
+    "tests/store/",
+    "tests/operators/",
+    "tests/runtime/",
+    "tests/test_layers.py",
+    "tests/test_package.py",
+    "tests/test_docs.py",
+    "tests/engine/test_differential.py",  # aggregation, deduplication, the two chained
+    "tests/engine/test_windows.py::test_windowed_aggregation_matches_spark",
+    "tests/engine/test_session_windows.py::test_session_windows_match_spark",
+    "tests/engine/test_join.py::test_join_matches_spark",
+    "tests/engine/test_arbitrary.py::test_count_and_remove_match_spark_aipws",
+    "tests/engine/test_arbitrary.py::test_count_and_clear_match_spark_tws",
+    "tests/engine/test_limit.py::test_limit_matches_spark",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(FAST):
+            item.add_marker(pytest.mark.fast)
     if hasattr(config, "workerinput"):  # an xdist worker: the order above
         items.sort(key=_rank)  # stable: a module's tests keep their order
 
