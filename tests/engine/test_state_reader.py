@@ -385,8 +385,10 @@ def test_reader_without_spark(checkpoints: dict[str, Any]) -> None:
         for k in b.column("key").to_pylist()
     )
     assert keys == ["a", "b", "c", "d", "e"]
-    with pytest.raises(ConfigurationError, match="not a sparkstate checkpoint"):
+    with pytest.raises(ConfigurationError, match="nothing does not exist"):
         StateReader(ReadRequest(str(Path(checkpoints["dedup-limit"]["ours"]) / "nothing")))
+    with pytest.raises(ConfigurationError, match="not a sparkstate checkpoint"):
+        StateReader(ReadRequest(str(Path(checkpoints["dedup-limit"]["ours"]).parent)))
     with pytest.raises(MissingVersionError, match="changes of batch|committed batches up to"):
         StateReader(
             ReadRequest(checkpoints["dedup-limit"]["ours"], change_feed=True, change_start=50)
