@@ -39,7 +39,7 @@ if _REPO not in sys.path:
 
 from tests.class_archive import java_options, wait_for_archive  # noqa: E402
 
-from sparkstate.engine.spark_versions import PYSPARK  # noqa: E402
+from sparkstate.engine.spark.versions import PYSPARK  # noqa: E402
 
 #: Spark's checkpoint file manager over Hadoop's FileSystem (in a package of its own from 4.1).
 _STREAMING = "org.apache.spark.sql.execution.streaming"

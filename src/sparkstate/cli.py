@@ -203,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "repartition":
-        from sparkstate.engine.rescale_job import run_repartition
+        from sparkstate.engine.jobs.rescale import run_repartition
 
         return run_repartition(
             args.checkpoint,
@@ -214,11 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             conf=args.conf,
         )
     if args.command == "export":
-        from sparkstate.engine.export_job import run_export
+        from sparkstate.engine.jobs.export import run_export
 
         return run_export(args.checkpoint, master=args.master, remote=args.remote, conf=args.conf)
     if getattr(args, "remote", None):
-        from sparkstate.engine.session import REMOTE_ENV
+        from sparkstate.engine.spark.session import REMOTE_ENV
 
         os.environ[REMOTE_ENV] = args.remote  # the benchmarks' child processes read it too
     if args.command == "demo":

@@ -26,7 +26,7 @@ does, with a ``SchemaMismatchError`` that names Spark's condition of the refusal
 (``STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE``, ...). A query that ``start()`` refuses as Spark's
 analyzer refuses it (an output mode its sink or its operations do not take) raises a
 ``ConfigurationError`` that is also PySpark's ``AnalysisException``, with Spark's error
-condition (``sparkstate.engine.errors``).
+condition (``sparkstate.engine.spark.errors``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 import sparkstate as ss
 from sparkstate.bench import _spark, repartition
 from sparkstate.cli import _parser
-from sparkstate.engine.session import REMOTE_ENV
+from sparkstate.engine.spark.session import REMOTE_ENV
 
 #: One build batch and few partitions: the smoke test's time is the sessions' and the jobs'.
 TINY = {

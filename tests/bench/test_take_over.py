@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sparkstate.bench import repartition, take_over
-from sparkstate.engine.session import REMOTE_ENV
+from sparkstate.engine.spark.session import REMOTE_ENV
 
 PARAMS = {
     "state_rows": 10_000,

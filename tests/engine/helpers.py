@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 import sparkstate as ss
-from sparkstate.engine.spark_versions import PYSPARK
+from sparkstate.engine.spark.versions import PYSPARK
 from sparkstate.testing.differential import Batches as Batches
 from sparkstate.testing.differential import Collector as Collector
 from sparkstate.testing.differential import FileFeed as FileFeed
@@ -365,7 +365,7 @@ class SparkRuns:
         return ours, operators
 
 
-#: Python sources take ``trigger(availableNow=True)`` from PySpark 4.2 (engine/clock.py).
+#: Python sources take ``trigger(availableNow=True)`` from PySpark 4.2 (engine/spark/clock.py).
 AVAILABLE_NOW = PYSPARK >= (4, 2)
 
 

@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 import sparkstate as ss
-from sparkstate.engine.driver import BatchDriver
-from sparkstate.engine.sinks import FileSink
+from sparkstate.engine.run.driver import BatchDriver
+from sparkstate.engine.run.sinks import FileSink
 from sparkstate.testing import FileFeed
 
 SCHEMA = "k string, v int"

@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.aggregate_plan import recognise
-from sparkstate.engine.plan import AggregateStep, plan_stages
+from sparkstate.engine.plan.aggregate.plan import recognise
+from sparkstate.engine.plan.chain import AggregateStep, plan_stages
 from sparkstate.exceptions import ConfigurationError
 
 from .conftest import FileFeed

@@ -6,7 +6,8 @@ slow (seconds per batch even for a handful of rows), so the inputs are tiny and 
 runs once per test, against every sparkstate variant of it.
 
 Spark runs a no-data batch after a batch that moved the watermark (event-time timeouts fire there);
-so does sparkstate (its clock source, ``engine/clock.py``), so those rows come in the same batch.
+so does sparkstate (its clock source, ``engine/spark/clock.py``), so those rows come in the same
+batch.
 
 One query checks several things: the counting queries carry the stateless steps a user writes
 after the operator (their rows keep every column of its output), and transformWithState's runs

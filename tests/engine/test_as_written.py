@@ -4,7 +4,7 @@ own run of the same query, across a restart.
 Aggregates inside and around expressions (``F.sum(F.col("v") * 2)``, ``F.round(F.avg("v"), 2)``,
 ``F.sum("v") / F.count("v")``, ``F.expr("sum(v) FILTER (WHERE v > 2)")``, ...) are read off
 Spark's analyzed plan: the operator merges the aggregate functions inside, Spark evaluates the
-expressions around them (engine/aggregate_analysis.py)."""
+expressions around them (engine/plan/aggregate/analysis.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery, StreamingQueryListener
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.errors import SparkAnalysisError
+from sparkstate.engine.spark.errors import SparkAnalysisError
 
 from .conftest import PROVIDERS
 from .helpers import Collector, Differential, FileFeed, SparkRuns, at, run_available

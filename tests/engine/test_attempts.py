@@ -4,7 +4,7 @@ speculation is ``tests/cluster/test_speculation.py``; this is the choice itself.
 
 from __future__ import annotations
 
-from sparkstate.engine.attempts import winning_reports
+from sparkstate.engine.run.attempts import winning_reports
 from sparkstate.operators.base import OperatorMetrics
 from sparkstate.runtime.records import StoreReport, TaskReport
 

@@ -18,8 +18,8 @@ from pyspark.sql import udf as spark_udf
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine import batch_job
-from sparkstate.engine.batch_payload import encode, spec_in_batch
+from sparkstate.engine.run import batch_job
+from sparkstate.engine.run.batch_payload import encode, spec_in_batch
 from sparkstate.exceptions import QueryError
 from sparkstate.operators.dedup import Deduplicate
 from sparkstate.runtime.logs import ReportDir

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkstate.engine.clock import ClockReader
+from sparkstate.engine.spark.clock import ClockReader
 from sparkstate.runtime.triggers import read_clock, wants_batch, write_clock
 from sparkstate.store.files.durable import DurableDir
 

@@ -1,4 +1,4 @@
-"""Small batches run their state from the driver (engine/direct_batch.py): the driver reads the
+"""Small batches run their state from the driver (engine/run/direct_batch.py): the driver reads the
 batch's input, sends each partition's rows to the state home that holds it and hands the output
 to the sink. A run's first batch, a batch after a large one, a batch whose homes are gone and a
 step that calls the user's code run through Spark's tasks; every batch's output is Spark's own
@@ -22,7 +22,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.batch_job import engine_settings
+from sparkstate.engine.run.batch_job import engine_settings
 from sparkstate.runtime import home_client
 from sparkstate.testing import Collector, FileFeed
 

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
-from sparkstate.engine.batch_job import session_conf
+from sparkstate.engine.run.batch_job import session_conf
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.inspect import inspect_checkpoint
 
@@ -152,7 +152,7 @@ KILLED = textwrap.dedent(
     import os, signal, sys
     from pyspark.sql import SparkSession
     import sparkstate as ss
-    from sparkstate.engine import export_job
+    from sparkstate.engine.jobs import export as export_job
     from sparkstate.runtime import export
 
     chk, point = sys.argv[1], sys.argv[2]

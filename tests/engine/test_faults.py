@@ -67,7 +67,7 @@ DRIVER = textwrap.dedent(
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
     import sparkstate as ss
-    from sparkstate.engine import sinks
+    from sparkstate.engine.run import sinks
 
     feed, out, chk, die_at = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     when, batch = die_at.split(":")

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
-from sparkstate.engine.spark_versions import PYSPARK
+from sparkstate.engine.spark.versions import PYSPARK
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed
 

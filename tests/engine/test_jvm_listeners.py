@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
-from sparkstate.engine import jvm_progress
+from sparkstate.engine.spark import jvm_progress
 
 from .helpers import FileFeed, at
 

@@ -9,9 +9,9 @@ import typing
 
 import pytest
 
-from sparkstate.engine.plan import plan_chain
-from sparkstate.engine.planners import PLANNERS, planner_for
-from sparkstate.engine.steps import DedupStep, StatelessStep, Step, UnionStep
+from sparkstate.engine.plan.chain import plan_chain
+from sparkstate.engine.plan.planners import PLANNERS, planner_for
+from sparkstate.engine.plan.steps import DedupStep, StatelessStep, Step, UnionStep
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Processing-time timeouts and timers against Spark's own, on a stream that goes idle.
 
 Spark runs no-data batches on every trigger for processing-time timeouts and timers; sparkstate
-runs one when a timeout or timer comes due (``engine/clock.py``). Both must emit the same rows in
-the same order: each key's data row, then, with no new data arriving, its timed-out row.
+runs one when a timeout or timer comes due (``engine/spark/clock.py``). Both must emit the same
+rows in the same order: each key's data row, then, with no new data arriving, its timed-out row.
 Each side runs once, with a 500 ms trigger; the waits are generous because the machine is shared.
 The applyInPandasWithState query goes on, after those keys, to a key whose timeout is pending
 when the query stops and starts again on its checkpoint (rocksdb); transformWithState's timers

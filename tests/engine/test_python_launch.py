@@ -1,4 +1,4 @@
-"""The interpreter Spark starts for the clock source (``sparkstate.engine.python_launch``): it
+"""The interpreter Spark starts for the clock source (``sparkstate.engine.spark.python_launch``): it
 imports the installed PySpark, not the copy zipped inside it, and runs what Spark asked for."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from sparkstate.engine import python_launch
-from sparkstate.engine.python_launch import installed_zips_dropped, launcher
+from sparkstate.engine.spark import python_launch
+from sparkstate.engine.spark.python_launch import installed_zips_dropped, launcher
 
 PY4J = "py4j-0.10.9.9"
 
@@ -123,7 +123,7 @@ def test_one_launcher_per_interpreter() -> None:
 
 FORKED = """
 import os, sys
-from sparkstate.engine.python_launch import launcher
+from sparkstate.engine.spark.python_launch import launcher
 made = launcher(sys.executable)
 pid = os.fork()
 if pid == 0:

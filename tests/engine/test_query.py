@@ -13,10 +13,10 @@ from pyspark.sql import SparkSession
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.driver import BatchDriver, DriverConfig
-from sparkstate.engine.plan import AggregateStep, plan_stages
-from sparkstate.engine.sinks import ForeachBatchSink
-from sparkstate.engine.spark_conf import store_options_from_spark
+from sparkstate.engine.plan.chain import AggregateStep, plan_stages
+from sparkstate.engine.run.driver import BatchDriver, DriverConfig
+from sparkstate.engine.run.sinks import ForeachBatchSink
+from sparkstate.engine.spark.conf import store_options_from_spark
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.providers import StoreSettings
 from sparkstate.store import StoreConf

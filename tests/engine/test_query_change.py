@@ -240,7 +240,7 @@ KILLED = textwrap.dedent(
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     import sparkstate as ss
-    from sparkstate.engine import migrate_job
+    from sparkstate.engine.jobs import migrate as migrate_job
     from sparkstate.runtime import migration
 
     chk, feed, point = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -380,7 +380,7 @@ KILLED = textwrap.dedent(
     import sparkstate as ss
     from sparkstate.runtime import rescale
 
-    rep = importlib.import_module("sparkstate.engine.rescale_job")
+    rep = importlib.import_module("sparkstate.engine.jobs.rescale")
 
     chk, count, point = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 

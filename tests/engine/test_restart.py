@@ -113,7 +113,9 @@ def test_a_watermarked_aggregation_of_an_earlier_version_restarts(
         return start_ours(stream, "update", chk, "memory", collector)
 
     with monkeypatch.context() as patched:  # as an earlier version wrote it
-        patched.setattr("sparkstate.engine.writer.needs_clock", lambda stages, legacy=False: False)
+        patched.setattr(
+            "sparkstate.engine.api.writer.needs_clock", lambda stages, legacy=False: False
+        )
         run_batches(feed, start(), rows[:1])
     meta_file = chk / "sparkstate" / "metadata.json"
     meta = json.loads(meta_file.read_text())

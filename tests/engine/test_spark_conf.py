@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sparkstate.engine.spark_conf import python_workers_per_executor, store_options_from_spark
+from sparkstate.engine.spark.conf import python_workers_per_executor, store_options_from_spark
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.store.conf import StoreConf
 

@@ -12,8 +12,8 @@ from pyspark.sql.types import TimestampNTZType, TimestampType
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine import spark_versions
-from sparkstate.engine.spark_versions import PYSPARK
+from sparkstate.engine.spark import versions as spark_versions
+from sparkstate.engine.spark.versions import PYSPARK
 from sparkstate.exceptions import ConfigurationError
 
 from .conftest import FileFeed

@@ -27,8 +27,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import sparkstate as ss
-from sparkstate.engine.batch_job import session_conf
-from sparkstate.engine.take_over_job import SparkFiles
+from sparkstate.engine.jobs.take_over import SparkFiles
+from sparkstate.engine.run.batch_job import session_conf
 from sparkstate.exceptions import SchemaMismatchError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
@@ -831,7 +831,8 @@ STARTED_THEN_KILLED = (
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     import sparkstate as ss
-    from sparkstate.engine import take_over_job, writer
+    from sparkstate.engine.api import writer
+    from sparkstate.engine.jobs import take_over as take_over_job
 
     chk, feed, started = sys.argv[1], sys.argv[2], sys.argv[3]
     take_over = take_over_job.take_over

@@ -25,7 +25,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 import sparkstate as ss
-from sparkstate.engine.user_state import SPARK_GROUP_STATES
+from sparkstate.engine.plan.arbitrary.user_state import SPARK_GROUP_STATES
 from sparkstate.operators.arbitrary.group_state import GroupStateClock
 from sparkstate.operators.arbitrary.state_errors import UnsupportedStateOperationError
 

@@ -1,4 +1,5 @@
-"""The workers' interpreter: chosen and checked at ``start()`` (``sparkstate.engine.workers``).
+"""The workers' interpreter: chosen and checked at ``start()``
+(``sparkstate.engine.spark.workers``).
 
 The Spark tests run ``worker_python_job.py`` in a process of its own (its own SparkSession, so
 its own ``PYSPARK_PYTHON``), without ``PYTHONPATH``: the workers then find sparkstate only where
@@ -18,8 +19,8 @@ from typing import Any, NamedTuple
 import pytest
 
 import sparkstate
-from sparkstate.engine import workers
-from sparkstate.engine.python_launch import launched, launcher
+from sparkstate.engine.spark import workers
+from sparkstate.engine.spark.python_launch import launched, launcher
 
 JOB = Path(__file__).with_name("worker_python_job.py")
 SRC = str(Path(sparkstate.__file__).resolve().parents[1])

@@ -78,7 +78,7 @@ def run(setting: str, root: Path) -> dict[str, Any]:
         out["worker_executable"] = used.first()[0]
     out["elapsed_s"] = time.monotonic() - started
     out["python_exec"] = spark.sparkContext.pythonExec
-    from sparkstate.engine.python_launch import launched
+    from sparkstate.engine.spark.python_launch import launched
 
     out["python_exec_runs"] = launched(spark.sparkContext.pythonExec)
     out["active_queries"] = len(spark.streams.active)

@@ -9,8 +9,8 @@ the import caches are cleared, which each worker does: about half a second of CP
 process, where the installed package, compiled by pip, loads at once. The zip is dropped from the
 path only where it is the zip of the very package installed beside it (the same PySpark, file for
 file), so what runs is unchanged: the rule of the clock source's launcher
-(``sparkstate/engine/python_launch.py``), here for every process. ``tests/conftest.py`` puts this
-directory on ``PYTHONPATH``.
+(``sparkstate/engine/spark/python_launch.py``), here for every process. ``tests/conftest.py``
+puts this directory on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ _LAUNCH = os.path.join(
     "src",
     "sparkstate",
     "engine",
+    "spark",
     "python_launch.py",
 )
 _spec = (

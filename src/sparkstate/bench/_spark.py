@@ -65,7 +65,7 @@ from sparkstate.bench._settings import (
     SHUFFLE_PARTITIONS,
     UDF_PROFILER_CONF,
 )
-from sparkstate.engine.session import REMOTE_ENV
+from sparkstate.engine.spark.session import REMOTE_ENV
 from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = [

@@ -50,7 +50,7 @@ from sparkstate.bench._spark import (
     spark_session,
     write_report,
 )
-from sparkstate.engine.session import REMOTE_ENV
+from sparkstate.engine.spark.session import REMOTE_ENV
 from sparkstate.runtime.progress import progress_as_dict
 
 __all__ = [

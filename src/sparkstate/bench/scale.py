@@ -65,7 +65,7 @@ from sparkstate.bench._spark import (
 )
 from sparkstate.bench.rss import RssSampler
 from sparkstate.bench.scale_follow import batch_record, completed_batches, first_line, follow
-from sparkstate.engine.session import REMOTE_ENV
+from sparkstate.engine.spark.session import REMOTE_ENV
 
 __all__ = [
     "SYSTEMS",

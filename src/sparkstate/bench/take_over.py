@@ -65,7 +65,7 @@ from sparkstate.bench.repartition import (
     run_to_end,
     write_keys,
 )
-from sparkstate.engine.session import REMOTE_ENV
+from sparkstate.engine.spark.session import REMOTE_ENV
 
 __all__ = ["FULL", "QUICK", "SYSTEMS", "check_system", "measure", "ratios", "run"]
 

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(d, ignore_errors=True)
     os.makedirs(inbox)
     print("sparkstate demo: clicks and revenue per (user, category), rocksdb state store")
-    from sparkstate.engine.session import REMOTE_ENV
+    from sparkstate.engine.spark.session import REMOTE_ENV
 
     remote = os.environ.get(REMOTE_ENV)
     where = f"the Spark Connect server {remote}" if remote else "Spark (local[2])"

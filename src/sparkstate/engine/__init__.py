@@ -10,12 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparkstate.engine.api import GroupedStream, StatefulStream, stream
-    from sparkstate.engine.export_job import export
-    from sparkstate.engine.query import StreamingQuery, add_listener, remove_listener
-    from sparkstate.engine.rescale_job import repartition
-    from sparkstate.engine.state_source import register
-    from sparkstate.engine.writer import DataStreamWriter
+    from sparkstate.engine.api.stream import GroupedStream, StatefulStream, stream
+    from sparkstate.engine.api.writer import DataStreamWriter
+    from sparkstate.engine.jobs.export import export
+    from sparkstate.engine.jobs.rescale import repartition
+    from sparkstate.engine.run.query import StreamingQuery, add_listener, remove_listener
+    from sparkstate.engine.spark.state_source import register
 
 __all__ = [
     "DataStreamWriter",
@@ -32,16 +32,16 @@ __all__ = [
 
 #: Public name -> the module that defines it.
 _HOMES = {
-    "DataStreamWriter": "sparkstate.engine.writer",
-    "GroupedStream": "sparkstate.engine.api",
-    "StatefulStream": "sparkstate.engine.api",
-    "stream": "sparkstate.engine.api",
-    "StreamingQuery": "sparkstate.engine.query",
-    "add_listener": "sparkstate.engine.query",
-    "remove_listener": "sparkstate.engine.query",
-    "export": "sparkstate.engine.export_job",
-    "repartition": "sparkstate.engine.rescale_job",
-    "register": "sparkstate.engine.state_source",
+    "DataStreamWriter": "sparkstate.engine.api.writer",
+    "GroupedStream": "sparkstate.engine.api.stream",
+    "StatefulStream": "sparkstate.engine.api.stream",
+    "stream": "sparkstate.engine.api.stream",
+    "StreamingQuery": "sparkstate.engine.run.query",
+    "add_listener": "sparkstate.engine.run.query",
+    "remove_listener": "sparkstate.engine.run.query",
+    "export": "sparkstate.engine.jobs.export",
+    "repartition": "sparkstate.engine.jobs.rescale",
+    "register": "sparkstate.engine.spark.state_source",
 }
 
 
@@ -50,7 +50,7 @@ def __getattr__(name: str) -> Any:
     if home is None:
         msg = f"module 'sparkstate.engine' has no attribute {name!r}"
         raise AttributeError(msg)
-    importlib.import_module("sparkstate.engine.spark_versions")  # refuses a PySpark too old
+    importlib.import_module("sparkstate.engine.spark.versions")  # refuses a PySpark too old
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value

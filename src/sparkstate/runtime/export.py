@@ -2,7 +2,7 @@
 
 ``sparkstate export`` writes the state sparkstate's operators hold after the batch ``N`` Spark
 last committed as version ``N + 1`` of Spark's HDFS-backed provider, in Spark's files
-(``state/<operator>/<partition>/<N + 1>.snapshot``: :mod:`sparkstate.engine.export_job`), so
+(``state/<operator>/<partition>/<N + 1>.snapshot``: :mod:`sparkstate.engine.jobs.export`), so
 that the query run without ``ss.stream`` goes on from batch ``N + 1`` with Spark's operators.
 Written in this order, so that an export killed at any point either never happened (the
 wrapped query goes on from the checkpoint, and the export can run again) or completes:

@@ -24,7 +24,7 @@ touched. Killed before the commit point, the checkpoint is as it was (the files 
 named by no commit); after it, the next start finishes step 4. Reading batch ``L``'s state
 afterwards finds it in the new partitioning.
 
-Step 2 is the engine's distributed job (:mod:`sparkstate.engine.rescale_job`), over the
+Step 2 is the engine's distributed job (:mod:`sparkstate.engine.jobs.rescale`), over the
 partition reader and writer of :mod:`sparkstate.observe.rescale`.
 """
 

@@ -10,7 +10,7 @@ the batch reads up to. A batch Spark runs again after a failure reuses that file
 lines are the same; a batch Spark plans again because its offsets file was deleted (the usual
 way to roll a query back) reads up to wherever the sources are now. The driver records the
 digest of the source lines in the batch's intent and compares it when the batch id comes back
-(:meth:`sparkstate.engine.driver.BatchDriver.run_batch`).
+(:meth:`sparkstate.engine.run.driver.BatchDriver.run_batch`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 one spelling, its ``metadata.json`` (written, or checked against the query), and the query id.
 
 In a classic session it runs in the client's process; over Spark Connect, in a task on the
-server's side (:func:`sparkstate.engine.writer.DataStreamWriter.start`), since the client may not
-see the checkpoint's file system at all.
+server's side (:func:`sparkstate.engine.api.writer.DataStreamWriter.start`), since the client
+may not see the checkpoint's file system at all.
 """
 
 from __future__ import annotations

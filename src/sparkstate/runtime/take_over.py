@@ -20,7 +20,7 @@ over again) or completes:
 4. Spark's operator metadata (``state/<id>/_metadata``) moves to ``spark/`` under the engine's
    directory: Spark checks a restarted query's stateful operators against it, and the query
    Spark runs from now on has none of its own. Where the query takes the clock source
-   (:mod:`sparkstate.engine.clock`), Spark's offsets of
+   (:mod:`sparkstate.engine.spark.clock`), Spark's offsets of
    batch ``N``, of the one before it (Spark's restart reads both) and of a batch Spark planned
    after it and did not commit get the clock's line:
    Spark refuses a restart whose query has another number of sources than its offset log. A

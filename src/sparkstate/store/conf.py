@@ -87,7 +87,7 @@ class StoreConf:
     #: A batch of a query whose last batch with data read at most this many rows (Spark's
     #: ``numInputRows``) runs its stateful step from the driver, which sends each partition's
     #: rows to the state home holding it, instead of a Spark stage
-    #: (:mod:`sparkstate.engine.direct_batch`); 0: never.
+    #: (:mod:`sparkstate.engine.run.direct_batch`); 0: never.
     direct_batch_rows: int = 10_000
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.

@@ -1,5 +1,5 @@
 """Spark's own state files, as its HDFS-backed provider reads them: the export of a checkpoint back
-to Spark's operators (:mod:`sparkstate.engine.export_job`).
+to Spark's operators (:mod:`sparkstate.engine.jobs.export`).
 
 A state row is an ``UnsafeRow`` (Spark's ``UnsafeRow.java``): a null bit per field, rounded up
 to 64-bit words; an 8-byte slot per field, holding a fixed-width value (little-endian, the rest

@@ -3,7 +3,7 @@
 Each function keeps a few buffers per key in state (Spark's aggregation buffers: a count, a sum
 and an "is empty" flag, a value and a "value set" flag, ``(n, avg, m2)``, a list, HyperLogLog
 registers); Spark computes each batch's partial buffers in the JVM
-(:mod:`sparkstate.engine.aggregate_plan`), and here they merge into the state's and give the
+(:mod:`sparkstate.engine.plan.aggregate.plan`), and here they merge into the state's and give the
 function's result. Merges follow Spark's merge expressions, and results its evaluate expressions,
 nulls and NaN included:
 
@@ -165,7 +165,7 @@ class AggregateFunction:
         if self.func == "approx_count_distinct":
             hll.precision(self.rsd)
         if self.func == "hll_sketch_agg":
-            hll_sketch.check_lg_k(self._lg_k())
+            hll_sketch.check_lg_k(self.effective_lg_k())
         if self.func in _PERCENTILES + _APPROX and self.percentage is None:
             msg = f"{self.func}() into column {self.output_name!r} needs its percentage"
             raise ConfigurationError(msg)
@@ -262,17 +262,17 @@ class AggregateFunction:
             p = self.percentage
             out["percentage"] = list(p) if isinstance(p, tuple) else p
         if self.func in _APPROX:
-            out["accuracy"] = self._accuracy()
+            out["accuracy"] = self.effective_accuracy()
         if self.func == "hll_sketch_agg":
-            out["lgConfigK"] = self._lg_k()
+            out["lgConfigK"] = self.effective_lg_k()
         if self.func == "hll_union_agg":
             out["allowDifferentLgConfigK"] = self.allow_different_lg_config_k
         return out
 
-    def _accuracy(self) -> int:
+    def effective_accuracy(self) -> int:
         return 10000 if self.accuracy is None else int(self.accuracy)
 
-    def _lg_k(self) -> int:
+    def effective_lg_k(self) -> int:
         return hll_sketch.DEFAULT_LG_K if self.lg_config_k is None else self.lg_config_k
 
     def _decimal_avg(self) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import decimal
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -17,8 +17,29 @@ from sparkstate.operators.aggregation import _distribution, _moments, _quantiles
 from sparkstate.operators.aggregation._decimals import add_within, average
 from sparkstate.operators.aggregation._lists import concat_lists, distinct_lists, no_null_lists
 
-if TYPE_CHECKING:
-    from sparkstate.operators.aggregation.aggregate_functions import AggregateFunction
+
+class Aggregate(Protocol):
+    """What a merge reads of its aggregate
+    (:class:`~sparkstate.operators.aggregation.aggregate_functions.AggregateFunction`)."""
+
+    @property
+    def func(self) -> str: ...
+    @property
+    def output_type(self) -> pa.DataType: ...
+    @property
+    def ignore_nulls(self) -> bool: ...
+    @property
+    def rsd(self) -> float | None: ...
+    @property
+    def legacy_statistics(self) -> bool: ...
+    @property
+    def percentage(self) -> float | tuple[float, ...] | None: ...
+    @property
+    def allow_different_lg_config_k(self) -> bool: ...
+    def effective_accuracy(self) -> int: ...
+    def effective_lg_k(self) -> int: ...
+    def overflow(self, detail: str) -> Exception: ...
+
 
 __all__ = ["MERGES", "RESULTS", "SAMPLE_STATISTICS", "merge_summaries"]
 
@@ -31,8 +52,8 @@ _ROOTS = ("stddev", "std", "stddev_samp", "stddev_pop")
 # --- merges ---------------------------------------------------------------------------------------
 
 Bufs = list[pa.Array]
-Merge = Callable[["AggregateFunction", Bufs, Bufs, bool], Bufs]
-Result = Callable[["AggregateFunction", Bufs, bool], pa.Array]
+Merge = Callable[["Aggregate", Bufs, Bufs, bool], Bufs]
+Result = Callable[["Aggregate", Bufs, bool], pa.Array]
 
 
 def _add_counts(state: pa.Array, batch: pa.Array) -> pa.Array:
@@ -47,15 +68,15 @@ def _add_sums(state: pa.Array, batch: pa.Array, ansi: bool) -> pa.Array:
     return pc.coalesce(total, state, batch).cast(state.type)
 
 
-def _merge_count(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_count(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [_add_counts(s[0], b[0])]
 
 
-def _merge_sum(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_sum(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [_add_sums(s[0], b[0], ansi)]
 
 
-def _merge_avg(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_avg(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [_add_sums(s[0], b[0], True), _add_counts(s[1], b[1])]
 
 
@@ -64,7 +85,7 @@ def _emptiness(total: pa.Array, empty: pa.Array) -> pa.Array:
     return pc.coalesce(empty, pc.is_null(total))
 
 
-def _merge_decimal_sum(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_decimal_sum(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     """Spark's decimal ``(sum, isEmpty)``: an overflowed side (null sum, not empty) stays null."""
     empty_s, empty_b = _emptiness(s[0], s[1]), _emptiness(b[0], b[1].cast(pa.bool_()))
     overflowed = pc.or_(
@@ -82,7 +103,7 @@ def _merge_decimal_sum(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> 
     return [pc.if_else(both_empty, pa.scalar(None, total.type), total), both_empty]
 
 
-def _merge_decimal_avg(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_decimal_avg(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     """Spark's decimal ``(sum, count)``: the sum starts at 0 and stays null once past its
     precision."""
     count_s, count_b = pc.fill_null(s[1], 0), pc.fill_null(b[1], 0)
@@ -101,9 +122,7 @@ def _merge_decimal_avg(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> 
 
 
 def _pick(better: Callable[[pa.Array, pa.Array], pa.Array]) -> Merge:
-    def merge(
-        agg: AggregateFunction, s: list[pa.Array], b: list[pa.Array], ansi: bool
-    ) -> list[pa.Array]:
+    def merge(agg: Aggregate, s: list[pa.Array], b: list[pa.Array], ansi: bool) -> list[pa.Array]:
         state, batch = s[0], b[0]
         take_batch = pc.or_kleene(
             pc.is_null(state), pc.and_kleene(pc.is_valid(batch), better(batch, state))
@@ -124,7 +143,7 @@ def _greater(a: pa.Array, b: pa.Array) -> pa.Array:
     return _less(b, a)
 
 
-def _batch_set(agg: AggregateFunction, value: pa.Array) -> pa.Array:
+def _batch_set(agg: Aggregate, value: pa.Array) -> pa.Array:
     """Whether a batch's partial row sets the value: always (a row of the group came), or with
     ``ignorenulls`` when the value is not null."""
     if agg.ignore_nulls:
@@ -132,23 +151,23 @@ def _batch_set(agg: AggregateFunction, value: pa.Array) -> pa.Array:
     return pa.array(np.ones(len(value), np.bool_))
 
 
-def _merge_first(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_first(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     was_set = pc.fill_null(s[1], False)
     now_set = _batch_set(agg, b[0])
     return [pc.if_else(was_set, s[0], b[0]), pc.or_(was_set, now_set)]
 
 
-def _merge_last(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_last(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     was_set = pc.fill_null(s[1], False)
     now_set = _batch_set(agg, b[0])
     return [pc.if_else(now_set, b[0], s[0]), pc.or_(was_set, now_set)]
 
 
-def _merge_collect_list(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_collect_list(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [concat_lists(s[0], b[0])]
 
 
-def _merge_collect_set(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_collect_set(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [distinct_lists(concat_lists(s[0], b[0]))]
 
 
@@ -156,7 +175,7 @@ def _doubles(arr: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(arr.cast(_F64), 0.0), dtype=np.float64)
 
 
-def _merge_moments(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_moments(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     """Chan et al.'s merge of ``(n, avg, m2)``, in Spark's order of operations."""
     n1, avg1, m2_1 = (_doubles(a) for a in s)
     n2, avg2, m2_2 = (_doubles(a) for a in b)
@@ -173,14 +192,14 @@ def _merge_bool(op: Callable[[pa.Array, pa.Array], pa.Array]) -> Merge:
     """Spark's ``bool_and``/``bool_or`` (and ``bit_*``): a null side (no value yet) gives the
     other side."""
 
-    def merge(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    def merge(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
         state, batch = s[0], b[0].cast(s[0].type)
         return [pc.coalesce(op(state, batch), state, batch)]
 
     return merge
 
 
-def _merge_extremum_by(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_extremum_by(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     """Spark's ``max_by``/``min_by`` merge: a null ordering gives the other side; else the
     state's stays only when its ordering is strictly better."""
     better = _greater if agg.func == "max_by" else _less
@@ -190,11 +209,11 @@ def _merge_extremum_by(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> 
     return [pc.if_else(keep, s[0], b[0]), pc.if_else(keep, order_s, order_b)]
 
 
-def _merge_central(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_central(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return _moments.merge_central(s, b)
 
 
-def _merge_comoments(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_comoments(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return _moments.merge_comoments(s, b)
 
 
@@ -206,10 +225,10 @@ def _summaries(bufs: Bufs) -> list[_quantiles.Summary]:
     ]
 
 
-def merge_summaries(agg: AggregateFunction, s: Bufs, b: Bufs, *, from_values: bool) -> Bufs:
+def merge_summaries(agg: Aggregate, s: Bufs, b: Bufs, *, from_values: bool) -> Bufs:
     """Each row's quantile summary merged with the batch's (built from its values in order) or,
     between sessions, with another summary."""
-    eps = 1.0 / agg._accuracy()
+    eps = 1.0 / agg.effective_accuracy()
     if from_values:
         batch = [_quantiles.from_values(v or [], eps) for v in b[0].to_pylist()]
     else:
@@ -223,19 +242,19 @@ def merge_summaries(agg: AggregateFunction, s: Bufs, b: Bufs, *, from_values: bo
     ]
 
 
-def _merge_quantiles(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_quantiles(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return merge_summaries(agg, s, b, from_values=True)
 
 
-def _merge_registers(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_registers(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     return [hll.fold(s[0], b[0], hll.precision(agg.rsd))]
 
 
-def _merge_hll_sketches(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
-    return [hll_sketch.merge_sketches(s[0], b[0], agg._lg_k())]
+def _merge_hll_sketches(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+    return [hll_sketch.merge_sketches(s[0], b[0], agg.effective_lg_k())]
 
 
-def _merge_hll_unions(agg: AggregateFunction, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
+def _merge_hll_unions(agg: Aggregate, s: Bufs, b: Bufs, ansi: bool) -> Bufs:
     allow = agg.allow_different_lg_config_k
     return [hll_sketch.merge_unions(s[0], b[0], allow_different_lg_k=allow)]
 
@@ -273,36 +292,36 @@ MERGES: dict[str, Merge] = {
 # --- results --------------------------------------------------------------------------------------
 
 
-def _first_buffer(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _first_buffer(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     return bufs[0]
 
 
-def _count(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _count(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     return pc.fill_null(bufs[0], 0)
 
 
-def _average(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _average(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     total, count = bufs
     nonzero = pc.greater(pc.fill_null(count, 0), 0)
     quotient = pc.divide(total, pc.if_else(nonzero, count, 1).cast(_F64))
     return pc.if_else(nonzero, quotient, pa.scalar(None, _F64))
 
 
-def _decimal_average(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _decimal_average(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     """Spark's ``sum / count`` of decimals (null without values)."""
     return average(bufs[0], bufs[1], agg.output_type, agg.overflow if ansi else None)
 
 
-def _decimal_sum(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _decimal_sum(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     total, empty = bufs
     return pc.if_else(_emptiness(total, empty), pa.scalar(None, total.type), total)
 
 
-def _collected(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _collected(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     return no_null_lists(bufs[0])
 
 
-def _moment(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _moment(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     """Spark's evaluation: null without values; a sample statistic of one value is null (NaN
     in legacy mode)."""
     n, m2 = _doubles(bufs[0]), _doubles(bufs[2])
@@ -321,38 +340,38 @@ def _moment(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
     return pa.array(value, _F64, mask=null)
 
 
-def _approx_count(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _approx_count(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     return hll.estimate(bufs[0], hll.precision(agg.rsd))
 
 
-def _sketch(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _sketch(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     """The state's sketch; where no sketch came (``hll_union_agg`` of nulls only), Spark's
     empty union: an empty sketch of ``lgConfigK`` 12."""
-    lg_k = agg._lg_k() if agg.func == "hll_sketch_agg" else hll_sketch.DEFAULT_LG_K
+    lg_k = agg.effective_lg_k() if agg.func == "hll_sketch_agg" else hll_sketch.DEFAULT_LG_K
     return pc.fill_null(bufs[0].cast(pa.binary()), pa.scalar(hll_sketch.empty(lg_k), pa.binary()))
 
 
-def _central(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _central(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     return _moments.moment_result(agg.func, bufs, legacy=agg.legacy_statistics)
 
 
-def _comoments(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _comoments(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     return _moments.comoments_result(agg.func, bufs, legacy=agg.legacy_statistics)
 
 
-def _percentile(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _percentile(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     assert agg.percentage is not None
     return _distribution.percentiles(bufs[0], agg.percentage)
 
 
-def _mode(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _mode(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     return _distribution.mode(bufs[0])
 
 
-def _approx_percentile(agg: AggregateFunction, bufs: Bufs, ansi: bool) -> pa.Array:
+def _approx_percentile(agg: Aggregate, bufs: Bufs, ansi: bool) -> pa.Array:
     """Spark's answers from each summary, as the column's type (a list of them for a list of
     percentages); null without values."""
-    eps = 1.0 / agg._accuracy()
+    eps = 1.0 / agg.effective_accuracy()
     percentage = agg.percentage
     assert percentage is not None
     several = isinstance(percentage, tuple)

@@ -3,8 +3,8 @@
 Spark's ``HyperLogLogPlusPlus`` hashes each value with XxHash64 (seed 42, floats normalised), takes
 the top ``p`` bits as the register index and the leading zeros of the rest, plus one, as the
 rank; a register keeps the largest rank it saw. Spark computes each batch's (index, rank) pairs in
-the JVM, packed as ``index * 64 + rank`` (:func:`sparkstate.engine.aggregate_plan`); here they fold
-into the registers, and the registers give Spark's estimate: linear counting for small
+the JVM, packed as ``index * 64 + rank`` (:mod:`sparkstate.engine.plan.aggregate.plan`); here
+they fold into the registers, and the registers give Spark's estimate: linear counting for small
 cardinalities, the raw HyperLogLog estimate above ``5 m``. Between the two Spark subtracts a bias
 interpolated from the empirical tables of the HLL++ paper, which we do not carry; there we use
 Ertl's improved raw estimator ("New cardinality estimation algorithms for HyperLogLog sketches",

@@ -11,14 +11,14 @@ import datetime
 import decimal
 import struct
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 
-__all__ = ["Column", "Row", "check_arity", "columns_of"]
+__all__ = ["Column", "Row", "ValueLayout", "check_arity", "takes_nested_layout"]
 
 Row: TypeAlias = tuple[Any, ...]
 
@@ -37,6 +37,13 @@ _INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
 _NONE = type(None)
 
 
+class ValueLayout(Protocol):
+    """How the bytes of a nested column's values are laid out (:class:`._nested.NestedLayout`)."""
+
+    def encode(self, v: Any) -> bytes: ...
+    def decode(self, payload: bytes) -> Any: ...
+
+
 class Column:
     """One field of a schema: how its Python values become physical values and back.
 
@@ -44,7 +51,10 @@ class Column:
     ``bool`` or ``var`` (bytes). ``to_phys`` validates a Python value; ``from_phys`` (None for the
     identity) gives the value as pyarrow's ``to_pylist()`` does (a timestamp outside datetime's
     years 1..9999, which pyarrow cannot give, as its count). A list column (values only) is a
-    ``var`` column whose bytes are laid out by :class:`ListLayout`.
+    ``var`` column whose bytes are laid out by :class:`ListLayout`; a nested column (a struct, a
+    map, a list of those) one whose bytes are laid out by ``layout``
+    (:class:`._nested.NestedLayout`, which builds on this class: :func:`._nested.columns_of`
+    gives it).
     """
 
     phys: str
@@ -55,7 +65,9 @@ class Column:
     #: The element column of a list column (values only).
     element: Column
 
-    def __init__(self, index: int, field: pa.Field, role: str) -> None:
+    def __init__(
+        self, index: int, field: pa.Field, role: str, layout: ValueLayout | None = None
+    ) -> None:
         self.index = index
         self.name: str = field.name
         self.type: pa.DataType = field.type
@@ -98,14 +110,9 @@ class Column:
             layout = ListLayout(self)
             self._set("var", 0, "", layout.encode, {list, tuple, np.ndarray})
             self.from_phys = layout.decode
-        elif (role == "value" and _is_nested_value_type(t)) or (
-            role == "key" and pa.types.is_nested(t) and not _has_map(t)
-        ):
-            from sparkstate.store.codec._nested import NestedLayout  # (it builds on Column)
-
-            layout_of = NestedLayout(field)
-            self._set("var", 0, "", layout_of.encode, {list, tuple, dict, np.ndarray})
-            self.from_phys = layout_of.decode
+        elif layout is not None and takes_nested_layout(t, role):
+            self._set("var", 0, "", layout.encode, {list, tuple, dict, np.ndarray})
+            self.from_phys = layout.decode
         else:
             lists = ", and in values lists, structs and maps of those" if role == "value" else ""
             if role == "key":
@@ -366,6 +373,14 @@ def _is_nested_value_type(t: pa.DataType) -> bool:
     )
 
 
+def takes_nested_layout(t: pa.DataType, role: str) -> bool:
+    """Whether a ``role`` column of type ``t`` is laid out by :class:`._nested.NestedLayout`: a
+    value's struct, map or list of those; a key's struct or list that holds no map."""
+    if role == "value":
+        return _is_nested_value_type(t)
+    return role == "key" and pa.types.is_nested(t) and not _has_map(t)
+
+
 def _has_map(t: pa.DataType) -> bool:
     """Whether ``t`` is or holds a map."""
     if pa.types.is_map(t):
@@ -385,13 +400,6 @@ def _date32_from_days(days: int) -> datetime.date:
 
 def _date64_from_ms(ms: int) -> datetime.date:
     return datetime.date.fromordinal(_EPOCH_ORDINAL + ms // _MS_PER_DAY)
-
-
-def columns_of(schema: pa.Schema, role: str) -> list[Column]:
-    if not isinstance(schema, pa.Schema):
-        msg = f"{role} codec needs a pyarrow.Schema, got {schema!r}"
-        raise ConfigurationError(msg)
-    return [Column(i, schema.field(i), role) for i in range(len(schema))]
 
 
 def check_arity(row: Any, cols: list[Column], role: str, exact: bool = True) -> None:

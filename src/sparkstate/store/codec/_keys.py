@@ -44,8 +44,8 @@ from sparkstate.store.codec._arrow import (
     table_from_rows,
     validity,
 )
-from sparkstate.store.codec._columns import Column, Row, check_arity, columns_of
-from sparkstate.store.codec._nested import nested_payloads
+from sparkstate.store.codec._columns import Column, Row, check_arity
+from sparkstate.store.codec._nested import columns_of, nested_payloads
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = ["KEY_FORMAT_VERSION", "KeyCodec"]

@@ -29,12 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.exceptions import SchemaMismatchError
+from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.store.codec._arrow import LB, LB_EMPTY, fsb_to_large_binary, validity
-from sparkstate.store.codec._columns import Column, _is_nested_value_type
+from sparkstate.store.codec._columns import Column, _is_nested_value_type, takes_nested_layout
 from sparkstate.store.codec._lists import element_bytes, joined
 
-__all__ = ["NestedLayout", "is_nested_value_type", "nested_payloads"]
+__all__ = ["NestedLayout", "columns_of", "is_nested_value_type", "nested_payloads"]
 
 #: Reads one framed value at a position: (value, position after it).
 Reader = Callable[[bytes, int], tuple[Any, int]]
@@ -368,3 +368,16 @@ def _struct_reader(t: pa.StructType) -> Reader:
     exec("\n".join(lines), env)  # noqa: S102 - generated from the schema's types only
     read: Reader = env["read"]
     return read
+
+
+def columns_of(schema: pa.Schema, role: str) -> list[Column]:
+    """The columns of a ``role`` codec's ``schema``, its nested ones laid out here."""
+    if not isinstance(schema, pa.Schema):
+        msg = f"{role} codec needs a pyarrow.Schema, got {schema!r}"
+        raise ConfigurationError(msg)
+    return [_column(i, schema.field(i), role) for i in range(len(schema))]
+
+
+def _column(index: int, field: pa.Field, role: str) -> Column:
+    nested = NestedLayout(field) if takes_nested_layout(field.type, role) else None
+    return Column(index, field, role, nested)

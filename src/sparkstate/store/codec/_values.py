@@ -38,9 +38,9 @@ from sparkstate.store.codec._arrow import (
     table_from_rows,
     validity,
 )
-from sparkstate.store.codec._columns import Column, Row, check_arity, columns_of
+from sparkstate.store.codec._columns import Column, Row, check_arity
 from sparkstate.store.codec._lists import list_payloads
-from sparkstate.store.codec._nested import is_nested_value_type, nested_payloads
+from sparkstate.store.codec._nested import columns_of, is_nested_value_type, nested_payloads
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = ["VALUE_FORMAT_VERSION", "ValueCodec"]

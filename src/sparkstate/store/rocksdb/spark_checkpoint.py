@@ -1,5 +1,5 @@
 """A partition of Spark's own RocksDB state store, read from its checkpoint files: the take-over of
-a Spark query's state without Spark's state data source (:mod:`sparkstate.engine.take_over_job`).
+a Spark query's state without Spark's state data source (:mod:`sparkstate.engine.jobs.take_over`).
 
 Spark's RocksDB provider (``RocksDBFileManager.scala``) keeps, per partition, a snapshot of each
 version it uploaded as ``<version>.zip`` (``<version>_<unique id>.zip`` with checkpoint format

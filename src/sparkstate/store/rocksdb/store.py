@@ -16,11 +16,12 @@ import itertools
 import operator
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-from sparkstate.store.base import StateStore, StoreStatus, family_of
+from sparkstate.store.base import ColumnFamily, StateStore, StoreStatus, family_of
+from sparkstate.store.conf import StoreConf, StoreId
 from sparkstate.store.rocksdb.local import LocalDB, key_order
 from sparkstate.store.rocksdb.value_copy import ValueCopy
 from sparkstate.store.spark_metrics import (
@@ -30,8 +31,37 @@ from sparkstate.store.spark_metrics import (
 )
 from sparkstate.store.versions.layout import VersionRef, new_checkpoint_id
 
-if TYPE_CHECKING:
-    from sparkstate.store.rocksdb.provider import RocksDBStateStoreProvider
+
+class StoreHost(Protocol):
+    """What a store asks of the provider that opened it
+    (:class:`~sparkstate.store.rocksdb.provider.RocksDBStateStoreProvider`): its settings, and
+    the work around a commit that outlives the store (the copy in memory, the snapshots, the
+    changelog, the counters)."""
+
+    id: StoreId
+    conf: StoreConf
+    families: dict[str, ColumnFamily]
+    corrupt_snapshots_skipped: int
+
+    def applied(
+        self, ref: VersionRef, keys: list[bytes], values: list[bytes | None], num_keys: int
+    ) -> None: ...
+    def drop_copy(self) -> None: ...
+    def keep_gaps(self, ref: VersionRef, gaps: dict[str, dict[bytes, bytes]]) -> None: ...
+    def after_commit(self, store: RocksDBStateStore, ref: VersionRef) -> None: ...
+    def end_use(self, *, close: bool = False) -> None: ...
+    def write_changelog(
+        self,
+        ref: VersionRef,
+        parent: VersionRef | None,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        extra: dict[str, Any] | None = None,
+    ) -> int: ...
+    def memory_used_bytes(self, db: LocalDB) -> int: ...
+    def counters_since_report(self, *, take: bool) -> dict[str, float]: ...
+    def snapshot_metrics(self) -> dict[str, float]: ...
+
 
 __all__ = ["STAT_NAMES", "RocksDBStateStore"]
 
@@ -63,7 +93,7 @@ class RocksDBStateStore(StateStore):
 
     def __init__(
         self,
-        provider: RocksDBStateStoreProvider,
+        provider: StoreHost,
         base: VersionRef | None,
         version: int,
         db: LocalDB,

@@ -1,0 +1,1 @@
+"""What the user calls: the wrapped stream, its ``groupBy``, ``writeStream`` and trigger."""

@@ -1,0 +1,1 @@
+"""One-off Spark jobs over a whole checkpoint: rescale, export, migrate, take over."""

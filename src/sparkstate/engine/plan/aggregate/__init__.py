@@ -1,0 +1,1 @@
+"""Planning a streaming aggregation: its aggregates read off Spark's analysis."""

@@ -1,0 +1,1 @@
+"""What touches Spark's internals: sessions, confs, schemas, versions, listeners, the JVM."""
