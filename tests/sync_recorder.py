@@ -20,7 +20,7 @@ ENV = "SPARKSTATE_RECORD_SYNCS"
 
 
 def install(log_dir: str) -> None:
-    from sparkstate.store.files import durable
+    from sparkstate.files import durable
 
     def record(kind: str, path: str) -> None:
         with open(os.path.join(log_dir, f"{os.getpid()}.log"), "a", encoding="utf-8") as out:

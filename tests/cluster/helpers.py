@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from sparkstate.store.files.local_dir import LocalStoreDir
+from sparkstate.store.local_dir import LocalStoreDir
 from sparkstate.testing.differential import Batches as Batches
 from sparkstate.testing.differential import Collector as Collector
 from sparkstate.testing.differential import FileFeed as FileFeed

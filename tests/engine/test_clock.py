@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from sparkstate.engine.spark.clock import ClockReader
+from sparkstate.files.durable import DurableDir
 from sparkstate.runtime.triggers import read_clock, wants_batch, write_clock
-from sparkstate.store.files.durable import DurableDir
 
 #: In the compatibility suite (scripts/compat).
 pytestmark = pytest.mark.versions

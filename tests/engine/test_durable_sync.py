@@ -1,6 +1,6 @@
 """A power cut or an operating system crash after a write returned does not lose it: every file
 sparkstate writes on a local file system is synced before its name appears, and its directory
-after (``sparkstate.store.files.durable``).
+after (``sparkstate.files.durable``).
 
 Recorded, not assumed: a job of its own runs queries on both providers, with a file sink,
 maintenance after every batch and a restart, with every Python process (the driver, the
@@ -20,7 +20,7 @@ import pytest
 from tests import sync_recorder
 from tests.conftest import PYTHON_START
 
-from sparkstate.store.files.durable import TMP_PREFIX, DurableDir
+from sparkstate.files.durable import TMP_PREFIX, DurableDir
 
 JOB = Path(__file__).with_name("durable_sync_job.py")
 REPO = str(Path(__file__).resolve().parents[2])

@@ -31,7 +31,7 @@ from pyspark.sql import SparkSession
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.store.files.durable import TMP_PREFIX
+from sparkstate.files.durable import TMP_PREFIX
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import Collector, source, start_ours

@@ -32,7 +32,7 @@ from tests.store.conftest import s3_endpoint as s3_endpoint  # the loopback S3 s
 import sparkstate as ss
 from sparkstate import cli
 from sparkstate import functions as SF
-from sparkstate.store.files.durable import DurableDir, join_uri
+from sparkstate.files.durable import DurableDir, join_uri
 from sparkstate.testing import FileFeed
 
 from .conftest import PARTITIONS, PROVIDERS

@@ -410,8 +410,8 @@ def test_reader_on_s3(checkpoints: dict[str, Any], s3_endpoint: S3Endpoint) -> N
     """A checkpoint on S3 reads as it did on the local disk: state, change feed, metadata."""
     from pyarrow import fs as pafs
 
+    from sparkstate.files.durable import DurableDir
     from sparkstate.observe.reader import ReadRequest, StateReader, state_metadata
-    from sparkstate.store.files.durable import DurableDir
 
     for name, options in (("dedup-within", {}), ("transformWithState", {"stateVarName": "seen"})):
         local = checkpoints[name]["ours"]

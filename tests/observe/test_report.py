@@ -19,11 +19,11 @@ import pytest
 
 from sparkstate import cli
 from sparkstate.exceptions import MissingVersionError
+from sparkstate.files.durable import DurableDir
 from sparkstate.observe import units
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.observe.report import CHARTS, render
 from sparkstate.observe.svg import COLUMNS, PALETTE
-from sparkstate.store.files.durable import DurableDir
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

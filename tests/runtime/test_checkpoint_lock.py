@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sparkstate.exceptions import CheckpointInUseError
+from sparkstate.files.file_lock import FileLock
 from sparkstate.runtime.logs import LOCK_FILE, CheckpointLock
-from sparkstate.store.files.file_lock import FileLock
 
 HOLD = """
 import sys, time

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparkstate.files.durable import DurableDir
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.records import BatchCommit, BatchIntent
 from sparkstate.runtime.spark_checkpoint import input_digest
-from sparkstate.store.files.durable import DurableDir
 
 
 def write_offsets(checkpoint: Path, batch_id: int, timestamp: int, *sources: str) -> None:

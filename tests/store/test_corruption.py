@@ -350,7 +350,7 @@ def test_snapshot_uploaded_after_a_restore_keeps_its_own_sst_files(tmp_path: Pat
 
 def _snapshot_objects_of(factory: ProviderFactory, version: int, checkpoint_id: str) -> set[str]:
     """The SST objects the rocksdb snapshot of ``version`` attempt ``checkpoint_id`` names."""
-    from sparkstate.store.files.durable import DurableDir
+    from sparkstate.files.durable import DurableDir
     from sparkstate.store.rocksdb.snapshot import read_manifest
     from sparkstate.store.versions.layout import VersionRef
 

@@ -37,8 +37,8 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 
+from sparkstate.files.durable import TMP_PREFIX, DurableDir
 from sparkstate.store.base import Row, StateStoreProvider
-from sparkstate.store.files.durable import TMP_PREFIX, DurableDir
 from sparkstate.store.frames import HEADER_SIZE, decode_frame
 from sparkstate.store.versions.layout import VersionRef
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkstate.exceptions import StoreLockedError
-from sparkstate.store.files.file_lock import FileLock
+from sparkstate.files.file_lock import FileLock
 
 
 def child(code: str) -> subprocess.Popen[str]:
@@ -59,7 +59,7 @@ def test_another_process_is_refused_and_a_killed_holder_releases(tmp_path: Path)
     holder = child(
         f"""
         import sys, time
-        from sparkstate.store.files.file_lock import FileLock
+        from sparkstate.files.file_lock import FileLock
         FileLock({path!r}).acquire()
         print("locked", flush=True)
         time.sleep(60)
@@ -85,7 +85,7 @@ def test_a_forked_child_neither_holds_nor_releases_the_parents_lock(tmp_path: Pa
     proc = child(  # forks in a fresh interpreter: a test process may run threads
         f"""
         import os
-        from sparkstate.store.files.file_lock import FileLock
+        from sparkstate.files.file_lock import FileLock
         lock = FileLock({path!r})
         lock.acquire("parent")
         pid = os.fork()

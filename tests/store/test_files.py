@@ -15,8 +15,9 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
-from sparkstate.store.files.durable import DurableDir, canonical_location, local_path
+from sparkstate.files.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.frames import decode_frame, encode_frame
+from sparkstate.store.schema_file import schema_description
 from sparkstate.store.versions.changelog import ChangelogReader, decode_changelog, encode_changelog
 from sparkstate.store.versions.layout import (
     VersionIndex,
@@ -25,7 +26,6 @@ from sparkstate.store.versions.layout import (
     file_name,
     new_checkpoint_id,
     parse_file_name,
-    schema_description,
 )
 
 

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import SchemaMismatchError
+from sparkstate.files.durable import DurableDir
 from sparkstate.store.conf import StoreConf, StoreId
-from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.memory import MemoryStateStoreProvider
-from sparkstate.store.versions.layout import (
+from sparkstate.store.schema_file import (
     merged_schema_record,
     partition_counts,
     read_schema_record,

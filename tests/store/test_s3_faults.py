@@ -21,9 +21,9 @@ from tests.s3_fault_proxy import KINDS, FaultProxy
 from tests.store.conftest import S3Endpoint
 
 from sparkstate.exceptions import StateFileError
+from sparkstate.files import durable
+from sparkstate.files.durable import DurableDir
 from sparkstate.store.base import StateStoreProvider
-from sparkstate.store.files import durable
-from sparkstate.store.files.durable import DurableDir
 from sparkstate.testing.factory import ProviderFactory, apply_changes, read_all
 
 HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None

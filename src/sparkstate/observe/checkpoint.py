@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, SparkstateError
+from sparkstate.files.durable import DurableDir
 from sparkstate.observe.progress_log import read_progress_log
 from sparkstate.operators.registry import layout_of
 from sparkstate.operators.state_layout import StateLayout
@@ -24,8 +25,7 @@ from sparkstate.runtime.records import BatchCommit
 from sparkstate.store.base import StateStore, StateStoreProvider
 from sparkstate.store.capabilities import provider_over_files
 from sparkstate.store.conf import StoreId
-from sparkstate.store.files.durable import DurableDir
-from sparkstate.store.versions.layout import SCHEMA_FILE, read_schema_file
+from sparkstate.store.schema_file import SCHEMA_FILE, read_schema_file
 
 __all__ = ["OperatorInfo", "StateCheckpoint", "open_checkpoint"]
 

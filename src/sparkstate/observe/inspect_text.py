@@ -8,10 +8,10 @@ import decimal
 from collections.abc import Sequence
 from typing import Any
 
+from sparkstate.files.durable import join_uri
 from sparkstate.observe import units
 from sparkstate.observe.key_lookup import KeyLookup
 from sparkstate.store.capabilities import shares_files
-from sparkstate.store.files.durable import join_uri
 
 __all__ = ["ROW_SOURCES", "key", "not_found", "summary"]
 

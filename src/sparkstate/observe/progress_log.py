@@ -3,7 +3,7 @@
 The engine appends one progress dict per batch to ``<checkpoint>/sparkstate/progress.jsonl`` on
 a local file system, and writes ``<checkpoint>/sparkstate/progress/<batch>.json`` where nothing
 can be appended (an object store); both are read, through
-:class:`~sparkstate.store.files.durable.DurableDir`. A line that a running query is still writing
+:class:`~sparkstate.files.durable.DurableDir`. A line that a running query is still writing
 (the
 last one, without its newline) is left out; a damaged line anywhere else fails with an error
 naming it. A batch logged twice (run again after a failure) counts once, as its last run.
@@ -15,9 +15,9 @@ import dataclasses
 from typing import Any
 
 from sparkstate.exceptions import MissingVersionError
+from sparkstate.files.durable import DurableDir, local_path
+from sparkstate.files.json_files import json_object, parse_json_lines, read_json
 from sparkstate.runtime.logs import ENGINE_DIR, PROGRESS_FILE, PROGRESS_ONLY
-from sparkstate.store.files.durable import DurableDir, local_path
-from sparkstate.store.files.json_files import json_object, parse_json_lines, read_json
 
 __all__ = ["ProgressLog", "read_progress_log"]
 

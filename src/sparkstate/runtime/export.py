@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError
+from sparkstate.files.durable import DurableDir
 from sparkstate.operators.registry import layout_of
 from sparkstate.runtime.logs import LOCK_FILE, CheckpointLog
 from sparkstate.runtime.progress import format_time
@@ -44,7 +45,6 @@ from sparkstate.runtime.spark_checkpoint import (
     spark_batches,
 )
 from sparkstate.runtime.take_over import PROVIDER_CONF, is_clock
-from sparkstate.store.files.durable import DurableDir
 
 __all__ = [
     "ASIDE_DIR",

@@ -6,8 +6,8 @@ replay); ``reports/<b>/<run>/`` holds the reports of the tasks of one run of bat
 ``commits/<b>.json`` records its outcome (which attempt of every store partition counts);
 ``progress.jsonl`` holds one progress dict per batch; ``clock.json`` asks for no-data batches
 (:mod:`sparkstate.runtime.triggers`). A lock file keeps a second query off a checkpoint that a
-running query uses. Every file goes through :class:`~sparkstate.store.files.durable.DurableDir`, and
-every JSON file is read with :mod:`sparkstate.store.files.json_files`: a damaged one fails with a
+running query uses. Every file goes through :class:`~sparkstate.files.durable.DurableDir`, and
+every JSON file is read with :mod:`sparkstate.files.json_files`: a damaged one fails with a
 :class:`~sparkstate.exceptions.CorruptStateFileError` naming it, what is wrong and what to do.
 """
 
@@ -23,11 +23,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sparkstate.exceptions import CheckpointInUseError, MissingVersionError, QueryError
+from sparkstate.files.durable import DurableDir, canonical_location, join_uri, local_path
+from sparkstate.files.file_lock import FileLock
+from sparkstate.files.json_files import RESTORE, json_object, parse_json_lines, read_json
 from sparkstate.runtime.records import BatchCommit, BatchIntent, TaskFailure, TaskReport
 from sparkstate.runtime.triggers import read_clock, write_clock
-from sparkstate.store.files.durable import DurableDir, canonical_location, join_uri, local_path
-from sparkstate.store.files.file_lock import FileLock
-from sparkstate.store.files.json_files import RESTORE, json_object, parse_json_lines, read_json
 
 __all__ = [
     "ENGINE_DIR",
@@ -245,7 +245,7 @@ class CheckpointLog:
 class CheckpointLock:
     """An exclusive lock on a checkpoint for the life of a query.
 
-    On a local checkpoint it is a :class:`~sparkstate.store.files.file_lock.FileLock` (released by
+    On a local checkpoint it is a :class:`~sparkstate.files.file_lock.FileLock` (released by
     the
     kernel if the driver dies); elsewhere only queries of this process are kept apart.
     """
@@ -320,7 +320,7 @@ def _metadata(data: bytes) -> dict[str, Any]:
 
 
 def _read_optional(directory: DurableDir, name: str, parse: Callable[[bytes], T]) -> T | None:
-    """``parse`` of file ``name`` (see :func:`~sparkstate.store.files.json_files.read_json`); None
+    """``parse`` of file ``name`` (see :func:`~sparkstate.files.json_files.read_json`); None
     if
     the file does not exist."""
     try:

@@ -11,10 +11,10 @@ import os
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
+from sparkstate.files.durable import DurableDir, canonical_location, local_path
 from sparkstate.operators.arbitrary.restart import check_state_change, same_schema
 from sparkstate.operators.registry import operator_class
 from sparkstate.store.evolution import KEY_NOT_COMPATIBLE, NOT_COMPATIBLE
-from sparkstate.store.files.durable import DurableDir, canonical_location, local_path
 from sparkstate.store.schema_json import fields_from_json
 
 __all__ = [

@@ -28,11 +28,11 @@ import dataclasses
 import time
 from typing import Any
 
+from sparkstate.files.durable import join_uri
 from sparkstate.runtime.logs import CheckpointLog
 from sparkstate.runtime.progress import format_time
 from sparkstate.runtime.records import OperatorCommit
-from sparkstate.store.files.durable import join_uri
-from sparkstate.store.versions.layout import schema_description
+from sparkstate.store.schema_file import schema_description
 
 __all__ = [
     "GENERATION",

@@ -25,7 +25,8 @@ named by no commit); after it, the next start finishes step 4. Reading batch ``L
 afterwards finds it in the new partitioning.
 
 Step 2 is the engine's distributed job (:mod:`sparkstate.engine.jobs.rescale`), over the
-partition reader and writer of :mod:`sparkstate.observe.rescale`.
+partition reader of :mod:`sparkstate.observe.rescale` and the writer of
+:mod:`sparkstate.runtime.state_moves`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import time
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.files.durable import DurableDir, canonical_location
 from sparkstate.runtime.logs import CheckpointLog, engine_root_of
 from sparkstate.runtime.migration import state_root_of
 from sparkstate.runtime.progress import format_time
@@ -46,9 +48,10 @@ from sparkstate.runtime.spark_checkpoint import (
     input_digest,
     spark_batches,
 )
+from sparkstate.store.capabilities import WritesVersions
 from sparkstate.store.conf import StoreId
-from sparkstate.store.files.durable import DurableDir, canonical_location
-from sparkstate.store.versions.layout import read_schema_record, write_rescaled_schema
+from sparkstate.store.registry import provider_class
+from sparkstate.store.schema_file import read_schema_record
 
 __all__ = [
     "RescalePlan",
@@ -171,12 +174,14 @@ def rescale_without_state(location: str, num_partitions: int) -> bool:
     if log_.latest_commit() is not None or spark_batches(DurableDir(location))[1]:
         return False
     root = state_root_of(metadata, str(metadata.get("state_location") or engine_root))
+    provider = provider_class(str(metadata["provider"]))
     for op in metadata.get("operators", []):
         for p in range(int(metadata["num_partitions"])):
-            directory = DurableDir(root).child(StoreId(root, int(op["id"]), p).relative_dir)
-            record = read_schema_record(directory)
+            store_id = StoreId(root, int(op["id"]), p)
+            record = read_schema_record(DurableDir(root).child(store_id.relative_dir))
             if record is not None:
-                write_rescaled_schema(directory, record, [], num_partitions)
+                writer = WritesVersions.require_class(provider, "a rescale records the new count")
+                writer.admit_partition_count(store_id, record, [], num_partitions)
     log_.write_metadata({**metadata, "num_partitions": num_partitions})
     return True
 

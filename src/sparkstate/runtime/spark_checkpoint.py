@@ -20,7 +20,7 @@ import json
 import logging
 
 from sparkstate.exceptions import CorruptStateFileError, MissingVersionError, StateFileError
-from sparkstate.store.files.durable import DurableDir
+from sparkstate.files.durable import DurableDir
 
 __all__ = [
     "copy_spark_batch",

@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+from sparkstate.files.durable import DurableDir, canonical_location
 from sparkstate.operators.registry import operator_class
 from sparkstate.runtime.export import settle_export
 from sparkstate.runtime.logs import CheckpointLog, engine_root_of
@@ -39,7 +40,6 @@ from sparkstate.runtime.take_over import (
     plan_take_over,
     settle_take_over,
 )
-from sparkstate.store.files.durable import DurableDir, canonical_location
 
 __all__ = ["Checkpoint", "StartRequest", "engine_root_of", "prepare_checkpoint"]
 

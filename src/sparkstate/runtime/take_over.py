@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, CorruptStateFileError, SchemaMismatchError
+from sparkstate.files.durable import DurableDir, join_uri
 from sparkstate.runtime.logs import METADATA_FILE, CheckpointLog
 from sparkstate.runtime.metadata import PARTITIONS_ASKED, partitions_asked
 from sparkstate.runtime.progress import format_time
@@ -50,8 +51,7 @@ from sparkstate.runtime.spark_checkpoint import (
     spark_batches,
 )
 from sparkstate.runtime.triggers import CLOCK_FILE
-from sparkstate.store.files.durable import DurableDir, join_uri
-from sparkstate.store.versions.layout import schema_description
+from sparkstate.store.schema_file import schema_description
 
 __all__ = [
     "CLOCK_OFFSET",

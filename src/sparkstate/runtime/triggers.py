@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparkstate.exceptions import CorruptStateFileError, MissingVersionError
-from sparkstate.store.files.durable import DurableDir
-from sparkstate.store.files.json_files import json_object, read_json
+from sparkstate.files.durable import DurableDir
+from sparkstate.files.json_files import json_object, read_json
 
 if TYPE_CHECKING:  # the clock source reads this module in Spark's source runner: kept light
     from sparkstate.runtime.records import TaskReport

@@ -24,11 +24,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Self
 
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.files.durable import DurableDir, FileEntry
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider
 from sparkstate.store.conf import StoreConf, StoreId
-from sparkstate.store.files.durable import DurableDir, FileEntry
 from sparkstate.store.registry import provider_class, provider_name
-from sparkstate.store.versions.layout import SCHEMA_FILE, read_schema_file
+from sparkstate.store.schema_file import SCHEMA_FILE, read_schema_file
 
 __all__ = [
     "Capability",
@@ -57,6 +57,16 @@ class Capability(ABC):
     def of(cls, provider: StateStoreProvider) -> Self | None:
         """``provider`` as this capability when it has it, else None."""
         return provider if isinstance(provider, cls) else None
+
+    @classmethod
+    def require_class(cls, provider: type[StateStoreProvider], purpose: str) -> type[Self]:
+        """The provider class ``provider`` as this capability's; the error of :meth:`require`
+        when it has not."""
+        if not issubclass(provider, cls):
+            name = provider_name(provider)
+            msg = f"state store provider {name!r} cannot {cls.action}: {purpose}"
+            raise ConfigurationError(msg)
+        return provider
 
     @classmethod
     def require(cls, provider: StateStoreProvider, purpose: str) -> Self:
@@ -151,6 +161,15 @@ class WritesVersions(Capability):
     """Writes a version from rows, with no parent: what a rescale puts in a new partition."""
 
     action = "write a version from rows"
+
+    @classmethod
+    @abstractmethod
+    def admit_partition_count(
+        cls, store_id: StoreId, record: dict[str, Any], counts: list[int], num_partitions: int
+    ) -> None:
+        """Let the store of ``store_id`` open with ``num_partitions`` partitions as well as with
+        ``counts`` (a rescale writes a new lineage there): its ``_schema.json`` written from
+        ``record`` (the old partitions' merged) with both counts recorded."""
 
     @abstractmethod
     def write_version(self, version: int, keys: Any, values: Any) -> str:

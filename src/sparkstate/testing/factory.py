@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sparkstate.files.durable import DurableDir
 from sparkstate.store.base import (
     DEFAULT_CF,
     Row,
@@ -21,7 +22,6 @@ from sparkstate.store.base import (
     StoreConf,
     StoreId,
 )
-from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.registry import provider_class
 
 __all__ = [

@@ -40,6 +40,7 @@ from sparkstate.engine.spark.session import is_connect, on_server
 from sparkstate.engine.spark.versions import require
 from sparkstate.engine.spark.workers import check_workers
 from sparkstate.exceptions import ConfigurationError
+from sparkstate.files.durable import canonical_location
 from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.operators.base import OUTPUT_MODES
 from sparkstate.operators.dedup import Deduplicate
@@ -54,7 +55,6 @@ from sparkstate.runtime.start import (
 )
 from sparkstate.runtime.watermark import WatermarkSpec
 from sparkstate.store.base import StoreConf
-from sparkstate.store.files.durable import canonical_location
 from sparkstate.store.registry import provider_class, provider_name
 
 __all__ = ["DataStreamWriter", "needs_clock"]

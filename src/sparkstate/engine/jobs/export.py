@@ -30,11 +30,11 @@ from sparkstate.engine.run.query import release_if_finished
 from sparkstate.engine.spark.session import command_session, is_connect, said_once
 from sparkstate.engine.spark.state_source import register
 from sparkstate.exceptions import SparkstateError
+from sparkstate.files.durable import DurableDir, canonical_location
 from sparkstate.operators.registry import layout_of
 from sparkstate.runtime.export import Export, commit_export, plan_export, settle_export
 from sparkstate.runtime.logs import CheckpointLock, engine_root_of
 from sparkstate.store.base import DEFAULT_CF
-from sparkstate.store.files.durable import DurableDir, canonical_location
 from sparkstate.store.spark_files import lz4_block_stream, schema_file, snapshot_file, unsafe_rows
 
 __all__ = ["export", "run_export"]

@@ -37,11 +37,11 @@ from sparkstate.engine.run.batch_job import engine_settings
 from sparkstate.engine.spark.state_source import register
 from sparkstate.engine.spark.versions import from_arrow_type
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.observe.rescale import OperatorMove
 from sparkstate.operators.aggregation.aggregate import StreamingAggregate
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.state_views import as_struct
 from sparkstate.runtime.migration import Migration, commit_migration
+from sparkstate.runtime.state_moves import OperatorMove
 from sparkstate.store.base import DEFAULT_CF
 
 __all__ = ["AUTO", "check_migration", "migrate"]

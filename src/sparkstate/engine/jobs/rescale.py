@@ -6,7 +6,7 @@ it. The batch's logs are :mod:`sparkstate.runtime.rescale`'s; the state moves in
 a task per old partition reads its state (:func:`~sparkstate.observe.rescale.read_partition`),
 Spark's ``repartition(n, *key columns)`` sends each key where the next batch's shuffle will
 (the same hash on the same typed columns), and a task per new partition writes what it got
-(:func:`~sparkstate.observe.rescale.write_partition`). The same runs at a start that asks for
+(:func:`~sparkstate.runtime.state_moves.write_partition`). The same runs at a start that asks for
 another partition count (:func:`rescale_at_start`), into the last batch's outcome: Spark's
 batch ids go on there, as Spark's restart keeps its count.
 """
@@ -31,7 +31,8 @@ from sparkstate.engine.run.query import release_if_finished
 from sparkstate.engine.spark.session import command_session, is_connect, run_on_server, said_once
 from sparkstate.engine.spark.versions import from_arrow_type
 from sparkstate.exceptions import ConfigurationError, SparkstateError
-from sparkstate.observe.rescale import OperatorMove, plan_moves, read_partition, write_partition
+from sparkstate.files.durable import canonical_location
+from sparkstate.observe.rescale import plan_moves, read_partition
 from sparkstate.operators.registry import layout_of
 from sparkstate.runtime.logs import CheckpointLock, engine_root_of
 from sparkstate.runtime.rescale import (
@@ -41,9 +42,9 @@ from sparkstate.runtime.rescale import (
     rescale_without_state,
     settle_rescale,
 )
+from sparkstate.runtime.state_moves import OperatorMove, admit, write_partition
 from sparkstate.store.capabilities import provider_over_files
 from sparkstate.store.conf import StoreId
-from sparkstate.store.files.durable import canonical_location
 
 __all__ = [
     "WRITTEN",
@@ -188,6 +189,8 @@ def _plan(arg: tuple[str, int, bool, bool, bool]) -> tuple[RescalePlan, list[Ope
     )
     try:
         moves = plan_moves(plan.location, plan.last_batch, plan.from_partitions, plan.to_partitions)
+        for move in moves:
+            admit(plan.state_root, plan.provider, move, plan.to_partitions)
     except BaseException:
         settle_rescale(plan.location)  # drops the intent: the checkpoint is as it was
         raise

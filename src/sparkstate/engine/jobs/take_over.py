@@ -41,22 +41,22 @@ from sparkstate.engine.plan.stage import Stage
 from sparkstate.engine.run.batch_job import engine_settings, session_conf
 from sparkstate.engine.spark.versions import from_arrow_type, to_arrow_type
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
+from sparkstate.files.durable import DurableDir
 from sparkstate.observe.key_lookup import partition_columns
-from sparkstate.observe.rescale import FAMILY, KEY, VALUE, OperatorMove
 from sparkstate.observe.spark_hash import spark_partition
 from sparkstate.operators.base import StatefulOperator
 from sparkstate.operators.join import MATCHED, SPARK_INDEX
 from sparkstate.operators.join_state import KEY_WITH_INDEX_TO_VALUE
 from sparkstate.operators.registry import layout_of
 from sparkstate.operators.spark_state import READ, VALUE_NOT_COMPATIBLE
+from sparkstate.runtime.state_moves import FAMILY, KEY, VALUE, OperatorMove
 from sparkstate.runtime.take_over import TakeOver, begin_take_over, commit_take_over
 from sparkstate.runtime.triggers import next_request
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 from sparkstate.store.conf import StoreId
-from sparkstate.store.files.durable import DurableDir
 from sparkstate.store.rocksdb.spark_checkpoint import ROW_START, snapshot_name, spark_rocksdb_rows
+from sparkstate.store.schema_file import SCHEMA_FILE
 from sparkstate.store.spark_files import UnreadableRows, arrow_of_unsafe_rows
-from sparkstate.store.versions.layout import SCHEMA_FILE
 
 __all__ = [
     "SparkFiles",

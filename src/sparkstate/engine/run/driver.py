@@ -34,6 +34,7 @@ from sparkstate.engine.run.sinks import Sink
 from sparkstate.engine.run.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.engine.spark.session import is_connect
 from sparkstate.exceptions import ConfigurationError, QueryError
+from sparkstate.files.durable import DurableDir
 from sparkstate.operators.base import OperatorMetrics
 from sparkstate.runtime.logs import CheckpointLock, CheckpointLog
 from sparkstate.runtime.progress import build_progress, format_time
@@ -48,7 +49,6 @@ from sparkstate.runtime.records import (
 from sparkstate.runtime.spark_checkpoint import input_digest
 from sparkstate.runtime.triggers import next_request
 from sparkstate.runtime.watermark import WatermarkTracker
-from sparkstate.store.files.durable import DurableDir
 
 __all__ = ["BatchDriver", "BatchRelay", "DriverConfig", "engine_settings"]
 

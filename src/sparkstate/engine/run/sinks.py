@@ -30,7 +30,7 @@ from pyspark.sql.streaming.readwriter import DataStreamWriter as SparkDataStream
 from sparkstate.engine.spark.conf import FILE_SINK_COMPACT_INTERVAL, file_sink_compact_interval
 from sparkstate.engine.spark.errors import SparkAnalysisError
 from sparkstate.exceptions import ConfigurationError, StateFileError
-from sparkstate.store.files.durable import DurableDir, FileEntry, local_path
+from sparkstate.files.durable import DurableDir, FileEntry, local_path
 
 __all__ = [
     "FILE_FORMATS",

@@ -48,9 +48,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from sparkstate.engine.spark.python_launch import register_with_launcher
 from sparkstate.exceptions import StateFileError
+from sparkstate.files.durable import DurableDir, local_path
 from sparkstate.runtime.spark_checkpoint import source_offsets, spark_batches
 from sparkstate.runtime.triggers import read_clock, wants_batch
-from sparkstate.store.files.durable import DurableDir, local_path
 
 try:  # Python sources take the available-now contract from PySpark 4.2
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow

@@ -32,8 +32,8 @@ from sparkstate.exceptions import (
     StoreClosedError,
     StoreLockedError,
 )
-from sparkstate.store.files.durable import why
-from sparkstate.store.files.local_dir import (
+from sparkstate.files.durable import why
+from sparkstate.store.local_dir import (
     DB_DIR_NAME,
     LOCK_FILE_NAME,
     LocalStoreDir,

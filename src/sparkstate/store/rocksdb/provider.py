@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from sparkstate.exceptions import CorruptStateFileError, StateStoreError
+from sparkstate.files.durable import FileEntry
 from sparkstate.store.base import FOUND_METRICS, StoreConf, StoreId, default_local_dir
-from sparkstate.store.files.durable import FileEntry
 from sparkstate.store.handoff import listener
 from sparkstate.store.rocksdb.local import LocalDB, LocalDBConf, LocalStoreDir, local_key
 from sparkstate.store.rocksdb.snapshot import (

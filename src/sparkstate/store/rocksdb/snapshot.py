@@ -18,7 +18,7 @@ import zlib
 from typing import Any
 
 from sparkstate.exceptions import CorruptStateFileError
-from sparkstate.store.files.durable import DurableDir
+from sparkstate.files.durable import DurableDir
 from sparkstate.store.frames import decode_frame, encode_frame
 from sparkstate.store.versions.layout import VersionRef, file_name
 

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import rocksdict
 
-from sparkstate.store.files.durable import DurableDir
+from sparkstate.files.durable import DurableDir
 from sparkstate.store.rocksdb import mark_opened
 from sparkstate.store.spark_files import UnreadableRows
 

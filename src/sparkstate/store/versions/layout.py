@@ -1,6 +1,6 @@
-"""Names of a store's durable files, the index of what exists, and the ``_schema.json`` check
-(with each column family's value schema history, :mod:`.evolution`; schemas in the JSON form of
-:mod:`.schema_json`, files of earlier versions in theirs).
+"""Names of a store's durable files, the index of what exists, and a provider's check of its
+``_schema.json`` (:mod:`sparkstate.store.schema_file`) when it opens, with each column family's
+value schema history (:mod:`sparkstate.store.evolution`).
 
 Every file a commit writes is named ``<version>_<checkpoint id>.<ext>``. Checkpoint ids are fresh
 per attempt and sort by creation time, so zombie or retried attempts never overwrite each other and,
@@ -24,9 +24,10 @@ from sparkstate.exceptions import (
     ProviderMismatchError,
     SchemaMismatchError,
 )
+from sparkstate.files.durable import DurableDir, FileEntry
+from sparkstate.files.json_files import RESTORE, read_json
 from sparkstate.store.evolution import KEY_NOT_COMPATIBLE, evolve
-from sparkstate.store.files.durable import DurableDir, FileEntry
-from sparkstate.store.files.json_files import RESTORE, json_object, read_json
+from sparkstate.store.schema_file import SCHEMA_FILE, partition_counts, schema_record
 from sparkstate.store.schema_json import (
     Field,
     fields_from_json,
@@ -36,22 +37,14 @@ from sparkstate.store.schema_json import (
 )
 
 __all__ = [
-    "SCHEMA_FILE",
     "VersionIndex",
     "VersionRef",
     "check_schema_file",
     "file_name",
-    "merged_schema_record",
     "new_checkpoint_id",
     "parse_file_name",
-    "partition_counts",
-    "read_schema_file",
-    "read_schema_record",
-    "write_rescaled_schema",
 ]
 
-SCHEMA_FILE = "_schema.json"
-CODEC_VERSION = 1
 _NAME = re.compile(r"^(\d+)_([0-9a-f]{16}[0-9a-f]{8})\.([a-z]+)$")
 
 
@@ -132,22 +125,6 @@ class VersionIndex:
         return max(candidates)
 
 
-def schema_description(
-    provider: str,
-    families: dict[str, tuple[pa.Schema, pa.Schema]],
-    num_partitions: int | None,
-) -> dict[str, Any]:
-    return {
-        "provider": provider,
-        "codec_version": CODEC_VERSION,
-        "num_partitions": num_partitions,
-        "column_families": {
-            name: {"key": schema_to_json(k), "value": schema_to_json(v)}
-            for name, (k, v) in sorted(families.items())
-        },
-    }
-
-
 def _shown(fields: list[Field]) -> list[list[Any]]:
     """Fields as a changed key schema has always been shown: ``[[name, type, nullable], ...]``."""
     return [list(f) for f in fields]
@@ -163,74 +140,6 @@ def _in_one_form(family: dict[str, Any]) -> dict[str, Any]:
 
 def _one_form(described: Any) -> dict[str, Any]:
     return fields_to_json(fields_from_json(described))
-
-
-def _schema_record(data: bytes) -> dict[str, Any]:
-    """``_schema.json``, its column families' schemas checked (``KeyError``, ``TypeError``,
-    ``ValueError`` for a wrong shape)."""
-    found = json_object(data)
-    families = found.get("column_families", {})
-    if not isinstance(families, dict):
-        msg = "'column_families' is not a JSON object"
-        raise TypeError(msg)
-    for family in families.values():
-        for described in (family["key"], family["value"], *family.get("value_history", [])):
-            fields_from_json(described)
-    return found
-
-
-def partition_counts(record: dict[str, Any]) -> list[int]:
-    """The partition counts a store's ``_schema.json`` was written for: its own, and those a
-    rescale added (the state of each count is on its own lineage of versions)."""
-    first = record.get("num_partitions")
-    return sorted({*record.get("partition_counts", []), *([first] if first is not None else [])})
-
-
-def read_schema_record(directory: DurableDir) -> dict[str, Any] | None:
-    """A store's ``_schema.json`` as written (None: the store never ran)."""
-    if not directory.exists(SCHEMA_FILE):
-        return None
-    return read_json(directory, SCHEMA_FILE, RESTORE, _schema_record)
-
-
-def merged_schema_record(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One ``_schema.json`` for state gathered from the stores of ``records`` (one operator's
-    partitions): every column family any of them has, each with the longest value history
-    (a value schema evolves by appending to it, so the longest one reads every value)."""
-    out = {k: v for k, v in records[0].items() if k != "column_families"}
-    families: dict[str, dict[str, Any]] = {}
-    for record in records:
-        for name, family in record.get("column_families", {}).items():
-            have = families.get(name)
-            history = len(family.get("value_history", [family["value"]]))
-            if have is None or history > len(have.get("value_history", [have["value"]])):
-                families[name] = family
-    out["column_families"] = dict(sorted(families.items()))
-    return out
-
-
-def write_rescaled_schema(
-    directory: DurableDir, record: dict[str, Any], counts: list[int], num_partitions: int
-) -> None:
-    """Let the store at ``directory`` open with ``num_partitions`` partitions as well as with
-    ``counts`` (a rescale writes a new lineage there): ``record`` with both counts recorded."""
-    existing = read_schema_record(directory)
-    before = partition_counts(existing) if existing is not None else []
-    body = {
-        **record,
-        "num_partitions": num_partitions,
-        "partition_counts": sorted({*before, *counts, num_partitions}),
-    }
-    directory.write_atomic(SCHEMA_FILE, json.dumps(body, indent=2).encode())
-
-
-def read_schema_file(directory: DurableDir) -> dict[str, tuple[pa.Schema, pa.Schema]]:
-    """The column families a store's ``_schema.json`` records, with their current schemas."""
-    found = read_json(directory, SCHEMA_FILE, RESTORE, _schema_record)
-    return {
-        name: (schema_from_json(f["key"]), schema_from_json(f["value"]))
-        for name, f in found["column_families"].items()
-    }
 
 
 def _types(fields: list[Field]) -> list[tuple[str, bool | None]]:
@@ -257,7 +166,7 @@ def check_schema_file(
             raise MissingVersionError(msg)
         directory.write_atomic(SCHEMA_FILE, json.dumps(expected, indent=2).encode())
         return {}
-    found = read_json(directory, SCHEMA_FILE, RESTORE, _schema_record)
+    found = read_json(directory, SCHEMA_FILE, RESTORE, schema_record)
     if found.get("provider") != expected["provider"]:
         msg = (
             f"{where}: the checkpoint was written by state store provider "

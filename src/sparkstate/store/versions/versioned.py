@@ -22,6 +22,7 @@ from sparkstate.exceptions import (
     MissingVersionError,
     StateFileError,
 )
+from sparkstate.files.durable import TMP_PREFIX, DurableDir, FileEntry
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
 from sparkstate.store.capabilities import (
     Changes,
@@ -33,7 +34,7 @@ from sparkstate.store.capabilities import (
     WritesVersions,
 )
 from sparkstate.store.evolution import value_codec_for
-from sparkstate.store.files.durable import TMP_PREFIX, DurableDir, FileEntry
+from sparkstate.store.schema_file import schema_description, write_rescaled_schema
 from sparkstate.store.spark_metrics import SNAPSHOT_LAST_UPLOADED, instance_metric
 from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
 from sparkstate.store.versions.layout import (
@@ -42,7 +43,6 @@ from sparkstate.store.versions.layout import (
     check_schema_file,
     file_name,
     new_checkpoint_id,
-    schema_description,
 )
 from sparkstate.store.versions.lineage import LoadPlan, plan_load
 
@@ -235,6 +235,13 @@ class VersionedProvider(
     def _snapshot_rows(self, ref: VersionRef) -> int | None:
         """Hook: the row count the snapshot of ``ref`` records (None: none)."""
         return None
+
+    @classmethod
+    def admit_partition_count(
+        cls, store_id: StoreId, record: dict[str, Any], counts: list[int], num_partitions: int
+    ) -> None:
+        directory = DurableDir(store_id.checkpoint_root).child(store_id.relative_dir)
+        write_rescaled_schema(directory, record, counts, num_partitions)
 
     def write_version(self, version: int, keys: Any, values: Any) -> str:
         ref = VersionRef(version, new_checkpoint_id())

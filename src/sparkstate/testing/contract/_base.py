@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pytest
 
+from sparkstate.files.durable import DurableDir
 from sparkstate.store.base import DEFAULT_CF, Row, StateStore, StateStoreProvider
-from sparkstate.store.files.durable import DurableDir
 from sparkstate.testing.factory import ProviderFactory, apply_changes
 
 __all__ = [

@@ -27,8 +27,8 @@ from sparkstate.exceptions import (
     StateStoreError,
     StoreLockedError,
 )
-from sparkstate.store.files.durable import why
-from sparkstate.store.files.file_lock import FileLock
+from sparkstate.files.durable import why
+from sparkstate.files.file_lock import FileLock
 from sparkstate.store.handoff import ask_to_release
 
 __all__ = ["DB_DIR_NAME", "LOCK_FILE_NAME", "LocalStoreDir", "LockHolder", "local_key"]

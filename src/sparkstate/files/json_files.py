@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sparkstate.exceptions import CorruptStateFileError
-from sparkstate.store.files.durable import DurableDir
+from sparkstate.files.durable import DurableDir
 
 __all__ = ["RESTORE", "json_object", "parse_json", "parse_json_lines", "read_json"]
 

@@ -1,1 +1,0 @@
-"""Durable and local files: atomic writes over pyarrow.fs, JSON files, locks, local dirs."""
