@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sparkstate"
 FLOORS = {
     "exceptions": 0,
     "functions": 0,
+    "console": 0,
     "store": 1,
     "operators": 2,
     "runtime": 3,
@@ -27,7 +28,9 @@ FLOORS = {
     "__init__": 6,
 }
 #: Floors that must run without pyspark (in a plain Python worker, or a user's unit test).
-SPARK_FREE = {"exceptions", "functions", "store", "operators", "runtime", "testing", "observe"}
+SPARK_FREE = {
+    "exceptions", "functions", "console", "store", "operators", "runtime", "testing", "observe",
+}  # fmt: skip
 
 
 def _part(module: Path) -> str:
