@@ -46,16 +46,16 @@ def _table(
     rows: Sequence[Sequence[str]],
     align: str,
     total: Sequence[str] | None = None,
-) -> Table:
-    """A table with a rule under its header (and above its ``total``, a row of sums);
-    ``align`` per column, ``l`` or ``r``."""
+) -> RenderableType:
+    """A table with a rule under its header (and above its ``total``, a row of sums),
+    indented as the label/value lines; ``align`` per column, ``l`` or ``r``."""
     table = Table(box=box.SIMPLE, show_edge=False, show_footer=total is not None)
     for i, (name, a) in enumerate(zip(header, align, strict=True)):
         footer = total[i] if total is not None else ""
         table.add_column(name, footer=footer, justify="left" if a == "l" else "right")
     for row in rows:
         table.add_row(*row)
-    return table
+    return Padding(table, (0, 0, 0, 1))  # and a cell's own padding of 1
 
 
 def _title(text: str) -> Text:
@@ -196,8 +196,7 @@ def _partitions(op: dict[str, Any], provider: str) -> list[RenderableType]:
     files = op["files"]
     total = ["all", "", *(_files(files[kind]) for kind in kinds)]
     total.append(_count(op["rows"]["partitions_sum"]))
-    table = _table(header, rows, "r" * len(header), total)
-    return [Padding(table, (0, 0, 0, 1)), _labelled(_rows(op["rows"]))]
+    return [_table(header, rows, "r" * len(header), total), _labelled(_rows(op["rows"]))]
 
 
 def _rows(r: dict[str, Any]) -> list[tuple[str, RenderableType]]:
@@ -228,7 +227,7 @@ def _progress(progress: dict[str, Any], n_ops: int) -> list[RenderableType]:
             [str(b["batch_id"]), _when(b["time"]), _count(b["input_rows"]), duration, *state]
         )
     title = _title(f"last {len(batches)} batches ({progress['where']})")
-    return [title, Padding(_table(header, rows, "rlrr" + "r" * (len(header) - 4)), (0, 0, 0, 1))]
+    return [title, _table(header, rows, "rlrr" + "r" * (len(header) - 4))]
 
 
 # --- a key ---------------------------------------------------------------------------------------
