@@ -163,6 +163,7 @@ FAST = (
     "tests/operators/",
     "tests/runtime/",
     "tests/test_layers.py",
+    "tests/test_console.py",
     "tests/test_package.py",
     "tests/test_docs.py",
     "tests/engine/test_differential.py",  # aggregation, deduplication, the two chained

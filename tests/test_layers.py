@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sparkstate"
 FLOORS = {
     "exceptions": 0,
     "functions": 0,
+    "console": 0,
     "files": 1,
     "store": 2,
     "operators": 3,
@@ -31,6 +32,7 @@ FLOORS = {
 SPARK_FREE = {
     "exceptions",
     "functions",
+    "console",
     "files",
     "store",
     "operators",

@@ -30,10 +30,14 @@ def test_the_command_says_its_version_and_the_pyspark_it_runs_with() -> None:
 
 
 def test_the_command_s_help_is_plain_text() -> None:
-    """``--help`` of the command and of each subcommand, as a terminal shows it: no reST
-    markup."""
+    """``--help`` of the command, of each subcommand and of each benchmark, as a terminal shows
+    it: no reST markup."""
+    from sparkstate.cli import BENCHES
+
     command = Path(sys.executable).with_name("sparkstate")
-    for args in (["--help"], *([name, "--help"] for name in ("inspect", "report", "export"))):
+    commands = ["demo", "bench", "inspect", "report", "repartition", "export"]
+    commands += [f"bench {name}" for name in BENCHES]
+    for args in (["--help"], *([*name.split(), "--help"] for name in commands)):
         done = subprocess.run(
             [str(command), *args], capture_output=True, text=True, timeout=60, check=False
         )

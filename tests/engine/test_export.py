@@ -5,6 +5,7 @@ a run that never left Spark, batch for batch."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,10 +223,11 @@ def test_an_operator_spark_keeps_otherwise_is_refused_and_the_checkpoint_left_as
 
 @pytest.mark.parametrize("how", ["inner", "leftOuter", "fullOuter"])
 def test_spark_goes_on_from_an_exported_stream_stream_join(
-    spark: SparkSession, tmp_path: Path, how: str
+    spark: SparkSession, tmp_path: Path, how: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both sides' rows, under their keys and indexes, with their matched flags: Spark's outer
-    join emits the rows that never matched as it would have."""
+    join emits the rows that never matched as it would have. Its progress: the join's four
+    stores' partitions written."""
     feeds = {
         (name, side): FileFeed(tmp_path / f"{name}-{side}")
         for name in ("spark", "ours")
@@ -255,7 +257,11 @@ def test_spark_goes_on_from_an_exported_stream_stream_join(
     for i in range(2):
         run("spark", JOIN_BATCHES[i : i + 1])
         run("ours", JOIN_BATCHES[i : i + 1], wrapped=True)
-    assert ss.export(spark, str(tmp_path / "ours")) == max(out["ours"].batches)
+    capsys.readouterr()
+    assert ss.export(spark, str(tmp_path / "ours"), progress=True) == max(out["ours"].batches)
+    err = capsys.readouterr().err
+    bar = re.search(r"operator 0 \(join\) write .* (\d+)/(\d+) ", err)
+    assert bar and bar[1] == bar[2] and int(bar[1]) % 4 == 0, err
     for name in ("spark", "ours"):
         run(name, JOIN_BATCHES[2:])
         run(name, [])

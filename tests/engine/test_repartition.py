@@ -17,6 +17,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -337,6 +338,25 @@ def test_the_command_says_what_it_moved_once(runs: dict[Any, Any], tmp_path: Pat
     assert done.returncode == 0, done.stderr[-2000:]
     assert "from 2 to 3 partitions" in done.stdout
     assert (done.stdout + done.stderr).count("rescaled the state of") == 1
+    # stderr is no terminal: no bars, and not Spark's own either
+    assert "operator 0" not in done.stderr and "[Stage" not in done.stderr
+
+
+def test_the_bars_count_the_partitions_read_and_written(
+    spark: SparkSession, runs: dict[Any, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``progress=True``: a bar per operator's old partitions read (and their rows) and new
+    partitions written, on stderr; drawn once, as they ended, where stderr is no terminal."""
+    import shutil
+
+    chk = tmp_path / "chk"
+    shutil.copytree(runs[("aggregate", "memory", "repartition", "chk")], chk)
+    capsys.readouterr()
+    ss.repartition(spark, str(chk), 4, progress=True)
+    err = capsys.readouterr().err
+    old = COUNTS[-1]
+    assert re.search(rf"operator 0 \(aggregate\) read .* {old}/{old} .* [\d,]+ rows", err), err
+    assert re.search(r"operator 0 \(aggregate\) write .* 4/4 ", err), err
 
 
 def test_a_start_before_any_commit_takes_the_new_count(

@@ -196,11 +196,7 @@ def plot(results: Mapping[str, Mapping[str, Any]], path: str, title: str = "") -
     """Two panels against state rows, one line per system: batch time (a star: the restart's
     time from ``start()`` to its first batch; a cross: where the system failed); the Python
     workers' (solid) and the JVM's (dashed) resident memory."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        msg = "--plot needs matplotlib: pip install 'sparkstate[plot]'"
-        raise SystemExit(msg) from exc
+    import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sparkstate.console import show
 from sparkstate.exceptions import ConfigurationError, SparkstateError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.checkpoint import OperatorInfo, StateCheckpoint, open_checkpoint
@@ -358,7 +359,10 @@ def run_inspect(
                 msg = "--store and --join-side pick where --key looks: give a --key"
                 raise ConfigurationError(msg)
             doc = inspect_checkpoint(checkpoint, batch_id=batch, operator_id=operator)
-            print(dumps(doc) if as_json else inspect_text.summary(doc))
+            if as_json:
+                print(dumps(doc))
+            else:
+                show(inspect_text.summary(doc))
             return 0
         chk = open_checkpoint(checkpoint)
         ops = chk.operators()
@@ -369,7 +373,7 @@ def run_inspect(
         if as_json:
             print(dumps(key_document(lookup, chk.location)))
         elif lookup.found:
-            print(inspect_text.key(lookup))
+            show(inspect_text.key(lookup))
         if not lookup.found:
             print(f"sparkstate inspect: {inspect_text.not_found(lookup)}", file=sys.stderr)
             return 1

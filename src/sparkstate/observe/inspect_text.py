@@ -1,5 +1,6 @@
-"""``sparkstate inspect`` as text for a terminal: label/value lines, aligned tables, sizes and
-counts as a person reads them (:mod:`.units`), times in UTC."""
+"""``sparkstate inspect`` as a terminal shows it, through Rich: label/value lines, tables of the
+partitions and the last batches, sizes and counts as a person reads them (:mod:`.units`), times
+in UTC."""
 
 from __future__ import annotations
 
@@ -8,13 +9,20 @@ import decimal
 from collections.abc import Sequence
 from typing import Any
 
+from rich import box
+from rich.console import Group, RenderableType
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
 from sparkstate.files.durable import join_uri
 from sparkstate.observe import units
 from sparkstate.observe.key_lookup import KeyLookup
 from sparkstate.store.capabilities import shares_files
 
-__all__ = ["ROW_SOURCES", "key", "not_found", "summary"]
+__all__ = ["ROW_SOURCES", "event_text", "key", "not_found", "summary"]
 
+#: The width of the labels of label/value lines, their indent included, so that blocks line up.
 _LABEL = 12
 #: How the rows per partition were counted, by the document's ``source``.
 ROW_SOURCES = {
@@ -23,22 +31,35 @@ ROW_SOURCES = {
 }
 
 
-def _line(label: str, value: str) -> str:
-    return f"  {label:<{_LABEL}}{value}"
+def _labelled(lines: Sequence[tuple[str, RenderableType]]) -> Table:
+    """Label/value lines, indented, a long value wrapped under itself."""
+    grid = Table.grid(padding=(0, 0, 0, 2), pad_edge=True)
+    grid.add_column(min_width=_LABEL, no_wrap=True)
+    grid.add_column(overflow="fold")
+    for label, value in lines:
+        grid.add_row(label, value)
+    return grid
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> list[str]:
-    """Columns as wide as their widest cell; ``align`` per column, ``l`` or ``r``."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+def _table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    align: str,
+    total: Sequence[str] | None = None,
+) -> RenderableType:
+    """A table with a rule under its header (and above its ``total``, a row of sums),
+    indented as the label/value lines; ``align`` per column, ``l`` or ``r``."""
+    table = Table(box=box.SIMPLE, show_edge=False, show_footer=total is not None)
+    for i, (name, a) in enumerate(zip(header, align, strict=True)):
+        footer = total[i] if total is not None else ""
+        table.add_column(name, footer=footer, justify="left" if a == "l" else "right")
+    for row in rows:
+        table.add_row(*row)
+    return Padding(table, (0, 0, 0, 1))  # and a cell's own padding of 1
 
-    def cells(row: Sequence[str]) -> str:
-        parts = [
-            c.ljust(w) if a == "l" else c.rjust(w)
-            for c, w, a in zip(row, widths, align, strict=True)
-        ]
-        return "  " + "  ".join(parts).rstrip()
 
-    return [cells(header), *(cells(r) for r in rows)]
+def _title(text: str) -> Text:
+    return Text(text, style="bold")
 
 
 def _count(value: int | None) -> str:
@@ -60,27 +81,27 @@ def _when(iso: str | None) -> str:
 # --- the summary ---------------------------------------------------------------------------------
 
 
-def summary(doc: dict[str, Any]) -> str:
+def summary(doc: dict[str, Any]) -> RenderableType:
     query, batches = doc["query"], doc["batches"]
-    out = [f"sparkstate checkpoint {doc['checkpoint']}"]
-    out.append(_line("query", str(query["id"]) + (f" ({query['name']})" if query["name"] else "")))
-    out.append(
-        _line(
+    lines: list[tuple[str, RenderableType]] = [
+        ("query", str(query["id"]) + (f" ({query['name']})" if query["name"] else "")),
+        (
             "provider",
             f"{query['provider']}, {query['partitions']} state partitions, "
             f"output mode {query['output_mode']}",
-        )
-    )
+        ),
+    ]
     where = query["state_location"] or "in the checkpoint"
-    out.append(_line("location", f"{where} ({join_uri(query['state_root'], 'state')})"))
-    out.append(_line("batches", _batches(batches)))
-    out.append(_line("watermark", _watermark(doc["watermark"])))
-    for event in doc.get("history", []):
-        out.append(_line("history", event_text(event)))
+    lines.append(("location", f"{where} ({join_uri(query['state_root'], 'state')})"))
+    lines.append(("batches", _batches(batches)))
+    lines.append(("watermark", _watermark(doc["watermark"])))
+    lines += [("history", event_text(event)) for event in doc.get("history", [])]
+    out: list[RenderableType] = [_title(f"sparkstate checkpoint {doc['checkpoint']}")]
+    out.append(_labelled(lines))
     for op in doc["operators"]:
         out += ["", *_operator(op, doc["query"]["provider"])]
     out += ["", *_progress(doc["progress"], len(doc["operators"]))]
-    return "\n".join(out)
+    return Group(*out)
 
 
 def _batches(b: dict[str, Any]) -> str:
@@ -117,22 +138,23 @@ def _watermark(w: dict[str, Any]) -> str:
     return f"{units.epoch_ms(w['ms'])} (max event time: {events or '-'})"
 
 
-def _operator(op: dict[str, Any], provider: str) -> list[str]:
+def _operator(op: dict[str, Any], provider: str) -> list[RenderableType]:
     title = f"operator {op['id']}: {op['name']} ({op['kind']}"
     if op.get("time_mode"):
         title += f", time mode {op['time_mode']}"
-    out = [title + ")", _line("key", _schema(op["key"]))]
+    lines: list[tuple[str, RenderableType]] = [("key", _schema(op["key"]))]
     stores = op["stores"]
     if len(stores) == 1 and stores[0]["name"] == "default":
-        out.append(_line("value", _schema(stores[0]["value"])))
+        lines.append(("value", _schema(stores[0]["value"])))
     elif stores:
-        rows = [[s["name"], _state_type(s), _store_schema(s)] for s in stores]
-        label = "state" if any("state_type" in s for s in stores) else "stores"
-        for i, text in enumerate(_table(["", "", ""], rows, "lll")[1:]):
-            out.append(_line(label if i == 0 else "", text.strip()))
-    out.append(_line("families", ", ".join(op["column_families"]) or "-"))
-    out += _partitions(op, provider)
-    return out
+        grid = Table.grid(padding=(0, 2))
+        for _ in range(3):
+            grid.add_column(overflow="fold")
+        for s in stores:
+            grid.add_row(s["name"], _state_type(s), _store_schema(s))
+        lines.append(("state" if any("state_type" in s for s in stores) else "stores", grid))
+    lines.append(("families", ", ".join(op["column_families"]) or "-"))
+    return [_title(title + ")"), _labelled(lines), *_partitions(op, provider)]
 
 
 def _state_type(store: dict[str, Any]) -> str:
@@ -145,8 +167,9 @@ def _store_schema(store: dict[str, Any]) -> str:
     return _schema(store["value"])
 
 
-def _files(f: dict[str, int]) -> list[str]:
-    return [_count(f["files"]), units.byte_size(f["bytes"]) if f["files"] else "-"]
+def _files(f: dict[str, int]) -> str:
+    """A kind of files: how many, and their size (``4 (63.8 kB)``)."""
+    return f"{_count(f['files'])} ({units.byte_size(f['bytes'])})" if f["files"] else "0"
 
 
 def _versions(v: dict[str, Any]) -> str:
@@ -155,43 +178,44 @@ def _versions(v: dict[str, Any]) -> str:
     return f"{v['oldest']}..{v['newest']}"
 
 
-def _partitions(op: dict[str, Any], provider: str) -> list[str]:
+def _partitions(op: dict[str, Any], provider: str) -> list[RenderableType]:
     sst = any(p["sst"]["files"] for p in op["partitions"]) or shares_files(provider)
-    header = ["partition", "versions", "changelogs", "size", "snapshots", "size"]
-    header += ["sst files", "size"] if sst else []
+    kinds = ["changelogs", "snapshots", *(["sst"] if sst else [])]
+    header = ["partition", "versions", "changelogs", "snapshots"]
+    header += ["sst files"] if sst else []
     header.append("rows")
-    rows = []
-    for p in op["partitions"]:
-        row = [str(p["partition"]), _versions(p["versions"])]
-        row += _files(p["changelogs"]) + _files(p["snapshots"])
-        row += _files(p["sst"]) if sst else []
-        rows.append([*row, _count(p["rows"])])
+    rows = [
+        [
+            str(p["partition"]),
+            _versions(p["versions"]),
+            *(_files(p[kind]) for kind in kinds),
+            _count(p["rows"]),
+        ]
+        for p in op["partitions"]
+    ]
     files = op["files"]
-    total = ["all", ""] + _files(files["changelogs"]) + _files(files["snapshots"])
-    total += _files(files["sst"]) if sst else []
-    rows.append([*total, _count(op["rows"]["partitions_sum"])])
-    out = _table(header, rows, "r" * len(header))
-    return out + _rows(op["rows"])
+    total = ["all", "", *(_files(files[kind]) for kind in kinds)]
+    total.append(_count(op["rows"]["partitions_sum"]))
+    return [_table(header, rows, "r" * len(header), total), _labelled(_rows(op["rows"]))]
 
 
-def _rows(r: dict[str, Any]) -> list[str]:
+def _rows(r: dict[str, Any]) -> list[tuple[str, RenderableType]]:
     if r["batch"] is None:
-        return [_line("rows", "none: no batch committed yet")]
+        return [("rows", "none: no batch committed yet")]
     text = f"{_count(r['total'])} after batch {r['batch']}, as commits/{r['batch']}.json records"
     if r["partitions_sum"] is not None and r["partitions_sum"] != r["total"]:
         text += f" (the partitions' counts add up to {_count(r['partitions_sum'])})"
-    out = [_line("rows", text)]
+    out: list[tuple[str, RenderableType]] = [("rows", text)]
     sources = [ROW_SOURCES.get(s, s) for s in (r["source"] or "").split("+") if s]
     if sources:
-        out.append(_line("", f"per partition: {'; '.join(sources)}"))
+        out.append(("", f"per partition: {'; '.join(sources)}"))
     return out
 
 
-def _progress(progress: dict[str, Any], n_ops: int) -> list[str]:
+def _progress(progress: dict[str, Any], n_ops: int) -> list[RenderableType]:
     if not progress["batches"]:
-        return [f"progress: {progress.get('error') or 'no batch logged yet'}"]
+        return [_title(f"progress: {progress.get('error') or 'no batch logged yet'}")]
     batches = progress["batches"]
-    out = [f"last {len(batches)} batches ({progress['where']})"]
     header = ["batch", "time", "input rows", "duration"]
     header += ["state rows"] if n_ops == 1 else [f"op {i} rows" for i in range(n_ops)]
     rows = []
@@ -202,7 +226,8 @@ def _progress(progress: dict[str, Any], n_ops: int) -> list[str]:
         rows.append(
             [str(b["batch_id"]), _when(b["time"]), _count(b["input_rows"]), duration, *state]
         )
-    return out + _table(header, rows, "rlrr" + "r" * (len(header) - 4))
+    title = _title(f"last {len(batches)} batches ({progress['where']})")
+    return [title, _table(header, rows, "rlrr" + "r" * (len(header) - 4))]
 
 
 # --- a key ---------------------------------------------------------------------------------------
@@ -235,21 +260,21 @@ def _where(lookup: KeyLookup) -> str:
     return "every partition searched: a key column's type has no hash here"
 
 
-def key(lookup: KeyLookup) -> str:
+def key(lookup: KeyLookup) -> RenderableType:
     op = lookup.operator
-    out = [
-        f"operator {op.id}: {op.name} ({op.kind}), after batch {lookup.batch_id}",
-        _line("key", _key_text(lookup.key)),
-        _line("partition", f"{lookup.partition} ({_where(lookup)})"),
+    lines: list[tuple[str, RenderableType]] = [
+        ("key", _key_text(lookup.key)),
+        ("partition", f"{lookup.partition} ({_where(lookup)})"),
     ]
     single = len(lookup.stores) == 1
     for name, rows in lookup.stores.items():
         label = "value" if single else name
         if not rows:
-            out.append(_line(label, "(none)"))
+            lines.append((label, "(none)"))
         for i, row in enumerate(rows):
-            out.append(_line(label if i == 0 else "", _row(row)))
-    return "\n".join(out)
+            lines.append((label if i == 0 else "", _row(row)))
+    title = _title(f"operator {op.id}: {op.name} ({op.kind}), after batch {lookup.batch_id}")
+    return Group(title, _labelled(lines))
 
 
 def _row(row: dict[str, Any]) -> str:

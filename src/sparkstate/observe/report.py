@@ -1,7 +1,8 @@
 """``sparkstate report CHECKPOINT -o report.html``: a query's batches on one self-contained page.
 
 The page is read from the query's progress log (:mod:`.progress_log`) and needs nothing else to
-show: no script, no style sheet or font from elsewhere, the charts inline SVG (:mod:`.svg`). A
+show: no script, no style sheet or font from elsewhere, the charts inline SVG that matplotlib
+draws (:mod:`.charts`). A
 header says which query, runs, batches and times the log covers and what they add up to; the
 charts show, batch by batch, the rates, where a batch's time went, each operator's state rows,
 memory and disk, what the batches wrote to the checkpoint and the rows the watermark dropped; a
@@ -20,6 +21,7 @@ from typing import Any
 
 from sparkstate.exceptions import SparkstateError
 from sparkstate.observe import inspect_text, units
+from sparkstate.observe.charts import Chart, Line, Mark, line_chart, stacked_chart
 from sparkstate.observe.checkpoint import open_checkpoint
 from sparkstate.observe.inspect import history
 from sparkstate.observe.metrics import (
@@ -31,7 +33,6 @@ from sparkstate.observe.metrics import (
     columns,
 )
 from sparkstate.observe.progress_log import ProgressLog, read_progress_log
-from sparkstate.observe.svg import Chart, Line, Mark, line_chart, stacked_chart
 
 __all__ = ["CHARTS", "render", "run_report", "write_report"]
 
@@ -59,8 +60,6 @@ figure{margin:1em 0}figcaption{font-weight:600}svg{width:100%;height:auto;displa
 .legend{list-style:none;margin:.2em 0;padding:0;display:flex;flex-wrap:wrap;gap:.2em 1em}
 .legend{font-size:12px}
 .swatch{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px}
-.grid{stroke:#e6e6e6}.axis{stroke:#888}.tick{font-size:11px;fill:#555}
-.restart line{stroke:#c0392b;stroke-dasharray:4 3}.restart path{fill:#c0392b}
 .note{color:#777;font-style:italic}
 table{border-collapse:collapse;font-size:12px;font-variant-numeric:tabular-nums}
 th,td{padding:2px 8px;border-bottom:1px solid #eee;text-align:right}th{color:#666}

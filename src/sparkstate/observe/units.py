@@ -1,10 +1,12 @@
-"""Numbers as a person reads them: counts (``1.2k``), bytes (``3.4 MB``), durations (``850 ms``,
-``1.2 s``) and times (``2024-01-01 00:01:40``)."""
+"""Numbers as a person reads them: counts (``1.2k``), bytes (``3.4 MB``, Rich's), durations
+(``850 ms``, ``1.2 s``) and times (``2024-01-01 00:01:40``)."""
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Callable
+
+from rich import filesize
 
 __all__ = ["Format", "byte_size", "count", "duration_ms", "epoch_ms", "parse_time_ms", "rate"]
 
@@ -12,7 +14,6 @@ __all__ = ["Format", "byte_size", "count", "duration_ms", "epoch_ms", "parse_tim
 Format = Callable[[float], str]
 
 _COUNT_UNITS = ("", "k", "M", "G", "T", "P")
-_BYTE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
 
 def _scaled(value: float, units: tuple[str, ...], sep: str) -> str:
@@ -37,8 +38,9 @@ def rate(value: float) -> str:
 
 
 def byte_size(value: float) -> str:
-    """``3_400_000`` -> ``3.4 MB`` (powers of 1000, as the unit names say)."""
-    return _scaled(value, _BYTE_UNITS, " ")
+    """``3_400_000`` -> ``3.4 MB``; ``512`` -> ``512 bytes`` (powers of 1000, as the unit
+    names say: :func:`rich.filesize.decimal`)."""
+    return filesize.decimal(round(value))
 
 
 def duration_ms(value: float) -> str:

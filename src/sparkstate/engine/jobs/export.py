@@ -13,11 +13,13 @@ partition as the HDFS-backed provider's snapshot of the version Spark loads next
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -25,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
+from sparkstate.console import ProgressTask, job_progress
 from sparkstate.engine.jobs.rescale import on_checkpoint
 from sparkstate.engine.run.query import release_if_finished
 from sparkstate.engine.spark.session import command_session, is_connect, said_once
@@ -44,27 +47,33 @@ _WRITTEN = "partition int, num_rows bigint"
 _STATE_DIR = "state"
 
 
-def export(spark: SparkSession, checkpoint_location: str) -> int | None:
+def export(
+    spark: SparkSession, checkpoint_location: str, *, progress: bool | None = None
+) -> int | None:
     """Write the state of the stopped query at ``checkpoint_location`` (run wrapped with
     ``ss.stream``) back in the form Spark's own operators read, so that the query run without
     ``ss.stream`` goes on from the checkpoint with Spark's default (HDFS-backed) state store
     provider. Returns the batch Spark goes on after; None where the checkpoint was exported
     already. Refused while a query runs on the checkpoint, and, leaving it as it was, where an
-    operator's state cannot be written in Spark's form. Safe to interrupt: run it again."""
+    operator's state cannot be written in Spark's form. Safe to interrupt: run it again.
+    ``progress``: show a bar per operator (default: when stderr is a terminal)."""
     location = canonical_location(checkpoint_location)
     engine_root = engine_root_of(location)
     if is_connect(spark):  # the checkpoint is the server's to lock; the job runs from here
-        return _export_locked(spark, location, engine_root)
+        return _export_locked(spark, location, engine_root, progress=False)
     release_if_finished(engine_root)
     lock = CheckpointLock(engine_root)
     lock.acquire()
     try:
-        return _export_locked(spark, location, engine_root)
+        shown = sys.stderr.isatty() if progress is None else progress
+        return _export_locked(spark, location, engine_root, progress=shown)
     finally:
         lock.release(emptied=True)
 
 
-def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int | None:
+def _export_locked(
+    spark: SparkSession, location: str, engine_root: str, *, progress: bool
+) -> int | None:
     started = time.perf_counter()
     if on_checkpoint(spark, _settle, (location, engine_root)):
         log.warning(
@@ -80,25 +89,43 @@ def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int 
         )
         return None
     register(spark)  # the state reader reads the state out
+    stores = {
+        op.op_id: layout_of(op.kind).spark_stores(op.described) or [] for op in plan.operators
+    }
+    # per operator, its stores' partitions written, counted where progress is shown
+    written = (
+        {op.op_id: spark.sparkContext.accumulator(0) for op in plan.operators} if progress else {}
+    )
+    bars = [
+        ProgressTask(
+            f"operator {op.op_id} ({op.kind}) write",
+            plan.num_partitions * len(stores[op.op_id]),
+            functools.partial(_value, written[op.op_id]),
+        )
+        for op in plan.operators
+        if op.op_id in written
+    ]
     rows = 0
-    for op in plan.operators:
-        layout = layout_of(op.kind)
-        for name in layout.spark_stores(op.described) or []:
-            reader = spark.read.format("sparkstate").option("batchId", plan.batch_id)
-            reader = reader.option("operatorId", op.op_id)
-            if name != DEFAULT_CF:
-                reader = reader.option("storeName", name)
-            state = reader.load(location)
-            shown = state.schema["key"].dataType
-            assert isinstance(shown, StructType)
-            fields, hashed = layout.spark_partitioning(op.described, name, list(shown.names))
-            state = state.select(
-                F.struct(*(F.col("key").getField(f).alias(f) for f in fields)).alias("key"),
-                "value",
-            )
-            store = _SparkStore(location, op.op_id, name, plan.version)
-            on_checkpoint(spark, _write_schema, (store, _schema_json(state)))
-            rows += _write_state(spark, store, plan.num_partitions, hashed, state)
+    with job_progress(bars):
+        for op in plan.operators:
+            layout = layout_of(op.kind)
+            for name in stores[op.op_id]:
+                reader = spark.read.format("sparkstate").option("batchId", plan.batch_id)
+                reader = reader.option("operatorId", op.op_id)
+                if name != DEFAULT_CF:
+                    reader = reader.option("storeName", name)
+                state = reader.load(location)
+                shown = state.schema["key"].dataType
+                assert isinstance(shown, StructType)
+                fields, hashed = layout.spark_partitioning(op.described, name, list(shown.names))
+                state = state.select(
+                    F.struct(*(F.col("key").getField(f).alias(f) for f in fields)).alias("key"),
+                    "value",
+                )
+                store = _SparkStore(location, op.op_id, name, plan.version)
+                on_checkpoint(spark, _write_schema, (store, _schema_json(state)))
+                done = written.get(op.op_id)
+                rows += _write_state(spark, store, plan.num_partitions, hashed, state, done)
     on_checkpoint(spark, commit_export, plan)
     log.warning(
         "%s: exported the state of %d operator(s) to Spark's HDFSBackedStateStoreProvider after "
@@ -110,6 +137,10 @@ def _export_locked(spark: SparkSession, location: str, engine_root: str) -> int 
         time.perf_counter() - started,
     )
     return plan.batch_id
+
+
+def _value(accumulator: Any) -> int:
+    return int(accumulator.value)
 
 
 def _settle(arg: tuple[str, str]) -> bool:
@@ -169,10 +200,16 @@ def _write_spark_file(directory: DurableDir, name: str, data: bytes) -> None:
 
 
 def _write_state(
-    spark: SparkSession, store: _SparkStore, n: int, hashed: list[str], state: DataFrame
+    spark: SparkSession,
+    store: _SparkStore,
+    n: int,
+    hashed: list[str],
+    state: DataFrame,
+    done: Any = None,
 ) -> int:
     """Each of the ``n`` partitions' snapshot of the store (``hashed``: the fields of its key
-    Spark's operator hashes); its rows."""
+    Spark's operator hashes); its rows. ``done``: an accumulator that counts the partitions
+    written."""
     if hashed:
         spread = state.repartition(n, *(F.col("key").getField(f) for f in hashed))
     else:
@@ -191,6 +228,8 @@ def _write_state(
         key_rows = pa.concat_arrays(keys) if keys else pa.array([], pa.binary())
         value_rows = pa.concat_arrays(values) if values else pa.array([], pa.binary())
         _write_snapshot(store, partition, key_rows, value_rows)
+        if done is not None:
+            done.add(1)
         yield pa.record_batch(
             [pa.array([partition], pa.int32()), pa.array([len(key_rows)])],
             names=["partition", "num_rows"],
@@ -200,6 +239,8 @@ def _write_state(
     for p in range(n):  # a partition no task wrote (Spark's restart loads every one)
         if p not in written:
             on_checkpoint(spark, _write_empty, (store, p))
+            if done is not None:
+                done.add(1)
     return sum(written.values())
 
 

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
+from sparkstate.console import ProgressTask, job_progress
 from sparkstate.engine.run.batch_job import engine_settings
 from sparkstate.engine.run.query import release_if_finished
 from sparkstate.engine.spark.session import command_session, is_connect, run_on_server, said_once
@@ -238,13 +238,9 @@ def _move(
         job = frames[0]
         for frame in frames[1:]:
             job = job.unionByName(frame)
-        watcher = _Progress(plan, counters) if counters else None
-        try:
-            with engine_settings(spark, plan.to_partitions):
-                rows = job.collect()
-        finally:
-            if watcher is not None:
-                watcher.stop()
+        bars = [bar for _, c in sorted(counters.items()) for bar in c.bars(plan.to_partitions)]
+        with job_progress(bars), engine_settings(spark, plan.to_partitions):
+            rows = job.collect()
         for r in rows:
             written[r["op"]][r["partition"]] = (r["checkpoint_id"], r["num_rows"])
     return written
@@ -287,6 +283,23 @@ class _Counters:
     def of(cls, spark: SparkSession, move: OperatorMove) -> _Counters:
         sc = spark.sparkContext
         return cls(move, sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
+
+    def bars(self, to_partitions: int) -> list[ProgressTask]:
+        """The operator's old partitions read (and the rows in them), its new ones written."""
+        what = f"operator {self.move.op_id} ({self.move.kind})"
+        return [
+            ProgressTask(f"{what} read", len(self.move.partitions), self._read, self._rows),
+            ProgressTask(f"{what} write", to_partitions, self._written),
+        ]
+
+    def _read(self) -> int:
+        return int(self.read.value)
+
+    def _rows(self) -> str:
+        return f"{self.rows.value:,} rows"
+
+    def _written(self) -> int:
+        return int(self.written.value)
 
 
 def _moved(
@@ -366,54 +379,6 @@ def write_moved(
         [{"op": move.op_id, "partition": partition, "checkpoint_id": ckpt, "num_rows": n}],
         schema=_WRITTEN_SCHEMA,
     )
-
-
-class _Progress:
-    """Bars on stderr, redrawn every second while the job runs: per operator, the old
-    partitions read (and the rows in them) and the new partitions written."""
-
-    def __init__(
-        self, plan: RescalePlan, counters: dict[int, _Counters], interval_s: float = 1.0
-    ) -> None:
-        self._plan = plan
-        self._counters = counters
-        self._interval_s = interval_s
-        self._drawn = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sparkstate-rescale", daemon=True)
-        self._thread.start()
-
-    def _lines(self) -> list[str]:
-        out = []
-        for op_id, c in sorted(self._counters.items()):
-            read = _bar(c.read.value, len(c.move.partitions))
-            written = _bar(c.written.value, self._plan.to_partitions)
-            out.append(
-                f"operator {op_id} ({c.move.kind}): read {read} ({c.rows.value:,} rows)  "
-                f"write {written}"
-            )
-        return out
-
-    def _draw(self) -> None:
-        lines = self._lines()
-        up = f"\x1b[{self._drawn}F" if self._drawn else ""
-        sys.stderr.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
-        sys.stderr.flush()
-        self._drawn = len(lines)
-
-    def _run(self) -> None:
-        while not self._done.wait(self._interval_s):
-            self._draw()
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()
-        self._draw()
-
-
-def _bar(done: int, total: int, width: int = 12) -> str:
-    filled = width * done // max(total, 1)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
 def rescale_at_start(spark: SparkSession, location: str, num_partitions: int) -> int:

@@ -34,7 +34,8 @@ def command_session(
     app: str, *, master: str | None = None, remote: str | None = None, conf: Sequence[str] = ()
 ) -> Any:
     """The Spark session of a ``sparkstate`` command: ``--master`` a cluster's (default: local),
-    ``--remote`` a Spark Connect server's, ``--conf KEY=VALUE`` its settings."""
+    ``--remote`` a Spark Connect server's, ``--conf KEY=VALUE`` its settings. Spark's own
+    progress bar is off: the command draws its own (:func:`sparkstate.console.job_progress`)."""
     from pyspark.sql import SparkSession
 
     settings = dict(_setting(c) for c in conf)
@@ -43,6 +44,7 @@ def command_session(
     else:
         builder = SparkSession.builder.master(master or "local[*]")
         builder = builder.appName(app).config("spark.ui.enabled", "false")
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
     for k, v in settings.items():
         builder = builder.config(k, v)
     return builder.getOrCreate()
