@@ -10,8 +10,8 @@ import pytest
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.operators.arbitrary.flat_map_groups import FlatMapGroupsWithState
-from sparkstate.operators.arbitrary.restart import check_state_change, same_schema
 from sparkstate.operators.arbitrary.transform_with_state import TransformWithState
+from sparkstate.operators.restart import check_state_change, same_schema
 from sparkstate.testing.harness import processor_harness
 
 from .test_processor import INPUT, Collections

@@ -220,6 +220,9 @@ class StatefulOperator(StateLayout, ABC):
     #: input rows passed through and the state keeps none of their columns (deduplication,
     #: limit), so a source column added between runs is accepted, as Spark accepts it.
     output_in_state: ClassVar[bool] = True
+    #: Whether the operator is a streaming aggregation (``groupBy().agg()``), which Spark's
+    #: rules for output modes and for chaining stateful steps name.
+    is_aggregation: ClassVar[bool] = False
     #: Whether the state may be keyed by lists and structs, which the key codec keeps equal by
     #: their bytes but does not order by value: True where keys are only looked up (grouping
     #: keys, deduplicated columns), never scanned in the order of such a column.

@@ -247,7 +247,7 @@ class DeduplicateWithinWatermark(Deduplicate):
     @classmethod
     def rows_in_state(cls, store: StateStore) -> int:
         """The keys, as Spark counts them: each has one entry in the expiry index beside it."""
-        return max(0, store.raw_num_keys()) // 2
+        return max(0, store.total_keys()) // 2
 
     def process(
         self, store: StateStore, batches: Iterator[pa.RecordBatch], ctx: BatchContext

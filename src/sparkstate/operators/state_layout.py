@@ -144,7 +144,7 @@ class StateLayout:
     @classmethod
     def rows_in_state(cls, store: StateStore) -> int:
         """The operator's rows in a partition's loaded state."""
-        return max(0, store.raw_num_keys())
+        return max(0, store.total_keys())
 
     @classmethod
     def spark_properties(cls, described: dict[str, Any], output_mode: str) -> str | None:

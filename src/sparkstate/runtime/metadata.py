@@ -1,6 +1,6 @@
 """What a restarted query must share with its checkpoint's ``metadata.json``: the provider, the
 state location and the stateful operators (state schemas may evolve
-compatibly, :mod:`sparkstate.operators.arbitrary.restart`; the partition count may change, which
+compatibly, :mod:`sparkstate.operators.restart`; the partition count may change, which
 rescales
 the state: :func:`rescale_target`). A checkpoint of Spark's own operators is taken over
 (:mod:`sparkstate.runtime.take_over`)."""
@@ -12,8 +12,8 @@ from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, ProviderMismatchError, SchemaMismatchError
 from sparkstate.files.durable import DurableDir, canonical_location, local_path
-from sparkstate.operators.arbitrary.restart import check_state_change, same_schema
 from sparkstate.operators.registry import operator_class
+from sparkstate.operators.restart import check_state_change, same_schema
 from sparkstate.store.evolution import KEY_NOT_COMPATIBLE, NOT_COMPATIBLE
 from sparkstate.store.schema_json import fields_from_json
 
@@ -49,7 +49,7 @@ def check_restart(
     where: str,
 ) -> SchemaMismatchError | None:
     """The restarted query must match what the checkpoint was written with; state schemas may
-    evolve compatibly (:mod:`sparkstate.operators.arbitrary.restart`). ``state_location`` is the
+    evolve compatibly (:mod:`sparkstate.operators.restart`). ``state_location`` is the
     ``stateLocation`` option (canonical), None for the state in the checkpoint at ``where``.
 
     A state schema change that Spark refuses too (one with Spark's condition) is returned, not

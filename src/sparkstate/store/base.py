@@ -204,7 +204,7 @@ class StateStore(ABC):
             yield [k for k, _ in batch], [v for _, v in batch]
 
     @abstractmethod
-    def raw_num_keys(self) -> int:
+    def total_keys(self) -> int:
         """Number of live keys over all families, pending writes included (may be an estimate)."""
 
     @abstractmethod
@@ -497,7 +497,7 @@ class StateStore(ABC):
 
     def metrics(self) -> StoreMetrics:
         return StoreMetrics(
-            num_keys=self.raw_num_keys(),
+            num_keys=self.total_keys(),
             num_updated=self._num_updated,
             num_removed=self._num_removed,
             memory_used_bytes=self._memory_used_bytes(),

@@ -261,7 +261,7 @@ class MemoryStateStore(StateStore):
         """The keys of the family scanned in order (and some removed ones, which scans skip)."""
         return self._order.keys(self._data, start, end)
 
-    def raw_num_keys(self) -> int:
+    def total_keys(self) -> int:
         return len(self._data)
 
     def _memory_used_bytes(self) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from sparkstate.engine.plan.aggregate.plan import AGGREGATIONS, closes_by_watermark
+from sparkstate.engine.plan.aggregate.plan import closes_by_watermark
 from sparkstate.engine.plan.limit import check_limit
 from sparkstate.engine.plan.planners import planner_for
 from sparkstate.engine.plan.stage import PlanContext, Stage
@@ -109,7 +109,7 @@ def plan_chain(
     for step in steps:
         if isinstance(step, StatelessStep):
             if union is not None and stages[-1].query_output is union:  # after the union
-                aggregated = any(isinstance(s.operator, AGGREGATIONS) for s in stages)
+                aggregated = any(s.operator.is_aggregation for s in stages)
                 current = _attach(union.after, current, step, output_mode, aggregated, "union()")
             else:
                 current = _plan_stateless(stages[-1], current, step, output_mode)
@@ -157,7 +157,7 @@ def plan_chain(
         stage.watermark_lag_ms = lag
         lag += planned.watermark_lag_ms
         stages.append(stage)
-    aggs = [s.operator for s in stages if isinstance(s.operator, AGGREGATIONS)]
+    aggs = [s.operator for s in stages if s.operator.is_aggregation]
     has_agg = bool(aggs)
     if output_mode == "append" and not all(map(closes_by_watermark, aggs)):
         msg = (
@@ -179,7 +179,7 @@ def plan_chain(
         )
         raise unsupported_operation(msg, output_mode, "no streaming aggregations")
     for stage in stages:
-        if not has_agg or isinstance(stage.operator, AGGREGATIONS):
+        if not has_agg or stage.operator.is_aggregation:
             _check_output_mode(stage, output_mode)
     return stages, current
 
@@ -354,7 +354,7 @@ _SORTS = ("orderBy", "sort")
 def _plan_stateless(stage: Stage, output: DataFrame, step: StatelessStep, mode: str) -> DataFrame:
     """Attach ``step`` to ``stage``'s output; Spark analyses it here, so a bad column fails at
     ``start()``."""
-    aggregated = isinstance(stage.operator, AGGREGATIONS)
+    aggregated = stage.operator.is_aggregation
     where = f"operator {stage.op_id} ({stage.operator.kind})"
     return _attach(stage.after, output, step, mode, aggregated, where)
 

@@ -122,6 +122,7 @@ class StreamingAggregate(StatefulOperator):
     """
 
     kind: ClassVar[str] = "aggregate"
+    is_aggregation: ClassVar[bool] = True
     exported_to_spark: ClassVar[bool] = True
     renames_keep_state: ClassVar[bool] = True
     nested_keys: ClassVar[bool] = True

@@ -87,6 +87,7 @@ class SessionWindowAggregate(StatefulOperator):
     """
 
     kind: ClassVar[str] = "session_window_aggregate"
+    is_aggregation: ClassVar[bool] = True
     exported_to_spark: ClassVar[bool] = True
     progress_name: ClassVar[str] = "sessionWindowStateStoreSaveExec"
     rows_are_keys: ClassVar[bool] = False
@@ -205,7 +206,7 @@ class SessionWindowAggregate(StatefulOperator):
     def rows_in_state(cls, store: StateStore) -> int:
         """The sessions, as Spark counts them: a key's list of starts and a session's end in
         the index are not rows (a store that does not count its keys reports 0)."""
-        if store.raw_num_keys() <= 0:
+        if store.total_keys() <= 0:
             return 0
         return _ends_index().size(store)
 

@@ -286,7 +286,7 @@ class FlatMapGroupsWithState(StatefulOperator):
     def rows_in_state(cls, store: StateStore) -> int:
         """The keys' states, as Spark counts them: an entry of the timeout index is not a row
         (a store that does not count its keys reports 0)."""
-        stored = store.raw_num_keys()
+        stored = store.total_keys()
         if stored <= 0:
             return 0
         return max(0, stored - sum(_timeout_index().stored_keys(store)))

@@ -54,7 +54,6 @@ from sparkstate.operators.arbitrary.processor_input import (
     not_older_than,
     select_columns,
 )
-from sparkstate.operators.arbitrary.restart import AVRO, DEFAULT_ENCODING, STATE_ENCODING
 from sparkstate.operators.arbitrary.schemas import SchemaLike, to_arrow_schema
 from sparkstate.operators.arbitrary.spark_processor_state import processor_reads, processor_state
 from sparkstate.operators.arbitrary.state_collections import map_rows
@@ -104,6 +103,11 @@ INITIAL_STATE_MARKER = "__sparkstate_initial_state__"
 _TIME_TRIGGERS = {TimeMode.PROCESSING_TIME: "processing", TimeMode.EVENT_TIME: "event"}
 #: ``rows``: ``transformWithState`` (Row iterators); ``pandas``: ``transformWithStateInPandas``.
 MODES = ("rows", "pandas")
+#: Where a description records a state encoding other than the default (Spark's
+#: ``spark.sql.streaming.stateStore.encodingFormat``), and the encodings.
+STATE_ENCODING = "state_encoding"
+DEFAULT_ENCODING = "unsaferow"
+AVRO = "avro"
 ENCODINGS = (DEFAULT_ENCODING, AVRO)
 #: Spark's defaults of ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch``.
 MAX_RECORDS_PER_BATCH = 10_000
@@ -291,7 +295,7 @@ class TransformWithState(StatefulOperator):
         """The state variables' rows, as Spark counts them: a map's entries, a value's or a
         list's keys, no timer or TTL index entry (a store that does not count its keys
         reports 0)."""
-        if store.raw_num_keys() <= 0:
+        if store.total_keys() <= 0:
             return 0
         return sum(counted_rows(store, name, rows)[0] for name, rows in _variables(store))
 

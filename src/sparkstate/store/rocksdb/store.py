@@ -282,7 +282,7 @@ class RocksDBStateStore(StateStore):
         self._counted = self._base_keys - gone + len(values) - values.count(None)
         return self._counted
 
-    def raw_num_keys(self) -> int:
+    def total_keys(self) -> int:
         if self.status is not StoreStatus.UPDATING:
             return self._num_keys
         return self._count_after_writes()

@@ -52,7 +52,6 @@ from sparkstate.operators.base import StatefulOperator
 from sparkstate.runtime.watermark import WATERMARK_DELAY_KEY
 
 __all__ = [
-    "AGGREGATIONS",
     "aggregate_function",
     "closes_by_watermark",
     "grouping_column",
@@ -66,8 +65,6 @@ __all__ = [
 #: Spark's metadata marks on the column of a ``window()`` and a ``session_window()`` key.
 TIME_WINDOW_MARKER = "spark.timeWindow"
 SESSION_WINDOW_MARKER = "spark.sessionWindow"
-#: The operators of ``groupBy().agg()``.
-AGGREGATIONS = (StreamingAggregate, SessionWindowAggregate)
 
 
 def _as_column(col: Any) -> Column:

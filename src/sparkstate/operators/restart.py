@@ -19,25 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
-from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
-from sparkstate.operators.limit import StreamingLimit
+from sparkstate.operators.arbitrary.transform_with_state import (
+    AVRO,
+    DEFAULT_ENCODING,
+    STATE_ENCODING,
+)
+from sparkstate.operators.registry import OPERATORS
 from sparkstate.store.evolution import Field, condition, incompatibility, refusal, show_fields
 from sparkstate.store.schema_json import fields_from_json
 
-__all__ = ["AVRO", "DEFAULT_ENCODING", "STATE_ENCODING", "check_state_change", "same_schema"]
-
-#: Where a description records a state encoding other than the default (Spark's
-#: ``spark.sql.streaming.stateStore.encodingFormat``), and the encodings.
-STATE_ENCODING = "state_encoding"
-DEFAULT_ENCODING = "unsaferow"
-AVRO = "avro"
-
-#: Kinds of operator whose state keeps none of the output's columns.
-_OUTPUT_NOT_IN_STATE = frozenset(
-    c.kind
-    for c in (Deduplicate, DeduplicateWithinWatermark, StreamingLimit)
-    if not c.output_in_state
-)
+__all__ = ["check_state_change", "same_schema"]
 
 
 def _fields(described: Any) -> list[Field]:
@@ -106,7 +97,8 @@ def check_state_change(old: dict[str, Any], new: dict[str, Any], where: str) -> 
     operator; returns the keys checked here (the caller compares the others for equality)."""
     op = f"operator {new.get('id')} ({new.get('kind')})"
     checked: set[str] = set()
-    if new.get("kind") in _OUTPUT_NOT_IN_STATE:
+    kind = OPERATORS.get(str(new.get("kind")))
+    if kind is not None and not kind.output_in_state:
         checked.add("output_schema")  # the input passed through: its columns may change
     if "state_schema" in old or "state_schema" in new:
         what = f"{op}: the state schema"
