@@ -23,7 +23,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-__all__ = ["PLAIN_WIDTH", "ProgressTask", "job_progress", "output", "show"]
+__all__ = ["PLAIN_WIDTH", "ProgressTask", "job_progress", "output", "plain", "show"]
 
 #: The width of plain text, where the stream is not a terminal: a table is as wide as its
 #: cells up to this, and a line longer than this is wrapped.
@@ -46,15 +46,29 @@ def output() -> Console:
 
 
 def show(renderable: RenderableType) -> None:
-    """Print ``renderable`` on stdout (:func:`output`); as plain text, without the spaces that
-    pad a table's cells at the ends of lines."""
+    """Print ``renderable`` on stdout (:func:`output`); as :func:`plain` text where stdout is
+    not a terminal."""
     console = output()
     if console.is_terminal:
         console.print(renderable)
         return
+    sys.stdout.write(plain(renderable))
+
+
+def plain(renderable: RenderableType) -> str:
+    """``renderable`` as plain text at :data:`PLAIN_WIDTH`, without the spaces that pad a
+    table's cells at the ends of lines: what :func:`show` prints in a pipe."""
+    console = Console(
+        force_terminal=False,
+        no_color=True,
+        width=PLAIN_WIDTH,
+        markup=False,
+        emoji=False,
+        highlight=False,
+    )
     with console.capture() as captured:
         console.print(renderable)
-    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    return "".join(line.rstrip() + "\n" for line in captured.get().splitlines())
 
 
 def _no_note() -> str:

@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 import sparkstate as ss
+from sparkstate.console import plain
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe import inspect_text
 from sparkstate.observe.inspect import inspect_checkpoint
@@ -146,9 +147,8 @@ def test_a_widened_grouping_key_is_refused_as_sparks_or_migrated_with_auto(
     assert sorted((r["key"]["g"], r["value"]["count"]) for r in state) == [(0, 2), (1, 3), (2, 3)]
     doc = inspect_checkpoint(str(chk))
     assert [e["event"] for e in doc["history"]] == ["migrated"]
-    assert (
-        "migrated the state of operator(s) [0] to a changed query after batch 1"
-        in inspect_text.summary(doc)
+    assert "migrated the state of operator(s) [0] to a changed query after batch 1" in plain(
+        inspect_text.summary(doc)
     )
 
 

@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 import sparkstate as ss
+from sparkstate.console import plain
 from sparkstate.engine.jobs.take_over import SparkFiles
 from sparkstate.engine.run.batch_job import session_conf
 from sparkstate.exceptions import SchemaMismatchError
@@ -281,7 +282,7 @@ def test_the_query_goes_on_from_sparks_checkpoint(
     assert event["event"] == "taken_over_from_spark"
     assert event["batch"] == max(first.batches)
     shown = f"taken over from Spark's own operators ({event['spark_provider']}) after its batch"
-    assert shown in inspect_text.summary(doc)
+    assert shown in plain(inspect_text.summary(doc))
     assert escape(shown) in render(read_progress_log(str(switch.ours_chk)), str(switch.ours_chk))
 
 
