@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.plan.aggregate.plan import recognise
-from sparkstate.engine.plan.chain import AggregateStep, plan_stages
+from sparkstate.engine.plan.aggregate.plan import AggregateStep, recognise
+from sparkstate.engine.plan.chain import plan_stages
 from sparkstate.exceptions import ConfigurationError
 
 from .conftest import FileFeed

@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.plan.chain import AggregateStep, plan_stages
+from sparkstate.engine.plan.aggregate.plan import AggregateStep
+from sparkstate.engine.plan.chain import plan_stages
 from sparkstate.engine.run.driver import BatchDriver, DriverConfig
 from sparkstate.engine.run.sinks import ForeachBatchSink
 from sparkstate.engine.spark.conf import store_options_from_spark

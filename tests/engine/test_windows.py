@@ -29,7 +29,8 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
-from sparkstate.engine.plan.chain import AggregateStep, plan_stages
+from sparkstate.engine.plan.aggregate.plan import AggregateStep
+from sparkstate.engine.plan.chain import plan_stages
 from sparkstate.engine.run.batch_job import engine_settings
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.testing import Collector, FileFeed

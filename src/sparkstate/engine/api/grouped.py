@@ -9,8 +9,10 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from pyspark.sql import DataFrame
 
+from sparkstate.engine.plan.aggregate.plan import AggregateStep
 from sparkstate.engine.plan.arbitrary.initial_state import initial_state_of
-from sparkstate.engine.plan.steps import ARBITRARY_FUNCTION_APIS, AggregateStep, ArbitraryStep, Step
+from sparkstate.engine.plan.arbitrary.plan import ARBITRARY_FUNCTION_APIS, ArbitraryStep
+from sparkstate.engine.plan.stage import Step
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.functions import AggregateExpression
 from sparkstate.functions import count as count_

@@ -16,17 +16,12 @@ from sparkstate.engine.api.grouped import GroupedStream
 from sparkstate.engine.api.writer import DataStreamWriter
 from sparkstate.engine.plan.carried_time import EVENT_TIME_CARRIER
 from sparkstate.engine.plan.chain import output_of, plan_chain
+from sparkstate.engine.plan.dedup import DedupStep
 from sparkstate.engine.plan.input_times import input_time_column, null_time, with_input_times
-from sparkstate.engine.plan.join.plan import JoinInput, plan_join, plan_join_after
-from sparkstate.engine.plan.steps import (
-    DedupStep,
-    JoinStep,
-    LimitStep,
-    StatelessStep,
-    Step,
-    UnionStep,
-)
-from sparkstate.engine.plan.union import UnionInput, union_after, union_of_batch
+from sparkstate.engine.plan.join.plan import JoinInput, JoinStep, plan_join, plan_join_after
+from sparkstate.engine.plan.limit import LimitStep
+from sparkstate.engine.plan.stage import StatelessStep, Step
+from sparkstate.engine.plan.union import UnionInput, UnionStep, union_after, union_of_batch
 from sparkstate.engine.spark.schema import quote
 from sparkstate.engine.spark.state_source import register_once
 from sparkstate.exceptions import (

@@ -19,8 +19,7 @@ from sparkstate.engine.jobs.take_over import take_over
 from sparkstate.engine.plan.carried_time import EVENT_TIME_CARRIER
 from sparkstate.engine.plan.chain import plan_stages
 from sparkstate.engine.plan.input_times import input_time_column
-from sparkstate.engine.plan.stage import Stage
-from sparkstate.engine.plan.steps import AggregateStep, StatelessStep, Step
+from sparkstate.engine.plan.stage import Stage, StatelessStep, Step
 from sparkstate.engine.run.driver import BatchDriver, BatchRelay, DriverConfig
 from sparkstate.engine.run.query import StreamingQuery, notify_progress, release_if_finished
 from sparkstate.engine.run.sinks import (
@@ -433,7 +432,7 @@ class DataStreamWriter:
         stream = self._stream
         wm = stream.watermark
         first = next((s for s in stream.steps if not isinstance(s, StatelessStep)), None)
-        if stream.timed is not None and isinstance(first, AggregateStep):
+        if stream.timed is not None and first is not None and first.is_aggregation:
             return stream.timed, EVENT_TIME_CARRIER
         return stream.df, wm.column if wm else None
 

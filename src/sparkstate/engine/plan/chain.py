@@ -3,9 +3,9 @@
 Planning happens once, at ``start()``, on the streaming DataFrame: Spark's analyzer names and types
 every output column (so our results carry exactly the names and types Spark's own operator would),
 and unsupported shapes fail here, before anything runs. Each stateful step is planned by its own
-type's planner (:mod:`sparkstate.engine.plan.planners`); this module walks the steps in order, gives
-each its place (operator id, the watermark it observes), checks the chain and the output mode as
-Spark checks them, and attaches the stateless steps to the stage before them.
+type (:meth:`~sparkstate.engine.plan.stage.StatefulStep.plan`); this module walks the steps in
+order, gives each its place (operator id, the watermark it observes), checks the chain and the
+output mode as Spark checks them, and attaches the stateless steps to the stage before them.
 """
 
 from __future__ import annotations
@@ -17,23 +17,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from sparkstate.engine.plan.aggregate.plan import closes_by_watermark
-from sparkstate.engine.plan.limit import check_limit
-from sparkstate.engine.plan.planners import planner_for
-from sparkstate.engine.plan.stage import PlanContext, Stage
-from sparkstate.engine.plan.steps import (
-    ARBITRARY_FUNCTION_APIS,
-    PROCESSOR_APIS,
-    AggregateStep,
-    ArbitraryStep,
-    DedupStep,
-    JoinStep,
-    LimitStep,
-    StatelessStep,
-    Step,
-    UnionStep,
-    is_processor,
-)
-from sparkstate.engine.plan.union import UnionOutput, plan_union
+from sparkstate.engine.plan.stage import PlanContext, Stage, StatefulStep, StatelessStep, Step
+from sparkstate.engine.plan.union import UnionOutput, UnionStep, plan_union
 from sparkstate.engine.spark.errors import SparkAnalysisError, unsupported_operation
 from sparkstate.engine.spark.schema import (
     arrow_schema,
@@ -47,13 +32,6 @@ from sparkstate.operators.aggregation.session_window import SessionWindowAggrega
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 
 __all__ = [
-    "ARBITRARY_FUNCTION_APIS",
-    "PROCESSOR_APIS",
-    "AggregateStep",
-    "ArbitraryStep",
-    "DedupStep",
-    "JoinStep",
-    "LimitStep",
     "Stage",
     "StatelessStep",
     "Step",
@@ -99,11 +77,18 @@ def plan_chain(
             "df.writeStream directly"
         )
         raise ConfigurationError(msg)
+    for step in steps:
+        if not isinstance(step, StatefulStep | StatelessStep):
+            msg = (
+                f"no planner for the step {step!r}: a step is a StatefulStep, which plans "
+                "itself, or a StatelessStep"
+            )
+            raise TypeError(msg)
     stages: list[Stage] = []
     current = df
     lag = 0  # how far the watermark of the steps after a join is behind the query's
-    steps = _with_limits_checked(steps, output_mode)
-    stateful = [s for s in steps if not isinstance(s, StatelessStep)]
+    steps = _checked(steps, output_mode)
+    stateful = [s for s in steps if isinstance(s, StatefulStep)]
     union: UnionOutput | None = None  # a union of stateful steps' outputs: the first step
     inputs = 0  # the stages of its inputs' steps beyond the one place of the union
     for step in steps:
@@ -117,25 +102,24 @@ def plan_chain(
         if isinstance(step, UnionStep):  # always the first: union() makes a stream of it
             # Spark numbers the inputs' steps after the steps that follow the union
             chain, union, current = plan_union(
-                step.plan, output_mode, first_id + len(stateful) - 1, plan_chain
+                step.union, output_mode, first_id + len(stateful) - 1, plan_chain
             )
             stages += chain
             inputs = len(chain) - 1
             continue
-        planner = planner_for(step)  # an unknown step fails here, before anything is planned
+        assert isinstance(step, StatefulStep)
         position = len(stages) - inputs
         # Spark numbers them from the sink: the last is 0
         op_id = first_id + len(stateful) - 1 - position
         if position:
             for before in _lines_before(stateful, position):
                 _check_chain(before, step, output_mode)
-            if isinstance(step, JoinStep):
-                msg = "a stream-stream join after another stateful step is not supported yet"
-                raise ConfigurationError(msg)
+            if step.refused_after_stateful:
+                raise ConfigurationError(step.refused_after_stateful)
         watermark = event_time if position == 0 else None
-        if position > 0 and isinstance(step, DedupStep) and event_time is not None:
+        if position > 0 and step.carried_watermark_in and event_time is not None:
             watermark = event_time_of(current)  # late rows and expiry as the first step's
-        if position > 0 and is_processor(stateful[position - 1]) and event_time is not None:
+        if position > 0 and stateful[position - 1].passes_watermark and event_time is not None:
             # Spark 4 carries the watermark through transformWithState (its output watermark
             # is its input's) on the output column named by eventTimeColumnName.
             watermark = event_time_of(current)
@@ -146,11 +130,11 @@ def plan_chain(
             watermark,
             event_time is not None,
             watermark_delay_ms,
-            any(isinstance(s, AggregateStep) for s in stateful[position + 1 :]),
+            any(s.is_aggregation for s in stateful[position + 1 :]),
         )
-        after_join = position > 0 and isinstance(stateful[position - 1], JoinStep)
+        after_join = position > 0 and stateful[position - 1].spark_watermark_out
         refusal = _several_event_times(current, step, first=position == 0 or after_join)
-        planned = planner(step, at)
+        planned = step.plan(at)
         planned.stage.refusal = refusal
         stage, current = planned.stage, planned.output
         stages += planned.input_stages  # a join's sides' stateful steps, if any
@@ -168,10 +152,9 @@ def plan_chain(
         )
         operation = "streaming aggregations without watermark"
         raise unsupported_operation(msg, output_mode, operation)
-    arbitrary = [s.api for s in steps if isinstance(s, ArbitraryStep)]
-    if output_mode == "complete" and arbitrary and not has_agg:
-        msg = f"{arbitrary[0]} does not support complete output mode (as in Spark); use update"
-        raise ConfigurationError(msg)
+    refusals = [r for s in stateful if (r := s.complete_mode_refusal())]
+    if output_mode == "complete" and refusals and not has_agg:
+        raise ConfigurationError(refusals[0])
     if output_mode == "complete" and not has_agg:
         msg = (
             "complete output mode needs a streaming aggregation; use outputMode('append') or "
@@ -184,14 +167,14 @@ def plan_chain(
     return stages, current
 
 
-def _lines_before(stateful: Sequence[Step], position: int) -> list[list[Step]]:
+def _lines_before(stateful: Sequence[StatefulStep], position: int) -> list[list[StatefulStep]]:
     """The stateful steps before the one at ``position`` that feed it, in order: one line of
     them, or after a union of stateful steps' outputs one per input that has steps."""
     if not isinstance(stateful[0], UnionStep):
         return [list(stateful[:position])]
     lines = [
-        [*(s for s in side.steps if not isinstance(s, StatelessStep)), *stateful[1:position]]
-        for side in stateful[0].plan.inputs
+        [*(s for s in side.steps if isinstance(s, StatefulStep)), *stateful[1:position]]
+        for side in stateful[0].union.inputs
     ]
     return [line for line in lines if line]
 
@@ -201,14 +184,16 @@ def _lines_before(stateful: Sequence[Step], position: int) -> list[list[Step]]:
 ALLOW_MULTIPLE = "spark.sql.streaming.statefulOperator.allowMultiple"
 
 
-def _several_event_times(df: DataFrame, step: Step, *, first: bool) -> SparkAnalysisError | None:
+def _several_event_times(
+    df: DataFrame, step: StatefulStep, *, first: bool
+) -> SparkAnalysisError | None:
     """Spark's error for a deduplication whose input rows have more than one event-time
     column, which the query's first batch fails with (Spark's operator finds them when it
     runs); None where there is one, or ``statefulOperator.allowMultiple`` is off (Spark then
     takes the first). ``first``: the step reads the query's input or a join's output, whose
     columns carry Spark's own watermark metadata (after another stateful step, ``df`` stands
     for that step's output, and its metadata is sparkstate's)."""
-    if not isinstance(step, DedupStep) or not first:
+    if not step.one_event_time or not first:
         return None
     allowed = str(df.sparkSession.conf.get(ALLOW_MULTIPLE, "true")).lower() == "true"
     columns = event_time_columns(df)
@@ -258,24 +243,14 @@ def _check_output_mode(stage: Stage, mode: str) -> None:
         raise
 
 
-def _with_limits_checked(steps: Sequence[Step], mode: str) -> list[Step]:
-    """``steps`` with every ``limit()`` checked as Spark checks it; one right after an
-    aggregation in complete mode becomes a limit of each batch's result, as Spark plans it (no
-    state). The others are stateful steps of their own."""
+def _checked(steps: Sequence[Step], mode: str) -> list[Step]:
+    """``steps`` as the query runs them in ``mode``, each stateful one checked where Spark
+    checks it (:meth:`~sparkstate.engine.plan.stage.StatefulStep.checked`: a limit right after
+    an aggregation in complete mode becomes a limit of each batch's result)."""
     out: list[Step] = []
     for step in steps:
-        if isinstance(step, LimitStep):
-            num = check_limit(step)
-            if mode == "update":
-                msg = (
-                    "Limits are not supported on streaming DataFrames/Datasets in Update output "
-                    "mode (as in Spark); use outputMode('append'), or outputMode('complete') for "
-                    "a limit after an aggregation"
-                )
-                raise ConfigurationError(msg)
-            before = [s for s in out if not isinstance(s, StatelessStep)]
-            if mode == "complete" and before and isinstance(before[-1], AggregateStep):
-                step = StatelessStep("limit", (num,))
+        if isinstance(step, StatefulStep):
+            step = step.checked([s for s in out if isinstance(s, StatefulStep)], mode)
         out.append(step)
     return out
 
@@ -290,32 +265,16 @@ CORRECTNESS_ERROR = (
 )
 
 
-def _check_chain(before: Sequence[Step], step: Step, mode: str) -> None:
-    """Spark 4's rules for a stateful ``step`` after the stateful steps ``before``: in append
-    mode, anything after a deduplication or an aggregation but ``applyInPandasWithState`` /
-    ``flatMapGroupsWithState`` after an aggregation; in update mode, nothing after an
-    aggregation (its updates are "late rows" downstream). After transformWithState anything
-    (the watermark goes on in its eventTimeColumnName); after applyInPandasWithState /
-    flatMapGroupsWithState an aggregation where that step is in append mode (Spark's rule; its
-    output has no watermark, so the aggregation's state is kept), nothing else here."""
-    previous = before[-1]
-    if isinstance(previous, ArbitraryStep) and not is_processor(previous):
-        appends = str(previous.output_mode).lower() == "append"
-        if not (appends and isinstance(step, AggregateStep)):
-            msg = (
-                f"a stateful step after {previous.api} is not supported yet (an aggregation "
-                "after its append mode is); make the arbitrary-state step the last one"
-            )
-            raise ConfigurationError(msg)
-    if not any(isinstance(s, AggregateStep) for s in before):
+def _check_chain(before: Sequence[StatefulStep], step: StatefulStep, mode: str) -> None:
+    """Spark 4's rules for a stateful ``step`` after the stateful steps ``before``: what the
+    step right before lets follow it (:meth:`~sparkstate.engine.plan.stage.StatefulStep.
+    check_next`); after an aggregation, in append mode anything the step itself does not refuse
+    (:meth:`~sparkstate.engine.plan.stage.StatefulStep.check_after_aggregation`), in update
+    mode nothing (its updates are "late rows" downstream)."""
+    before[-1].check_next(step, mode)
+    if not any(s.is_aggregation for s in before):
         return
-    if isinstance(step, ArbitraryStep) and step.api in ARBITRARY_FUNCTION_APIS:
-        how = "after" if mode == "append" else "with"
-        msg = (
-            f"{step.api} in {mode} mode is not supported {how} aggregation on a streaming "
-            "DataFrame/Dataset (as in Spark)"
-        )
-        raise ConfigurationError(msg)
+    step.check_after_aggregation(mode)
     if mode != "append":
         raise ConfigurationError(CORRECTNESS_ERROR.format(mode=mode))
 

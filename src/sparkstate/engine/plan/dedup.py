@@ -3,16 +3,36 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 from pyspark.sql.types import StructType
 
-from sparkstate.engine.plan.stage import PlanContext, Planned, Stage
-from sparkstate.engine.plan.steps import DedupStep
+from sparkstate.engine.plan.stage import PlanContext, Planned, Stage, StatefulStep
 from sparkstate.engine.spark.errors import SparkAnalysisError
 from sparkstate.engine.spark.schema import arrow_schema, with_watermark
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
 
-__all__ = ["plan_dedup"]
+__all__ = ["DedupStep", "plan_dedup"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DedupStep(StatefulStep):
+    """``dropDuplicates(columns)`` or ``dropDuplicatesWithinWatermark(columns)``; None means
+    every column."""
+
+    columns: tuple[str, ...] | None
+    within_watermark: bool = False
+    carried_watermark_in: ClassVar[bool] = True
+    one_event_time: ClassVar[bool] = True
+
+    @property
+    def api(self) -> str:
+        return "dropDuplicatesWithinWatermark" if self.within_watermark else "dropDuplicates"
+
+    def plan(self, at: PlanContext) -> Planned:
+        return plan_dedup(self, at)
 
 
 def plan_dedup(step: DedupStep, at: PlanContext) -> Planned:

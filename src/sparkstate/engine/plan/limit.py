@@ -2,19 +2,55 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sparkstate.engine.plan.stage import PlanContext, Planned, Stage
-from sparkstate.engine.plan.steps import LimitStep
+from sparkstate.engine.plan.stage import (
+    PlanContext,
+    Planned,
+    Stage,
+    StatefulStep,
+    StatelessStep,
+    Step,
+)
 from sparkstate.engine.spark.schema import arrow_schema
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.operators.limit import LIMIT_KEY, StreamingLimit
 
-__all__ = ["MAX_LIMIT", "check_limit", "plan_limit"]
+__all__ = ["MAX_LIMIT", "LimitStep", "check_limit", "plan_limit"]
 
 #: Spark's limit takes a Java int.
 MAX_LIMIT = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitStep(StatefulStep):
+    """``limit(num)``: stateful in append mode, a per-batch limit of the result in complete
+    mode (as Spark plans it), refused in update mode."""
+
+    num: Any
+
+    def plan(self, at: PlanContext) -> Planned:
+        return plan_limit(self, at)
+
+    def checked(self, before: Sequence[StatefulStep], mode: str) -> Step:
+        """Checked as Spark checks it; right after an aggregation in complete mode, a limit of
+        each batch's result, as Spark plans it (no state)."""
+        num = check_limit(self)
+        if mode == "update":
+            msg = (
+                "Limits are not supported on streaming DataFrames/Datasets in Update output "
+                "mode (as in Spark); use outputMode('append'), or outputMode('complete') for "
+                "a limit after an aggregation"
+            )
+            raise ConfigurationError(msg)
+        if mode == "complete" and before and before[-1].is_aggregation:
+            return StatelessStep("limit", (num,))
+        return self
 
 
 def check_limit(step: LimitStep) -> int:

@@ -1,20 +1,100 @@
-"""A planned stateful step: the :class:`Stage` the driver runs each batch, and what every planner
-takes (:class:`PlanContext`) and gives back (:class:`Planned`)."""
+"""A query's steps and their stages: a :class:`StatefulStep` (each step type a dataclass in its
+family's room of :mod:`sparkstate.engine.plan`, which plans it) or a :class:`StatelessStep`, the
+:class:`Stage` the driver runs each batch, and what a step's planning takes (:class:`PlanContext`)
+and gives back (:class:`Planned`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from sparkstate.engine.plan.steps import StatelessStep, Step
 from sparkstate.engine.spark.schema import ColumnSeq, repartition_by
 from sparkstate.operators.base import StatefulOperator
 
-__all__ = ["ChainPlanner", "PlanContext", "Planned", "Stage"]
+__all__ = [
+    "ChainPlanner",
+    "PlanContext",
+    "Planned",
+    "Stage",
+    "StatefulStep",
+    "StatelessStep",
+    "Step",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class StatelessStep:
+    """A DataFrame method after a stateful step (``select``, ``where``, ``withColumn``, ...),
+    applied to that step's output in the same batch."""
+
+    method: str
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        result: DataFrame = getattr(df, self.method)(*self.args, **dict(self.kwargs))
+        return result
+
+
+class StatefulStep(ABC):
+    """A stateful step of a query as the user wrote it, before planning. Its type plans it
+    (:meth:`plan`) and says where it may stand in a line of steps, as Spark's rules put it
+    (:mod:`sparkstate.engine.plan.chain` asks): a new step type is named in its own module."""
+
+    #: A streaming aggregation (``groupBy().agg()``), which Spark's rules of output modes and of
+    #: chains name.
+    is_aggregation: ClassVar[bool] = False
+    #: Spark's refusal of the step after another stateful step, where it may only be the first.
+    refused_after_stateful: ClassVar[str | None] = None
+    #: Whether the step observes the watermark carried on its input where it is not the first
+    #: stateful step (a deduplication's late rows and expiry are the first step's).
+    carried_watermark_in: ClassVar[bool] = False
+    #: Whether the step's output carries Spark's own watermark metadata (a join's output).
+    spark_watermark_out: ClassVar[bool] = False
+    #: Whether Spark's operator refuses the step's input with more than one event-time column
+    #: when its first batch runs.
+    one_event_time: ClassVar[bool] = False
+
+    @abstractmethod
+    def plan(self, at: PlanContext) -> Planned:
+        """The step's stage at its place ``at`` in the query, and the DataFrame that stands for
+        its output."""
+
+    @property
+    def passes_watermark(self) -> bool:
+        """Whether Spark 4 carries the watermark through the step, so that stateful steps may
+        follow it (transformWithState, on its ``eventTimeColumnName``)."""
+        return False
+
+    def checked(self, before: Sequence[StatefulStep], mode: str) -> Step:
+        """The step as the query runs it in output mode ``mode`` after the stateful steps
+        ``before`` (Spark plans a limit after an aggregation in complete mode as a limit of each
+        batch's result); an error where Spark refuses it there."""
+        return self
+
+    def check_next(self, step: StatefulStep, mode: str) -> None:
+        """Refuse, as Spark refuses it, ``step`` right after this one in ``mode`` (any
+        step may follow, unless the type says otherwise)."""
+        return
+
+    def check_after_aggregation(self, mode: str) -> None:
+        """Refuse, as Spark refuses it, the step after an aggregation in ``mode`` (allowed,
+        unless the type says otherwise)."""
+        return
+
+    def complete_mode_refusal(self) -> str | None:
+        """Why the step cannot run in complete output mode in a query without an aggregation
+        (None: the query's check says it)."""
+        return None
+
+
+#: A step of a query: stateful, or a DataFrame method applied to a stateful step's output.
+Step = StatefulStep | StatelessStep
 
 
 @dataclasses.dataclass

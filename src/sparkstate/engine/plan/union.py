@@ -24,14 +24,28 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkstate.engine.plan.input_times import input_time_column
-from sparkstate.engine.plan.join.plan import INPUT_COLUMN, STREAMING_CHECK, tagged_inputs
-from sparkstate.engine.plan.stage import ChainPlanner, Stage
-from sparkstate.engine.plan.steps import AggregateStep, JoinStep, StatelessStep, UnionStep
+from sparkstate.engine.plan.join.plan import INPUT_COLUMN, STREAMING_CHECK, JoinStep, tagged_inputs
+from sparkstate.engine.plan.stage import (
+    ChainPlanner,
+    PlanContext,
+    Planned,
+    Stage,
+    StatefulStep,
+    StatelessStep,
+)
 from sparkstate.engine.spark.errors import SparkAnalysisError
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.runtime.watermark import WatermarkSpec
 
-__all__ = ["UnionInput", "UnionOutput", "UnionPlan", "plan_union", "union_after", "union_of_batch"]
+__all__ = [
+    "UnionInput",
+    "UnionOutput",
+    "UnionPlan",
+    "UnionStep",
+    "plan_union",
+    "union_after",
+    "union_of_batch",
+]
 
 #: Spark's session setting of shuffle partitions: the state partitions while a batch runs.
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
@@ -65,6 +79,23 @@ class UnionPlan:
         """Spark's union of the two inputs' rows (or of DataFrames standing for them)."""
         result: DataFrame = getattr(left, self.method)(right, **dict(self.kwargs))
         return result
+
+
+@dataclasses.dataclass(frozen=True)
+class UnionStep(StatefulStep):
+    """``left.union(right)`` (or ``unionByName``) where an input has stateful steps of its own:
+    both inputs' steps planned at ``start()`` (:func:`plan_union`), always the first step of the
+    stream it makes. It has no operator of its own."""
+
+    union: UnionPlan
+
+    @property
+    def name(self) -> str:
+        return "union"
+
+    def plan(self, at: PlanContext) -> Planned:
+        msg = "a union is planned by the chain, input by input (plan_union), not as one stage"
+        raise TypeError(msg)
 
 
 @dataclasses.dataclass
@@ -124,7 +155,7 @@ def _check_input(name: str, side: UnionInput) -> None:
     nested = [
         s
         for s in side.steps
-        if isinstance(s, UnionStep) or (isinstance(s, JoinStep) and s.plan.chains)
+        if isinstance(s, UnionStep) or (isinstance(s, JoinStep) and s.join.chains)
     ]
     if nested:
         msg = (
@@ -159,7 +190,9 @@ def plan_union(
             outputs.append(side.df)
             continue
         mode = output_mode
-        if mode == "complete" and not any(isinstance(s, AggregateStep) for s in side.steps):
+        if mode == "complete" and not any(
+            isinstance(s, StatefulStep) and s.is_aggregation for s in side.steps
+        ):
             mode = "append"  # complete mode asks the query for an aggregation, not each input
         wm = side.watermark
         column, delay = (wm.column, wm.delay_ms) if wm else (None, None)

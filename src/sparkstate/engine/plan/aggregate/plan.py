@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -24,8 +24,7 @@ from sparkstate.engine.plan.aggregate.partials import (
     spark_twin,
 )
 from sparkstate.engine.plan.aggregate.recognise import recognise
-from sparkstate.engine.plan.stage import PlanContext, Planned, Stage
-from sparkstate.engine.plan.steps import AggregateStep, StatelessStep
+from sparkstate.engine.plan.stage import PlanContext, Planned, Stage, StatefulStep, StatelessStep
 from sparkstate.engine.spark.errors import unsupported_operation
 from sparkstate.engine.spark.schema import (
     ColumnSeq,
@@ -36,7 +35,7 @@ from sparkstate.engine.spark.schema import (
     with_watermark,
 )
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.functions import SessionWindow, TimeWindow, WindowTime
+from sparkstate.functions import AggregateExpression, SessionWindow, TimeWindow, WindowTime
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
     EVENT_TIME_COUNT_COLUMN,
@@ -85,6 +84,18 @@ def grouping_column(key: Any) -> Column:
     else:
         return _as_column(key)
     return out.alias(key.name) if key.name else out
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregateStep(StatefulStep):
+    """``groupBy(*keys).agg(*aggregates)``."""
+
+    keys: tuple[Any, ...]
+    aggregates: tuple[AggregateExpression, ...]
+    is_aggregation: ClassVar[bool] = True
+
+    def plan(self, at: PlanContext) -> Planned:
+        return plan_aggregate(self, at)
 
 
 def plan_aggregate(step: AggregateStep, at: PlanContext) -> Planned:

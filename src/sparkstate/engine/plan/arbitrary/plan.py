@@ -4,12 +4,14 @@ them."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from pyspark.sql.types import StructType
 
-from sparkstate.engine.plan.arbitrary.initial_state import plan_initial_state
+from sparkstate.engine.plan.arbitrary.initial_state import InitialState, plan_initial_state
 from sparkstate.engine.plan.arbitrary.user_state import SPARK_GROUP_STATES
-from sparkstate.engine.plan.stage import PlanContext, Planned, Stage
-from sparkstate.engine.plan.steps import ARBITRARY_FUNCTION_APIS, PROCESSOR_APIS, ArbitraryStep
+from sparkstate.engine.plan.stage import PlanContext, Planned, Stage, StatefulStep
 from sparkstate.engine.spark.conf import arrow_batch_limits, state_encoding_format
 from sparkstate.engine.spark.schema import (
     arrow_schema,
@@ -27,7 +29,67 @@ from sparkstate.operators.arbitrary.schemas import PickledState
 from sparkstate.operators.arbitrary.transform_with_state import TransformWithState
 from sparkstate.operators.base import StatefulOperator
 
-__all__ = ["plan_arbitrary"]
+__all__ = ["ARBITRARY_FUNCTION_APIS", "PROCESSOR_APIS", "ArbitraryStep", "plan_arbitrary"]
+
+#: The APIs of ``ArbitraryStep`` that run a ``StatefulProcessor``.
+PROCESSOR_APIS = ("transformWithStateInPandas", "transformWithState")
+#: The APIs of ``ArbitraryStep`` that run a function with a ``GroupState``.
+ARBITRARY_FUNCTION_APIS = ("applyInPandasWithState", "flatMapGroupsWithState")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArbitraryStep(StatefulStep):
+    """``groupBy(*keys)`` then one of the arbitrary-state APIs.
+
+    ``api`` is ``applyInPandasWithState``, ``flatMapGroupsWithState``,
+    ``transformWithStateInPandas`` or ``transformWithState``; ``func`` is the user function or the
+    ``StatefulProcessor``; ``timing`` the ``GroupStateTimeout`` or the ``timeMode``.
+    """
+
+    api: str
+    keys: tuple[Any, ...]
+    func: Any
+    output_schema: Any
+    state_schema: Any
+    output_mode: str
+    timing: str
+    row_format: str = "tuple"
+    #: ``initialState`` of the processor APIs.
+    initial_state: InitialState | None = None
+    #: ``eventTimeColumnName`` of the processor APIs ("" for none).
+    output_event_time: str = ""
+
+    def plan(self, at: PlanContext) -> Planned:
+        return plan_arbitrary(self, at)
+
+    @property
+    def passes_watermark(self) -> bool:
+        return self.api in PROCESSOR_APIS
+
+    def check_next(self, step: StatefulStep, mode: str) -> None:
+        """After applyInPandasWithState / flatMapGroupsWithState, an aggregation where the step
+        is in append mode (Spark's rule; its output has no watermark, so the aggregation's state
+        is kept), nothing else here; after transformWithState anything."""
+        if self.passes_watermark:
+            return
+        if not (str(self.output_mode).lower() == "append" and step.is_aggregation):
+            msg = (
+                f"a stateful step after {self.api} is not supported yet (an aggregation "
+                "after its append mode is); make the arbitrary-state step the last one"
+            )
+            raise ConfigurationError(msg)
+
+    def check_after_aggregation(self, mode: str) -> None:
+        if self.api in ARBITRARY_FUNCTION_APIS:
+            how = "after" if mode == "append" else "with"
+            msg = (
+                f"{self.api} in {mode} mode is not supported {how} aggregation on a streaming "
+                "DataFrame/Dataset (as in Spark)"
+            )
+            raise ConfigurationError(msg)
+
+    def complete_mode_refusal(self) -> str | None:
+        return f"{self.api} does not support complete output mode (as in Spark); use update"
 
 
 def plan_arbitrary(step: ArbitraryStep, at: PlanContext) -> Planned:

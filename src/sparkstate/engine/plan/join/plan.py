@@ -24,15 +24,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sparkstate.engine.plan.join.analysis import JoinAnalysis
 from sparkstate.engine.plan.join.planned import JoinPlan
-from sparkstate.engine.plan.stage import ChainPlanner, PlanContext, Planned, Stage
-from sparkstate.engine.plan.steps import JoinStep, StatelessStep
+from sparkstate.engine.plan.stage import (
+    ChainPlanner,
+    PlanContext,
+    Planned,
+    Stage,
+    StatefulStep,
+    StatelessStep,
+)
 from sparkstate.engine.spark.connect_analysis import connect_stateful_step, stand_in_join
 from sparkstate.engine.spark.errors import SparkAnalysisError
 from sparkstate.engine.spark.expressions import quoted, stateful_side
@@ -130,6 +136,25 @@ def plan_join(
     return JoinAnalysis(left, right, plan, join_type, upstream).plan()
 
 
+@dataclasses.dataclass(frozen=True)
+class JoinStep(StatefulStep):
+    """``left.join(right, on, how)`` of two streams, planned when it was called (Spark analyses
+    it over both inputs): a :class:`~sparkstate.engine.plan.join.planned.JoinPlan`."""
+
+    join: JoinPlan
+    refused_after_stateful: ClassVar[str | None] = (
+        "a stream-stream join after another stateful step is not supported yet"
+    )
+    spark_watermark_out: ClassVar[bool] = True
+
+    @property
+    def name(self) -> str:
+        return "join"
+
+    def plan(self, at: PlanContext) -> Planned:
+        return plan_join_step(self, at)
+
+
 def plan_join_step(step: JoinStep, at: PlanContext) -> Planned:
     """The join's stage: its input is the stream itself (the tagged union of both sides); its
     output is renamed to Spark's columns of the join. Its sides' own stateful steps run before
@@ -140,7 +165,7 @@ def plan_join_step(step: JoinStep, at: PlanContext) -> Planned:
             f"{at.output_mode.title()} output mode, only in Append output mode"
         )
         raise ConfigurationError(msg)
-    plan: JoinPlan = step.plan
+    plan: JoinPlan = step.join
     if plan.refused is not None:
         raise plan.refused
     rename = StatelessStep("select", tuple(plan.output_columns))
