@@ -34,13 +34,13 @@ WORKER = textwrap.dedent(
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
     me = ProcessRef.of(os.getpid())
 
-    def slow(inputs, ready):
+    def slow(task):
         rows = 0
-        for batch in inputs:
+        for batch in task.inputs:
             rows += batch.num_rows
             time.sleep(0.6)  # 2.4 s in all, the silence limit is 1 s
         yield pa.record_batch({"rows": [rows]})
-        ready()
+        task.ready()
         return os.getpid()
 
     def run(job, batches, silence_s):
@@ -82,8 +82,8 @@ WORKER = textwrap.dedent(
     got, again = run(slow, batches[:1], 1.0)  # the next task starts a new home
     report["again"] = [got, again != pid]
 
-    def full(inputs, ready):  # a job whose own write fails: the task's error, the home lives on
-        for _ in inputs:
+    def full(task):  # a job whose own write fails: the task's error, the home lives on
+        for _ in task.inputs:
             pass
         raise OSError(28, "No space left on device")
         yield

@@ -223,6 +223,9 @@ class StatefulOperator(StateLayout, ABC):
     #: Whether the operator is a streaming aggregation (``groupBy().agg()``), which Spark's
     #: rules for output modes and for chaining stateful steps name.
     is_aggregation: ClassVar[bool] = False
+    #: How Spark's streaming checks name the operation where they refuse an output mode of the
+    #: operator as an ``UnsupportedOperation`` (None: the operator's own error stands).
+    spark_operation: ClassVar[str | None] = None
     #: Whether the state may be keyed by lists and structs, which the key codec keeps equal by
     #: their bytes but does not order by value: True where keys are only looked up (grouping
     #: keys, deduplicated columns), never scanned in the order of such a column.

@@ -7,9 +7,10 @@ streams the output back, and the home runs the task's job (:func:`sparkstate.run
 run_task`, the user's functions included) against its provider cache, which holds the partition
 open from one batch to the next. A home serves each connection on a thread of its own.
 
-A home also listens on TCP for tasks that Spark ran on another executor (:data:`ADDRESS`, a
-random token in it: a task's report names it, the batch's commit records it as the partition's
-owner, and the next batch's task for the partition connects there wherever it runs), so that a
+A home also listens on TCP for tasks that Spark ran on another executor, at an address with a
+random token in it. Each job the home runs is told that address (:class:`HomeTask`): a task's
+report names it, the batch's commit records it as the partition's owner, and the next batch's
+task for the partition connects there wherever it runs, so that a
 partition stays with its state across executors too.
 
 A home ends with its executor (it watches the executor's JVM), when idle for ``idle_s`` seconds,
@@ -62,7 +63,6 @@ from sparkstate.runtime.home_wire import (
 from sparkstate.runtime.providers import PROVIDERS
 
 __all__ = [
-    "ADDRESS",
     "PROCESS_NAME",
     "HomeJob",
     "ProcessRef",
@@ -75,15 +75,24 @@ __all__ = [
 
 log = logging.getLogger("sparkstate.home")
 
-#: This home's TCP address, ``host:port/token`` (set when it serves; None in a worker).
-ADDRESS: str | None = None
 #: A home's process name (what ``ps`` and ``pgrep`` show; at most 15 characters).
 PROCESS_NAME = "sparkstate-home"
 
-#: A home's job: ``job(input batches, ready)`` yields the output batches and returns the
-#: result; ``ready()`` is called once the output is complete, before the commit, and returns
-#: when the worker has handed all of it to Spark.
-HomeJob = Callable[[Iterator[pa.RecordBatch], Callable[[], None]], Iterator[pa.RecordBatch]]
+
+@dataclasses.dataclass(frozen=True)
+class HomeTask:
+    """What a job run in a home is given: the task's input batches as they arrive, ``ready()``
+    to call once the output is complete, before the commit (it returns when the worker has
+    handed all of the output to Spark), and the home's own address, where the tasks of other
+    executors reach it (a task's report names it as the partition's owner)."""
+
+    inputs: Iterator[pa.RecordBatch]
+    ready: Callable[[], None]
+    address: str
+
+
+#: A home's job: ``job(task)`` yields the output batches and returns the result.
+HomeJob = Callable[[HomeTask], Iterator[pa.RecordBatch]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +104,7 @@ class ProcessRef:
 
     @classmethod
     def of(cls, pid: int) -> ProcessRef | None:
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         return None if stat is None else cls(pid, int(stat[19]))
 
     @classmethod
@@ -108,11 +117,11 @@ class ProcessRef:
 
     def alive(self) -> bool:
         """Whether the process runs (a zombie, killed and not yet reaped, does not)."""
-        stat = _stat(self.pid)
+        stat = proc_stat(self.pid)
         return stat is not None and int(stat[19]) == self.start and stat[0] not in ("Z", "X")
 
 
-def _stat(pid: int) -> list[str] | None:
+def proc_stat(pid: int) -> list[str] | None:
     """Fields of ``/proc/<pid>/stat`` after the command (the 4th field, ppid, is index 1)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
@@ -175,13 +184,15 @@ class Home:
         self._last_active = time.monotonic()
         self._guard = threading.Lock()
         self._stop = threading.Event()
+        #: Where the tasks of other executors reach this home (``host:port/token``), once it
+        #: serves.
+        self.address = ""
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> str:
         """Serve until the end; returns why it ended."""
-        global ADDRESS
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -192,8 +203,8 @@ class Home:
         tcp = socket.create_server((host, 0), backlog=64)
         tcp.settimeout(1.0)
         token = secrets.token_hex(16)
-        ADDRESS = f"{host}:{tcp.getsockname()[1]}/{token}"
-        _write_atomic(address_file(self.path), ADDRESS)
+        self.address = f"{host}:{tcp.getsockname()[1]}/{token}"
+        _write_atomic(address_file(self.path), self.address)
         _write_atomic(pid_file(self.path), str(os.getpid()))
         threading.Thread(target=self._accept, args=(tcp, token), daemon=True).start()
         try:
@@ -238,7 +249,7 @@ class Home:
             with conn:
                 if token is not None and not _authenticated(conn, token):
                     return
-                _run_job(conn, f"state home {os.getpid()}")
+                _run_job(conn, f"state home {os.getpid()}", self.address)
             release_free_memory()  # the job's objects are gone now
         finally:
             with self._guard:
@@ -317,7 +328,7 @@ class _Replies:
                 return
 
 
-def _run_job(conn: socket.socket, where: str) -> None:
+def _run_job(conn: socket.socket, where: str, address: str) -> None:
     kind, payload = read_frame(conn)
     if kind != JOB:
         return
@@ -336,7 +347,7 @@ def _run_job(conn: socket.socket, where: str) -> None:
     try:
         sys.path.extend(p for p in paths if p not in sys.path)
         job: HomeJob = pickle.loads(job_bytes)
-        output = job(iter(inputs), ready)
+        output = job(HomeTask(iter(inputs), ready, address))
         while True:
             try:
                 batch = next(output)
@@ -443,8 +454,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # Serve from the module under its own name, whose ADDRESS the tasks' jobs read (``-m``
-    # runs this file a second time, as ``__main__``).
+    # Serve from the module under its own name, whose classes the tasks' jobs are given
+    # (``-m`` runs this file a second time, as ``__main__``).
     from sparkstate.runtime.home import main as serve_home
 
     serve_home()

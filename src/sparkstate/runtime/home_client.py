@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import StateHomeError
-from sparkstate.runtime.home import ProcessRef, _stat, address_file, become
+from sparkstate.runtime.home import ProcessRef, address_file, become, proc_stat
 from sparkstate.runtime.home_wire import (
     AUTH,
     BATCH,
@@ -102,7 +102,7 @@ def executor_process() -> ProcessRef | None:
             return None
         if comm == "java":
             return ProcessRef.of(pid)
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         if stat is None:
             return None
         pid = int(stat[1])

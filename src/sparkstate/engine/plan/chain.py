@@ -28,7 +28,6 @@ from sparkstate.engine.spark.schema import (
     quote,
 )
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.aggregation.session_window import SessionWindowAggregate
 from sparkstate.store.base import DEFAULT_CF, ColumnFamily
 
 __all__ = [
@@ -231,14 +230,16 @@ def output_of(
 
 
 def _check_output_mode(stage: Stage, mode: str) -> None:
-    """The operator's own check of ``mode``; a session window's refusal is Spark's error."""
+    """The operator's own check of ``mode``; Spark's error where Spark's streaming checks name
+    the operator's refusal (:attr:`~sparkstate.operators.base.StatefulOperator.
+    spark_operation`)."""
     try:
         stage.operator.check_output_mode(mode)
     except SparkAnalysisError:
         raise
     except ConfigurationError as exc:
-        if isinstance(stage.operator, SessionWindowAggregate):
-            operation = "session window streaming aggregations"
+        operation = stage.operator.spark_operation
+        if operation is not None:
             raise unsupported_operation(str(exc), mode, operation) from None
         raise
 

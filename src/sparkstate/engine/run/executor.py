@@ -27,7 +27,8 @@ from sparkstate.engine.plan.arbitrary.user_state import use_spark_errors
 from sparkstate.engine.run.attempts import CountedAttempts
 from sparkstate.engine.run.batch_payload import PAYLOAD_KEY, SPARK_BATCH_KEY, spec_in_batch
 from sparkstate.exceptions import QueryError
-from sparkstate.runtime import home, home_client
+from sparkstate.runtime import home_client
+from sparkstate.runtime.home import HomeTask, release_free_memory
 from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.providers import PROVIDERS
 from sparkstate.runtime.records import TaskFailure, TaskReport
@@ -110,7 +111,7 @@ def _run(
             yield from home_client.run_in_home(
                 sock, _dumps(job), batches, what, spec.store.conf.home_timeout_s
             )
-            home.release_free_memory()  # the batches this worker passed on
+            release_free_memory()  # the batches this worker passed on
     except Exception as exc:
         if not getattr(exc, "raised_in_home", False):  # the home recorded that one
             reports.failed(TaskFailure.of(exc, spec.op_id, partition))
@@ -188,10 +189,7 @@ def _result_in_home(
 
 
 def _snapshot_in_home(
-    spec: TaskSpec,
-    partition: int,
-    batches: Iterator[pa.RecordBatch],
-    ready: Callable[[], None],
+    spec: TaskSpec, partition: int, task: HomeTask
 ) -> Generator[pa.RecordBatch, None, bool]:
     return PROVIDERS.snapshot_now(spec.key(partition), spec.store.conf.lock_timeout_s)
     yield  # a generator: the home runs every job as one
@@ -282,16 +280,17 @@ def _task_in_home(
     reports: ReportDir,
     attempt: Attempt,
     context: dict[str, Any] | None,
-    batches: Iterator[pa.RecordBatch],
-    ready: Callable[[], None],
+    task: HomeTask,
 ) -> Iterator[pa.RecordBatch]:
     """The job a state home runs for a task (pickled by reference: the home imports this), in
     the worker's task context (``context``: what ``TaskContext.get()`` answers the user's
     functions)."""
-    here = dataclasses.replace(attempt, pid=os.getpid(), home=home.ADDRESS)  # reported
+    here = dataclasses.replace(attempt, pid=os.getpid(), home=task.address)  # reported
     try:
         with _running_task(context):
-            yield from run_task(spec, partition, batches, reports, here, before_commit=ready)
+            yield from run_task(
+                spec, partition, task.inputs, reports, here, before_commit=task.ready
+            )
     except Exception as exc:
         # Recorded here, where its traceback is whole (the driver raises the first recorded).
         reports.failed(TaskFailure.of(exc, spec.op_id, partition))
@@ -299,10 +298,7 @@ def _task_in_home(
 
 
 def _untouched_in_home(
-    spec: TaskSpec,
-    partition: int,
-    batches: Iterator[pa.RecordBatch],
-    ready: Callable[[], None],
+    spec: TaskSpec, partition: int, task: HomeTask
 ) -> Generator[pa.RecordBatch, None, TaskReport]:
     return commit_untouched(spec, partition)
     yield  # a generator: the home runs every job as one

@@ -88,6 +88,7 @@ class SessionWindowAggregate(StatefulOperator):
 
     kind: ClassVar[str] = "session_window_aggregate"
     is_aggregation: ClassVar[bool] = True
+    spark_operation: ClassVar[str | None] = "session window streaming aggregations"
     exported_to_spark: ClassVar[bool] = True
     progress_name: ClassVar[str] = "sessionWindowStateStoreSaveExec"
     rows_are_keys: ClassVar[bool] = False
