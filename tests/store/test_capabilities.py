@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError
-from sparkstate.store.base import DEFAULT_CF, Row, StateStoreProvider, StoreId
+from sparkstate.store.base import DEFAULT_CF, StateStoreProvider, StoreId
 from sparkstate.store.capabilities import (
     DescribesFiles,
     ReadsChanges,
@@ -22,6 +22,7 @@ from sparkstate.store.capabilities import (
     provider_over_files,
     shares_files,
 )
+from sparkstate.store.families import Row
 from sparkstate.testing.factory import ProviderFactory, durable_files, read_all
 
 PROVIDERS = ["memory", "rocksdb"]

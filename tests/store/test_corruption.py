@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from sparkstate.exceptions import CorruptStateFileError, MissingVersionError, StateFileError
-from sparkstate.store.base import Row, StateStoreProvider
+from sparkstate.store.base import StateStoreProvider
+from sparkstate.store.families import Row
 from sparkstate.store.frames import HEADER_SIZE
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all
 

@@ -38,7 +38,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from sparkstate.files.durable import TMP_PREFIX, DurableDir
-from sparkstate.store.base import Row, StateStoreProvider
+from sparkstate.store.base import StateStoreProvider
+from sparkstate.store.families import Row
 from sparkstate.store.frames import HEADER_SIZE, decode_frame
 from sparkstate.store.versions.layout import VersionRef
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all

@@ -16,7 +16,8 @@ import pytest
 
 from sparkstate.exceptions import ConfigurationError, StoreClosedError
 from sparkstate.store import provider_class
-from sparkstate.store.base import Row, StateStore
+from sparkstate.store.base import StateStore
+from sparkstate.store.families import Row
 from sparkstate.testing import ProviderFactory
 
 PROVIDERS = ["memory"]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from sparkstate.exceptions import CorruptStateFileError
-from sparkstate.store.base import Row, StateStoreProvider
+from sparkstate.store.base import StateStoreProvider
+from sparkstate.store.families import Row
 from sparkstate.store.frames import decode_frame, encode_frame
 from sparkstate.store.versions.changelog import (
     CHUNK_ROWS,

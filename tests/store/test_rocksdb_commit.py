@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkstate.store.base import Row
+from sparkstate.store.families import Row
 from sparkstate.store.rocksdb.local import key_order
 from sparkstate.testing import ProviderFactory
 

@@ -12,8 +12,9 @@ import pytest
 
 from sparkstate.exceptions import ConfigurationError, SchemaMismatchError
 from sparkstate.files.durable import DurableDir
-from sparkstate.store.base import Row, StateStoreProvider
+from sparkstate.store.base import StateStoreProvider
 from sparkstate.store.evolution import WHAT_TO_DO
+from sparkstate.store.families import Row
 from sparkstate.store.schema_json import (
     fields_from_json,
     fields_of,

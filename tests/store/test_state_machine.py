@@ -28,7 +28,8 @@ from hypothesis.stateful import (
 )
 
 from sparkstate.exceptions import MissingVersionError
-from sparkstate.store.base import Row, StateStore
+from sparkstate.store.base import StateStore
+from sparkstate.store.families import Row
 from sparkstate.testing.factory import ProviderFactory, sort_rows
 
 HAVE_ROCKSDB = importlib.util.find_spec("sparkstate.store.rocksdb.provider") is not None

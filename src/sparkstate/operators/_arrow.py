@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sparkstate.store.base import ColumnFamily, StateStore
+from sparkstate.store.base import StateStore
+from sparkstate.store.families import ColumnFamily
 
 __all__ = [
     "conform",

@@ -30,8 +30,8 @@ from sparkstate.operators.arbitrary.user_types import (
     to_utc,
 )
 from sparkstate.operators.base import OperatorMetrics
-from sparkstate.store.base import ColumnFamily
 from sparkstate.store.codec import KeyCodec
+from sparkstate.store.families import ColumnFamily
 
 __all__ = [
     "ROW_FORMATS",

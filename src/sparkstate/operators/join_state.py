@@ -21,8 +21,9 @@ from sparkstate.operators._arrow import to_epoch_micros
 from sparkstate.operators.state_views import StateView, as_struct
 from sparkstate.operators.ts_index import MARKER, TS_SCHEMA, index_entries
 from sparkstate.operators.ts_index import encode_ts as _ts_prefix
-from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
+from sparkstate.store.base import DEFAULT_CF, StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
+from sparkstate.store.families import ColumnFamily
 from sparkstate.store.schema_json import schema_from_json
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkstate.store.base import ColumnFamily
+from sparkstate.store.families import ColumnFamily
 
 __all__ = ["CHANGE_COLUMNS", "KeyValueView", "StateView", "as_struct"]
 

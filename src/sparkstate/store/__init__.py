@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sparkstate.store.base import (
         DEFAULT_CF,
-        ColumnFamily,
         StateStore,
         StateStoreProvider,
         StoreConf,
         StoreId,
         StoreMetrics,
     )
+    from sparkstate.store.families import ColumnFamily
     from sparkstate.store.registry import PROVIDERS, provider_class
 
 __all__ = [

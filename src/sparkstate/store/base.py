@@ -21,36 +21,25 @@ import itertools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, TypeAlias
+from typing import ClassVar
 
 import pyarrow as pa
 
 from sparkstate.exceptions import ConfigurationError, StoreClosedError
-from sparkstate.store.codec import KeyCodec, ValueCodec
 from sparkstate.store.conf import DEFAULT_CF, StoreConf, StoreId, default_local_dir
+from sparkstate.store.families import ColumnFamily, KeyRows, Row, key_successor
 
 __all__ = [
     "DEFAULT_CF",
     "FOUND_METRICS",
-    "ColumnFamily",
-    "KeyRows",
-    "Row",
     "StateStore",
     "StateStoreProvider",
     "StoreConf",
     "StoreId",
     "StoreMetrics",
     "StoreStatus",
-    "cf_prefix",
     "default_local_dir",
-    "family_of",
-    "key_successor",
 ]
-
-MAX_CF_NAME_BYTES = 200
-
-Row: TypeAlias = tuple[Any, ...]
-KeyRows: TypeAlias = Sequence[Row] | pa.Table | pa.RecordBatch
 
 
 @dataclasses.dataclass
@@ -64,54 +53,6 @@ class StoreMetrics:
     commit_time_ms: int = 0
     load_time_ms: int = 0
     custom: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-def cf_prefix(name: str) -> bytes:
-    """The physical key prefix of a column family: one length byte, then the UTF-8 name.
-
-    The default family has the empty name, so its prefix is the single byte ``0x00``.
-    """
-    raw = b"" if name == DEFAULT_CF else name.encode("utf-8")
-    if len(raw) > MAX_CF_NAME_BYTES:
-        msg = f"column family name {name!r} is longer than {MAX_CF_NAME_BYTES} bytes"
-        raise ConfigurationError(msg)
-    return bytes([len(raw)]) + raw
-
-
-def family_of(key: bytes) -> bytes:
-    """The column family prefix of a physical key (:func:`cf_prefix`): its length byte and the
-    name."""
-    return key[: 1 + key[0]] if key else key
-
-
-class ColumnFamily:
-    """A typed keyspace of a store: its codecs and physical key prefix."""
-
-    def __init__(self, name: str, key_schema: pa.Schema, value_schema: pa.Schema) -> None:
-        self.name = name
-        self.key_schema = key_schema
-        self.value_schema = value_schema
-        self.prefix = cf_prefix(name)
-        self.key_codec = KeyCodec(key_schema)
-        self.value_codec = ValueCodec(value_schema)
-
-    def physical_key(self, key: Row) -> bytes:
-        return self.prefix + self.key_codec.encode(key)
-
-    def physical_keys(self, keys: KeyRows) -> list[bytes]:
-        return self.key_codec.encode_many(keys, self.prefix)
-
-    def end_of_family(self) -> bytes:
-        """The smallest physical key greater than every key of this family."""
-        return key_successor(self.prefix)
-
-
-def key_successor(prefix: bytes) -> bytes:
-    """Smallest byte string greater than every string that starts with ``prefix``."""
-    trimmed = prefix.rstrip(b"\xff")
-    if not trimmed:
-        return b"\xff" * (len(prefix) + 1)
-    return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
 class StoreStatus(enum.Enum):

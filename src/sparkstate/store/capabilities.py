@@ -25,8 +25,9 @@ from typing import Any, ClassVar, Self
 
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.files.durable import DurableDir, FileEntry
-from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider
+from sparkstate.store.base import DEFAULT_CF, StateStoreProvider
 from sparkstate.store.conf import StoreConf, StoreId
+from sparkstate.store.families import ColumnFamily
 from sparkstate.store.registry import provider_class, provider_name
 from sparkstate.store.schema_file import SCHEMA_FILE, read_schema_file
 
@@ -168,8 +169,10 @@ class WritesVersions(Capability):
         cls, store_id: StoreId, record: dict[str, Any], counts: list[int], num_partitions: int
     ) -> None:
         """Let the store of ``store_id`` open with ``num_partitions`` partitions as well as with
-        ``counts`` (a rescale writes a new lineage there): its ``_schema.json`` written from
-        ``record`` (the old partitions' merged) with both counts recorded."""
+        ``counts``, before a version is written there from rows: its ``_schema.json`` written
+        from ``record`` with the counts recorded. A rescale writes a new lineage there (``record``
+        is the old partitions' merged, ``counts`` their count); a take-over or a migration
+        writes a store's first version (``counts`` empty)."""
 
     @abstractmethod
     def write_version(self, version: int, keys: Any, values: Any) -> str:

@@ -17,7 +17,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import ClassVar, cast
 
-from sparkstate.store.base import FOUND_METRICS, StateStore, family_of, key_successor
+from sparkstate.store.base import FOUND_METRICS, StateStore
+from sparkstate.store.families import family_of, key_successor
 from sparkstate.store.sizes import entry_bytes, map_size_bytes
 from sparkstate.store.spark_metrics import HDFS_METRICS
 from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog

@@ -14,14 +14,8 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.files.durable import DurableDir
-from sparkstate.store.base import (
-    DEFAULT_CF,
-    Row,
-    StateStore,
-    StateStoreProvider,
-    StoreConf,
-    StoreId,
-)
+from sparkstate.store.base import DEFAULT_CF, StateStore, StateStoreProvider, StoreConf, StoreId
+from sparkstate.store.families import Row
 from sparkstate.store.registry import provider_class
 
 __all__ = [

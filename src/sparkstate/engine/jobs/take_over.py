@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -52,10 +51,12 @@ from sparkstate.operators.spark_state import READ, VALUE_NOT_COMPATIBLE
 from sparkstate.runtime.state_moves import FAMILY, KEY, VALUE, OperatorMove
 from sparkstate.runtime.take_over import TakeOver, begin_take_over, commit_take_over
 from sparkstate.runtime.triggers import next_request
-from sparkstate.store.base import DEFAULT_CF, ColumnFamily
+from sparkstate.store.base import DEFAULT_CF
+from sparkstate.store.capabilities import WritesVersions
 from sparkstate.store.conf import StoreId
+from sparkstate.store.families import ColumnFamily
+from sparkstate.store.registry import provider_class
 from sparkstate.store.rocksdb.spark_checkpoint import ROW_START, snapshot_name, spark_rocksdb_rows
-from sparkstate.store.schema_file import SCHEMA_FILE
 from sparkstate.store.spark_files import UnreadableRows, arrow_of_unsafe_rows
 
 __all__ = [
@@ -233,15 +234,17 @@ def move_of(plan: StateTarget, op_id: int, operator: StatefulOperator) -> Operat
 
 
 def write_schemas(arg: tuple[StateTarget, list[tuple[OperatorMove, dict[str, Any]]]]) -> None:
-    """Step 1's ``_schema.json`` of every store the state is written into."""
+    """Step 1's ``_schema.json`` of every store the state is written into, written by the
+    provider (:class:`~sparkstate.store.capabilities.WritesVersions`)."""
     plan, moves = arg
+    writer = WritesVersions.require_class(
+        provider_class(plan.provider), "the state is written into each partition"
+    )
     for move, families in moves:
         record = plan.schema_record(families)
         for p in range(plan.num_partitions):
-            directory = DurableDir(plan.state_root).child(
-                StoreId(plan.state_root, move.op_id, p).relative_dir
-            )
-            directory.write_atomic(SCHEMA_FILE, json.dumps(record, indent=2).encode())
+            store_id = StoreId(plan.state_root, move.op_id, p)
+            writer.admit_partition_count(store_id, record, [], plan.num_partitions)
 
 
 def _read(

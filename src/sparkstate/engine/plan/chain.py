@@ -28,7 +28,8 @@ from sparkstate.engine.spark.schema import (
     quote,
 )
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.store.base import DEFAULT_CF, ColumnFamily
+from sparkstate.store.base import DEFAULT_CF
+from sparkstate.store.families import ColumnFamily
 
 __all__ = [
     "Stage",

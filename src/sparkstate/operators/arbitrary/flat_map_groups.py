@@ -87,7 +87,8 @@ from sparkstate.operators.ts_index import (
     TimestampIndex,
     index_key_schema,
 )
-from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStore
+from sparkstate.store.base import DEFAULT_CF, StateStore
+from sparkstate.store.families import ColumnFamily
 from sparkstate.store.schema_json import schema_to_json
 
 __all__ = [

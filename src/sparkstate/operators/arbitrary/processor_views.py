@@ -18,8 +18,8 @@ from sparkstate.operators.arbitrary.state_vars import elements_cf_name
 from sparkstate.operators.arbitrary.timers import TIMERS_CF, timer_expiries
 from sparkstate.operators.arbitrary.ttl import TTL_FIELD
 from sparkstate.operators.state_views import KeyValueView, StateView, as_struct
-from sparkstate.store.base import ColumnFamily
 from sparkstate.store.codec import KeyCodec
+from sparkstate.store.families import ColumnFamily
 from sparkstate.store.schema_json import schema_from_json
 
 __all__ = [

@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sparkstate.store.base import ColumnFamily, StateStore, StoreStatus, family_of
+from sparkstate.store.base import StateStore, StoreStatus
 from sparkstate.store.conf import StoreConf, StoreId
+from sparkstate.store.families import ColumnFamily, family_of
 from sparkstate.store.rocksdb.local import LocalDB, key_order
 from sparkstate.store.rocksdb.value_copy import ValueCopy
 from sparkstate.store.spark_metrics import (

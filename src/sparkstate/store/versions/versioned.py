@@ -23,7 +23,7 @@ from sparkstate.exceptions import (
     StateFileError,
 )
 from sparkstate.files.durable import TMP_PREFIX, DurableDir, FileEntry
-from sparkstate.store.base import DEFAULT_CF, ColumnFamily, StateStoreProvider, StoreConf, StoreId
+from sparkstate.store.base import DEFAULT_CF, StateStoreProvider, StoreConf, StoreId
 from sparkstate.store.capabilities import (
     Changes,
     DescribesFiles,
@@ -34,6 +34,7 @@ from sparkstate.store.capabilities import (
     WritesVersions,
 )
 from sparkstate.store.evolution import value_codec_for
+from sparkstate.store.families import ColumnFamily
 from sparkstate.store.schema_file import schema_description, write_rescaled_schema
 from sparkstate.store.spark_metrics import SNAPSHOT_LAST_UPLOADED, instance_metric
 from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.files.durable import DurableDir
-from sparkstate.store.base import DEFAULT_CF, Row, StateStore, StateStoreProvider
+from sparkstate.store.base import DEFAULT_CF, StateStore, StateStoreProvider
+from sparkstate.store.families import Row
 from sparkstate.testing.factory import ProviderFactory, apply_changes
 
 __all__ = [

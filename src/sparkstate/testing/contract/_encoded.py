@@ -8,7 +8,8 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from sparkstate.store.base import Row, StateStore
+from sparkstate.store.base import StateStore
+from sparkstate.store.families import Row
 from sparkstate.testing.contract._base import KEY, ContractBase
 from sparkstate.testing.factory import ProviderFactory
 

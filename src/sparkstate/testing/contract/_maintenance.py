@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from sparkstate.exceptions import MissingVersionError
-from sparkstate.store.base import DEFAULT_CF, Row
+from sparkstate.store.base import DEFAULT_CF
+from sparkstate.store.families import Row
 from sparkstate.testing.contract._base import ContractBase, commit, history_step, store_dir
 from sparkstate.testing.factory import ProviderFactory, apply_changes, durable_files, read_all
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from sparkstate.store.base import DEFAULT_CF, Row
+from sparkstate.store.base import DEFAULT_CF
+from sparkstate.store.families import Row
 from sparkstate.testing.contract._base import ContractBase, commit
 from sparkstate.testing.factory import ProviderFactory, read_all
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkstate.store.base import Row
+from sparkstate.store.families import Row
 from sparkstate.testing.contract._base import ContractBase, V, commit, each_provider
 from sparkstate.testing.factory import ProviderFactory, _column_key, apply_changes, sort_rows
 
