@@ -8,7 +8,7 @@ import threading
 import pytest
 from rich.table import Table
 
-from sparkstate.console import ProgressTask, job_progress, show
+from sparkstate.console import ProgressTask, job_progress, plain, show
 
 
 def test_output_in_a_pipe_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,3 +44,16 @@ def test_no_tasks_draw_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     with job_progress([]):
         pass
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_long_value_in_a_pipe_is_not_wrapped() -> None:
+    """A location far wider than a terminal stays on its line, whole, where a program reads it."""
+    uri = "s3://bucket/" + "x" * 300 + "?endpoint_override=127.0.0.1:9000&scheme=http"
+    grid = Table.grid(padding=(0, 0, 0, 2), pad_edge=True)
+    grid.add_column(min_width=12, no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("location", uri)
+    grid.add_row("rows", "3")
+    lines = plain(grid).splitlines()
+    assert lines[0].split() == ["location", uri]
+    assert lines[1].split() == ["rows", "3"]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -25,8 +26,8 @@ from rich.progress import (
 
 __all__ = ["PLAIN_WIDTH", "ProgressTask", "job_progress", "output", "plain", "show"]
 
-#: The width of plain text, where the stream is not a terminal: a table is as wide as its
-#: cells up to this, and a line longer than this is wrapped.
+#: The least width of plain text, where the stream is not a terminal: a table is as wide as its
+#: cells, and plain text as wide as its widest line (nothing is wrapped).
 PLAIN_WIDTH = 160
 
 
@@ -56,19 +57,27 @@ def show(renderable: RenderableType) -> None:
 
 
 def plain(renderable: RenderableType) -> str:
-    """``renderable`` as plain text at :data:`PLAIN_WIDTH`, without the spaces that pad a
-    table's cells at the ends of lines: what :func:`show` prints in a pipe."""
-    console = Console(
+    """``renderable`` as plain text, without the spaces that pad a table's cells at the ends of
+    lines: what :func:`show` prints in a pipe. It is as wide as it needs, at least
+    :data:`PLAIN_WIDTH`, so that no value is wrapped (a path, a URI) where a program reads it."""
+    console = _plain_console(PLAIN_WIDTH)
+    widest = Measurement.get(console, console.options.update_width(2**20), renderable).maximum
+    if widest > PLAIN_WIDTH:
+        console = _plain_console(widest)
+    with console.capture() as captured:
+        console.print(renderable)
+    return "".join(line.rstrip() + "\n" for line in captured.get().splitlines())
+
+
+def _plain_console(width: int) -> Console:
+    return Console(
         force_terminal=False,
         no_color=True,
-        width=PLAIN_WIDTH,
+        width=width,
         markup=False,
         emoji=False,
         highlight=False,
     )
-    with console.capture() as captured:
-        console.print(renderable)
-    return "".join(line.rstrip() + "\n" for line in captured.get().splitlines())
 
 
 def _no_note() -> str:
