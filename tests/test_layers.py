@@ -96,7 +96,7 @@ ENGINE = [m for m in MODULES if _part(m) == "engine"]
 
 @pytest.mark.parametrize("module", ENGINE, ids=lambda m: str(m.relative_to(PACKAGE)))
 def test_engine_rooms_import_down_only(module: Path) -> None:
-    room = _room(".".join(module.relative_to(PACKAGE.parent).with_suffix("").parts))
+    room = _room(_module_name(module))
     assert room in ENGINE_FLOORS, f"{module.name} is in no room of the engine"
     for name in _imports(module):
         if name.startswith("sparkstate.engine."):

@@ -24,34 +24,18 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-__all__ = ["PLAIN_WIDTH", "ProgressTask", "job_progress", "output", "plain", "show"]
+__all__ = ["PLAIN_WIDTH", "ProgressTask", "job_progress", "plain", "show"]
 
 #: The least width of plain text, where the stream is not a terminal: a table is as wide as its
 #: cells, and plain text as wide as its widest line (nothing is wrapped).
 PLAIN_WIDTH = 160
 
 
-def output() -> Console:
-    """A console on stdout: the terminal's width and styles on a terminal, else plain text at
-    :data:`PLAIN_WIDTH`. Text is printed as it is: no markup, emoji codes or highlighting read
-    into it."""
-    terminal = sys.stdout.isatty()
-    return Console(
-        force_terminal=None if terminal else False,
-        no_color=None if terminal else True,
-        width=None if terminal else PLAIN_WIDTH,
-        markup=False,
-        emoji=False,
-        highlight=False,
-    )
-
-
 def show(renderable: RenderableType) -> None:
-    """Print ``renderable`` on stdout (:func:`output`); as :func:`plain` text where stdout is
-    not a terminal."""
-    console = output()
-    if console.is_terminal:
-        console.print(renderable)
+    """Print ``renderable`` on stdout: with the terminal's width and styles on a terminal, else
+    as :func:`plain` text."""
+    if sys.stdout.isatty():
+        _console().print(renderable)
         return
     sys.stdout.write(plain(renderable))
 
@@ -60,20 +44,23 @@ def plain(renderable: RenderableType) -> str:
     """``renderable`` as plain text, without the spaces that pad a table's cells at the ends of
     lines: what :func:`show` prints in a pipe. It is as wide as it needs, at least
     :data:`PLAIN_WIDTH`, so that no value is wrapped (a path, a URI) where a program reads it."""
-    console = _plain_console(PLAIN_WIDTH)
+    console = _console(PLAIN_WIDTH)
     widest = Measurement.get(console, console.options.update_width(2**20), renderable).maximum
     if widest > PLAIN_WIDTH:
-        console = _plain_console(widest)
+        console = _console(widest)
     with console.capture() as captured:
         console.print(renderable)
     return "".join(line.rstrip() + "\n" for line in captured.get().splitlines())
 
 
-def _plain_console(width: int) -> Console:
+def _console(plain_width: int | None = None) -> Console:
+    """A console that prints text as it is (no markup, emoji codes or highlighting read into
+    it): the terminal's, or plain text ``plain_width`` wide."""
+    as_text = plain_width is not None
     return Console(
-        force_terminal=False,
-        no_color=True,
-        width=width,
+        force_terminal=False if as_text else None,
+        no_color=True if as_text else None,
+        width=plain_width,
         markup=False,
         emoji=False,
         highlight=False,
