@@ -32,6 +32,7 @@ __all__ = [
     "register",
     "remove_listener",
     "repartition",
+    "state",
     "stream",
 ]
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         repartition,
         stream,
     )
+    from sparkstate.observe.live import state
     from sparkstate.operators.arbitrary.group_state import GroupState, GroupStateTimeout
     from sparkstate.operators.arbitrary.processor import (
         ExpiredTimerInfo,
@@ -82,6 +84,8 @@ _OPERATORS = {
     "TimerValues": "sparkstate.operators.arbitrary.processor",
     "TimeMode": "sparkstate.operators.arbitrary.timers",
     "PICKLED": "sparkstate.operators.arbitrary.schemas",
+    # a running query's state, read live (no pyspark needed either)
+    "state": "sparkstate.observe.live",
 }
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "key_columns",
     "look_up",
     "parse_key",
+    "plain",
     "partition_columns",
     "spark_type",
     "store_views",
@@ -193,15 +194,15 @@ def store_views(
     ]
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Arrow's Python values with a map's entries as ``{"key": ..., "value": ...}`` objects
     (Arrow gives them as pairs, which JSON cannot tell from a list)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
         if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
-            return [{"key": _plain(k), "value": _plain(v)} for k, v in value]
-        return [_plain(v) for v in value]
+            return [{"key": plain(k), "value": plain(v)} for k, v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -264,5 +265,5 @@ def _read_key(
             if value is None:
                 continue
             rows = view.rows(families, encoded, [value]).drop_columns(["key"])
-            out[name] = [_plain(r) for r in rows.to_pylist()]
+            out[name] = [plain(r) for r in rows.to_pylist()]
     return out

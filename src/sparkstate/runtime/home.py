@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 
 import pyarrow as pa
 
+from sparkstate.runtime.home_reads import READ, serve_reads
 from sparkstate.runtime.home_wire import (
     AUTH,
     BATCH,
@@ -74,6 +75,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("sparkstate.home")
+
+#: The longest frame a home reads (a task's input batch is one frame).
+MAX_FRAME = 2**31
 
 #: A home's process name (what ``ps`` and ``pgrep`` show; at most 15 characters).
 PROCESS_NAME = "sparkstate-home"
@@ -249,8 +253,14 @@ class Home:
             with conn:
                 if token is not None and not _authenticated(conn, token):
                     return
-                _run_job(conn, f"state home {os.getpid()}", self.address)
+                kind, payload = read_frame(conn, max_size=MAX_FRAME)
+                if kind == READ:
+                    serve_reads(conn, payload, MAX_FRAME)
+                elif kind == JOB:
+                    _run_job(conn, payload, f"state home {os.getpid()}", self.address)
             release_free_memory()  # the job's objects are gone now
+        except (HomeLost, OSError) as exc:
+            log.debug("state home %d: a connection ended: %s", os.getpid(), exc)
         finally:
             with self._guard:
                 self._active -= 1
@@ -328,10 +338,7 @@ class _Replies:
                 return
 
 
-def _run_job(conn: socket.socket, where: str, address: str) -> None:
-    kind, payload = read_frame(conn)
-    if kind != JOB:
-        return
+def _run_job(conn: socket.socket, payload: bytearray, where: str, address: str) -> None:
     paths, heartbeat_s, job_bytes = pickle.loads(payload)
     inputs = _Inputs(conn)
     replies = _Replies(conn, heartbeat_s)

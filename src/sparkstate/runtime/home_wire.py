@@ -70,11 +70,17 @@ def send_frame(sock: socket.socket, kind: bytes, payload: bytes | memoryview | p
         sock.sendall(view)
 
 
-def read_frame(sock: socket.socket, silence_s: float | None = None) -> tuple[bytes, bytearray]:
-    """The next frame; :class:`HomeLost` if the peer closed the connection, :class:`HomeSilent`
-    if it sent nothing for ``silence_s`` seconds (None: wait as long as it takes)."""
+def read_frame(
+    sock: socket.socket, silence_s: float | None = None, max_size: int | None = None
+) -> tuple[bytes, bytearray]:
+    """The next frame; :class:`HomeLost` if the peer closed the connection or announced a
+    frame longer than ``max_size`` bytes, :class:`HomeSilent` if it sent nothing for
+    ``silence_s`` seconds (None: wait as long as it takes)."""
     header = _read_exact(sock, _HEADER.size, silence_s)
     kind, size = _HEADER.unpack(header)
+    if max_size is not None and size > max_size:
+        msg = f"a frame of {size} bytes announced, more than the {max_size} allowed"
+        raise HomeLost(msg)
     return kind, _read_exact(sock, size, silence_s)
 
 

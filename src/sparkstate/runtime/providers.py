@@ -116,6 +116,16 @@ class ProviderCache:
         self._runs[key] = run
         return provider
 
+    def live(self, root: str, operator: int, partition: int) -> StateStoreProvider | None:
+        """The provider of a partition, for a live read (which takes no partition lock: see
+        :class:`~sparkstate.store.capabilities.ReadsLive`), if this process holds it."""
+        wanted = _same_root(root)
+        with self._guard:
+            for key, provider in self._providers.items():
+                if key[1:] == (operator, partition) and _same_root(key[0]) == wanted:
+                    return provider
+        return None
+
     def maintain_later(self, key: PartitionKey, interval_s: float) -> None:
         """Run ``do_maintenance`` for the partition on a background thread, at most every
         ``interval_s`` seconds."""
@@ -161,6 +171,13 @@ class ProviderCache:
                 provider = self._providers.pop(key, None)
                 if provider is not None:
                     provider.close()
+
+
+def _same_root(root: str) -> str:
+    """A state root as a path or URI that names it one way (no ``file:`` scheme, no trailing
+    slash, an absolute local path)."""
+    root = root.removeprefix("file://").removeprefix("file:").rstrip("/")
+    return root if "://" in root else os.path.abspath(root)
 
 
 #: The process-wide cache (one per Python worker process).

@@ -37,6 +37,7 @@ __all__ = [
     "DescribesFiles",
     "FileGroup",
     "ReadsChanges",
+    "ReadsLive",
     "StoredFiles",
     "SnapshotsNow",
     "WritesVersions",
@@ -91,6 +92,33 @@ class SnapshotsNow(Capability):
     def snapshot_now(self) -> bool:
         """Snapshot the newest version this provider committed (still open in it) unless one
         is stored already; whether one was written."""
+
+
+class ReadsLive(Capability):
+    """Answers reads of its newest committed versions while a query runs, from another thread
+    than the task's and without the partition's lock: a read sees one committed version whole,
+    never a version being written, and never holds a commit up for longer than a point read."""
+
+    action = "serve reads of a running query's state"
+
+    @abstractmethod
+    def live_versions(self) -> list[int]:
+        """The committed versions it can answer for now, oldest first (none: it holds none)."""
+
+    @abstractmethod
+    def live_get(
+        self, version: int, keys: Sequence[bytes]
+    ) -> tuple[str | None, list[bytes | None]] | None:
+        """The checkpoint id of ``version`` and the values of the physical ``keys`` in it
+        (None where absent); None if it does not hold that version."""
+
+    @abstractmethod
+    def live_scan(
+        self, version: int, start: bytes, end: bytes, limit: int
+    ) -> tuple[str | None, list[tuple[bytes, bytes]]] | None:
+        """The checkpoint id of ``version`` and at most ``limit`` of its pairs with physical
+        keys from ``start`` up to ``end`` (exclusive), ascending; None if it does not hold
+        that version."""
 
 
 class ReadsChanges(Capability):

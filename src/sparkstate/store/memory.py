@@ -454,6 +454,36 @@ class MemoryStateStoreProvider(VersionedProvider):
         self.write_snapshot(latest, self._cache[latest])
         return True
 
+    # --- live reads (ReadsLive): the versions in the cache, which no store writes into ----------
+
+    def _live_map(self, version: int) -> tuple[VersionRef, dict[bytes, bytes]] | None:
+        for ref, data in list(self._cache.items()):
+            if ref is not None and ref.version == version:
+                return ref, data
+        return None
+
+    def live_versions(self) -> list[int]:
+        return sorted(r.version for r in list(self._cache) if r is not None)
+
+    def live_get(
+        self, version: int, keys: Sequence[bytes]
+    ) -> tuple[str | None, list[bytes | None]] | None:
+        found = self._live_map(version)
+        if found is None:
+            return None
+        ref, data = found
+        return ref.checkpoint_id, list(map(data.get, keys))
+
+    def live_scan(
+        self, version: int, start: bytes, end: bytes, limit: int
+    ) -> tuple[str | None, list[tuple[bytes, bytes]]] | None:
+        found = self._live_map(version)
+        if found is None:
+            return None
+        ref, data = found
+        keys = sorted(k for k in list(data) if start <= k < end)[:limit]
+        return ref.checkpoint_id, [(k, data[k]) for k in keys]
+
     @classmethod
     def supported_custom_metrics(cls) -> list[str]:
         return [

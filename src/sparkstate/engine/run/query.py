@@ -136,6 +136,11 @@ class StreamingQuery(SparkStreamingQuery):
         return self._driver.config.name  # type: ignore[return-value]
 
     @property
+    def checkpoint_location(self) -> str:
+        """Where the query keeps its checkpoint (``checkpointLocation``), as a path or URI."""
+        return self._driver.config.checkpoint
+
+    @property
     def isActive(self) -> bool:  # noqa: N802 - PySpark's name
         return bool(self._query.isActive)
 

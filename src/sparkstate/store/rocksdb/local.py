@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import shutil
+import threading
 import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -203,6 +204,10 @@ class LocalDB:
         except Exception as exc:
             _raise_translated(exc, "open", path)
         self.resources.open_dbs.add(self)
+        #: Committed versions pinned for live reads (:meth:`keep_view`), oldest first, and the
+        #: lock that keeps a read and :meth:`close` apart.
+        self._views: dict[int, tuple[Any, rocksdict.Snapshot]] = {}
+        self._views_lock = threading.Lock()
 
     @classmethod
     def open_from_files(
@@ -338,6 +343,58 @@ class LocalDB:
         except ValueError:
             return None
         return marker if isinstance(marker, dict) else None
+
+    # -- views of committed versions, for live reads
+
+    def keep_view(self, version: int, ref: Any, keep: int = 2) -> None:
+        """Pin the database as it is now (a RocksDB snapshot) as version ``version`` (``ref``
+        names it to readers), keeping the ``keep`` newest: a reader asks for the version of
+        the last batch the query committed, which is the newest or the one before it while
+        the next batch's tasks commit theirs."""
+        with self._views_lock:
+            db = self._live()
+            self._views.pop(version, None)
+            self._views[version] = (ref, db.snapshot())
+            for old in sorted(self._views)[:-keep]:
+                del self._views[old]
+
+    def view_versions(self) -> list[int]:
+        with self._views_lock:
+            return sorted(self._views)
+
+    def view_get(
+        self, version: int, keys: Sequence[bytes]
+    ) -> tuple[Any, list[bytes | None]] | None:
+        """``(ref, values)`` of ``keys`` in pinned version ``version``; None if not pinned."""
+        with self._views_lock:
+            found = self._views.get(version)
+            if found is None:
+                return None
+            ref, snap = found
+            out: list[bytes | None] = []
+            for key in keys:
+                try:
+                    out.append(snap[key])
+                except Exception:  # noqa: BLE001 - rocksdict's snapshot raises for a missing key
+                    out.append(None)
+            return ref, out
+
+    def view_scan(
+        self, version: int, start: bytes, end: bytes, limit: int
+    ) -> tuple[Any, list[tuple[bytes, bytes]]] | None:
+        """``(ref, pairs)``: at most ``limit`` pairs with ``start <= key < end`` ascending, in
+        pinned version ``version``; None if not pinned."""
+        end = min(end, RESERVED_PREFIX)
+        with self._views_lock:
+            found = self._views.get(version)
+            if found is None:
+                return None
+            ref, snap = found
+            if start >= end:
+                return ref, []
+            items = snap.items(from_key=start or None, read_opt=_upper_bound(end))
+            pairs: list[tuple[bytes, bytes]] = list(itertools.islice(items, limit))  # type: ignore[arg-type]
+            return ref, pairs
 
     # -- writes
 
@@ -487,7 +544,9 @@ class LocalDB:
 
         With the WAL off, RocksDB flushes the memtables on close.
         """
-        db, self._db = self._db, None
+        with self._views_lock:
+            self._views.clear()
+            db, self._db = self._db, None
         if db is None:
             return
         self.resources.open_dbs.discard(self)

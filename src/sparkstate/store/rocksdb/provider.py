@@ -25,6 +25,7 @@ import shutil
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -212,6 +213,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             self.end_use(close=True)
             raise
         self._active = store
+        self._keep_view(store.base_ref)
         store.load_time_ms = int((time.perf_counter() - start) * 1000)
         store.phases = self._phases
         store.phases.snapshots_skipped = self.corrupt_snapshots_skipped - skipped
@@ -361,8 +363,34 @@ class RocksDBStateStoreProvider(VersionedProvider):
         if self._snapshot_due(ref):
             flush_ms, checkpoint_ms = self._take_local_checkpoint(ref)
             store.phases.flush_ms, store.phases.checkpoint_ms = flush_ms, checkpoint_ms
+        self._keep_view(ref)
         store.capture_final_metrics()
         self.end_use()
+
+    # --- live reads (ReadsLive) -----------------------------------------------------------------
+
+    def live_versions(self) -> list[int]:
+        db = self._db
+        return [] if db is None else db.view_versions()
+
+    def live_get(
+        self, version: int, keys: Sequence[bytes]
+    ) -> tuple[str | None, list[bytes | None]] | None:
+        db = self._db
+        found = None if db is None else db.view_get(version, keys)
+        return None if found is None else (found[0].checkpoint_id, found[1])
+
+    def live_scan(
+        self, version: int, start: bytes, end: bytes, limit: int
+    ) -> tuple[str | None, list[tuple[bytes, bytes]]] | None:
+        db = self._db
+        found = None if db is None else db.view_scan(version, start, end, limit)
+        return None if found is None else (found[0].checkpoint_id, found[1])
+
+    def _keep_view(self, ref: VersionRef | None) -> None:
+        """Pin the database, at ``ref`` now, for live reads."""
+        if ref is not None and self._db is not None and not self._db.closed:
+            self._db.keep_view(ref.version, ref)
 
     def snapshot_now(self) -> bool:
         """A local checkpoint of the newest committed version, if its database is open here at

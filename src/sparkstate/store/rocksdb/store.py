@@ -131,6 +131,11 @@ class RocksDBStateStore(StateStore):
         #: Per column family prefix, its largest key in the database (see ``_family_tops``).
         self._tops: dict[bytes, bytes] | None = None
 
+    @property
+    def base_ref(self) -> VersionRef | None:
+        """The committed version this one was opened at (None: the empty state)."""
+        return self._base
+
     def raw_get(self, key: bytes) -> bytes | None:
         value = self._pending.get(key, _MISSING)
         if value is not _MISSING:

@@ -29,6 +29,7 @@ from sparkstate.store.capabilities import (
     DescribesFiles,
     FileGroup,
     ReadsChanges,
+    ReadsLive,
     SnapshotsNow,
     StoredFiles,
     WritesVersions,
@@ -57,7 +58,7 @@ STALE_TMP_S = 3600.0
 
 
 class VersionedProvider(
-    StateStoreProvider, ReadsChanges, DescribesFiles, WritesVersions, SnapshotsNow
+    StateStoreProvider, ReadsChanges, DescribesFiles, WritesVersions, SnapshotsNow, ReadsLive
 ):
     """Base of providers that write one changelog per version and snapshots every N versions."""
 

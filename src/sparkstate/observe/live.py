@@ -1,0 +1,431 @@
+"""A running query's state, read live: from the state homes that hold it, else from its checkpoint.
+
+``LiveState(checkpoint, operator=...)`` (``ss.state(query_or_checkpoint, ...)`` in the engine)
+answers ``get(key)``, ``get_many(keys)`` and ``scan(prefix)`` in the state reader's shapes (a
+window's aggregate, a deduplication's presence, a ``transformWithState`` variable by its name).
+Every answer is the state after the last batch the query committed, and says which batch that
+is: a home answers from the version its provider pinned when it committed that batch's task
+(:mod:`sparkstate.runtime.home_reads`), never from one a task is writing.
+
+A key goes to the home that owns its partition: the partition is Spark's hash of the columns the
+engine shuffles the operator's input by (:mod:`.spark_hash`), the home the one the last commit
+names for it. Where no home holds the partition (the query stopped, its executor was lost, the
+state moved), the same read loads the partition's version from the checkpoint's durable files,
+once per batch, and answers from it. Nothing here writes to the checkpoint or to a home.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from sparkstate.exceptions import ConfigurationError
+from sparkstate.observe.checkpoint import OperatorInfo, StateCheckpoint, open_checkpoint
+from sparkstate.observe.key_lookup import key_columns, partition_columns, plain, store_views
+from sparkstate.observe.spark_hash import spark_partition
+from sparkstate.runtime.home_reads import MAX_SCAN_LIMIT, HomeReader
+from sparkstate.runtime.home_wire import HomeLost
+from sparkstate.store.base import StateStore
+from sparkstate.store.capabilities import ReadsChanges
+from sparkstate.store.families import ColumnFamily, key_successor
+
+__all__ = ["Found", "LiveState", "state"]
+
+#: How often a reader looks for a batch committed after the one it reads, at most.
+REFRESH_S = 0.05
+#: Keys one request to a home carries, at most.
+_GET_CHUNK = 4096
+#: Pairs one scan request to a home asks for.
+_SCAN_PAGE = 4096
+
+#: Opens a reader's connection to a home at an address (``host:port/token``); None if it
+#: cannot be reached.
+Connector = Callable[[str], "HomeReader | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """One key's state: its rows in the state reader's shape (no rows: the key has no state),
+    the batch after which they are the state, the partition, and where they were read:
+    ``home`` (a running query's state home) or ``checkpoint`` (its durable files)."""
+
+    key: dict[str, Any]
+    rows: list[dict[str, Any]]
+    batch_id: int
+    partition: int
+    source: str
+
+    @property
+    def found(self) -> bool:
+        return bool(self.rows)
+
+    @property
+    def value(self) -> Any:
+        """The key's value: its one row's ``value`` (None: no state); a list or map variable's
+        several rows as a list."""
+        values = [r.get("value", r) for r in self.rows]
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else values
+
+
+def _flat(key: Mapping[str, Any], into: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    for name, value in key.items():
+        if isinstance(value, Mapping):
+            _flat(value, into, f"{prefix}{name}.")
+        else:
+            into[f"{prefix}{name}"] = value
+    return into
+
+
+class LiveState:
+    """One operator's state of a running (or stopped) query, read live."""
+
+    def __init__(
+        self,
+        location: str,
+        operator: int | str | None = None,
+        *,
+        store: str | None = None,
+        join_side: str | None = None,
+        connector: Connector | None = None,
+    ) -> None:
+        self._chk: StateCheckpoint = open_checkpoint(location)
+        self.operator: OperatorInfo = _pick(self._chk, operator)
+        op = self.operator
+        if op.layout.unkeyed is not None:
+            msg = f"operator {op.id} ({op.name}) {op.layout.unkeyed}"
+            raise ConfigurationError(msg)
+        schemas = self._chk.operator_families(op.id)
+        if schemas is None:
+            msg = f"operator {op.id} ({op.name}) of {self._chk.location} has no state yet"
+            raise ConfigurationError(msg)
+        views = store_views(op, schemas, store_name=store, join_side=join_side)
+        if len(views) != 1:
+            names = ", ".join(label for label, _ in views)
+            msg = f"operator {op.id} ({op.name}) has several stores ({names}): name one (store=)"
+            raise ConfigurationError(msg)
+        self.store_name, self._view = views[0]
+        self._family: ColumnFamily = self._families()[self._view.family]
+        key_schema = schemas[self._view.family][0]
+        self._columns = key_columns(op.description, key_schema)
+        self._key_schema = key_schema
+        self._shuffle = partition_columns(op.description, key_schema)
+        self._connector = connector or _default_connector
+        self._readers: dict[str, HomeReader | None] = {}
+        self._opened = contextlib.ExitStack()
+        self._stores: dict[tuple[int, int], StateStore | None] = {}
+        self._checked = 0.0
+        self._at(self._chk.last_batch())
+
+    # --- the batch read ----------------------------------------------------------------------
+
+    def _at(self, batch_id: int) -> None:
+        commit = self._chk.commit(batch_id)
+        self.batch_id = batch_id
+        self._owners = commit.owners().get(self.operator.id, {})
+        self._attempts = commit.lineage().get(self.operator.id, {})
+        self._partitions = self._chk.partitions_at(batch_id)
+        self._close_stores()
+        self._checked = time.monotonic()
+
+    def refresh(self, *, force: bool = True) -> bool:
+        """Move to the newest batch the query committed (at most every :data:`REFRESH_S`
+        seconds unless ``force``); whether it moved."""
+        now = time.monotonic()
+        if not force and now - self._checked < REFRESH_S:
+            return False
+        self._checked = now
+        newest = self.batch_id
+        while self._chk.log.read_commit(newest + 1) is not None:
+            newest += 1
+        if newest == self.batch_id:
+            return False
+        self._at(newest)
+        return True
+
+    def _families(self) -> dict[str, ColumnFamily]:
+        for p in range(self._chk.num_partitions):
+            with self._chk.provider_for(self.operator.id, p) as provider:
+                if provider is not None:
+                    return dict(ReadsChanges.require(provider, "read state live").families)
+        msg = f"operator {self.operator.id} of {self._chk.location} has no state yet"
+        raise ConfigurationError(msg)
+
+    # --- keys ----------------------------------------------------------------------------------
+
+    def _key_row(self, key: Any) -> dict[str, Any]:
+        """A key given as a mapping of its shown columns (a window as ``{"window": {"start":
+        ..., "end": ...}}`` or as ``window.start``), a sequence in key order, or one value."""
+        columns = self._columns
+        if isinstance(key, Mapping):
+            given = _flat(key, {})
+            missing = [c.name for c in columns if c.name not in given]
+            unknown = sorted(set(given) - {c.name for c in columns})
+            if missing or unknown:
+                shown = ", ".join(c.name for c in columns)
+                msg = f"the key has columns {shown}: missing {missing}, unknown {unknown}"
+                raise ConfigurationError(msg)
+            values = [given[c.name] for c in columns]
+        else:
+            values = list(key) if isinstance(key, (tuple, list)) else [key]
+            if len(values) != len(columns):
+                shown = ", ".join(c.name for c in columns)
+                msg = f"the key has {len(columns)} columns ({shown}); got {len(values)} values"
+                raise ConfigurationError(msg)
+        return {c.store_column: v for c, v in zip(columns, values, strict=True)}
+
+    def _encode(self, rows: list[dict[str, Any]]) -> list[bytes]:
+        schema = self._family.key_schema
+        try:
+            table = pa.Table.from_pylist(rows, schema=self._key_schema).select(schema.names)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            msg = f"a key does not fit the operator's key columns ({self._key_schema}): {exc}"
+            raise ConfigurationError(msg) from exc
+        return self._family.key_codec.encode_many(table)
+
+    def _partition_of(self, row: dict[str, Any]) -> int | None:
+        types = {f.name: f.type for f in self._key_schema}
+        scalars = [pa.scalar(row[c], types[c]) for c in self._shuffle]
+        return spark_partition(scalars, self._partitions)
+
+    def _shown(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {c.name: row[c.store_column] for c in self._columns}
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def get(self, key: Any) -> Found:
+        """The state of one key after the last batch the query committed."""
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[Any]) -> list[Found]:
+        """The state of many keys, all after the same committed batch, in their order."""
+        self.refresh(force=False)
+        rows = [self._key_row(k) for k in keys]
+        encoded = self._encode(rows) if rows else []
+        prefix = self._family.prefix
+        by_partition: dict[int | None, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_partition.setdefault(self._partition_of(row), []).append(i)
+        for _ in range(3):
+            batch = self.batch_id
+            out: list[Found | None] = [None] * len(rows)
+            moved = False
+            for partition, indexes in by_partition.items():
+                pkeys = [prefix + encoded[i] for i in indexes]
+                where = range(self._partitions) if partition is None else [partition]
+                for p in where:
+                    values, source, moved = self._get(p, pkeys)
+                    if moved:
+                        break
+                    for i, value in zip(indexes, values, strict=True):
+                        found = self._found(rows[i], encoded[i], value, batch, p, source)
+                        if out[i] is None or found.found:
+                            out[i] = found
+                if moved:
+                    break
+            if not moved:
+                return [f for f in out if f is not None]
+        msg = "the query committed batches faster than a read could follow them three times"
+        raise ConfigurationError(msg)
+
+    def _found(
+        self,
+        row: dict[str, Any],
+        encoded: bytes,
+        value: bytes | None,
+        batch: int,
+        partition: int,
+        source: str,
+    ) -> Found:
+        shown = self._shown(row)
+        if value is None:
+            return Found(shown, [], batch, partition, source)
+        return Found(shown, self._rows([encoded], [value]), batch, partition, source)
+
+    def _rows(self, encoded: list[bytes], values: list[bytes | None]) -> list[dict[str, Any]]:
+        table = self._view.rows({self._view.family: self._family}, encoded, values)
+        return [plain(r) for r in table.drop_columns(["key"]).to_pylist()]
+
+    def scan(self, prefix: Any = None) -> Iterator[Found]:
+        """Every key's state whose key starts with ``prefix`` (values of its first columns, as
+        for :meth:`get`; None: every key), partition by partition, after one committed batch."""
+        self.refresh(force=False)
+        fam = self._family
+        if prefix is None:
+            lo = fam.prefix
+        else:
+            values = list(prefix) if isinstance(prefix, (tuple, list)) else [prefix]
+            lo = fam.prefix + fam.key_codec.encode_prefix(tuple(values))
+        hi = fam.end_of_family() if prefix is None else key_successor(lo)
+        skip = len(fam.prefix)
+        batch = self.batch_id
+        for p in range(self._partitions):
+            for keys, values, source in self._scan(p, batch, lo, hi):
+                encoded = [k[skip:] for k in keys]
+                rows = self._view.rows({self._view.family: fam}, encoded, values)
+                key_rows = rows.column("key").to_pylist()
+                for key_row, row in zip(
+                    key_rows, rows.drop_columns(["key"]).to_pylist(), strict=True
+                ):
+                    yield Found(plain(key_row), [plain(row)], batch, p, source)
+
+    def _get(self, p: int, pkeys: list[bytes]) -> tuple[list[bytes | None], str, bool]:
+        """The values of partition ``p``'s physical keys at the batch read, the source, and
+        whether the query committed a newer batch instead (then nothing was read)."""
+        reader = self._reader(p)
+        if reader is not None:
+            out: list[bytes | None] = []
+            for i in range(0, len(pkeys), _GET_CHUNK):
+                header = self._request("get", p)
+                answered, reply, values = self._ask(reader, p, header, pkeys[i : i + _GET_CHUNK])
+                if not answered:
+                    break
+                out += values
+                newer = max(reply.get("held") or [0]) > self.batch_id + 1
+                if newer and self.refresh(force=False):
+                    return [], "home", True
+            else:
+                return out, "home", False
+            if self._stale(reply) and self.refresh():
+                return [], "home", True
+        store = self._store(p)
+        values = [None] * len(pkeys) if store is None else store.raw_get_many(pkeys)
+        return list(values), "checkpoint", False
+
+    def _scan(
+        self, p: int, batch: int, lo: bytes, hi: bytes
+    ) -> Iterator[tuple[list[bytes], list[bytes | None], str]]:
+        reader = self._reader(p) if batch == self.batch_id else None
+        start = lo
+        while reader is not None:
+            header = {**self._request("scan", p), "limit": _SCAN_PAGE}
+            answered, _, flat = self._ask(reader, p, header, [start, hi])
+            if not answered:
+                break  # (a page already yielded stays: every page is of the same version)
+            keys = [k for k in flat[0::2] if k is not None]
+            yield keys, flat[1::2], "home"
+            if len(keys) < _SCAN_PAGE:
+                return
+            start = keys[-1] + b"\x00"
+        store = self._store(p, batch)
+        if store is None:
+            return
+        for keys, values in store.raw_scan_chunks(start, hi, 0, MAX_SCAN_LIMIT):
+            yield keys, list(values), "checkpoint"
+
+    def _request(self, op: str, p: int) -> dict[str, Any]:
+        return {
+            "op": op,
+            "root": self._chk.state_root,
+            "operator": self.operator.id,
+            "partition": p,
+            "version": self.batch_id + 1,
+            "checkpoint_id": self._attempts.get(p),
+        }
+
+    def _stale(self, reply: dict[str, Any]) -> bool:
+        held = reply.get("held") or []
+        return bool(held) and min(held) > self.batch_id + 1
+
+    def _ask(
+        self, reader: HomeReader, p: int, header: dict[str, Any], blobs: list[bytes]
+    ) -> tuple[bool, dict[str, Any], list[bytes | None]]:
+        try:
+            return reader.request(header, blobs)
+        except (HomeLost, OSError):
+            reader.close()
+            self._readers[self._owners[p]] = None
+            return False, {}, []
+
+    def _reader(self, p: int) -> HomeReader | None:
+        owner = self._owners.get(p)
+        if owner is None:
+            return None
+        if owner not in self._readers:
+            self._readers[owner] = self._connector(owner)
+        return self._readers[owner]
+
+    def _store(self, p: int, batch: int | None = None) -> StateStore | None:
+        """Partition ``p``'s state after ``batch`` (default: the batch read) from the
+        checkpoint, loaded once per batch."""
+        batch = self.batch_id if batch is None else batch
+        if (p, batch) not in self._stores:
+            self._stores[(p, batch)] = self._opened.enter_context(
+                self._chk.read_store(self.operator.id, p, batch)
+            )
+        return self._stores[(p, batch)]
+
+    def _close_stores(self) -> None:
+        self._stores.clear()
+        self._opened.close()
+        self._opened = contextlib.ExitStack()
+
+    def close(self) -> None:
+        """Close the connections to homes and the partitions loaded from the checkpoint."""
+        for reader in self._readers.values():
+            if reader is not None:
+                reader.close()
+        self._readers.clear()
+        self._close_stores()
+
+    def __enter__(self) -> LiveState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def state(
+    query_or_checkpoint: Any,
+    operator: int | str | None = None,
+    *,
+    store: str | None = None,
+    join_side: str | None = None,
+) -> LiveState:
+    """The state of a query's stateful operator, read live (``ss.state``): a sparkstate
+    ``StreamingQuery`` or its checkpoint's location; ``operator`` its id or name (needed where
+    the query has several), ``store`` a ``transformWithState`` variable or a store of the
+    operator, ``join_side`` a join's side."""
+    if isinstance(query_or_checkpoint, (str, os.PathLike)):
+        location = os.fspath(query_or_checkpoint)
+    else:
+        location = getattr(query_or_checkpoint, "checkpoint_location", None)
+        if not isinstance(location, str):
+            msg = (
+                "ss.state reads a sparkstate query (what ss.stream(...).writeStream.start() "
+                f"returns) or a checkpoint location, not {type(query_or_checkpoint).__name__}"
+            )
+            raise ConfigurationError(msg)
+    return LiveState(location, operator, store=store, join_side=join_side)
+
+
+def _default_connector(address: str) -> HomeReader | None:
+    from sparkstate.runtime.home_client import connect_owner
+
+    sock = connect_owner(address)
+    return None if sock is None else HomeReader(sock)
+
+
+def _pick(chk: StateCheckpoint, operator: int | str | None) -> OperatorInfo:
+    ops = chk.operators()
+    if operator is None:
+        if len(ops) == 1:
+            return ops[0]
+        shown = [(o.id, o.name) for o in ops]
+        msg = f"the query has several stateful operators {shown}: name one (operator=id or name)"
+        raise ConfigurationError(msg)
+    if isinstance(operator, int):
+        return chk.operator(operator)
+    named = [o for o in ops if operator in (o.name, o.kind)]
+    if len(named) != 1:
+        shown = [(o.id, o.name) for o in ops]
+        msg = f"no single stateful operator named {operator!r}; the query's operators: {shown}"
+        raise ConfigurationError(msg)
+    return named[0]
