@@ -6,19 +6,29 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
+from pyspark import cloudpickle
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 import sparkstate as ss
 from sparkstate import functions as SF
+from sparkstate.observe.key_lookup import plain
 from sparkstate.observe.reader import ReadRequest, StateReader
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import source
 from .test_state_home import homes, jvm_pid
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 SCHEMA = "k string, v int"
 KEYS = [f"k{i}" for i in range(13)]
@@ -83,3 +93,155 @@ def test_reads_equal_the_state_reader_while_the_query_runs_and_after(
     assert {f.key["k"]: f.value for f in found if f.found} == last
     assert [f.key["k"] for f in live.scan()] and {f.key["k"]: f.value for f in live.scan()} == last
     live.close()
+
+
+def kill_homes(spark: SparkSession) -> None:
+    for pid in homes(jvm_pid(spark)):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_read_during_batches_sees_one_committed_batch_whole_across_a_home_killed(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """A reader reads all the time while batches run: every answer is the state after the
+    batch it names, as the state reader reads that batch from the checkpoint (never part of a
+    batch); with the homes killed between batches, reads come from the checkpoint until the
+    next batch puts the partitions in homes again."""
+    chk = tmp_path / "chk"
+    q = start(spark, feed, tmp_path, "rocksdb")
+    seen: list[tuple[int, dict[str, Any], set[str]]] = []
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            with ss.state(str(chk)) as live:
+                while not done.is_set():
+                    found = live.get_many(KEYS)
+                    assert len({f.batch_id for f in found}) == 1
+                    values = {f.key["k"]: f.value for f in found if f.found}
+                    seen.append((found[0].batch_id, values, {f.source for f in found}))
+        except BaseException as exc:  # noqa: BLE001 - failed below
+            errors.append(exc)
+
+    try:
+        feed.add(BATCHES[0])
+        q.processAllAvailable()
+        reader = threading.Thread(target=read)
+        reader.start()
+        for rows in BATCHES[1:3]:
+            feed.add(rows)
+            q.processAllAvailable()
+        kill_homes(spark)
+        with ss.state(q) as live:
+            found = live.get_many(KEYS)
+            assert {f.source for f in found} == {"checkpoint"}
+            assert {f.key["k"]: f.value for f in found if f.found} == offline(chk, 2)
+            for rows in BATCHES[3:]:
+                feed.add(rows)
+                q.processAllAvailable()
+            found = live.get_many(KEYS)
+            assert {f.source for f in found} == {"home"}
+            assert found[0].batch_id == len(BATCHES) - 1
+    finally:
+        done.set()
+        q.stop()
+    reader.join()
+    assert not errors, errors
+    batches = {b for b, _, _ in seen}
+    assert len(batches) >= 3, batches
+    want = {b: offline(chk, b) for b in batches}
+    assert all(values == want[b] for b, values, _ in seen)
+    assert any(sources == {"home"} for _, _, sources in seen)
+
+
+class Keeper(StatefulProcessor):  # type: ignore[misc]
+    """A value, a list and a map variable per key."""
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", "n long")
+        self.seen = handle.getListState("seen", "v int")
+        self.named = handle.getMapState("named", "name string", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Any:  # noqa: N802, N803
+        vs = [int(v) for pdf in rows for v in pdf["v"]]
+        n = (self.count.get() or (0,))[0] + len(vs)
+        self.count.update((n,))
+        self.seen.appendList([(v,) for v in vs[:3]])
+        self.named.updateValue((f"x{len(vs) % 3}",), (n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self) -> None:
+        pass
+
+
+SHAPES = {
+    "window": lambda df: (
+        df.withWatermark("ts", "1 hour")
+        .groupBy(F.window("ts", "10 seconds"), "k")
+        .agg(F.count("*").alias("n"))
+    ),
+    "dedup": lambda df: df.withWatermark("ts", "1 hour").dropDuplicates(["k", "ts"]),
+    "tws": lambda df: df.groupBy("k").transformWithStateInPandas(
+        Keeper(), "k string, n long", "Update", "None"
+    ),
+}
+
+
+def offline_rows(location: Path, batch_id: int, store: str | None) -> dict[str, list[Any]]:
+    """Per key (as text), its rows as the state reader reads them from the checkpoint."""
+    options: dict[str, Any] = {"path": str(location), "batchId": batch_id}
+    if store is not None:  # a list or a map as one row per key, as live reads show them
+        options.update(stateVarName=store, flattenCollectionTypes=False)
+    reader = StateReader(ReadRequest.from_options(options))
+    out: dict[str, list[Any]] = {}
+    for p in range(reader.num_partitions):
+        for batch in reader.read(p):
+            for row in batch.to_pylist():
+                key = row.pop("key")
+                row.pop("partition_id")
+                out.setdefault(repr(key), []).append(plain(row))
+    return out
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_reads_in_the_operators_own_shapes(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, shape: str
+) -> None:
+    """A window's aggregate, a deduplication's presence, a transformWithState variable by its
+    name: each key's rows as the state reader shows them, by get and by scan."""
+    chk = tmp_path / "chk"
+    df = ss.stream(feed.stream(spark, "k string, v int, ts timestamp"))
+    q = (
+        SHAPES[shape](df)
+        .writeStream.outputMode("append" if shape != "tws" else "update")
+        .format("noop")
+        .option("checkpointLocation", str(chk))
+        .option("stateStore", "rocksdb")
+        .start()
+    )
+    try:
+        for b in range(3):
+            feed.add(
+                [
+                    {"k": f"k{i % 4}", "v": i, "ts": f"2024-01-01T00:00:{(i * 3 + b) % 60:02d}Z"}
+                    for i in range(8 * b, 8 * b + 12)
+                ]
+            )
+            q.processAllAvailable()
+        stores = ["count", "seen", "named"] if shape == "tws" else [None]
+        for store in stores:
+            with ss.state(q, store=store) as live:
+                want = offline_rows(chk, live.batch_id, store)
+                assert want
+                scanned: dict[str, list[Any]] = {}
+                for f in live.scan():
+                    assert f.source == "home"
+                    scanned.setdefault(repr(f.key), []).extend(f.rows)
+                assert scanned == want
+                for f in live.scan():
+                    got = live.get(f.key)
+                    assert got.found and got.source == "home"
+                    assert got.rows == scanned[repr(f.key)]
+    finally:
+        q.stop()

@@ -67,12 +67,12 @@ class Found:
 
     @property
     def value(self) -> Any:
-        """The key's value: its one row's ``value`` (None: no state); a list or map variable's
-        several rows as a list."""
-        values = [r.get("value", r) for r in self.rows]
-        if not values:
+        """The key's value (None: no state): its row's one column (an aggregate's ``value``,
+        a list variable's ``list_value``, a map variable's ``map_value``), or its row."""
+        if not self.rows:
             return None
-        return values[0] if len(values) == 1 else values
+        (row,) = self.rows
+        return next(iter(row.values())) if len(row) == 1 else row
 
 
 def _flat(key: Mapping[str, Any], into: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -112,7 +112,10 @@ class LiveState:
             msg = f"operator {op.id} ({op.name}) has several stores ({names}): name one (store=)"
             raise ConfigurationError(msg)
         self.store_name, self._view = views[0]
-        self._family: ColumnFamily = self._families()[self._view.family]
+        #: Every column family of the store: a view may read one beside its own (a list
+        #: variable's elements).
+        self._all: dict[str, ColumnFamily] = self._families()
+        self._family: ColumnFamily = self._all[self._view.family]
         key_schema = schemas[self._view.family][0]
         self._columns = key_columns(op.description, key_schema)
         self._key_schema = key_schema
@@ -250,7 +253,7 @@ class LiveState:
         return Found(shown, self._rows([encoded], [value]), batch, partition, source)
 
     def _rows(self, encoded: list[bytes], values: list[bytes | None]) -> list[dict[str, Any]]:
-        table = self._view.rows({self._view.family: self._family}, encoded, values)
+        table = self._view.rows(self._all, encoded, values)
         return [plain(r) for r in table.drop_columns(["key"]).to_pylist()]
 
     def scan(self, prefix: Any = None) -> Iterator[Found]:
@@ -269,7 +272,7 @@ class LiveState:
         for p in range(self._partitions):
             for keys, values, source in self._scan(p, batch, lo, hi):
                 encoded = [k[skip:] for k in keys]
-                rows = self._view.rows({self._view.family: fam}, encoded, values)
+                rows = self._view.rows(self._all, encoded, values)
                 key_rows = rows.column("key").to_pylist()
                 for key_row, row in zip(
                     key_rows, rows.drop_columns(["key"]).to_pylist(), strict=True
