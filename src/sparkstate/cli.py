@@ -28,6 +28,7 @@ BENCHES = {
     "join": "sparkstate.bench.join",
     "scale": "sparkstate.bench.scale",
     "latency": "sparkstate.bench.latency",
+    "live": "sparkstate.bench.live",
     "repartition": "sparkstate.bench.repartition",
     "take-over": "sparkstate.bench.take_over",
 }
@@ -77,6 +78,11 @@ BENCH_OPTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("--batches", {"type": _positive_int, "help": f"batches per system {_SIZE}"}),
     ],
     "join": [_WORKLOADS],
+    "live": [
+        ("--keys", {"type": _positive_int, "help": f"distinct keys in the state {_SIZE}"}),
+        ("--rows-per-batch", {"type": _positive_int, "help": f"input rows per batch {_SIZE}"}),
+        ("--phase-s", {"type": float, "help": f"seconds each phase runs {_SIZE}"}),
+    ],
     "scale": [
         ("--plot", {"default": None, "metavar": "OUT.png", "help": "plot the systems' runs"}),
         ("--rows-per-batch", {"type": _positive_int, "help": f"new keys per batch {_SIZE}"}),

@@ -570,6 +570,37 @@ def test_the_partition_of_a_key_is_spark_s_hash_of_it(spark: Any) -> None:
     assert spark_partition([pa.scalar([1], pa.list_(pa.int64()))], 7) is None
 
 
+def test_the_partitions_of_many_keys_are_those_of_each_key() -> None:
+    """:func:`spark_partitions` (whole columns in numpy) agrees with :func:`spark_partition`
+    (checked against Spark above) on every hashed type, nulls and extremes included."""
+    import random
+
+    import pyarrow as pa
+
+    from sparkstate.observe.spark_hash import spark_partition, spark_partitions
+
+    rng = random.Random(3)
+    ints = [rng.randrange(-(2**31), 2**31) for _ in range(300)] + [0, -1, 2**31 - 1, None]
+    longs = [rng.randrange(-(2**63), 2**63) for _ in range(300)] + [0, -1, 2**63 - 1, None]
+    n = len(ints)
+    columns = [
+        pa.array(ints, pa.int32()),
+        pa.array(longs, pa.int64()),
+        pa.array([None if i % 7 == 0 else f"k{i}" * (i % 5) for i in range(n)], pa.string()),
+        pa.array([i % 3 == 0 for i in range(n)], pa.bool_()),
+        pa.array([i % 100 for i in range(n)], pa.int8()),
+        pa.array([1_700_000_000_000_000 + i * 997 for i in range(n)], pa.timestamp("us", "UTC")),
+        pa.array([i * 0.5 - 3 for i in range(n)], pa.float64()),
+    ]
+    for chosen in ([0], [1], [2], [1, 2, 3], list(range(len(columns)))):
+        cols = [columns[c] for c in chosen]
+        many = spark_partitions(cols, 7)
+        assert many is not None
+        each = [spark_partition([c[r] for c in cols], 7) for r in range(n)]
+        assert many.tolist() == each, chosen
+    assert spark_partitions([pa.array([[1]], pa.list_(pa.int64()))], 7) is None
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.checkpoint import OperatorInfo, StateCheckpoint, open_checkpoint
 from sparkstate.observe.key_lookup import key_columns, partition_columns, plain, store_views
-from sparkstate.observe.spark_hash import spark_partition
+from sparkstate.observe.spark_hash import spark_partitions
 from sparkstate.runtime.home_reads import MAX_SCAN_LIMIT, HomeReader
 from sparkstate.runtime.home_wire import HomeLost
 from sparkstate.store.base import StateStore
@@ -184,19 +184,18 @@ class LiveState:
                 raise ConfigurationError(msg)
         return {c.store_column: v for c, v in zip(columns, values, strict=True)}
 
-    def _encode(self, rows: list[dict[str, Any]]) -> list[bytes]:
+    def _encode(self, rows: list[dict[str, Any]]) -> tuple[list[bytes], list[int | None]]:
+        """The keys encoded, and each one's partition (None: its type has no hash here, so
+        it may be in any)."""
         schema = self._family.key_schema
         try:
-            table = pa.Table.from_pylist(rows, schema=self._key_schema).select(schema.names)
+            table = pa.Table.from_pylist(rows, schema=self._key_schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             msg = f"a key does not fit the operator's key columns ({self._key_schema}): {exc}"
             raise ConfigurationError(msg) from exc
-        return self._family.key_codec.encode_many(table)
-
-    def _partition_of(self, row: dict[str, Any]) -> int | None:
-        types = {f.name: f.type for f in self._key_schema}
-        scalars = [pa.scalar(row[c], types[c]) for c in self._shuffle]
-        return spark_partition(scalars, self._partitions)
+        encoded = self._family.key_codec.encode_many(table.select(schema.names))
+        hashed = spark_partitions([table.column(c) for c in self._shuffle], self._partitions)
+        return encoded, [None] * len(rows) if hashed is None else hashed.tolist()
 
     def _shown(self, row: dict[str, Any]) -> dict[str, Any]:
         return {c.name: row[c.store_column] for c in self._columns}
@@ -211,14 +210,15 @@ class LiveState:
         """The state of many keys, all after the same committed batch, in their order."""
         self.refresh(force=False)
         rows = [self._key_row(k) for k in keys]
-        encoded = self._encode(rows) if rows else []
+        encoded, partitions = self._encode(rows) if rows else ([], [])
         prefix = self._family.prefix
         by_partition: dict[int | None, list[int]] = {}
-        for i, row in enumerate(rows):
-            by_partition.setdefault(self._partition_of(row), []).append(i)
+        for i, partition in enumerate(partitions):
+            by_partition.setdefault(partition, []).append(i)
         for _ in range(3):
             batch = self.batch_id
-            out: list[Found | None] = [None] * len(rows)
+            #: Per key: its value, the partition it was read in and from where.
+            got: list[tuple[bytes | None, int, str] | None] = [None] * len(rows)
             moved = False
             for partition, indexes in by_partition.items():
                 pkeys = [prefix + encoded[i] for i in indexes]
@@ -228,29 +228,37 @@ class LiveState:
                     if moved:
                         break
                     for i, value in zip(indexes, values, strict=True):
-                        found = self._found(rows[i], encoded[i], value, batch, p, source)
-                        if out[i] is None or found.found:
-                            out[i] = found
+                        if got[i] is None or value is not None:
+                            got[i] = (value, p, source)
                 if moved:
                     break
             if not moved:
-                return [f for f in out if f is not None]
+                return self._founds(rows, encoded, got, batch)
         msg = "the query committed batches faster than a read could follow them three times"
         raise ConfigurationError(msg)
 
-    def _found(
+    def _founds(
         self,
-        row: dict[str, Any],
-        encoded: bytes,
-        value: bytes | None,
+        rows: list[dict[str, Any]],
+        encoded: list[bytes],
+        got: list[tuple[bytes | None, int, str] | None],
         batch: int,
-        partition: int,
-        source: str,
-    ) -> Found:
-        shown = self._shown(row)
-        if value is None:
-            return Found(shown, [], batch, partition, source)
-        return Found(shown, self._rows([encoded], [value]), batch, partition, source)
+    ) -> list[Found]:
+        """The keys' states, the values found decoded together."""
+        present = [i for i, g in enumerate(got) if g is not None and g[0] is not None]
+        decoded = self._rows([encoded[i] for i in present], [got[i][0] for i in present])  # type: ignore[index]
+        shown: dict[int, list[dict[str, Any]]] = {}
+        if len(decoded) == len(present):  # one row a key (the views read here show them so)
+            shown = {i: [row] for i, row in zip(present, decoded, strict=True)}
+        else:
+            for i in present:
+                shown[i] = self._rows([encoded[i]], [got[i][0]])  # type: ignore[index]
+        out = []
+        for i, row in enumerate(rows):
+            g = got[i]
+            assert g is not None
+            out.append(Found(self._shown(row), shown.get(i, []), batch, g[1], g[2]))
+        return out
 
     def _rows(self, encoded: list[bytes], values: list[bytes | None]) -> list[dict[str, Any]]:
         table = self._view.rows(self._all, encoded, values)

@@ -16,9 +16,11 @@ import decimal
 import struct
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
-__all__ = ["SEED", "hashable", "spark_hash", "spark_partition"]
+__all__ = ["SEED", "hashable", "spark_hash", "spark_partition", "spark_partitions"]
 
 SEED = 42
 _MASK = 0xFFFFFFFF
@@ -144,3 +146,70 @@ def spark_partition(values: Sequence[pa.Scalar], num_partitions: int) -> int | N
     if not all(hashable(v.type) for v in values):
         return None
     return spark_hash(values) % num_partitions
+
+
+# --- many keys at once: the same hash over whole columns, in numpy's wrapping uint32 ------------
+
+
+def _np_rotl(x: npt.NDArray[np.uint32], r: int) -> npt.NDArray[np.uint32]:
+    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def _np_mix_k1(k1: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+    return _np_rotl(k1 * np.uint32(_C1), 15) * np.uint32(_C2)
+
+
+def _np_mix_h1(h1: npt.NDArray[np.uint32], k1: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+    return _np_rotl(h1 ^ k1, 13) * np.uint32(5) + np.uint32(0xE6546B64)
+
+
+def _np_fmix(h1: npt.NDArray[np.uint32], length: int) -> npt.NDArray[np.uint32]:
+    h1 = h1 ^ np.uint32(length)
+    h1 = h1 ^ (h1 >> np.uint32(16))
+    h1 = h1 * np.uint32(0x85EBCA6B)
+    h1 = h1 ^ (h1 >> np.uint32(13))
+    h1 = h1 * np.uint32(0xC2B2AE35)
+    return h1 ^ (h1 >> np.uint32(16))
+
+
+def _column_hash(column: pa.Array, seeds: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+    """The hash of each value of ``column`` over its row's hash so far (a null: unchanged)."""
+    typ = column.type
+    as_int = pa.types.is_boolean(typ) or pa.types.is_date32(typ)
+    as_int = as_int or (pa.types.is_signed_integer(typ) and not pa.types.is_int64(typ))
+    if as_int:
+        ints = column.cast(pa.int32()).fill_null(0).to_numpy(zero_copy_only=False)
+        hashed = _np_fmix(_np_mix_h1(seeds, _np_mix_k1(ints.astype(np.uint32))), 4)
+    elif pa.types.is_int64(typ) or pa.types.is_timestamp(typ):
+        longs = column.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        words = longs.view(np.uint64)
+        low = (words & np.uint64(_MASK)).astype(np.uint32)
+        high = (words >> np.uint64(32)).astype(np.uint32)
+        hashed = _np_fmix(_np_mix_h1(_np_mix_h1(seeds, _np_mix_k1(low)), _np_mix_k1(high)), 8)
+    else:  # strings, binaries, floats, decimals: value by value
+        hashed = np.fromiter(
+            (_hash_value(v, int(h)) for v, h in zip(column, seeds, strict=True)),
+            np.uint32,
+            len(column),
+        )
+    if column.null_count:
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        hashed = np.where(valid, hashed, seeds)
+    return hashed
+
+
+def spark_partitions(
+    columns: Sequence[pa.Array | pa.ChunkedArray], num_partitions: int
+) -> npt.NDArray[np.int64] | None:
+    """:func:`spark_partition` of each row of ``columns`` (the key's columns, in key order);
+    None when a column's type has no hash here."""
+    if not all(hashable(c.type) for c in columns):
+        return None
+    rows = len(columns[0]) if columns else 0
+    hashes = np.full(rows, SEED, np.uint32)
+    with np.errstate(over="ignore"):
+        for column in columns:
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks()
+            hashes = _column_hash(column, hashes)
+    return np.mod(hashes.view(np.int32).astype(np.int64), num_partitions)
