@@ -229,8 +229,9 @@ def _one(home: RunningHome, credentials: Credentials, rng: random.Random) -> str
         else:
             case = "wrong proof"
             hello = bytes([1, credentials.flags]) + rng.randbytes(32) + home.token.encode()
-            sock.sendall(_frame(HELLO, hello))
-            sock.recv(4096)  # the home's nonce
+            with contextlib.suppress(OSError):
+                sock.sendall(_frame(HELLO, hello))
+                sock.recv(4096)  # the home's nonce
             data = _frame(PROOF, rng.randbytes(32))
         with contextlib.suppress(OSError):
             sock.sendall(data)
