@@ -48,9 +48,9 @@ if TYPE_CHECKING:
         register,
         remove_listener,
         repartition,
+        state,
         stream,
     )
-    from sparkstate.observe.live import state
     from sparkstate.operators.arbitrary.group_state import GroupState, GroupStateTimeout
     from sparkstate.operators.arbitrary.processor import (
         ExpiredTimerInfo,
@@ -71,6 +71,7 @@ _ENGINE = {
     "register",
     "remove_listener",
     "repartition",
+    "state",
     "stream",
 }
 
@@ -84,8 +85,6 @@ _OPERATORS = {
     "TimerValues": "sparkstate.operators.arbitrary.processor",
     "TimeMode": "sparkstate.operators.arbitrary.timers",
     "PICKLED": "sparkstate.operators.arbitrary.schemas",
-    # a running query's state, read live (no pyspark needed either)
-    "state": "sparkstate.observe.live",
 }
 
 

@@ -233,7 +233,7 @@ def test_homes_that_never_answer_the_driver_leave_the_run_to_sparks_tasks(
     tried: list[str] = []  # the driver's connections, each waited out
     tried_by_file: list[int] = []
 
-    def unanswered(address: str) -> None:
+    def unanswered(address: str, credentials: object = None) -> None:
         tried.append(address)
         time.sleep(home_client.OWNER_TIMEOUT_S)
 

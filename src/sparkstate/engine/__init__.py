@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sparkstate.engine.api.live import state
     from sparkstate.engine.api.stream import GroupedStream, StatefulStream, stream
     from sparkstate.engine.api.writer import DataStreamWriter
     from sparkstate.engine.jobs.export import export
@@ -27,6 +28,7 @@ __all__ = [
     "remove_listener",
     "export",
     "repartition",
+    "state",
     "stream",
 ]
 
@@ -42,6 +44,7 @@ _HOMES = {
     "export": "sparkstate.engine.jobs.export",
     "repartition": "sparkstate.engine.jobs.rescale",
     "register": "sparkstate.engine.spark.state_source",
+    "state": "sparkstate.engine.api.live",
 }
 
 

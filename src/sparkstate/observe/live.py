@@ -1,6 +1,6 @@
 """A running query's state, read live: from the state homes that hold it, else from its checkpoint.
 
-``LiveState(checkpoint, operator=...)`` (``ss.state(query_or_checkpoint, ...)`` in the engine)
+``LiveState(checkpoint, operator=...)`` (``ss.state(query_or_checkpoint, ...)`` from a session)
 answers ``get(key)``, ``get_many(keys)`` and ``scan(prefix)`` in the state reader's shapes (a
 window's aggregate, a deduplication's presence, a ``transformWithState`` variable by its name).
 Every answer is the state after the last batch the query committed, and says which batch that
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -29,13 +28,15 @@ from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.checkpoint import OperatorInfo, StateCheckpoint, open_checkpoint
 from sparkstate.observe.key_lookup import key_columns, partition_columns, plain, store_views
 from sparkstate.observe.spark_hash import spark_partitions
+from sparkstate.runtime.home_channel import NO_CREDENTIALS, Credentials
+from sparkstate.runtime.home_client import connect_owner
 from sparkstate.runtime.home_reads import MAX_SCAN_LIMIT, HomeReader
 from sparkstate.runtime.home_wire import HomeLost
 from sparkstate.store.base import StateStore
 from sparkstate.store.capabilities import ReadsChanges
 from sparkstate.store.families import ColumnFamily, key_successor
 
-__all__ = ["Found", "LiveState", "state"]
+__all__ = ["Found", "LiveState"]
 
 #: How often a reader looks for a batch committed after the one it reads, at most.
 REFRESH_S = 0.05
@@ -94,8 +95,13 @@ class LiveState:
         *,
         store: str | None = None,
         join_side: str | None = None,
+        credentials: Credentials = NO_CREDENTIALS,
         connector: Connector | None = None,
     ) -> None:
+        """``credentials``: what the query's homes ask of a connection (the application's
+        secret where Spark's ``spark.authenticate`` is on, :mod:`sparkstate.runtime.
+        home_channel`); ``connector``: how to reach a home (a test's, or one that reaches none:
+        read the checkpoint alone)."""
         self._chk: StateCheckpoint = open_checkpoint(location)
         self.operator: OperatorInfo = _pick(self._chk, operator)
         op = self.operator
@@ -120,7 +126,7 @@ class LiveState:
         self._columns = key_columns(op.description, key_schema)
         self._key_schema = key_schema
         self._shuffle = partition_columns(op.description, key_schema)
-        self._connector = connector or _default_connector
+        self._connector = connector or _connector(credentials)
         self._readers: dict[str, HomeReader | None] = {}
         self._opened = contextlib.ExitStack()
         self._stores: dict[tuple[int, int], StateStore | None] = {}
@@ -316,7 +322,7 @@ class LiveState:
         reader = self._reader(p) if batch == self.batch_id else None
         start = lo
         while reader is not None:
-            header = {**self._request("scan", p), "limit": _SCAN_PAGE}
+            header = {**self._request("scan", p), "page": _SCAN_PAGE}
             answered, _, flat = self._ask(reader, p, header, [start, hi])
             if not answered:
                 break  # (a page already yielded stays: every page is of the same version)
@@ -393,35 +399,14 @@ class LiveState:
         self.close()
 
 
-def state(
-    query_or_checkpoint: Any,
-    operator: int | str | None = None,
-    *,
-    store: str | None = None,
-    join_side: str | None = None,
-) -> LiveState:
-    """The state of a query's stateful operator, read live (``ss.state``): a sparkstate
-    ``StreamingQuery`` or its checkpoint's location; ``operator`` its id or name (needed where
-    the query has several), ``store`` a ``transformWithState`` variable or a store of the
-    operator, ``join_side`` a join's side."""
-    if isinstance(query_or_checkpoint, (str, os.PathLike)):
-        location = os.fspath(query_or_checkpoint)
-    else:
-        location = getattr(query_or_checkpoint, "checkpoint_location", None)
-        if not isinstance(location, str):
-            msg = (
-                "ss.state reads a sparkstate query (what ss.stream(...).writeStream.start() "
-                f"returns) or a checkpoint location, not {type(query_or_checkpoint).__name__}"
-            )
-            raise ConfigurationError(msg)
-    return LiveState(location, operator, store=store, join_side=join_side)
+def _connector(credentials: Credentials) -> Connector:
+    """Connections to homes with ``credentials`` (those of a task of the query)."""
 
+    def connect(address: str) -> HomeReader | None:
+        channel = connect_owner(address, credentials)
+        return None if channel is None else HomeReader(channel)
 
-def _default_connector(address: str) -> HomeReader | None:
-    from sparkstate.runtime.home_client import connect_owner
-
-    sock = connect_owner(address)
-    return None if sock is None else HomeReader(sock)
+    return connect
 
 
 def _pick(chk: StateCheckpoint, operator: int | str | None) -> OperatorInfo:

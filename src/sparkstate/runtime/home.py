@@ -11,13 +11,25 @@ A home also listens on TCP for tasks that Spark ran on another executor, at an a
 random token in it. Each job the home runs is told that address (:class:`HomeTask`): a task's
 report names it, the batch's commit records it as the partition's owner, and the next batch's
 task for the partition connects there wherever it runs, so that a
-partition stays with its state across executors too.
+partition stays with its state across executors too. A TCP connection opens with the handshake
+of :mod:`.home_channel`: with ``spark.authenticate`` on, the client proves that it knows the
+application's secret (the token alone, which the checkpoint records, no longer lets it in), and
+with Spark's network encryption on its frames are sealed. The Unix socket, the addresses, pids,
+locks and logs are in a directory only the home's user can enter (:mod:`sparkstate.files.
+private`), and are that user's alone.
+
+A home refuses what does not follow the protocol without harm to it or to its state: a frame
+longer than it takes, of a kind it does not expect, a handshake that fails or does not come
+within :data:`HANDSHAKE_TIMEOUT_S`; the connection ends, the others go on. Refusals are logged
+at most once a minute, with their count.
 
 A home ends with its executor (it watches the executor's JVM), when idle for ``idle_s`` seconds,
 or on SIGTERM; before it ends it closes its providers. Its process is named ``sparkstate-home``
 and its pid is in ``<socket>.pid`` (:func:`pid_file`) while it serves. A worker starts one by
 forking itself (:func:`become`: every module is imported already), or, where it cannot fork
-safely, as ``python -m sparkstate.runtime.home --socket PATH --parent PID:START --idle-s S``.
+safely, as ``python -m sparkstate.runtime.home --socket PATH --parent PID:START --idle-s S``
+(with ``--auth`` and ``--encrypt``, it finds the secret as a worker does,
+:mod:`.home_secret`: never on its command line).
 """
 
 from __future__ import annotations
@@ -28,7 +40,6 @@ import ctypes
 import dataclasses
 import faulthandler
 import gc
-import hmac
 import logging
 import os
 import pickle
@@ -43,9 +54,10 @@ from typing import Any, NoReturn
 
 import pyarrow as pa
 
+from sparkstate.files.private import open_private, write_private
+from sparkstate.runtime.home_channel import NO_CREDENTIALS, Channel, Credentials, accept
 from sparkstate.runtime.home_reads import READ, serve_reads
 from sparkstate.runtime.home_wire import (
-    AUTH,
     BATCH,
     CONSUMED,
     END,
@@ -58,9 +70,8 @@ from sparkstate.runtime.home_wire import (
     decode_batch,
     encode_batch,
     pickled_error,
-    read_frame,
-    send_frame,
 )
+from sparkstate.runtime.process_ref import ProcessRef
 from sparkstate.runtime.providers import PROVIDERS
 
 __all__ = [
@@ -76,11 +87,15 @@ __all__ = [
 
 log = logging.getLogger("sparkstate.home")
 
-#: The longest frame a home reads (a task's input batch is one frame).
-MAX_FRAME = 2**31
-
 #: A home's process name (what ``ps`` and ``pgrep`` show; at most 15 characters).
 PROCESS_NAME = "sparkstate-home"
+#: How long a TCP connection has to complete its handshake.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: How many TCP connections may be in their handshake at once; more are closed at once (each
+#: takes a thread until it is done or its time is out).
+MAX_HANDSHAKES = 64
+#: How often, at most, a home logs the connections it refused.
+_REFUSALS_LOG_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,42 +112,6 @@ class HomeTask:
 
 #: A home's job: ``job(task)`` yields the output batches and returns the result.
 HomeJob = Callable[[HomeTask], Iterator[pa.RecordBatch]]
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessRef:
-    """One process for its whole life: its pid and its start time (a pid is reused)."""
-
-    pid: int
-    start: int
-
-    @classmethod
-    def of(cls, pid: int) -> ProcessRef | None:
-        stat = proc_stat(pid)
-        return None if stat is None else cls(pid, int(stat[19]))
-
-    @classmethod
-    def parse(cls, text: str) -> ProcessRef:
-        pid, start = text.split(":")
-        return cls(int(pid), int(start))
-
-    def __str__(self) -> str:
-        return f"{self.pid}:{self.start}"
-
-    def alive(self) -> bool:
-        """Whether the process runs (a zombie, killed and not yet reaped, does not)."""
-        stat = proc_stat(self.pid)
-        return stat is not None and int(stat[19]) == self.start and stat[0] not in ("Z", "X")
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` after the command (the 4th field, ppid, is index 1)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()
 
 
 def address_file(path: str) -> str:
@@ -177,17 +156,29 @@ def _executor_hostname(executor: ProcessRef | None) -> str | None:
 
 
 class Home:
-    """The server: accepts connections on ``path`` (and on TCP, with a token) until its
-    executor or its idleness ends it."""
+    """The server: accepts connections on ``path`` (and on TCP, with the handshake
+    ``credentials`` ask for) until its executor or its idleness ends it."""
 
-    def __init__(self, path: str, parent: ProcessRef | None, idle_s: float) -> None:
+    def __init__(
+        self,
+        path: str,
+        parent: ProcessRef | None,
+        idle_s: float,
+        credentials: Credentials = NO_CREDENTIALS,
+        handshake_s: float = HANDSHAKE_TIMEOUT_S,
+    ) -> None:
         self.path = path
         self.parent = parent
         self.idle_s = idle_s
+        self.credentials = credentials
+        self.handshake_s = handshake_s
         self._active = 0
         self._last_active = time.monotonic()
         self._guard = threading.Lock()
         self._stop = threading.Event()
+        #: TCP connections in their handshake, and when their time is out.
+        self._handshakes: dict[socket.socket, float] = {}
+        self._refusals = _Refusals()
         #: Where the tasks of other executors reach this home (``host:port/token``), once it
         #: serves.
         self.address = ""
@@ -201,6 +192,7 @@ class Home:
             os.unlink(self.path)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(self.path)
+        os.chmod(self.path, 0o600)
         server.listen(64)
         server.settimeout(1.0)
         host = advertised_host(self.parent)
@@ -232,12 +224,33 @@ class Home:
                 continue
             except OSError:  # closed as the home ends
                 return
+            finally:
+                if token is not None:
+                    self._end_late_handshakes()
             conn.settimeout(None)
             if token is not None:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with self._guard:
+                    crowded = len(self._handshakes) >= MAX_HANDSHAKES
+                    if not crowded:
+                        self._handshakes[conn] = time.monotonic() + self.handshake_s
+                if crowded:
+                    conn.close()
+                    self._refusals.add("too many connections in their handshake")
+                    continue
             with self._guard:
                 self._active += 1
             threading.Thread(target=self._serve, args=(conn, token), daemon=True).start()
+
+    def _end_late_handshakes(self) -> None:
+        """Shut the connections whose handshake is out of time (their thread then ends): a
+        per-read timeout alone would let a client that sends a byte now and then hold one."""
+        now = time.monotonic()
+        with self._guard:  # one that has just finished its handshake is left alone
+            for conn, until in self._handshakes.items():
+                if until <= now:
+                    with contextlib.suppress(OSError):
+                        conn.shutdown(socket.SHUT_RDWR)
 
     def _why_stop(self) -> str | None:
         if self._stop.is_set():
@@ -249,54 +262,71 @@ class Home:
         return f"idle for {self.idle_s:.0f} s" if idle else None
 
     def _serve(self, conn: socket.socket, token: str | None) -> None:
+        served = False
         try:
             with conn:
-                if token is not None and not _authenticated(conn, token):
+                channel = Channel(conn) if token is None else self._handshake(conn, token)
+                if channel is None:
                     return
-                kind, payload = read_frame(conn, max_size=MAX_FRAME)
-                if kind == READ:
-                    serve_reads(conn, payload, MAX_FRAME)
-                elif kind == JOB:
-                    _run_job(conn, payload, f"state home {os.getpid()}", self.address)
+                served = True
+                _run_job(channel, f"state home {os.getpid()}", self.address)
             release_free_memory()  # the job's objects are gone now
-        except (HomeLost, OSError) as exc:
-            log.debug("state home %d: a connection ended: %s", os.getpid(), exc)
         finally:
             with self._guard:
                 self._active -= 1
-                self._last_active = time.monotonic()
+                if served:  # a refused connection does not keep the home from its idle end
+                    self._last_active = time.monotonic()
+
+    def _handshake(self, conn: socket.socket, token: str) -> Channel | None:
+        """The connection's channel once its handshake is done, or None: refused."""
+        conn.settimeout(self.handshake_s)
+        try:
+            return accept(conn, self.credentials, token)
+        except (HomeLost, OSError) as exc:  # a refusal, a timeout, a reset
+            self._refusals.add(str(exc) or type(exc).__name__)
+            return None
+        finally:
+            with self._guard:
+                self._handshakes.pop(conn, None)
+            conn.settimeout(None)
 
 
-def _authenticated(conn: socket.socket, token: str) -> bool:
-    conn.settimeout(10.0)
-    try:
-        kind, payload = read_frame(conn)
-    except (HomeLost, OSError):
-        return False
-    if kind != AUTH or not hmac.compare_digest(bytes(payload), token.encode()):
-        return False
-    conn.settimeout(None)
-    send_frame(conn, AUTH, b"")
-    return True
+class _Refusals:
+    """Connections a home refused, logged at most once a minute with their count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._logged = -_REFUSALS_LOG_S
+
+    def add(self, reason: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._count += 1
+            if now - self._logged < _REFUSALS_LOG_S:
+                return
+            count, self._count, self._logged = self._count, 0, now
+        log.warning(
+            "refused %d TCP connection(s) since the last report, the last: %s",
+            count,
+            reason,
+        )
 
 
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_private(path, text)
 
 
 class _Inputs:
     """The task's input batches as they arrive, up to END."""
 
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn = conn
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
         self.done = False
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         while not self.done:
-            kind, payload = read_frame(self.conn)
+            kind, payload = self.channel.read()
             if kind == END:
                 self.done = True
             elif kind == BATCH:
@@ -314,8 +344,8 @@ class _Replies:
     """What the home sends on a task's connection: the job's frames, and a heartbeat every
     ``every_s`` seconds (None: none) from a thread of its own (one lock keeps frames whole)."""
 
-    def __init__(self, conn: socket.socket, every_s: float | None) -> None:
-        self.conn = conn
+    def __init__(self, channel: Channel, every_s: float | None) -> None:
+        self.channel = channel
         self.every_s = every_s
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -324,7 +354,7 @@ class _Replies:
 
     def send(self, kind: bytes, payload: bytes | pa.Buffer) -> None:
         with self._lock:
-            send_frame(self.conn, kind, payload)
+            self.channel.send(kind, payload)
 
     def close(self) -> None:
         self._done.set()
@@ -338,15 +368,38 @@ class _Replies:
                 return
 
 
-def _run_job(conn: socket.socket, payload: bytearray, where: str, address: str) -> None:
-    paths, heartbeat_s, job_bytes = pickle.loads(payload)
-    inputs = _Inputs(conn)
-    replies = _Replies(conn, heartbeat_s)
+def _run_job(channel: Channel, where: str, address: str) -> None:
+    try:
+        kind, payload = channel.read()
+        if kind == READ:  # a live reader's requests (no job, nothing pickled)
+            serve_reads(channel, payload)
+            return
+        if kind != JOB:
+            msg = f"a conversation opened with the frame {kind!r}, not a job"
+            raise HomeLost(msg)
+        paths, heartbeat_s, job_bytes = pickle.loads(payload)
+        if not (
+            isinstance(paths, list)
+            and all(isinstance(p, str) for p in paths)
+            and isinstance(job_bytes, bytes | bytearray)
+        ):
+            msg = "a job frame that is not a job"
+            raise HomeLost(msg)
+        if heartbeat_s is not None:
+            heartbeat_s = max(0.01, float(heartbeat_s))
+    except ConnectionError as exc:  # HomeLost, a reset: the connection was not a task's
+        log.info("%s: refused a conversation: %s", where, exc)
+        return
+    except Exception as exc:  # noqa: BLE001 - a payload that does not unpickle as a job
+        log.info("%s: refused a job that does not unpickle: %r", where, exc)
+        return
+    inputs = _Inputs(channel)
+    replies = _Replies(channel, heartbeat_s)
 
     def ready() -> None:
         replies.send(FINISHED, b"")
         inputs.drain()
-        if read_frame(conn)[0] != CONSUMED:
+        if channel.read()[0] != CONSUMED:
             msg = "the worker did not confirm the task's output"
             raise HomeLost(msg)
 
@@ -375,13 +428,25 @@ def _run_job(conn: socket.socket, payload: bytearray, where: str, address: str) 
             output.close()  # an unfinished job aborts its version
 
 
-def serve(path: str, parent: ProcessRef | None, idle_s: float) -> str:
-    home = Home(path, parent, idle_s)
+def serve(
+    path: str,
+    parent: ProcessRef | None,
+    idle_s: float,
+    credentials: Credentials = NO_CREDENTIALS,
+    handshake_s: float = HANDSHAKE_TIMEOUT_S,
+) -> str:
+    home = Home(path, parent, idle_s, credentials, handshake_s)
     signal.signal(signal.SIGTERM, lambda *_: home.stop())
     return home.run()
 
 
-def _serve_and_leave_nothing(path: str, parent: ProcessRef | None, idle_s: float) -> None:
+def _serve_and_leave_nothing(
+    path: str,
+    parent: ProcessRef | None,
+    idle_s: float,
+    credentials: Credentials,
+    handshake_s: float = HANDSHAKE_TIMEOUT_S,
+) -> None:
     _name_process(PROCESS_NAME)
     faulthandler.enable(file=sys.stderr)  # a crash's traceback goes to the home's log
     logging.basicConfig(
@@ -389,7 +454,7 @@ def _serve_and_leave_nothing(path: str, parent: ProcessRef | None, idle_s: float
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
         force=True,
     )
-    why = serve(path, parent, idle_s)
+    why = serve(path, parent, idle_s, credentials, handshake_s)
     log.info("state home %d on %s ended: %s", os.getpid(), path, why)
     # A clean end leaves nothing behind; the log of a home that crashed stays for its reader.
     for leftover in (path + ".lock", path.removesuffix(".sock") + ".log"):
@@ -397,7 +462,13 @@ def _serve_and_leave_nothing(path: str, parent: ProcessRef | None, idle_s: float
             os.unlink(leftover)
 
 
-def become(path: str, parent: ProcessRef | None, idle_s: float, log_path: str) -> NoReturn:
+def become(
+    path: str,
+    parent: ProcessRef | None,
+    idle_s: float,
+    log_path: str,
+    credentials: Credentials = NO_CREDENTIALS,
+) -> NoReturn:
     """Turn this process, just forked from a Python worker, into the home on ``path``; never
     returns (the worker's frames below it are never unwound).
 
@@ -417,13 +488,13 @@ def become(path: str, parent: ProcessRef | None, idle_s: float, log_path: str) -
         ):
             signal.signal(sig, handler)
         null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        out = open_private(log_path, os.O_WRONLY | os.O_APPEND)
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         faulthandler.cancel_dump_traceback_later()  # the worker's, on a closed descriptor
-        _serve_and_leave_nothing(path, parent, idle_s)
+        _serve_and_leave_nothing(path, parent, idle_s, credentials)
         code = 0
     except BaseException:  # the log is the home's only reader
         with contextlib.suppress(BaseException):
@@ -456,8 +527,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--parent", type=ProcessRef.parse, default=None)
     parser.add_argument("--idle-s", type=float, default=600.0)
+    parser.add_argument("--auth", action="store_true", help="spark.authenticate is on")
+    parser.add_argument("--encrypt", action="store_true", help="and the frames are sealed")
+    parser.add_argument("--handshake-s", type=float, default=HANDSHAKE_TIMEOUT_S)
     args = parser.parse_args(argv)
-    _serve_and_leave_nothing(args.socket, args.parent, args.idle_s)
+    from sparkstate.runtime.home_secret import credentials
+
+    found = credentials(args.auth, args.encrypt, os.path.dirname(args.socket), args.parent)
+    _serve_and_leave_nothing(args.socket, args.parent, args.idle_s, found, args.handshake_s)
 
 
 if __name__ == "__main__":

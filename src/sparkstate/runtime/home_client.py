@@ -3,9 +3,13 @@ a task's job there, streaming the input to it and the output back (:mod:`.home_w
 
 An executor has ``slots`` homes (its task slots), and partition ``p`` lives in home ``p % slots``,
 so partitions that Spark runs at the same time usually run in different homes. A home is named by
-its executor's JVM (pid and start time), the workers' environment and its slot: the workers of one
-executor find the same homes, and two applications, or two executors of one machine, never share
-one.
+its executor's JVM (pid and start time), the workers' environment, the credentials it takes over
+TCP (:mod:`.home_channel`) and its slot: the workers of one executor find the same homes, and two
+applications, or two executors of one machine, never share one.
+
+Homes keep their sockets, addresses, pids, locks and logs in :func:`home_dir`, a directory of
+their user's alone (mode 0700, its files 0600): the Unix socket needs no handshake, since only
+that user, who could read the executor's secret anyway, can reach it.
 """
 
 from __future__ import annotations
@@ -30,9 +34,16 @@ from typing import Any
 import pyarrow as pa
 
 from sparkstate.exceptions import StateHomeError
-from sparkstate.runtime.home import ProcessRef, address_file, become, proc_stat
+from sparkstate.files.private import PrivateDirError, open_private, private_dir
+from sparkstate.runtime import home_secret
+from sparkstate.runtime.home import address_file, become
+from sparkstate.runtime.home_channel import (
+    NO_CREDENTIALS,
+    Channel,
+    Credentials,
+    open_channel,
+)
 from sparkstate.runtime.home_wire import (
-    AUTH,
     BATCH,
     CONSUMED,
     END,
@@ -45,9 +56,8 @@ from sparkstate.runtime.home_wire import (
     HomeSilent,
     decode_batch,
     encode_batch,
-    read_frame,
-    send_frame,
 )
+from sparkstate.runtime.process_ref import ProcessRef, proc_stat
 from sparkstate.runtime.providers import PROVIDERS
 from sparkstate.store import rocksdb
 
@@ -55,6 +65,7 @@ __all__ = [
     "HOME_START_TIMEOUT_S",
     "connect",
     "connect_owner",
+    "credentials",
     "executor_process",
     "home_path",
     "local_address",
@@ -85,6 +96,26 @@ def home_dir() -> str:
     if len(os.fsencode(preferred)) <= _HOME_DIR_MAX or not os.path.isdir("/tmp"):
         return preferred
     return os.path.join("/tmp", name)
+
+
+def private_home_dir() -> str:
+    """:func:`home_dir`, made if missing and checked to be this user's alone
+    (:func:`sparkstate.files.private.private_dir`: narrowed to 0700 if others may only read it,
+    refused if another user owns it or others may write to it)."""
+    try:
+        return private_dir(home_dir())
+    except PrivateDirError as exc:
+        msg = f"the state homes' directory cannot be used: {exc}"
+        raise StateHomeError(msg) from exc
+
+
+def credentials(auth: bool, encrypt: bool) -> Credentials:
+    """What this process shows a home over TCP: Spark's ``spark.authenticate`` (``auth``) and
+    network encryption (``encrypt``) as the query's store settings carry them, with the
+    application's secret where this process finds it (:mod:`.home_secret`)."""
+    if not auth:
+        return NO_CREDENTIALS
+    return home_secret.credentials(auth, encrypt, home_dir(), executor_process())
 
 
 @functools.cache
@@ -122,54 +153,51 @@ def _environment() -> str:
     return hashlib.sha1(env, usedforsecurity=False).hexdigest()[:10]
 
 
-def home_path(executor: ProcessRef, slot: int) -> str:
-    name = f"{executor.pid}-{executor.start}-{_environment()}-{slot}.sock"
+def home_path(executor: ProcessRef, slot: int, credentials: Credentials = NO_CREDENTIALS) -> str:
+    environment = _environment()
+    if tag := credentials.tag():  # homes of another secret or mode are others
+        environment = hashlib.sha1(
+            f"{environment}-{tag}".encode(), usedforsecurity=False
+        ).hexdigest()[:10]
+    name = f"{executor.pid}-{executor.start}-{environment}-{slot}.sock"
     return os.path.join(home_dir(), name)
 
 
-def connect(executor: ProcessRef, slot: int) -> socket.socket:
-    """A connection to the home of ``slot`` on this executor, started if there is none."""
-    path = home_path(executor, slot)
+def connect(executor: ProcessRef, slot: int, credentials: Credentials = NO_CREDENTIALS) -> Channel:
+    """A connection to the home of ``slot`` on this executor, started if there is none; the
+    home takes ``credentials`` over TCP."""
+    path = home_path(executor, slot, credentials)
     sock = _try_connect(path)
     if sock is not None:
-        return sock
-    os.makedirs(home_dir(), exist_ok=True)
-    with open(path + ".lock", "a+") as lock:
+        return Channel(sock)
+    private_home_dir()
+    with os.fdopen(open_private(path + ".lock", os.O_RDWR), "r+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts it; the others then connect
         sock = _try_connect(path)
         if sock is None:
-            sock = _start(path, executor)
-    return sock
+            sock = _start(path, executor, credentials)
+    return Channel(sock)
 
 
-def local_address(executor: ProcessRef, slot: int) -> str | None:
+def local_address(
+    executor: ProcessRef, slot: int, credentials: Credentials = NO_CREDENTIALS
+) -> str | None:
     """The TCP address of this executor's home of ``slot``, if it runs."""
     try:
-        with open(address_file(home_path(executor, slot)), encoding="utf-8") as f:
+        with open(address_file(home_path(executor, slot, credentials)), encoding="utf-8") as f:
             return f.read().strip() or None
     except OSError:
         return None
 
 
-def connect_owner(address: str) -> socket.socket | None:
+def connect_owner(address: str, credentials: Credentials = NO_CREDENTIALS) -> Channel | None:
     """A connection to the home at ``address`` (``host:port/token``, most likely on another
-    executor), or None if it cannot be reached or is not that home any more."""
-    where, _, token = address.partition("/")
-    host, _, port = where.rpartition(":")
+    executor) with ``credentials`` (:mod:`.home_channel`), or None if it cannot be reached, is
+    not that home any more or does not take them."""
     try:
-        sock = socket.create_connection((host, int(port)), timeout=OWNER_TIMEOUT_S)
-    except (OSError, ValueError):
+        return open_channel(address, credentials, OWNER_TIMEOUT_S)
+    except (OSError, ValueError, HomeLost):
         return None
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_frame(sock, AUTH, token.encode())
-        if read_frame(sock)[0] != AUTH:
-            raise HomeLost(address)
-    except (OSError, HomeLost):
-        sock.close()
-        return None
-    sock.settimeout(None)
-    return sock
 
 
 def _try_connect(path: str) -> socket.socket | None:
@@ -182,15 +210,15 @@ def _try_connect(path: str) -> socket.socket | None:
     return sock
 
 
-def _start(path: str, executor: ProcessRef) -> socket.socket:
+def _start(path: str, executor: ProcessRef, credentials: Credentials) -> socket.socket:
     _reap()
     log_path = path[: -len(".sock")] + ".log"
     if _can_fork():
-        home = _fork(path, executor, log_path)
+        home = _fork(path, executor, log_path, credentials)
         pid = home.pid if home is not None else None
         alive = home.alive if home is not None else lambda: False
     else:
-        process = _spawn(path, executor, log_path)
+        process = _spawn(path, executor, log_path, credentials)
         pid = process.pid
         alive = lambda: process.poll() is None  # noqa: E731
     deadline = time.monotonic() + HOME_START_TIMEOUT_S
@@ -222,7 +250,9 @@ def _can_fork() -> bool:
     )
 
 
-def _fork(path: str, executor: ProcessRef, log_path: str) -> ProcessRef | None:
+def _fork(
+    path: str, executor: ProcessRef, log_path: str, credentials: Credentials
+) -> ProcessRef | None:
     """Start the home by forking twice (so that it is nobody's child to reap, in a session of
     its own); the home's process, or None if it was gone before it could be named."""
     read_end, write_end = os.pipe()
@@ -235,7 +265,7 @@ def _fork(path: str, executor: ProcessRef, log_path: str) -> ProcessRef | None:
             home = os.fork()
             if home == 0:
                 os.close(write_end)
-                become(path, executor, HOME_IDLE_S, log_path)
+                become(path, executor, HOME_IDLE_S, log_path, credentials)
             os.write(write_end, str(home).encode())
             code = 0
         finally:
@@ -249,9 +279,15 @@ def _fork(path: str, executor: ProcessRef, log_path: str) -> ProcessRef | None:
     return ProcessRef.of(int(pid)) if pid else None
 
 
-def _spawn(path: str, executor: ProcessRef, log_path: str) -> subprocess.Popen[bytes]:
-    """Start the home as a new interpreter."""
-    with open(log_path, "ab") as log:
+def _spawn(
+    path: str, executor: ProcessRef, log_path: str, credentials: Credentials
+) -> subprocess.Popen[bytes]:
+    """Start the home as a new interpreter (which finds the secret as this worker did: it is
+    never on a command line)."""
+    security = (["--auth"] if credentials.secret else []) + (
+        ["--encrypt"] if credentials.encrypt else []
+    )
+    with os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
         process = subprocess.Popen(
             [
                 sys.executable,
@@ -263,6 +299,7 @@ def _spawn(path: str, executor: ProcessRef, log_path: str) -> subprocess.Popen[b
                 str(executor),
                 "--idle-s",
                 str(HOME_IDLE_S),
+                *security,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -315,14 +352,14 @@ def _peer(sock: socket.socket) -> tuple[str, int | None]:
 
 
 def run_in_home(
-    sock: socket.socket,
+    channel: Channel,
     job: bytes,
     batches: Iterator[pa.RecordBatch],
     what: str,
     silence_s: float | None = None,
 ) -> Generator[pa.RecordBatch, None, Any]:
     """Run ``job`` (a pickled :data:`~sparkstate.runtime.home.HomeJob`) in the home at the
-    other end of ``sock`` over ``batches``; yields its output and returns its result.
+    other end of ``channel`` over ``batches``; yields its output and returns its result.
 
     The input goes on a thread of its own while the output comes back, so neither side waits
     for the other's buffers. ``what`` names the task in errors. The home sends a heartbeat
@@ -330,18 +367,17 @@ def run_in_home(
     hangs: the task fails, and a home of this machine is killed, so that the retry starts a
     new one.
     """
-    home, pid = _peer(sock)
+    home, pid = _peer(channel.sock)
     sent: list[BaseException] = []
 
     def send_inputs() -> None:
         try:
             for batch in batches:
-                send_frame(sock, BATCH, encode_batch(batch))
-            send_frame(sock, END, b"")
+                channel.send(BATCH, encode_batch(batch))
+            channel.send(END, b"")
         except BaseException as exc:  # noqa: BLE001 - raised by the task's thread below
             sent.append(exc)
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            channel.shutdown()
 
     def failed(exc: BaseException) -> BaseException:
         if isinstance(exc, HomeSilent):
@@ -357,8 +393,7 @@ def run_in_home(
         return StateHomeError(msg)
 
     def hung() -> BaseException:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)  # frees the input's thread
+        channel.shutdown()  # frees the input's thread
         if pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -373,13 +408,13 @@ def run_in_home(
         return StateHomeError(msg)
 
     heartbeat_s = None if silence_s is None else silence_s / 4
-    send_frame(sock, JOB, pickle.dumps(([p for p in sys.path if p], heartbeat_s, job)))
+    channel.send(JOB, pickle.dumps(([p for p in sys.path if p], heartbeat_s, job)))
     sender = threading.Thread(target=send_inputs, name="sparkstate-home-input", daemon=True)
     sender.start()
     try:
         while True:
             try:
-                kind, payload = read_frame(sock, silence_s)
+                kind, payload = channel.read(silence_s)
             except (HomeLost, OSError) as exc:
                 raise failed(exc) from exc
             if kind == HEARTBEAT:
@@ -390,7 +425,7 @@ def run_in_home(
                 sender.join()
                 if sent:
                     raise failed(sent[0])
-                send_frame(sock, CONSUMED, b"")
+                channel.send(CONSUMED, b"")
             elif kind == RESULT:
                 sender.join()
                 result: Any = pickle.loads(payload)
@@ -403,7 +438,6 @@ def run_in_home(
             else:
                 raise failed(HomeLost(f"unexpected frame {kind!r}"))
     finally:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
+        channel.shutdown()
+        channel.close()
         sender.join(timeout=5.0)

@@ -16,7 +16,7 @@ takes no partition lock for it. Each answer says which versions
 the home holds, so that a reader sees a newer batch as soon as the query commits it.
 
     reader -> home   READ   {"op": "get", root, operator, partition, version} + physical keys
-                     READ   {"op": "scan", ..., "limit": n} + [start, end]
+                     READ   {"op": "scan", ..., "page": n} + [start, end]
     home -> reader   VALUES {"checkpoint_id", "held"} + values (get) or keys and values (scan)
                      REFUSED {"why", "held"}
 """
@@ -27,12 +27,12 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import struct
 from collections.abc import Sequence
 from typing import Any
 
-from sparkstate.runtime.home_wire import HomeLost, read_frame, send_frame
+from sparkstate.runtime.home_channel import Channel
+from sparkstate.runtime.home_wire import HomeLost
 from sparkstate.runtime.providers import PROVIDERS, ProviderCache
 from sparkstate.store.capabilities import ReadsLive
 
@@ -158,7 +158,7 @@ def answer(
         if len(keys) != 2:
             msg = "a scan gives its start and end keys"
             raise BadRequest(msg)
-        limit = _int(header, "limit", 1, MAX_SCAN_LIMIT)
+        limit = _int(header, "page", 1, MAX_SCAN_LIMIT)
         found = reads.live_scan(version, keys[0], keys[1], limit)
         if found is not None and attempt in (None, found[0]):
             flat = [b for pair in found[1] for b in pair]
@@ -167,9 +167,10 @@ def answer(
     return REFUSED, encode_message({"why": "version not held", "held": reads.live_versions()})
 
 
-def serve_reads(conn: socket.socket, payload: bytearray, max_frame: int) -> None:
-    """Answer the reader at the end of ``conn``, ``payload`` its first request, until it goes or
-    sends anything but a request. A malformed request is refused; the connection stays."""
+def serve_reads(channel: Channel, payload: bytes | bytearray) -> None:
+    """Answer the reader at the end of ``channel``, ``payload`` its first request, until it
+    goes or sends anything but a request. A malformed request is refused; the connection
+    stays."""
     kind = READ
     while kind == READ:
         try:
@@ -177,9 +178,12 @@ def serve_reads(conn: socket.socket, payload: bytearray, max_frame: int) -> None
             reply = answer(header, blobs)
         except BadRequest as exc:
             reply = REFUSED, encode_message({"why": f"bad request: {exc}", "held": []})
+        except Exception as exc:  # noqa: BLE001 - a read that failed (a store closing): refused
+            log.warning("state home %d: a live read failed: %r", os.getpid(), exc)
+            reply = REFUSED, encode_message({"why": f"failed: {exc!r}", "held": []})
         try:
-            send_frame(conn, *reply)
-            kind, payload = read_frame(conn, max_size=max_frame)
+            channel.send(*reply)
+            kind, payload = channel.read()
         except (HomeLost, OSError):
             return
     log.debug("state home %d: a reader sent a frame of kind %r: closed", os.getpid(), kind)
@@ -187,18 +191,19 @@ def serve_reads(conn: socket.socket, payload: bytearray, max_frame: int) -> None
 
 class HomeReader:
     """A reader's connection to one home (:func:`~sparkstate.runtime.home_client.connect_owner`
-    opens it): requests and their answers, one at a time."""
+    opens it, authenticated and encrypted as a task's): requests and their answers, one at a
+    time."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
 
     def request(
         self, header: dict[str, Any], blobs: Sequence[bytes | None]
     ) -> tuple[bool, dict[str, Any], list[bytes | None]]:
         """``(answered, header, blobs)``: the home's VALUES, or its REFUSED (``answered``
         False); :class:`HomeLost` if the connection fails."""
-        send_frame(self.sock, READ, encode_message(header, blobs))
-        kind, payload = read_frame(self.sock)
+        self.channel.send(READ, encode_message(header, blobs))
+        kind, payload = self.channel.read()
         if kind not in (VALUES, REFUSED):
             msg = f"a state home answered a read with a frame of kind {kind!r}"
             raise HomeLost(msg)
@@ -207,4 +212,4 @@ class HomeReader:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self.sock.close()
+            self.channel.close()

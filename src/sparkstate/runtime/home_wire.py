@@ -15,6 +15,12 @@ committed; it waits for CONSUMED, which the worker sends once Spark has taken ev
 so that a version is committed only after its output reached Spark (as a task in the worker does).
 ERROR may come at any moment and ends the conversation. A batch travels as an Arrow IPC stream of
 its own (schema and one record batch).
+
+Over TCP a conversation opens with a handshake and its frames may be sealed
+(:mod:`.home_channel`). A reader refuses what it cannot take (:class:`FrameRefused`): a frame
+longer than its limit (a few hundred bytes before a connection is authenticated,
+:data:`MAX_FRAME` after) or, sealed, one that does not open; memory for a long frame is taken as
+its bytes arrive, not at its announced length.
 """
 
 from __future__ import annotations
@@ -34,10 +40,12 @@ __all__ = [
     "CONSUMED",
     "END",
     "ERROR",
+    "MAX_FRAME",
     "FINISHED",
     "HEARTBEAT",
     "JOB",
     "RESULT",
+    "FrameRefused",
     "HomeLost",
     "HomeSilent",
     "decode_batch",
@@ -49,10 +57,17 @@ __all__ = [
 
 JOB, BATCH, END, CONSUMED, FINISHED, RESULT, ERROR = b"J", b"B", b"E", b"C", b"F", b"R", b"X"
 #: A connection over TCP (a task on another executor) opens with the home's token; the home
-#: answers AUTH when it matches and closes the connection when it does not.
+#: answers AUTH when it matches and closes the connection when it does not
+#: (:mod:`.home_channel`, where the application's secret is asked for too).
 AUTH = b"A"
 HEARTBEAT = b"H"
 _HEADER = struct.Struct("!cQ")
+#: The longest frame a reader takes (2 GiB less the 16 bytes of a sealed frame's tag: the most
+#: AES-GCM seals in one call, and Spark's own bound on an Arrow batch).
+MAX_FRAME = 2**31 - 1 - 16
+#: Frames up to this size are read into a buffer of their announced size; a longer one grows
+#: as its bytes arrive, so that a length that lies costs no memory.
+_PREALLOCATE = 64 << 20
 
 
 class HomeLost(ConnectionError):
@@ -63,29 +78,56 @@ class HomeSilent(HomeLost):
     """The other side said nothing, not even a heartbeat, for the reader's silence limit."""
 
 
-def send_frame(sock: socket.socket, kind: bytes, payload: bytes | memoryview | pa.Buffer) -> None:
+class FrameRefused(HomeLost):
+    """A frame the reader does not take: longer than its limit, or sealed and not opening (a
+    wrong key, a frame changed, dropped or replayed on the way)."""
+
+
+def send_frame(
+    sock: socket.socket,
+    kind: bytes,
+    payload: bytes | bytearray | memoryview | pa.Buffer,
+    max_size: int = MAX_FRAME,
+) -> None:
+    """Send one frame; :class:`ValueError` (nothing sent) if its payload is longer than
+    ``max_size``, which the reader would refuse."""
     view = memoryview(payload)  # pa.Buffer exposes the buffer protocol: no copy
+    if view.nbytes > max_size:
+        msg = (
+            f"a frame of {view.nbytes} bytes is longer than the {max_size} a state home takes "
+            "(an Arrow batch that large: lower spark.sql.execution.arrow.maxRecordsPerBatch)"
+        )
+        raise ValueError(msg)
     sock.sendall(_HEADER.pack(kind, view.nbytes))
     if view.nbytes:
         sock.sendall(view)
 
 
 def read_frame(
-    sock: socket.socket, silence_s: float | None = None, max_size: int | None = None
+    sock: socket.socket, silence_s: float | None = None, max_size: int = MAX_FRAME
 ) -> tuple[bytes, bytearray]:
-    """The next frame; :class:`HomeLost` if the peer closed the connection or announced a
-    frame longer than ``max_size`` bytes, :class:`HomeSilent` if it sent nothing for
-    ``silence_s`` seconds (None: wait as long as it takes)."""
+    """The next frame; :class:`HomeLost` if the peer closed the connection, :class:`HomeSilent`
+    if it sent nothing for ``silence_s`` seconds (None: wait as long as it takes),
+    :class:`FrameRefused` if its length is more than ``max_size`` (its payload left unread)."""
     header = _read_exact(sock, _HEADER.size, silence_s)
     kind, size = _HEADER.unpack(header)
-    if max_size is not None and size > max_size:
-        msg = f"a frame of {size} bytes announced, more than the {max_size} allowed"
-        raise HomeLost(msg)
+    if size > max_size:
+        msg = f"a frame {kind!r} of {size} bytes, more than the {max_size} taken here"
+        raise FrameRefused(msg)
     return kind, _read_exact(sock, size, silence_s)
 
 
 def _read_exact(sock: socket.socket, size: int, silence_s: float | None = None) -> bytearray:
-    buf = bytearray(size)
+    if size <= _PREALLOCATE:
+        return _read_into(sock, bytearray(size), silence_s)
+    buf = bytearray()
+    while len(buf) < size:
+        buf += _read_into(sock, bytearray(min(_PREALLOCATE, size - len(buf))), silence_s)
+    return buf
+
+
+def _read_into(sock: socket.socket, buf: bytearray, silence_s: float | None) -> bytearray:
+    size = len(buf)
     view = memoryview(buf)
     got = 0
     while got < size:
@@ -115,7 +157,7 @@ def encode_batch(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
-def decode_batch(payload: bytearray) -> pa.RecordBatch:
+def decode_batch(payload: bytes | bytearray) -> pa.RecordBatch:
     with pa.ipc.open_stream(pa.py_buffer(payload)) as reader:
         return reader.read_next_batch()
 
@@ -131,5 +173,5 @@ def pickled_error(exc: BaseException, where: str) -> bytes:
         return pickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}\n{note}"))
 
 
-def unpickle(payload: bytearray) -> Any:
+def unpickle(payload: bytes | bytearray) -> Any:
     return pickle.loads(payload)

@@ -45,6 +45,13 @@ def default_local_dir() -> str:
     )
 
 
+#: Settings the engine takes from Spark's own, never from a query's options.
+_FROM_SPARK = {
+    "home_auth": "spark.authenticate",
+    "home_encrypt": "spark.network.crypto.enabled or spark.ssl.enabled",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class StoreConf:
     """Settings of a provider. Defaults work out of the box; every field is validated."""
@@ -89,6 +96,13 @@ class StoreConf:
     #: rows to the state home holding it, instead of a Spark stage
     #: (:mod:`sparkstate.engine.run.direct_batch`); 0: never.
     direct_batch_rows: int = 10_000
+    #: State homes take a TCP connection only from a process that proves it knows the
+    #: application's secret (Spark's ``spark.authenticate``; :mod:`sparkstate.runtime.
+    #: home_channel`). Set by the engine from the session, not by an option.
+    home_auth: bool = False
+    #: ... and encrypt what goes over it (Spark's ``spark.network.crypto.enabled`` or
+    #: ``spark.ssl.enabled``, with ``home_auth``). Set by the engine from the session.
+    home_encrypt: bool = False
     num_partitions: int | None = None
     #: Memory provider: how many recent versions to keep in memory.
     max_versions_in_memory: int = 2
@@ -117,6 +131,9 @@ class StoreConf:
             if getattr(self, name) < 0:
                 msg = f"{name} must be >= 0, got {getattr(self, name)}"
                 raise ConfigurationError(msg)
+        if self.home_encrypt and not self.home_auth:
+            msg = "home_encrypt needs home_auth (the key comes from the application's secret)"
+            raise ConfigurationError(msg)
         if self.num_partitions is not None and self.num_partitions < 1:
             msg = f"num_partitions must be >= 1, got {self.num_partitions}"
             raise ConfigurationError(msg)
@@ -129,6 +146,9 @@ class StoreConf:
         for key, raw in options.items():
             if key not in fields:
                 msg = f"unknown state store option {key!r}; known: {sorted(fields)}"
+                raise ConfigurationError(msg)
+            if key in _FROM_SPARK:
+                msg = f"state store option {key!r} is not an option: Spark's {_FROM_SPARK[key]}"
                 raise ConfigurationError(msg)
             default = fields[key].default
             try:

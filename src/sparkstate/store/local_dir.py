@@ -7,10 +7,17 @@ use it; the holder records itself in the lock file (for the error message of a p
 in vain, and the address where it takes requests to let go: :mod:`.handoff`), opens ``db/`` and
 closes it before releasing the lock so the next process can open it. A process that dies loses its
 flock in the kernel, and RocksDB's own ``LOCK`` with it.
+
+A store's directory is its user's alone (mode 0700: RocksDB writes its files with the umask's
+mode, and a directory others cannot enter keeps them from those files whatever their mode), and
+so is the default root (``sparkstate-<uid>`` in the temp dir, refused if another user owns it:
+:func:`sparkstate.files.private.private_dir`). A root the user chose is made 0700 if it is
+missing and otherwise left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -18,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 from types import TracebackType
 
@@ -29,6 +37,8 @@ from sparkstate.exceptions import (
 )
 from sparkstate.files.durable import why
 from sparkstate.files.file_lock import FileLock
+from sparkstate.files.private import DIR_MODE, private_dir
+from sparkstate.store.conf import default_local_dir
 from sparkstate.store.handoff import ask_to_release
 
 __all__ = ["DB_DIR_NAME", "LOCK_FILE_NAME", "LocalStoreDir", "LockHolder", "local_key"]
@@ -127,13 +137,29 @@ class LocalStoreDir:
 
     def _try_acquire(self, owner: str, handoff: str | None) -> bool:
         try:
-            os.makedirs(self.path, exist_ok=True)
+            self._make_private()
             return self._lock.try_acquire(self._record(owner, handoff))
         except StateStoreError:
             raise
         except OSError as exc:  # a full disk, a directory without permission
             msg = f"cannot take the local store directory {self.path}: {why(exc)}"
             raise StateFileError(msg) from exc
+
+    def _make_private(self) -> None:
+        """The store's directory, made (or narrowed) to mode 0700, under its root (see the
+        module)."""
+        if os.path.abspath(self.root) == os.path.abspath(default_local_dir()):
+            private_dir(self.root)
+        elif not os.path.isdir(self.root):
+            os.makedirs(os.path.dirname(os.path.abspath(self.root)), exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.root, DIR_MODE)
+        try:
+            os.mkdir(self.path, DIR_MODE)
+        except FileExistsError:
+            st = os.stat(self.path)
+            if stat.S_IMODE(st.st_mode) != DIR_MODE and st.st_uid == os.getuid():
+                os.chmod(self.path, DIR_MODE)  # a copy kept by an earlier version
 
     @staticmethod
     def _record(owner: str, handoff: str | None = None) -> str:

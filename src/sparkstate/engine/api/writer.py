@@ -35,6 +35,7 @@ from sparkstate.engine.run.table_sink import default_source, table_sink
 from sparkstate.engine.spark.clock import with_clock
 from sparkstate.engine.spark.conf import python_workers_per_executor, store_options_from_spark
 from sparkstate.engine.spark.errors import SparkIllegalArgumentError
+from sparkstate.engine.spark.security import prepare_homes, with_home_security
 from sparkstate.engine.spark.session import is_connect, on_server
 from sparkstate.engine.spark.versions import require
 from sparkstate.engine.spark.workers import check_workers
@@ -438,7 +439,7 @@ class DataStreamWriter:
 
     def _store_conf(self, spark: Any) -> tuple[StoreConf, float]:
         """The store's options (``stateStore.*``, over Spark's own state store settings of the
-        session), checked; the maintenance interval."""
+        session) with the session's security settings, checked; the maintenance interval."""
         from_spark = store_options_from_spark(spark)
         opts = {
             **{_STORE_PREFIX + k: v for k, v in from_spark.items()},
@@ -449,7 +450,8 @@ class DataStreamWriter:
             for k, v in opts.items()
             if k.startswith(_STORE_PREFIX) and k != _MAINTENANCE
         }
-        return StoreConf.from_options(store_opts), float(opts.get(_MAINTENANCE, "30"))
+        conf = with_home_security(spark, StoreConf.from_options(store_opts))
+        return conf, float(opts.get(_MAINTENANCE, "30"))
 
     def _checkpoint_location(self, spark: Any) -> str:
         chk = self._options.get("checkpointLocation")
@@ -487,6 +489,15 @@ class DataStreamWriter:
             num_partitions=num_partitions,
             python_workers=conf.python_workers or python_workers_per_executor(spark),
         )
+        if conf.state_home and conf.home_auth:
+            if is_connect(spark):
+                msg = (
+                    "spark.authenticate is on: a Spark Connect client cannot hand the "
+                    "application's secret to the state homes; set the query's option "
+                    "stateStore.state_home to false, or run it from a classic session"
+                )
+                raise ConfigurationError(msg)
+            prepare_homes(spark, conf)
         store = StoreSettings(checkpoint.state_root, provider_spec, conf, maintenance_s)
         sink_opts = {
             k: v
@@ -533,6 +544,7 @@ class DataStreamWriter:
             writer = writer.trigger(**self._trigger)
         spark_query = writer.start()
         handle = StreamingQuery(spark_query, driver, lock, sink, stages, log_, relay)
+        handle.sparkSession = spark
         # The first batch goes on from here.
         driver.started(str(spark_query.runId), getattr(spark_query, "_jsq", None))
         return handle

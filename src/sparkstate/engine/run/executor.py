@@ -15,7 +15,6 @@ import functools
 import gc
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -29,6 +28,7 @@ from sparkstate.engine.run.batch_payload import PAYLOAD_KEY, SPARK_BATCH_KEY, sp
 from sparkstate.exceptions import QueryError
 from sparkstate.runtime import home_client
 from sparkstate.runtime.home import HomeTask, release_free_memory
+from sparkstate.runtime.home_channel import Channel, Credentials
 from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.providers import PROVIDERS
 from sparkstate.runtime.records import TaskFailure, TaskReport
@@ -156,7 +156,7 @@ def run_in_owner(
     """The task of ``partition`` run from the driver in the state home that holds the
     partition (``spec.owners``) over ``batches``: its output, or None if that home cannot be
     reached (:mod:`sparkstate.engine.run.direct_batch`)."""
-    sock = home_client.connect_owner(spec.owners[partition])
+    sock = home_client.connect_owner(spec.owners[partition], _credentials(spec))
     if sock is None:
         return None
     job = functools.partial(_task_in_home, spec, partition, reports, Attempt(), None)
@@ -168,7 +168,7 @@ def snapshot_in_owner(spec: TaskSpec, partition: int, owner: str) -> bool:
     """Snapshot the partition's newest version in ``owner``, the state home that holds it (a
     query that stops cleanly, from the driver); whether one was written. An owner that cannot
     be reached holds nothing to write."""
-    sock = home_client.connect_owner(owner)
+    sock = home_client.connect_owner(owner, _credentials(spec))
     if sock is None:
         return False
     job = functools.partial(_snapshot_in_home, spec, partition)
@@ -176,9 +176,7 @@ def snapshot_in_owner(spec: TaskSpec, partition: int, owner: str) -> bool:
     return bool(_result_in_home(sock, job, what, spec.store.conf.home_timeout_s))
 
 
-def _result_in_home(
-    sock: socket.socket, job: Callable[..., Any], what: str, silence_s: float
-) -> Any:
+def _result_in_home(sock: Channel, job: Callable[..., Any], what: str, silence_s: float) -> Any:
     """What a job without input or output returns, run in the home at the end of ``sock``."""
     output = home_client.run_in_home(sock, _dumps(job), iter(()), what, silence_s)
     while True:
@@ -199,7 +197,14 @@ def _dumps(job: Callable[..., Any]) -> bytes:
     return cloudpickle.dumps(job)  # type: ignore[no-any-return,no-untyped-call]
 
 
-def _home(spec: TaskSpec, partition: int) -> socket.socket | None:
+def _credentials(spec: TaskSpec) -> Credentials:
+    """What this process shows the query's homes (:func:`~sparkstate.runtime.home_client.
+    credentials`): the secret when Spark's ``spark.authenticate`` is on."""
+    conf = spec.store.conf
+    return home_client.credentials(conf.home_auth, conf.home_encrypt)
+
+
+def _home(spec: TaskSpec, partition: int) -> Channel | None:
     """A connection to the partition's state home, or None: the task runs in this worker.
 
     The home is the partition's owner (the home that committed its last version, maybe on
@@ -213,8 +218,9 @@ def _home(spec: TaskSpec, partition: int) -> socket.socket | None:
         return None
     slot = partition % max(1, spec.store.conf.python_workers)
     owner = spec.owners.get(partition)
-    if owner is not None and owner != home_client.local_address(executor, slot):
-        sock = home_client.connect_owner(owner)
+    credentials = _credentials(spec)
+    if owner is not None and owner != home_client.local_address(executor, slot, credentials):
+        sock = home_client.connect_owner(owner, credentials)
         if sock is not None:
             return sock
         log.warning(
@@ -224,7 +230,7 @@ def _home(spec: TaskSpec, partition: int) -> socket.socket | None:
             spec.op_id,
             owner.partition("/")[0],
         )
-    return home_client.connect(executor, slot)
+    return home_client.connect(executor, slot, credentials)
 
 
 #: The PySpark task context of the job that runs on each thread of a home.

@@ -114,6 +114,8 @@ class StreamingQuery(SparkStreamingQuery):
         self._released = False
         self._relay = relay
         self._remote = lock is None
+        #: The session the query started in (its ``writeStream`` set it).
+        self.sparkSession: Any = None
         with _active_lock:
             _active[log_.root] = self
         if not self._remote:  # Spark's own Python listeners see the state operators too
