@@ -108,6 +108,9 @@ class HomeTask:
     inputs: Iterator[pa.RecordBatch]
     ready: Callable[[], None]
     address: str
+    #: The home's executor (``host/executor-id``) and its cores (:func:`executor_identity`).
+    executor: str = ""
+    cores: int = 0
 
 
 #: A home's job: ``job(task)`` yields the output batches and returns the result.
@@ -142,17 +145,38 @@ def advertised_host(executor: ProcessRef | None = None) -> str:
         return "127.0.0.1"
 
 
-def _executor_hostname(executor: ProcessRef | None) -> str | None:
+def _executor_args(executor: ProcessRef | None) -> list[bytes]:
     if executor is None:
-        return None
+        return []
     try:
         with open(f"/proc/{executor.pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
+            return f.read().split(b"\0")
     except OSError:
+        return []
+
+
+def _arg(args: list[bytes], name: bytes) -> str | None:
+    """The value of option ``name`` on an executor's command line (None: a local master's
+    driver JVM has none)."""
+    if name not in args[:-1]:
         return None
-    if b"--hostname" not in args[:-1]:
-        return None  # a local master: the driver's JVM
-    return args[args.index(b"--hostname") + 1].decode() or None
+    return args[args.index(name) + 1].decode() or None
+
+
+def _executor_hostname(executor: ProcessRef | None) -> str | None:
+    return _arg(_executor_args(executor), b"--hostname")
+
+
+def executor_identity(executor: ProcessRef | None) -> tuple[str, int]:
+    """Which executor this is, as ``host/executor-id``, and its cores: the ``--hostname``,
+    ``--executor-id`` and ``--cores`` Spark starts an executor's JVM with; ``driver`` and this
+    machine's CPUs under a local master (whose one executor is the driver's JVM)."""
+    args = _executor_args(executor)
+    executor_id, cores = _arg(args, b"--executor-id"), _arg(args, b"--cores")
+    if executor_id is None:
+        return "driver", os.cpu_count() or 1
+    host = _arg(args, b"--hostname") or "?"
+    return f"{host}/{executor_id}", int(cores) if cores and cores.isdigit() else 1
 
 
 class Home:
@@ -180,8 +204,9 @@ class Home:
         self._handshakes: dict[socket.socket, float] = {}
         self._refusals = _Refusals()
         #: Where the tasks of other executors reach this home (``host:port/token``), once it
-        #: serves.
+        #: serves, and its executor and the executor's cores (:func:`executor_identity`).
         self.address = ""
+        self.executor, self.cores = "", 0
 
     def stop(self) -> None:
         self._stop.set()
@@ -200,6 +225,7 @@ class Home:
         tcp.settimeout(1.0)
         token = secrets.token_hex(16)
         self.address = f"{host}:{tcp.getsockname()[1]}/{token}"
+        self.executor, self.cores = executor_identity(self.parent)
         _write_atomic(address_file(self.path), self.address)
         _write_atomic(pid_file(self.path), str(os.getpid()))
         threading.Thread(target=self._accept, args=(tcp, token), daemon=True).start()
@@ -269,7 +295,7 @@ class Home:
                 if channel is None:
                     return
                 served = True
-                _run_job(channel, f"state home {os.getpid()}", self.address)
+                _run_job(channel, f"state home {os.getpid()}", self)
             release_free_memory()  # the job's objects are gone now
         finally:
             with self._guard:
@@ -368,7 +394,7 @@ class _Replies:
                 return
 
 
-def _run_job(channel: Channel, where: str, address: str) -> None:
+def _run_job(channel: Channel, where: str, home: Home) -> None:
     try:
         kind, payload = channel.read()
         if kind == READ:  # a live reader's requests (no job, nothing pickled)
@@ -407,7 +433,7 @@ def _run_job(channel: Channel, where: str, address: str) -> None:
     try:
         sys.path.extend(p for p in paths if p not in sys.path)
         job: HomeJob = pickle.loads(job_bytes)
-        output = job(HomeTask(iter(inputs), ready, address))
+        output = job(HomeTask(iter(inputs), ready, home.address, home.executor, home.cores))
         while True:
             try:
                 batch = next(output)

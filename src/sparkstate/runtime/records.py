@@ -76,6 +76,10 @@ class TaskReport:
     num_output_rows_dropped: int = 0
     #: The address of the state home the attempt ran in (None: it ran in its Python worker).
     home: str | None = None
+    #: The state homes the attempt saw, as (address, executor, the executor's cores): the one
+    #: it ran in, and the one its worker keeps on its own executor where that is another (the
+    #: driver spreads partitions over the executors it hears of so).
+    homes_seen: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def rows_in_state(self) -> int:
@@ -101,6 +105,9 @@ class TaskReport:
                 **data,
                 "operator": OperatorMetrics.from_dict(data["operator"]),
                 "store": StoreReport(**data["store"]),
+                "homes_seen": tuple(
+                    (str(a), str(e), int(c)) for a, e, c in data.get("homes_seen", ())
+                ),
             }
         )
 
@@ -176,6 +183,8 @@ class OperatorCommit:
     #: The state home that holds each partition's committed version (its owner): the next
     #: batch's tasks send the partition's input there, wherever Spark runs them.
     homes: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: The executor (``host/executor-id``) of each partition's home, where its task said.
+    executors: dict[int, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of_written(
@@ -200,6 +209,7 @@ class OperatorCommit:
             checkpoint_ids={r.partition: r.checkpoint_id for r in ordered},
             num_rows_total=sum(r.rows_in_state for r in reports),
             homes={r.partition: r.home for r in ordered if r.home},
+            executors={r.partition: r.homes_seen[0][1] for r in ordered if r.homes_seen},
         )
 
 
@@ -249,6 +259,11 @@ class BatchCommit:
                             if entry.homes
                             else {}
                         ),
+                        **(
+                            {"executors": {str(p): e for p, e in entry.executors.items()}}
+                            if entry.executors
+                            else {}
+                        ),
                     }
                     for op, entry in self.operators.items()
                 },
@@ -268,6 +283,7 @@ class BatchCommit:
                     checkpoint_ids={int(p): c for p, c in entry["checkpoint_ids"].items()},
                     num_rows_total=int(entry.get("num_rows_total", 0)),
                     homes={int(p): str(h) for p, h in entry.get("homes", {}).items()},
+                    executors={int(p): str(e) for p, e in entry.get("executors", {}).items()},
                 )
                 for op, entry in data["operators"].items()
             },

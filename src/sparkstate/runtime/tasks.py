@@ -114,6 +114,9 @@ class Attempt:
     pid: int = dataclasses.field(default_factory=os.getpid)
     #: The address of the state home running the attempt (None: its Python worker).
     home: str | None = None
+    #: The state homes the attempt saw (:attr:`~sparkstate.runtime.records.TaskReport.
+    #: homes_seen`).
+    homes_seen: tuple[tuple[str, str, int], ...] = ()
 
 
 def run_task(
@@ -210,4 +213,5 @@ def _report(
         pid=attempt.pid,
         num_output_rows_dropped=dropped,
         home=attempt.home,
+        homes_seen=attempt.homes_seen,
     )

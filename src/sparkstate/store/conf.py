@@ -96,6 +96,11 @@ class StoreConf:
     #: rows to the state home holding it, instead of a Spark stage
     #: (:mod:`sparkstate.engine.run.direct_batch`); 0: never.
     direct_batch_rows: int = 10_000
+    #: Spread the state partitions over the executors in proportion to their cores, moving a
+    #: partition from an executor that holds more than its share to one that holds less before
+    #: a batch (:mod:`sparkstate.engine.run.placement`); off, a partition stays in the home
+    #: that holds it for as long as that home can be reached.
+    balance_homes: bool = True
     #: State homes take a TCP connection only from a process that proves it knows the
     #: application's secret (Spark's ``spark.authenticate``; :mod:`sparkstate.runtime.
     #: home_channel`). Set by the engine from the session, not by an option.

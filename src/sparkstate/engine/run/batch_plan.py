@@ -78,6 +78,8 @@ class RunPlan:
         self.input_rows: int | None = None
         #: Why no batch of the run runs from the driver any more (None: they may).
         self.direct_off: str | None = None
+        #: How many executors hold the state homes the last batch reported (None: unknown).
+        self.executors_placed: int | None = None
 
     def task_function(self, stage: Stage, spec: TaskSpec) -> TaskFunction:
         """The task function of ``stage`` for the run (``spec``: its spec in any batch)."""

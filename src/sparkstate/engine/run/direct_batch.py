@@ -105,7 +105,23 @@ def wanted(
     rows = _rows_read(plan)
     if rows is None or rows > conf.direct_batch_rows:
         return None
+    if conf.balance_homes and _executors_unplaced(plan, config.num_partitions):
+        return None
     return stage
+
+
+def _executors_unplaced(plan: RunPlan, num_partitions: int) -> bool:
+    """Whether the application has executors that hold no state home the driver knows of (one
+    joined): a batch through Spark's tasks reaches them, and the next batch spreads the
+    partitions over them too (:mod:`sparkstate.engine.run.placement`)."""
+    if plan.executors_placed is None or plan.spark_query is None:
+        return False
+    try:
+        tracker = plan.spark_query.sparkSession().sparkContext().statusTracker()
+        executors = len(tracker.getExecutorInfos()) - 1  # (the driver is one of them)
+    except Exception:  # noqa: BLE001 - a status that cannot be read: run as before
+        return False
+    return plan.executors_placed < min(executors, num_partitions)
 
 
 def _rows_read(plan: RunPlan) -> int | None:

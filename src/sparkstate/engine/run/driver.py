@@ -30,6 +30,7 @@ from sparkstate.engine.run.attempts import CountedAttempts
 from sparkstate.engine.run.batch_job import engine_settings, run_stages, snapshot_at_stop
 from sparkstate.engine.run.batch_plan import RunPlan
 from sparkstate.engine.run.driver_config import DriverConfig
+from sparkstate.engine.run.placement import HomeSeen, Placement
 from sparkstate.engine.run.sinks import Sink
 from sparkstate.engine.run.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
 from sparkstate.engine.spark.session import is_connect
@@ -91,6 +92,8 @@ class BatchDriver:
         self.last_batch: int | None = None
         #: The state homes holding the version the next batch loads (from the last commit).
         self._owners: dict[int, dict[int, str]] = {}
+        #: The homes the last batch's tasks reported, to spread the partitions over.
+        self._placement = Placement()
         #: Which task attempts Spark kept in a batch's job (made at the first batch; None under
         #: Spark Connect).
         self._counted: CountedAttempts | None = None
@@ -282,6 +285,7 @@ class BatchDriver:
         self._check_stop()  # the last moment before the batch's Spark job
         with engine_settings(session, self.config.num_partitions):
             reports, timings = self._execute(df, batch_id, intent, lineage)
+            self._placement.saw(HomeSeen(*h) for r in reports for h in r.homes_seen)
         sink_started = time.time()
         _finish(self.sink, batch_id)
         timings["sinkFinish"] = int((time.time() - sink_started) * 1000)
@@ -370,6 +374,8 @@ class BatchDriver:
             )
             raise QueryError(msg)
         self._owners = previous.owners()  # the state homes that hold version ``batch_id``
+        if self.config.store.conf.balance_homes:
+            self._owners = self._placement.owners(self._owners)
         return previous.lineage()
 
     def _execute(
@@ -388,6 +394,8 @@ class BatchDriver:
             self._counted_made = True
         if self._plan is not None and self._plan.spark_query is None:
             self._plan.spark_query = self._spark_query  # known once start() returned
+        if self._plan is not None:
+            self._plan.executors_placed = self._placement.executors()
         return run_stages(
             self.config,
             self.stages,

@@ -25,9 +25,9 @@ from pyspark import TaskContext, cloudpickle
 from sparkstate.engine.plan.arbitrary.user_state import use_spark_errors
 from sparkstate.engine.run.attempts import CountedAttempts
 from sparkstate.engine.run.batch_payload import PAYLOAD_KEY, SPARK_BATCH_KEY, spec_in_batch
-from sparkstate.exceptions import QueryError
+from sparkstate.exceptions import QueryError, StateHomeError
 from sparkstate.runtime import home_client
-from sparkstate.runtime.home import HomeTask, release_free_memory
+from sparkstate.runtime.home import HomeTask, ProcessRef, executor_identity, release_free_memory
 from sparkstate.runtime.home_channel import Channel, Credentials
 from sparkstate.runtime.logs import ReportDir
 from sparkstate.runtime.providers import PROVIDERS
@@ -101,10 +101,12 @@ def _run(
         )
         raise QueryError(msg)
     try:
-        sock = _home(spec, partition)
+        sock, own_home = _home(spec, partition)
         if sock is None:
             yield from run_task(spec, partition, batches, reports, attempt)
         else:
+            if own_home is not None:
+                attempt = dataclasses.replace(attempt, homes_seen=(own_home,))
             context = _task_context_fields()
             job = functools.partial(_task_in_home, spec, partition, reports, attempt, context)
             what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
@@ -141,7 +143,7 @@ def _freeze_imports() -> None:
 
 def commit_untouched_task(spec: TaskSpec, partition: int) -> TaskReport:
     """:func:`~sparkstate.runtime.tasks.commit_untouched`, in the partition's home if it has one."""
-    sock = _home(spec, partition)
+    sock, _ = _home(spec, partition)
     if sock is None:
         return commit_untouched(spec, partition)
     job = functools.partial(_untouched_in_home, spec, partition)
@@ -204,25 +206,27 @@ def _credentials(spec: TaskSpec) -> Credentials:
     return home_client.credentials(conf.home_auth, conf.home_encrypt)
 
 
-def _home(spec: TaskSpec, partition: int) -> Channel | None:
-    """A connection to the partition's state home, or None: the task runs in this worker.
+def _home(spec: TaskSpec, partition: int) -> tuple[Channel | None, tuple[str, str, int] | None]:
+    """A connection to the partition's state home, or None: the task runs in this worker; and
+    this executor's own home of the slot where the task runs in another executor's (started
+    if need be, so that the driver hears of this executor: :mod:`.placement`).
 
     The home is the partition's owner (the home that committed its last version, maybe on
     another executor) while it can be reached, else this executor's home of its slot: the
     partition moves here, once.
     """
     if not spec.store.conf.state_home:
-        return None
+        return None, None
     executor = home_client.executor_process()
     if executor is None:
-        return None
+        return None, None
     slot = partition % max(1, spec.store.conf.python_workers)
     owner = spec.owners.get(partition)
     credentials = _credentials(spec)
     if owner is not None and owner != home_client.local_address(executor, slot, credentials):
         sock = home_client.connect_owner(owner, credentials)
         if sock is not None:
-            return sock
+            return sock, _own_home(executor, slot, credentials)
         log.warning(
             "partition %d of operator %d: its state home %s cannot be reached; the partition "
             "moves to this executor",
@@ -230,7 +234,21 @@ def _home(spec: TaskSpec, partition: int) -> Channel | None:
             spec.op_id,
             owner.partition("/")[0],
         )
-    return home_client.connect(executor, slot, credentials)
+    return home_client.connect(executor, slot, credentials), None
+
+
+def _own_home(
+    executor: ProcessRef, slot: int, credentials: Credentials
+) -> tuple[str, str, int] | None:
+    """This executor's home of ``slot`` (address, executor, cores), started if need be."""
+    address = home_client.local_address(executor, slot, credentials)
+    if address is None:
+        with contextlib.suppress(StateHomeError, OSError):
+            home_client.connect(executor, slot, credentials).close()
+        address = home_client.local_address(executor, slot, credentials)
+    if address is None:
+        return None
+    return (address, *executor_identity(executor))
 
 
 #: The PySpark task context of the job that runs on each thread of a home.
@@ -291,7 +309,10 @@ def _task_in_home(
     """The job a state home runs for a task (pickled by reference: the home imports this), in
     the worker's task context (``context``: what ``TaskContext.get()`` answers the user's
     functions)."""
-    here = dataclasses.replace(attempt, pid=os.getpid(), home=task.address)  # reported
+    seen = ((task.address, task.executor, task.cores), *attempt.homes_seen)
+    here = dataclasses.replace(  # reported
+        attempt, pid=os.getpid(), home=task.address, homes_seen=seen
+    )
     try:
         with _running_task(context):
             yield from run_task(

@@ -1,0 +1,99 @@
+"""State partitions spread over the executors, and an executor that joins takes its share.
+
+On the two-executor cluster (one core each), a query's four state partitions stay in the state
+homes that hold them; left alone, they stay where batch 0's tasks happened to land. Before each
+batch the driver moves partitions from an executor that holds more than its share to one that
+holds less (:mod:`sparkstate.engine.run.placement`): from batch 2 on, the executors hold two
+partitions each. Then a third worker starts, and its executor holds a partition within three
+batches. The output equals that of Spark's own aggregation over the same files throughout (a
+partition that moves restores its state from the checkpoint, fenced as any move).
+
+The last module of the cluster's package: it leaves a third worker's executor behind it, ended.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import sparkstate as ss
+from sparkstate import functions as SF
+
+from .conftest import Cluster, Worker, wait_for_executors
+from .helpers import LOCAL_DIR, SCHEMA, Collector, FileFeed, make_batches, read_commit
+
+pytestmark = pytest.mark.cluster
+
+BATCHES = make_batches(seed=11, num_batches=10, rows_per_batch=800, num_keys=1500)
+#: The batch before which the third worker starts.
+JOIN_AT = 5
+
+
+def held(checkpoint: Path, batch_id: int) -> dict[str, int]:
+    """Executor -> the partitions its homes hold after batch ``batch_id`` (the commit says)."""
+    executors = read_commit(checkpoint, batch_id)["operators"]["0"].get("executors", {})
+    assert len(executors) == 4, executors
+    return dict(collections.Counter(executors.values()))
+
+
+def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
+    cluster: Cluster, cluster_spark: SparkSession, tmp_path: Path
+) -> None:
+    feed = FileFeed(tmp_path / "input")
+    ours, theirs = Collector(), Collector()
+    checkpoint = tmp_path / "ours"
+    q_ours = (
+        ss.stream(feed.stream(cluster_spark, SCHEMA))
+        .groupBy("k", "g")
+        .agg(SF.count("*").alias("n"), SF.sum("v").alias("total"))
+        .writeStream.outputMode("update")
+        .foreachBatch(ours)
+        .option("checkpointLocation", str(checkpoint))
+        .option("stateStore", "rocksdb")
+        .option("stateStore.local_dir", LOCAL_DIR)
+        .start()
+    )
+    q_spark = (
+        feed.stream(cluster_spark, SCHEMA)
+        .groupBy("k", "g")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("total"))
+        .writeStream.outputMode("update")
+        .foreachBatch(theirs)
+        .option("checkpointLocation", str(tmp_path / "spark"))
+        .start()
+    )
+    joined = Worker("w-joined", tmp_path / "w-joined")
+    spread: dict[int, dict[str, int]] = {}
+    try:
+        for b, rows in enumerate(BATCHES):
+            if b == JOIN_AT:
+                cluster.workers.append(joined)
+                cluster.start_worker(joined)
+                wait_for_executors(cluster_spark, 3)
+            feed.add(rows)
+            q_ours.processAllAvailable()
+            q_spark.processAllAvailable()
+            spread[b] = held(checkpoint, b)
+    finally:
+        q_ours.stop()
+        q_spark.stop()
+        if joined.proc is not None:
+            cluster.kill_worker(joined)
+        if joined in cluster.workers:
+            cluster.workers.remove(joined)
+    print("\npartitions per executor, per batch:")
+    for b, counts in spread.items():
+        print(f"  batch {b}: {dict(sorted(counts.items()))}")
+    for b in range(2, JOIN_AT):
+        assert sorted(spread[b].values()) == [2, 2], spread
+    after = [spread[b] for b in range(JOIN_AT, JOIN_AT + 3)]
+    assert any(len(c) == 3 and sorted(c.values()) == [1, 1, 2] for c in after), spread
+    last = spread[len(BATCHES) - 1]
+    assert len(last) == 3 and max(last.values()) - min(last.values()) <= 1, spread
+    assert sorted(ours.batches) == list(range(len(BATCHES)))
+    for b in range(len(BATCHES)):
+        assert ours.batches[b] == theirs.batches[b], f"batch {b}: our output differs from Spark's"
