@@ -6,7 +6,9 @@ batch the driver moves partitions from an executor that holds more than its shar
 holds less (:mod:`sparkstate.engine.run.placement`): from batch 2 on, the executors hold two
 partitions each. Then a third worker starts, and its executor holds a partition within three
 batches. The output equals that of Spark's own aggregation over the same files throughout (a
-partition that moves restores its state from the checkpoint, fenced as any move).
+partition that moves restores its state from the checkpoint, fenced as any move). Live reads of
+the state after each batch equal Spark's output so far, from the homes, and after the third
+worker is killed (its executor lost), from the checkpoint for the partitions it held.
 
 The last module of the cluster's package: it leaves a third worker's executor behind it, ended.
 """
@@ -14,6 +16,7 @@ The last module of the cluster's package: it leaves a third worker's executor be
 from __future__ import annotations
 
 import collections
+import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +25,18 @@ from pyspark.sql import functions as F
 
 import sparkstate as ss
 from sparkstate import functions as SF
+from sparkstate.observe.live import LiveState
 
 from .conftest import Cluster, Worker, wait_for_executors
-from .helpers import LOCAL_DIR, SCHEMA, Collector, FileFeed, make_batches, read_commit
+from .helpers import (
+    LOCAL_DIR,
+    SCHEMA,
+    Collector,
+    FileFeed,
+    final_state,
+    make_batches,
+    read_commit,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -38,6 +50,20 @@ def held(checkpoint: Path, batch_id: int) -> dict[str, int]:
     executors = read_commit(checkpoint, batch_id)["operators"]["0"].get("executors", {})
     assert len(executors) == 4, executors
     return dict(collections.Counter(executors.values()))
+
+
+def read_live(live: LiveState, theirs: Collector, batch_id: int) -> set[str]:
+    """Read every key live: the state after ``batch_id``, each key's count and sum as Spark's
+    output so far has them; where the reads came from."""
+    live.refresh()
+    want = final_state({b: theirs.batches[b] for b in range(batch_id + 1)})
+    keys = [{"k": k, "g": g} for k, g in want]
+    found = live.get_many(keys)
+    assert {f.batch_id for f in found} == {batch_id}
+    # (the aggregation buffers under Spark's names, as the state reader shows them)
+    got = {(f.key["k"], f.key["g"]): (f.value["count"], f.value["sum"]) for f in found}
+    assert got == {key: (row[2], row[3]) for key, row in want.items()}
+    return {f.source for f in found}
 
 
 def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
@@ -68,6 +94,8 @@ def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
     )
     joined = Worker("w-joined", tmp_path / "w-joined")
     spread: dict[int, dict[str, int]] = {}
+    sources: dict[int, set[str]] = {}
+    live: LiveState | None = None
     try:
         for b, rows in enumerate(BATCHES):
             if b == JOIN_AT:
@@ -78,7 +106,19 @@ def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
             q_ours.processAllAvailable()
             q_spark.processAllAvailable()
             spread[b] = held(checkpoint, b)
+            live = live or ss.state(q_ours)
+            sources[b] = read_live(live, theirs, b)
+        # The joined executor lost: its partitions are read from the checkpoint, the same.
+        # (its homes end within a second of their executor; until then they answer, the same)
+        cluster.kill_worker(joined)
+        deadline = time.monotonic() + 30
+        lost = read_live(live, theirs, len(BATCHES) - 1)
+        while "checkpoint" not in lost and time.monotonic() < deadline:
+            time.sleep(0.5)
+            lost = read_live(live, theirs, len(BATCHES) - 1)
     finally:
+        if live is not None:
+            live.close()
         q_ours.stop()
         q_spark.stop()
         if joined.proc is not None:
@@ -94,6 +134,8 @@ def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
     assert any(len(c) == 3 and sorted(c.values()) == [1, 1, 2] for c in after), spread
     last = spread[len(BATCHES) - 1]
     assert len(last) == 3 and max(last.values()) - min(last.values()) <= 1, spread
+    assert all(sources[b] == {"home"} for b in sources), sources
+    assert lost == {"home", "checkpoint"}, lost
     assert sorted(ours.batches) == list(range(len(BATCHES)))
     for b in range(len(BATCHES)):
         assert ours.batches[b] == theirs.batches[b], f"batch {b}: our output differs from Spark's"

@@ -87,6 +87,8 @@ __all__ = [
 
 log = logging.getLogger("sparkstate.home")
 
+#: How often a thread holding the GIL in a home is asked to let it go (Python's default: 5 ms).
+READ_SWITCH_S = 0.001
 #: A home's process name (what ``ps`` and ``pgrep`` show; at most 15 characters).
 PROCESS_NAME = "sparkstate-home"
 #: How long a TCP connection has to complete its handshake.
@@ -461,6 +463,9 @@ def serve(
     credentials: Credentials = NO_CREDENTIALS,
     handshake_s: float = HANDSHAKE_TIMEOUT_S,
 ) -> str:
+    # A live read waits for the GIL a task's thread holds: ask the holder to let go every
+    # millisecond instead of every 5 (Python's default), so that a read waits at most that.
+    sys.setswitchinterval(READ_SWITCH_S)
     home = Home(path, parent, idle_s, credentials, handshake_s)
     signal.signal(signal.SIGTERM, lambda *_: home.stop())
     return home.run()
