@@ -22,7 +22,9 @@ from sparkstate.operators.aggregation.aggregate import (
     WindowKey,
     buffer_column,
 )
-from sparkstate.operators.aggregation.session_window import SessionWindowAggregate
+from sparkstate.operators.aggregation.session_window import ENDS_CF, SessionWindowAggregate
+from sparkstate.store.families import cf_prefix
+from sparkstate.store.versions.versioned import VersionedProvider
 
 from .conftest import OperatorRunner, at, ms
 
@@ -141,3 +143,21 @@ def test_sessions_merge_with_state_and_close_once(make_runner: Runner) -> None:
     assert out.num_rows == 0  # emitted once
     out, _ = runner.run([], "complete")
     assert [(r["session"]["start"], r["n"]) for r in out.to_pylist()] == [(at(60), 1)]
+
+
+def test_session_eviction_removes_the_index_entries_as_one_range(make_runner: Runner) -> None:
+    """The index of ends loses the evicted sessions' entries in one range deletion: the
+    version's changelog has no row for them, and the sessions left are counted right."""
+    runner = make_runner(session_op())
+    runner.run(session_rows([100], range(50)) + session_rows([5], range(50, 80)), "append")
+    out, m = runner.run([], "append", watermark_ms=ms(50))
+    assert out.num_rows == 30 and m.num_rows_removed == 30 and m.num_rows_total == 50
+    provider = runner.provider
+    assert isinstance(provider, VersionedProvider)
+    log = provider.read_changelog(provider.index().resolve(2, None, provider.delta_ext, "test"))
+    ends = cf_prefix(ENDS_CF)
+    assert [lo for lo, _ in log.delete_ranges] == [ends]
+    keys = [k for chunk, _ in log.chunks() for k in chunk]
+    assert not [k for k in keys if k.startswith(ends)]
+    out, m = runner.run(session_rows([104], range(2)), "append", watermark_ms=ms(50))
+    assert out.num_rows == 0 and m.num_rows_total == 50

@@ -166,6 +166,23 @@ class TimestampIndex:
         if up_to < _INT64_MAX:
             store.mark_removed(None, encode_ts(up_to + 1), self.cf_name)
 
+    def remove_due(self, store: StateStore, up_to: int) -> None:
+        """Remove every entry with ``ts <= up_to`` (flush first) as one range deletion, and
+        count them off: the store records one range, not a delete per entry, and the next
+        versions' :meth:`due` start past it."""
+        if up_to >= _INT64_MAX:
+            self.extend_removals(self.due(store, up_to))
+            self.flush(store)
+            return
+        removed = store.remove_range(None, encode_ts(up_to + 1), self.cf_name)
+        if self.count_cf is None or not removed:
+            return
+        counted = store.get((self.cf_name,), self.count_cf)
+        if counted is None:  # no count kept yet: the entries left, counted once
+            store.put((self.cf_name,), (self._scanned(store),), self.count_cf)
+        else:
+            store.put((self.cf_name,), (int(counted[0]) - removed,), self.count_cf)
+
     def size(self, store: StateStore) -> int:
         """The number of entries (flush first): the count where one is kept, else a scan."""
         return self.stored_keys(store)[0]

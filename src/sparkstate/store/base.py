@@ -124,6 +124,15 @@ class StateStore(ABC):
         for k in keys:
             self.raw_delete(k)
 
+    def raw_delete_range(self, start: bytes, end: bytes, first: bytes) -> int:
+        """Delete every key with ``start <= key < end``, pending writes included; no key is
+        there below ``first`` (a range known to be empty). Returns the keys removed. This
+        default deletes each key it finds; a provider that records a range deletion overrides
+        it."""
+        keys = [k for k, _ in self.raw_scan(first, end)]
+        self.raw_delete_many(keys)
+        return len(keys)
+
     @abstractmethod
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Pairs with ``start <= key < end`` in ascending byte order, pending writes included."""
@@ -387,6 +396,24 @@ class StateStore(ABC):
         lo, hi = prefix + (start or b""), prefix + end
         if hi > lo:
             self.gaps.setdefault(cf, {})[lo] = hi
+
+    def remove_range(self, start: bytes | None, end: bytes, cf: str = DEFAULT_CF) -> int:
+        """Remove every key of family ``cf`` from encoded ``start`` (None: the family's start)
+        up to encoded ``end`` (exclusive), this version's writes there included, and return how
+        many there were (counted as removed rows). An eviction up to the watermark over keys
+        ordered by time: the built-in providers record it as one range deletion (one changelog
+        record, one RocksDB range tombstone), not a delete per key. The range is then known to
+        be empty (:meth:`mark_removed`); a key written into it later is kept."""
+        self._writable()
+        prefix = self.column_family(cf).prefix
+        lo, hi = prefix + (start or b""), prefix + end
+        if hi <= lo:
+            return 0
+        first = min(max(prefix + (self.scan_start(start, cf) or b""), lo), hi)
+        removed = self.raw_delete_range(lo, hi, first)
+        self._num_removed += removed
+        self.mark_removed(start, end, cf)
+        return removed
 
     def _written_into_gaps(self, cf: str, pkeys: Sequence[bytes]) -> None:
         """Narrow the family's empty ranges to end before the keys just written into them."""

@@ -192,6 +192,8 @@ class MemoryStateStore(StateStore):
         self.snapshots_skipped = 0
         #: Entries the load wrote into a copy of a cached version (None: loaded from a snapshot).
         self.replayed: int | None = 0
+        #: The key ranges this version removed (``remove_range``), for its delta, in order.
+        self._ranges: list[tuple[bytes, bytes]] = []
 
     def raw_get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
@@ -225,6 +227,20 @@ class MemoryStateStore(StateStore):
         gone = list(keys) if None not in popped else list(itertools.compress(keys, popped))
         self._changes.update(dict.fromkeys(gone))
         self._order.removed(gone, family)  # scans skip them until the order drops them
+
+    def raw_delete_range(self, start: bytes, end: bytes, first: bytes) -> int:
+        """Remove the range's keys from the map (found in the family's key order) and its
+        earlier writes from the delta, which records the range instead."""
+        keys, data = self._sorted_keys(first, end), self._data
+        found = keys[bisect.bisect_left(keys, first) : bisect.bisect_left(keys, end)]
+        gone = [k for k in found if k in data]
+        collections.deque(map(data.pop, gone), maxlen=0)
+        changes = self._changes
+        for k in [k for k in changes if start <= k < end]:
+            del changes[k]
+        self._order.removed(gone, family_of(start))
+        self._ranges.append((start, end))
+        return len(gone)
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         keys, data = self._sorted_keys(start, end), self._data
@@ -291,13 +307,16 @@ class MemoryStateStore(StateStore):
         ref = VersionRef(self.version + 1, new_checkpoint_id())
         keys = list(self._changes)
         values = list(self._changes.values())
-        self._delta_bytes = self._provider.write_changelog(ref, self._base, keys, values)
+        self._delta_bytes = self._provider.write_changelog(
+            ref, self._base, keys, values, delete_ranges=self._ranges
+        )
         self._provider.remember(ref, self._data, self._order, written=self._written())
         self._provider.keep_gaps(ref, self.gaps)
         self.checkpoint_id = ref.checkpoint_id
 
     def _abort(self) -> None:
         self._changes.clear()
+        self._ranges.clear()
 
 
 class MemoryStateStoreProvider(VersionedProvider):
@@ -394,7 +413,9 @@ class MemoryStateStoreProvider(VersionedProvider):
             # decoded anyway; smaller chunks only slow the bulk calls down); a failure part way
             # leaves ``data``, a map of its own that nothing caches, behind.
             for ref in plan.changelogs:
-                for keys, values in self.read_changelog(ref).chunks(max_rows=None):
+                delta = self.read_changelog(ref)
+                shared = _remove_ranges(data, delta.delete_ranges, shared)
+                for keys, values in delta.chunks(max_rows=None):
                     _apply(data, keys, values)
                     shared = None if shared is None else shared + len(keys)
             if read_only:  # a writable store's version is cached when it commits
@@ -497,6 +518,18 @@ class MemoryStateStoreProvider(VersionedProvider):
         self._cache.clear()
         self._orders.clear()
         self._written.clear()
+
+
+def _remove_ranges(
+    data: dict[bytes, bytes], ranges: list[tuple[bytes, bytes]], shared: int | None
+) -> int | None:
+    """Remove the keys of a delta's ``ranges`` from ``data`` (a pass over the map: the key
+    order starts again after a load); ``shared`` counts them as entries written."""
+    for lo, hi in ranges:
+        gone = [k for k in data if lo <= k < hi]
+        collections.deque(map(data.pop, gone), maxlen=0)
+        shared = None if shared is None else shared + len(gone)
+    return shared
 
 
 def _apply(data: dict[bytes, bytes], keys: list[bytes], values: list[bytes | None]) -> None:

@@ -13,7 +13,8 @@ State, in three column families:
 * ``session_starts``: ``keys -> starts``, the key's session starts (int64 microseconds packed in
   order), so a batch finds every session of its keys with two multi-gets, never a scan;
 * ``session_ends``: an ``(end, session key)`` index, so eviction is one range scan up to the
-  watermark and reads only what it evicts; ``$session_ends_count`` keeps its number of entries.
+  watermark and reads only what it evicts, and removes the index's entries as one range
+  deletion (``StateStore.remove_range``); ``$session_ends_count`` keeps its number of entries.
 
 ``numRowsTotal`` counts the sessions, as Spark counts its state rows: the index's entries, one a
 session, known without a scan (:mod:`..ts_index`).
@@ -474,9 +475,7 @@ class SessionWindowAggregate(StatefulOperator):
         keys = decode_keys(fam, pks)
         out = self._finish(keys, values)
         store.remove_encoded_many(pks)
-        ends.extend_removals(due)
-        ends.flush(store)
-        ends.removed_due(store, ctx.watermark_ms * 1000)
+        ends.remove_due(store, ctx.watermark_ms * 1000)
         # The keys' start lists lose the evicted starts.
         width = self._start_width
         slot: dict[bytes, int] = {}

@@ -307,6 +307,19 @@ class LocalDB:
         self._iterators.add(gen)
         return gen
 
+    def keys_in(self, start: bytes, end: bytes) -> list[bytes]:
+        """The keys with ``start <= key < end`` ascending (reserved keys aside), without their
+        values."""
+        db = self._live()
+        end = min(end, RESERVED_PREFIX)
+        if start >= end:
+            return []
+        try:
+            keys = db.keys(from_key=start or None, read_opt=_upper_bound(end))
+            return list(cast("Iterator[bytes]", keys))
+        except Exception as exc:
+            _raise_translated(exc, "iterate", self.path)
+
     def last_key(self, start: bytes, end: bytes) -> bytes | None:
         """The largest key with ``start <= key < end`` (reserved keys aside), by one seek; None
         when there is none."""

@@ -274,7 +274,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 "checkpoint_id": ref.checkpoint_id,
                 "num_keys": num_keys,
             }
-            db.apply_batch(changelog.rows(), marker)
+            db.apply_batch(changelog.rows(), marker, delete_ranges=changelog.delete_ranges)
             self._stats["changelogsReplayed"] += 1
             self._phases.changelogs_replayed += 1
         self._phases.replay_changelog_ms = (time.perf_counter() - started) * 1000
@@ -315,11 +315,17 @@ class RocksDBStateStoreProvider(VersionedProvider):
         return copy
 
     def applied(
-        self, ref: VersionRef, keys: list[bytes], values: list[bytes | None], num_keys: int
+        self,
+        ref: VersionRef,
+        keys: list[bytes],
+        values: list[bytes | None],
+        num_keys: int,
+        removed: set[bytes] | None = None,
     ) -> None:
-        """The database took version ``ref``'s writes: so does the copy, while it fits."""
+        """The database took version ``ref``'s writes (after its range deletions, which
+        removed the stored keys ``removed``): so does the copy, while it fits."""
         copy = self._copy
-        if copy is not None and copy.live and not copy.apply(ref, keys, values):
+        if copy is not None and copy.live and not copy.apply(ref, keys, values, removed):
             self._copy = None
             self._copy_refused_at = num_keys
             if self._db is not None:

@@ -3,9 +3,11 @@
 Reads see the overlay first, then the copy of a small state in memory (:mod:`.value_copy`) or
 the database (a multi-get of only the keys that can be stored, see
 :meth:`RocksDBStateStore._fetch`). The row count is kept without extra reads where
-the keys written were read before. Commit writes the version's changelog through the provider,
-then applies the overlay and the version marker to RocksDB in one WriteBatch; abort drops the
-overlay, so it costs nothing and needs no reload.
+the keys written were read before. A key range removed (``remove_range``) is kept as the range
+and the stored keys it covers, which reads and scans pass over. Commit writes the version's
+changelog through the provider, then applies the ranges (as RocksDB range deletions), the
+overlay and the version marker to RocksDB in one WriteBatch; abort drops the overlay, so it
+costs nothing and needs no reload.
 """
 
 from __future__ import annotations
@@ -45,7 +47,12 @@ class StoreHost(Protocol):
     corrupt_snapshots_skipped: int
 
     def applied(
-        self, ref: VersionRef, keys: list[bytes], values: list[bytes | None], num_keys: int
+        self,
+        ref: VersionRef,
+        keys: list[bytes],
+        values: list[bytes | None],
+        num_keys: int,
+        removed: set[bytes] | None = None,
     ) -> None: ...
     def drop_copy(self) -> None: ...
     def keep_gaps(self, ref: VersionRef, gaps: dict[str, dict[bytes, bytes]]) -> None: ...
@@ -58,6 +65,8 @@ class StoreHost(Protocol):
         keys: Sequence[bytes],
         values: Sequence[bytes | None],
         extra: dict[str, Any] | None = None,
+        *,
+        delete_ranges: Sequence[tuple[bytes, bytes]] = (),
     ) -> int: ...
     def memory_used_bytes(self, db: LocalDB) -> int: ...
     def counters_since_report(self, *, take: bool) -> dict[str, float]: ...
@@ -130,6 +139,11 @@ class RocksDBStateStore(StateStore):
         self._statistics = db.statistics()
         #: Per column family prefix, its largest key in the database (see ``_family_tops``).
         self._tops: dict[bytes, bytes] | None = None
+        #: The key ranges this version removed (``remove_range``), in order, applied before the
+        #: overlay at the commit, and the stored keys they cover, which reads pass over. A key
+        #: of the overlay in a range was written after the range's removal.
+        self._ranges: list[tuple[bytes, bytes]] = []
+        self._ranged: set[bytes] = set()
 
     @property
     def base_ref(self) -> VersionRef | None:
@@ -140,6 +154,8 @@ class RocksDBStateStore(StateStore):
         value = self._pending.get(key, _MISSING)
         if value is not _MISSING:
             return value  # type: ignore[return-value]
+        if key in self._ranged:
+            return None
         got = self._fetch([key])[0]
         if self._track:
             self._existed[key] = got is not None
@@ -202,15 +218,18 @@ class RocksDBStateStore(StateStore):
         return self._tops
 
     def raw_get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        pending = self._pending
-        misses = [k for k in keys if k not in pending] if pending else list(keys)
+        pending, ranged = self._pending, self._ranged
+        if ranged:
+            misses = [k for k in keys if k not in pending and k not in ranged]
+        else:
+            misses = [k for k in keys if k not in pending] if pending else list(keys)
         fetched = self._fetch(misses)
         if self._track and not self._read_only:
             self._existed.update(zip(misses, map(operator.is_not, fetched, _NONES), strict=True))
-        if len(misses) == len(keys):  # no key written in this version
+        if len(misses) == len(keys):  # no key written or removed in this version
             return fetched
         found = dict(zip(misses, fetched, strict=True))
-        return [pending[k] if k in pending else found[k] for k in keys]
+        return [pending[k] if k in pending else found.get(k) for k in keys]
 
     def raw_put(self, key: bytes, value: bytes) -> None:
         self._counted = None
@@ -230,6 +249,26 @@ class RocksDBStateStore(StateStore):
         self._counted = None
         self._pending.update(dict.fromkeys(keys))
 
+    def raw_delete_range(self, start: bytes, end: bytes, first: bytes) -> int:
+        """Keep the range, drop the overlay's writes in it, and note the stored keys it covers
+        (one scan of keys, from ``first``): for reads, the row count and the copy in memory."""
+        self._counted = None
+        pending = self._pending
+        inside = [k for k in pending if start <= k < end]
+        if any(k < first for k in inside):  # deletes of stored keys the empty range counts
+            first = start
+        stored = [k for k in self._db.keys_in(first, end) if k not in self._ranged]
+        removed = len(stored)
+        if inside:
+            was_stored = set(stored)
+            for k in inside:
+                written = pending.pop(k) is not None
+                if written != (k in was_stored):  # a put of a new key, a delete of a stored one
+                    removed += 1 if written else -1
+        self._ranges.append((start, end))
+        self._ranged.update(stored)
+        return removed
+
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         for k, v in self._merged(start, end):
             if v is not None:
@@ -245,7 +284,7 @@ class RocksDBStateStore(StateStore):
     def raw_scan_chunks(
         self, start: bytes, end: bytes, skip: int, chunk: int
     ) -> Iterator[tuple[list[bytes], list[bytes]]]:
-        if any(start <= k < end for k in self._pending):
+        if any(start <= k < end for k in self._pending) or self._removed_in(start, end):
             yield from super().raw_scan_chunks(start, end, skip, chunk)
             return
         # No write of this version in the range: the database's rows, a chunk per step.
@@ -258,10 +297,18 @@ class RocksDBStateStore(StateStore):
     def _merged(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes | None]]:
         """Stored pairs and pending writes (None: a delete) with ``start <= key < end``, in
         key order, a pending write in place of the stored pair of its key."""
-        pending = self._pending
+        pending, ranged = self._pending, self._ranged
         overlay = sorted((k, v) for k, v in pending.items() if start <= k < end)
-        stored = ((k, v) for k, v in self._db.iterate(start, end) if k not in pending)
+        stored: Iterator[tuple[bytes, bytes | None]] = (
+            (k, v) for k, v in self._db.iterate(start, end) if k not in pending
+        )
+        if self._removed_in(start, end):
+            stored = ((k, v) for k, v in stored if k not in ranged)
         return heapq.merge(stored, overlay)
+
+    def _removed_in(self, start: bytes, end: bytes) -> bool:
+        """Whether a range this version removed meets ``[start, end)``."""
+        return any(lo < end and start < hi for lo, hi in self._ranges)
 
     def _count_after_writes(self) -> int:
         """Exact number of keys once the overlay is applied (reads unknown existence in bulk);
@@ -274,10 +321,13 @@ class RocksDBStateStore(StateStore):
         if not self._track:
             self._counted = -1
             return self._counted
-        existed = self._existed
-        # Every written key that was stored goes, every one that is not a delete comes back.
-        if existed:
+        existed, ranged = self._existed, self._ranged
+        # Every written key that was stored goes, every one that is not a delete comes back;
+        # the stored keys of the ranges removed go (a key written there since is not stored).
+        if existed or ranged:
             known = list(map(existed.get, keys))  # None: not read yet
+            if ranged:
+                known = [False if k in ranged else e for k, e in zip(keys, known, strict=True)]
             gone = known.count(True)
             unknown = list(itertools.compress(keys, map(operator.is_, known, _NONES)))
         else:
@@ -285,6 +335,7 @@ class RocksDBStateStore(StateStore):
         if unknown:
             found = self._fetch(unknown, in_key_order=True)
             gone += len(found) - found.count(None)
+        gone += len(ranged)
         self._counted = self._base_keys - gone + len(values) - values.count(None)
         return self._counted
 
@@ -311,7 +362,12 @@ class RocksDBStateStore(StateStore):
         keys, values = self._in_order
         start = time.perf_counter()
         changelog_bytes = self._provider.write_changelog(
-            ref, self._base, keys, values, {"num_keys": self._num_keys}
+            ref,
+            self._base,
+            keys,
+            values,
+            {"num_keys": self._num_keys},
+            delete_ranges=self._ranges,
         )
         self.phases.changelog_ms = (time.perf_counter() - start) * 1000
         self.phases.puts = len(keys)
@@ -321,11 +377,11 @@ class RocksDBStateStore(StateStore):
             "num_keys": self._num_keys,
         }
         try:
-            self._db.apply_batch(zip(keys, values, strict=True), marker)
+            self._db.apply_batch(zip(keys, values, strict=True), marker, delete_ranges=self._ranges)
         except BaseException:
             self._provider.drop_copy()  # the database may not have taken them
             raise
-        self._provider.applied(ref, keys, values, self._num_keys)
+        self._provider.applied(ref, keys, values, self._num_keys, self._ranged)
         self._provider.keep_gaps(ref, self.gaps)
         self.checkpoint_id = ref.checkpoint_id
         self._final = {"changelogBytesWritten": changelog_bytes}
@@ -333,6 +389,8 @@ class RocksDBStateStore(StateStore):
 
     def _abort(self) -> None:
         self._pending.clear()
+        self._ranges.clear()
+        self._ranged = set()
         self._counted = None
         self._in_order = ([], [])
 

@@ -12,11 +12,12 @@ it is dropped, and its partition reads RocksDB as before; a large state never ha
 
 from __future__ import annotations
 
+import collections
 import itertools
 import operator
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sparkstate.store.rocksdb.local import RESERVED_PREFIX, LocalDB
 from sparkstate.store.sizes import map_size_bytes
@@ -82,10 +83,19 @@ class ValueCopy:
                 return None
         return copy
 
-    def apply(self, ref: VersionRef, keys: Sequence[bytes], values: Sequence[bytes | None]) -> bool:
-        """Apply the writes of version ``ref`` (a None value deletes its key), which the
-        database has applied; False, with the copy dropped, when it would pass the budget."""
+    def apply(
+        self,
+        ref: VersionRef,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        removed: Iterable[bytes] | None = None,
+    ) -> bool:
+        """Apply the writes of version ``ref`` (a None value deletes its key) after the keys its
+        range deletions ``removed``, as the database has; False, with the copy dropped, when it
+        would pass the budget."""
         held = self.values
+        if removed:
+            collections.deque(map(held.pop, removed, itertools.repeat(None)), maxlen=0)
         held.update(zip(keys, values, strict=True))  # type: ignore[arg-type]
         if None in values:
             for key in itertools.compress(keys, map(operator.is_, values, _NONES)):

@@ -4,6 +4,11 @@ A changelog (``.changelog`` for rocksdb, ``.delta`` for memory) and a memory sna
 format: a JSON header and an Arrow IPC stream of ``(key: binary, value: binary or null = delete)``,
 inside a checksummed, compressed frame. A reader checks the frame and reads the header at once,
 and decodes the rows a chunk at a time as they are asked for.
+
+A version that removed whole key ranges (``StateStore.remove_range``: an eviction up to the
+watermark) records each as one ``[start, end)`` pair in the header's ``delete_ranges`` (hex),
+applied before the rows: a key the version wrote into a range after removing it is a row. A file
+without the field (every file written before it existed) removed no range.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from sparkstate.store.frames import Frame, check_frame, encode_frame
 __all__ = [
     "BATCH_ROWS",
     "CHUNK_ROWS",
+    "DELETE_RANGES",
     "Changelog",
     "ChangelogReader",
     "decode_changelog",
     "encode_changelog",
+    "ranges_field",
+    "ranges_of",
 ]
 
 _SCHEMA = pa.schema([("key", pa.binary(), False), ("value", pa.binary(), True)])
@@ -36,6 +44,8 @@ BATCH_ROWS = 1 << 20
 #: Rows a reader turns into Python objects at a time.
 CHUNK_ROWS = 1 << 16
 _DECODE_ERRORS = (ValueError, OSError, struct.error, pa.ArrowInvalid)
+#: The header field of the key ranges a version removed, applied before its rows.
+DELETE_RANGES = "delete_ranges"
 
 
 @dataclasses.dataclass
@@ -50,10 +60,26 @@ class Changelog:
     def parent(self) -> tuple[int, str] | None:
         return _parent(self.header)
 
+    @property
+    def delete_ranges(self) -> list[tuple[bytes, bytes]]:
+        return ranges_of(self.header)
+
 
 def _parent(header: dict[str, Any]) -> tuple[int, str] | None:
     p = header.get("parent")
     return None if p is None else (int(p[0]), str(p[1]))
+
+
+def ranges_field(ranges: Sequence[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The header field recording ``ranges`` (none: no field, as files before it had)."""
+    if not ranges:
+        return {}
+    return {DELETE_RANGES: [[lo.hex(), hi.hex()] for lo, hi in ranges]}
+
+
+def ranges_of(header: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+    """The ``[start, end)`` key ranges a header says its version removed, in order."""
+    return [(bytes.fromhex(lo), bytes.fromhex(hi)) for lo, hi in header.get(DELETE_RANGES, ())]
 
 
 def encode_changelog(
@@ -107,6 +133,14 @@ class ChangelogReader:
     @property
     def parent(self) -> tuple[int, str] | None:
         return _parent(self.header)
+
+    @property
+    def delete_ranges(self) -> list[tuple[bytes, bytes]]:
+        """The key ranges the version removed, applied before its rows (see the module)."""
+        try:
+            return ranges_of(self.header)
+        except (TypeError, ValueError) as exc:
+            raise self._corrupt(exc) from exc
 
     def _corrupt(self, exc: Exception) -> CorruptStateFileError:
         return CorruptStateFileError(f"corrupt state file {self.where}: {exc}")

@@ -38,7 +38,7 @@ from sparkstate.store.evolution import value_codec_for
 from sparkstate.store.families import ColumnFamily
 from sparkstate.store.schema_file import schema_description, write_rescaled_schema
 from sparkstate.store.spark_metrics import SNAPSHOT_LAST_UPLOADED, instance_metric
-from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog
+from sparkstate.store.versions.changelog import ChangelogReader, encode_changelog, ranges_field
 from sparkstate.store.versions.layout import (
     VersionIndex,
     VersionRef,
@@ -167,10 +167,14 @@ class VersionedProvider(
         keys: Sequence[bytes],
         values: Sequence[bytes | None],
         extra: dict[str, Any] | None = None,
+        *,
+        delete_ranges: Sequence[tuple[bytes, bytes]] = (),
     ) -> int:
-        """Write the changelog of ``ref`` (``extra`` goes into its header); returns its size."""
+        """Write the changelog of ``ref`` (``extra`` goes into its header): the key ranges it
+        removed, then its rows. Returns its size."""
         header: dict[str, Any] = {
             **(extra or {}),
+            **ranges_field(delete_ranges),
             "version": ref.version,
             "checkpoint_id": ref.checkpoint_id,
             "parent": None if parent is None else [parent.version, parent.checkpoint_id],
@@ -200,7 +204,45 @@ class VersionedProvider(
         ref = self.resolve(version, checkpoint_id, self.index())
         if ref is None:  # version 0 is made by no changes
             return iter(())
-        return _family_changes(self.read_changelog(ref), self.families[cf].prefix, chunk_rows)
+        log = self.read_changelog(ref)
+        fam = self.families[cf]
+        lo, hi = fam.prefix, fam.end_of_family()
+        ranges = [(max(a, lo), min(b, hi)) for a, b in log.delete_ranges if a < hi and lo < b]
+        if not ranges:
+            return _family_changes(log, fam.prefix, chunk_rows)
+        parent = log.parent
+        return self._changes_with_ranges(
+            log, None if parent is None else VersionRef(*parent), fam, ranges, chunk_rows
+        )
+
+    def _changes_with_ranges(
+        self,
+        log: ChangelogReader,
+        parent: VersionRef | None,
+        fam: ColumnFamily,
+        ranges: list[tuple[bytes, bytes]],
+        chunk_rows: int,
+    ) -> Iterator[Changes]:
+        """A family's changes where the version removed key ranges: its rows, then a delete of
+        each key the ranges removed, read from the version before (``parent``) and each once
+        (a key written again after the range's removal is one of the rows)."""
+        written: set[bytes] = set()
+        for keys, values in _family_changes(log, fam.prefix, chunk_rows):
+            written.update(keys)
+            yield keys, values
+        if parent is None:  # the empty version: the ranges removed nothing
+            return
+        cut = len(fam.prefix)
+        store = self.get_read_store(parent.version, parent.checkpoint_id)
+        try:
+            for lo, hi in ranges:
+                for found, _ in store.raw_scan_chunks(lo, hi, cut, chunk_rows):
+                    gone = [k for k in found if k not in written]
+                    written.update(gone)
+                    if gone:
+                        yield gone, [None] * len(gone)
+        finally:
+            store.abort()
 
     def describe_files(self) -> StoredFiles:
         index = self.index()
