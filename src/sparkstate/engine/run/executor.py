@@ -327,5 +327,8 @@ def _task_in_home(
 def _untouched_in_home(
     spec: TaskSpec, partition: int, task: HomeTask
 ) -> Generator[pa.RecordBatch, None, TaskReport]:
-    return commit_untouched(spec, partition)
+    report = commit_untouched(spec, partition)
+    # (the home holds the partition's version now: its owner, as a task's report says)
+    here = ((task.address, task.executor, task.cores),)
+    return dataclasses.replace(report, home=task.address, homes_seen=here)
     yield  # a generator: the home runs every job as one

@@ -103,3 +103,30 @@ class EncodedKeyContract(ContractBase):
         assert store.metrics().num_keys == 0
         assert store.commit() == 3
         assert list(provider.get_read_store(3).range_scan_encoded()) == []
+
+    def test_a_removed_range_is_gone_in_its_version_and_after_a_reload(
+        self, factory: ProviderFactory
+    ) -> None:
+        """``remove_range`` removes the committed keys and this version's writes in the range,
+        keeps those outside it and a key written into it after, counts what it removed, and
+        what a reload from the durable files reads agrees."""
+        provider = factory.open()
+        store = provider.get_store(0)
+        keys, values = _encoded(store)
+        order = sorted(range(len(keys)), key=lambda i: keys[i])
+        keys, values = [keys[i] for i in order], [values[i] for i in order]
+        store.put_encoded_many(keys[:3], values[:3])
+        store.commit()
+        store = provider.get_store(1)
+        store.put_encoded_many(keys[3:], values[3:])  # pending, outside the range
+        store.put_encoded_many(keys[1:2], values[1:2])  # pending, inside it
+        assert store.remove_range(None, keys[2]) == 2  # keys[0] and keys[1]
+        store.put_encoded_many(keys[:1], values[:1])  # written back into the range: kept
+        expected = [(keys[i], values[i]) for i in (0, 2, 3)]
+        assert list(store.range_scan_encoded()) == expected
+        assert store.get_encoded(keys[1]) is None
+        assert store.remove_range(keys[2], keys[2]) == 0  # an empty range removes nothing
+        store.commit()
+        assert list(provider.get_read_store(2).range_scan_encoded()) == expected
+        reader = factory.reopen().get_read_store(2)
+        assert list(reader.range_scan_encoded()) == expected
