@@ -120,10 +120,10 @@ class ProviderCache:
         """The provider of a partition, for a live read (which takes no partition lock: see
         :class:`~sparkstate.store.capabilities.ReadsLive`), if this process holds it."""
         wanted = _same_root(root)
-        with self._guard:
-            for key, provider in self._providers.items():
-                if key[1:] == (operator, partition) and _same_root(key[0]) == wanted:
-                    return provider
+        # (a task's thread may add a provider meanwhile: the items are copied in one step)
+        for key, provider in list(self._providers.items()):
+            if key[1:] == (operator, partition) and _same_root(key[0]) == wanted:
+                return provider
         return None
 
     def maintain_later(self, key: PartitionKey, interval_s: float) -> None:
