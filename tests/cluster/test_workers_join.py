@@ -4,8 +4,9 @@ On the two-executor cluster (one core each), a query's four state partitions sta
 homes that hold them; left alone, they stay where batch 0's tasks happened to land. Before each
 batch the driver moves partitions from an executor that holds more than its share to one that
 holds less (:mod:`sparkstate.engine.run.placement`): from batch 2 on, the executors hold two
-partitions each. Then a third worker starts, and its executor holds a partition within three
-batches. The output equals that of Spark's own aggregation over the same files throughout (a
+partitions each. Then a third worker starts, and its executor holds a partition from the batch
+after the first one whose tasks Spark ran there (2 to 4 batches after it joined, in the runs
+measured). The output equals that of Spark's own aggregation over the same files throughout (a
 partition that moves restores its state from the checkpoint, fenced as any move). Live reads of
 the state after each batch equal Spark's output so far, from the homes, and after the third
 worker is killed (its executor lost), from the checkpoint for the partitions it held.
@@ -16,6 +17,7 @@ The last module of the cluster's package: it leaves a third worker's executor be
 from __future__ import annotations
 
 import collections
+import json
 import time
 from pathlib import Path
 
@@ -116,6 +118,11 @@ def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
         while "checkpoint" not in lost and time.monotonic() < deadline:
             time.sleep(0.5)
             lost = read_live(live, theirs, len(BATCHES) - 1)
+        direct = {
+            int(p["batchId"]): "directState" in p["durationMs"]
+            for p in (json.loads(x.json) for x in q_ours.recentProgress)
+            if p["numInputRows"]
+        }
     finally:
         if live is not None:
             live.close()
@@ -125,12 +132,14 @@ def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
             cluster.kill_worker(joined)
         if joined in cluster.workers:
             cluster.workers.remove(joined)
-    print("\npartitions per executor, per batch:")
+    print("\npartitions per executor, per batch (and whether it ran from the driver):")
     for b, counts in spread.items():
-        print(f"  batch {b}: {dict(sorted(counts.items()))}")
+        print(f"  batch {b}: {dict(sorted(counts.items()))} {direct.get(b)}")
     for b in range(2, JOIN_AT):
         assert sorted(spread[b].values()) == [2, 2], spread
-    after = [spread[b] for b in range(JOIN_AT, JOIN_AT + 3)]
+    # The joined executor is known once a task of a batch through Spark ran there: in the
+    # first such batch, or, where Spark's scheduler placed none there, a later one.
+    after = [spread[b] for b in range(JOIN_AT, len(BATCHES))]
     assert any(len(c) == 3 and sorted(c.values()) == [1, 1, 2] for c in after), spread
     last = spread[len(BATCHES) - 1]
     assert len(last) == 3 and max(last.values()) - min(last.values()) <= 1, spread

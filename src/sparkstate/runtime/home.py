@@ -220,8 +220,6 @@ class Home:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(self.path)
         os.chmod(self.path, 0o600)
-        server.listen(64)
-        server.settimeout(1.0)
         host = advertised_host(self.parent)
         tcp = socket.create_server((host, 0), backlog=64)
         tcp.settimeout(1.0)
@@ -230,6 +228,9 @@ class Home:
         self.executor, self.cores = executor_identity(self.parent)
         _write_atomic(address_file(self.path), self.address)
         _write_atomic(pid_file(self.path), str(os.getpid()))
+        # Listening last: a worker that reaches the socket finds the address written.
+        server.listen(64)
+        server.settimeout(1.0)
         threading.Thread(target=self._accept, args=(tcp, token), daemon=True).start()
         try:
             self._accept(server, None)
