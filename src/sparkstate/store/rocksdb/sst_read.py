@@ -97,7 +97,9 @@ class SstFile:
 
     Index partitions are kept once read (they are a small part of a file); decompressed data
     blocks are kept in an LRU of ``cache_bytes``. ``reads`` and ``bytes_read`` count the calls
-    to ``read`` and the bytes they returned.
+    to ``read`` and the bytes they returned; ``properties`` are the table's properties as
+    stored (numbers as varints); ``tombstones`` its range deletions as (begin, end, sequence
+    number), the end excluded.
     """
 
     def __init__(
@@ -123,7 +125,7 @@ class SstFile:
             self._tail = self._read_range(self._tail_offset, size - self._tail_offset)
             self._footer = parse_footer(self._tail)
             meta = self._meta_handles()
-            props = self._properties(meta)
+            self.properties = props = self._properties(meta)
             self._user_key_index = props.get(b"rocksdb.index.key.is.user.key") == b"\x01"
             self._delta_encoded = props.get(b"rocksdb.index.value.is.delta.encoded") == b"\x01"
             self._two_level = self._index_type(props) == _TWO_LEVEL_INDEX
