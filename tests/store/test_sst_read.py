@@ -12,6 +12,7 @@ import pytest
 import rocksdict
 
 from sparkstate.exceptions import CorruptStateFileError
+from sparkstate.files.durable import DurableDir
 from sparkstate.store.rocksdb.options import LocalDBConf, db_options, shared_resources
 from sparkstate.store.rocksdb.sst_format import decode_varint
 from sparkstate.store.rocksdb.sst_read import EntryKind, SstFile, SstFormatError, SstSet
@@ -305,4 +306,26 @@ def test_features_it_does_not_read_are_refused(tmp_path: Path) -> None:
     with pytest.raises(SstFormatError, match="kind 0x16"):
         ssts.get(key(3))
     assert ssts.get(key(4)) == db.get(key(4))
+    db.close()
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_lookups_in_place_on_durable_storage(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The SST files of a checkpoint uploaded as a snapshot's are looked up where they lie,
+    each block one ranged read of the durable file."""
+    root = str(tmp_path / "durable") if where == "local" else request.getfixturevalue("s3_root")
+    directory = DurableDir(root).child("sst")
+    db, ssts = small_db(tmp_path)
+    local = tmp_path / "checkpoint"
+    for path in local.glob("*.sst"):
+        directory.upload(str(path), path.name)
+    opened = [directory.open_ranged(path.name) for path in sorted(local.glob("*.sst"))]
+    remote = SstSet([SstFile(f.read, f.size, f.name) for f in opened])
+    keys = [key(i) for i in range(0, 5200, 13)]
+    assert remote.get_many(keys) == [db.get(k) for k in keys]
+    assert remote.reads < 2 * len(keys)
+    for f in opened:
+        f.close()
     db.close()

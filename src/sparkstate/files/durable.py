@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+import pyarrow
 import pyarrow.fs as pafs
 
 from sparkstate.exceptions import ConfigurationError, MissingVersionError, StateFileError
@@ -45,6 +46,7 @@ __all__ = [
     "TMP_PREFIX",
     "DurableDir",
     "FileEntry",
+    "RangedFile",
     "canonical_location",
     "disk_full",
     "join_uri",
@@ -335,6 +337,21 @@ class DurableDir:
             msg = f"cannot read {self.where(name)}: {why(exc)}"
             raise StateFileError(msg) from exc
 
+    def open_ranged(self, name: str) -> RangedFile:
+        """``name`` opened for reads of byte ranges, each one request on an object store (an
+        SST file looked up in place, without downloading it)."""
+        try:
+            src = self._remote(
+                lambda: self.fs.open_input_file(self._full(name)), f"opening {self.where(name)}"
+            )
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError) or "not exist" in str(exc):
+                msg = f"missing state file {self.where(name)}"
+                raise MissingVersionError(msg) from exc
+            msg = f"cannot open {self.where(name)}: {why(exc)}"
+            raise StateFileError(msg) from exc
+        return RangedFile(self, name, src)
+
     def exists(self, name: str) -> bool:
         try:
             info = self._remote(lambda: self.fs.get_file_info(self._full(name)), "a lookup")
@@ -506,3 +523,27 @@ class DurableDir:
                 return
             msg = f"cannot delete {self.uri}: {exc}"
             raise StateFileError(msg) from exc
+
+
+class RangedFile:
+    """A durable file open for reads of byte ranges (:meth:`DurableDir.open_ranged`)."""
+
+    def __init__(self, directory: DurableDir, name: str, src: pyarrow.NativeFile) -> None:
+        self.name = name
+        self.size: int = src.size()
+        self._dir = directory
+        self._src = src
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` (fewer at the end of the file)."""
+        try:
+            data: bytes = self._dir._remote(  # noqa: SLF001 - the directory's retries
+                lambda: self._src.read_at(length, offset), f"reading {self._dir.where(self.name)}"
+            )
+        except OSError as exc:
+            msg = f"cannot read {self._dir.where(self.name)}: {why(exc)}"
+            raise StateFileError(msg) from exc
+        return data
+
+    def close(self) -> None:
+        self._src.close()
