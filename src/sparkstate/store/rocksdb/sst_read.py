@@ -8,12 +8,12 @@ for a whole database from the SST files of one of its checkpoints: sequence numb
 in a database, so the newest entry of a key among the files wins and no MANIFEST is needed.
 
 It reads the tables the project writes (block-based, format version 2 to 5, a binary-search or
-two-level index, the bytewise comparator, blocks uncompressed or compressed with LZ4, ZSTD,
-Snappy or zlib). A file or an entry it cannot read raises :class:`SstFormatError` (an unknown
-table, format or compression, a merge operand, a blob reference, user-defined timestamps) or
-:class:`~sparkstate.exceptions.CorruptStateFileError` (a short read, a failed checksum, a
-block that does not decode), never a wrong answer. Filters are not read: a lookup of an absent
-key reads the data block where it would be.
+two-level index, the bytewise comparator, blocks uncompressed or compressed with LZ4, LZ4HC,
+ZSTD, Snappy, zlib or bzip2). A file or an entry it cannot read raises :class:`SstFormatError`
+(an unknown table, format or compression, a merge operand, a blob reference, user-defined
+timestamps) or :class:`~sparkstate.exceptions.CorruptStateFileError` (a short read, a failed
+checksum, a block that does not decode), never a wrong answer. Filters are not read: a lookup
+of an absent key reads the data block where it would be.
 """
 
 from __future__ import annotations
