@@ -9,7 +9,12 @@ next:
 - ``executor``: SIGKILL of an executor's JVM with every process under it (its Python daemon
   and workers); the cluster's worker starts a new executor;
 - ``driver``: SIGKILL of the driver's process group (Python and its JVM); the queries are
-  started again from their checkpoints, as a supervisor would.
+  started again from their checkpoints, as a supervisor would;
+- ``lazy-restore``: an executor's disk lost in the middle of a restore: its state homes
+  SIGKILLed and its local copies deleted, so that its partitions restore from the checkpoint at
+  their next task, lazily (every restore here is: ``lazy_restore_min_mb`` 0); then, once a new
+  home runs there, that home SIGKILLed a moment later, in the middle of the lazy restore (its
+  reads of the snapshot's files in place, or the download behind them).
 
 A driver that ends with an error (a task that failed too often) is started again too. At the
 end, every sink's rows (read through its manifest) and every query's state (read with the state
@@ -32,6 +37,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,15 +57,20 @@ from tests.chaos.queries import QUERIES, write_input  # noqa: E402
 from tests.cluster.conftest import Cluster  # noqa: E402
 from tests.s3_fault_proxy import FaultProxy  # noqa: E402
 
-KINDS = ("python-worker", "state-home", "executor", "driver")
+KINDS = ("python-worker", "state-home", "executor", "driver", "lazy-restore")
+#: The executors' local copies (``stateStore.local_dir``, relative to an executor's directory).
+LOCAL_DIR = "sparkstate-local"
 #: The whole run's limit: a run that makes no progress fails rather than hangs.
 TIMEOUT_S = 3600.0
+#: How long the ``lazy-restore`` fault waits for a new home on the executor whose disk it lost.
+LAZY_WAIT_S = 10.0
 #: Options of every query: local copies per executor, maintenance after every batch.
 OPTIONS = {
     "stateStore": "rocksdb",
-    "stateStore.local_dir": "sparkstate-local",
+    "stateStore.local_dir": LOCAL_DIR,
     "stateStore.maintenanceIntervalSeconds": "0",
     "stateStore.min_deltas_for_snapshot": "5",
+    "stateStore.lazy_restore_min_mb": "0",
 }
 
 
@@ -149,14 +160,34 @@ def inject(kind: str, rnd: random.Random, cluster_root: Path, driver: Driver) ->
             return False
         victim = rnd.choice(sorted(executors))
         return _kill([victim, *_descendants(procs, victim)])
+    homes = [p for p, i in ours.items() if i["name"] == "sparkstate-home"]
     if kind == "state-home":
-        homes = [p for p, i in ours.items() if i["name"] == "sparkstate-home"]
         return bool(homes) and _kill([rnd.choice(sorted(homes))])
+    if kind == "lazy-restore":
+        return bool(homes) and _lose_disk(ours[rnd.choice(sorted(homes))]["cwd"], rnd)
     daemons = {p for p, i in ours.items() if "pyspark.daemon" in i["cmdline"]}
     workers = [
         p for p, i in ours.items() if i["ppid"] in daemons and i["name"] != "sparkstate-home"
     ]
     return bool(workers) and _kill([rnd.choice(sorted(workers))])
+
+
+def _homes_in(cwd: str) -> list[int]:
+    procs = _processes()
+    return sorted(p for p, i in procs.items() if i["name"] == "sparkstate-home" and i["cwd"] == cwd)
+
+
+def _lose_disk(cwd: str, rnd: random.Random) -> bool:
+    """The ``lazy-restore`` fault on the executor in ``cwd`` (see the module)."""
+    _kill(_homes_in(cwd))
+    shutil.rmtree(Path(cwd) / LOCAL_DIR, ignore_errors=True)
+    deadline = time.monotonic() + LAZY_WAIT_S
+    while time.monotonic() < deadline and not (again := _homes_in(cwd)):
+        time.sleep(0.05)
+    if again:
+        time.sleep(rnd.uniform(0.05, 0.5))
+        _kill(again)
+    return True
 
 
 # --------------------------------------------------------------------------- the run

@@ -1,6 +1,7 @@
 """The chaos run, short: a dozen batches of the three queries on a two-worker cluster, one fault
 of each kind (a Python worker, a state home, an executor and the driver SIGKILLed at random
-moments), and every sink's rows and every query's state equal to the run without faults.
+moments, and an executor's disk lost with a kill in the lazy restore that follows), and every
+sink's rows and every query's state equal to the run without faults.
 
 The long run is ``./scripts/chaos`` (200 batches, 60 faults by default)."""
 

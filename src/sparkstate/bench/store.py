@@ -3,7 +3,9 @@
 Each system runs in a subprocess of its own so that its peak RSS is its own. Operations:
 ``put`` (batched put_many + commit), ``get`` (get_many of random keys), ``scan`` (full iteration)
 and ``restore`` (a new provider with an empty local directory loads the last version from the
-durable files). The raw loop is the ceiling: pre-encoded keys, one WriteBatch, multi-get, iterate.
+durable files and reads 200 keys, a small batch's: whole, the snapshot downloaded first, and
+lazily, :mod:`sparkstate.store.rocksdb.lazy`). The raw loop is the ceiling: pre-encoded keys,
+one WriteBatch, multi-get, iterate.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ __all__ = ["run"]
 SYSTEMS = ["sparkstate-rocksdb", "sparkstate-memory", "raw-rocksdict"]
 BATCH = 250_000
 GET_BATCH = 100_000
+#: The keys the first read after a restore asks for (a small batch's).
+FIRST_BATCH_KEYS = 200
 
 
 def _rss_mb() -> float:
@@ -83,19 +87,31 @@ def _bench_provider(kind: str, n: int, workdir: str) -> dict[str, Any]:
     rss_after_load = _rss_mb()
     provider.close()
 
-    conf2 = StoreConf(local_dir=os.path.join(workdir, "local-restore"))
-    restored = provider_class(kind)()
-    restored.init(store_id, key_schema, value_schema, conf2)
-    start = time.perf_counter()
-    store = restored.get_read_store(version)
-    store.get((0,))
-    restore_s = time.perf_counter() - start
-    store.abort()
-    restored.close()
+    first = pa.table({"id": probe[:FIRST_BATCH_KEYS]})
+    restores: dict[str, float] = {}
+    for how, options in (
+        ("whole", {"lazy_restore": False}),
+        ("lazy", {"lazy_restore": True, "lazy_restore_min_mb": 0}),
+    ):
+        if kind != "rocksdb" and how == "lazy":
+            continue
+        local = os.path.join(workdir, f"local-restore-{how}")
+        restored = provider_class(kind)()
+        restored.init(store_id, key_schema, value_schema, StoreConf(local_dir=local, **options))
+        start = time.perf_counter()
+        store = restored.get_read_store(version)
+        got = store.get_many(first)
+        restores[how] = time.perf_counter() - start
+        if sum(g is not None for g in got) != len(first):
+            msg = f"{kind}: the {how} restore did not find every one of {len(first)} keys"
+            raise AssertionError(msg)
+        store.abort()
+        restored.close()
     return {
         "rows_per_s": {"put": n / put_s, "get": len(probe) / get_s, "scan": scanned / scan_s},
         "seconds": {"put": put_s, "get": get_s, "scan": scan_s},
-        "restore_s": restore_s,
+        "restore_s": restores["whole"],
+        "lazy_restore_s": restores.get("lazy"),
         "rss_after_load_mb": rss_after_load,
         "peak_rss_mb": _rss_mb(),
     }
@@ -177,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         r = results[system]
         ops = ", ".join(f"{op} {v:,.0f}/s" for op, v in r["rows_per_s"].items())
         restore = f", restore {r['restore_s']:.2f} s" if r["restore_s"] is not None else ""
+        if r.get("lazy_restore_s") is not None:
+            restore += f" (lazily {r['lazy_restore_s']:.2f} s)"
         print(f"    {ops}{restore}, peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
     ratios: dict[str, float] = {}
     pairs = [
@@ -190,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
                 ratios[f"{a}/{b}:{op}"] = (
                     results[a]["rows_per_s"][op] / results[b]["rows_per_s"][op]
                 )
+    rocks = results.get("sparkstate-rocksdb") or {}
+    if rocks.get("lazy_restore_s"):
+        ratios["sparkstate-rocksdb:restore whole/lazy"] = (
+            rocks["restore_s"] / rocks["lazy_restore_s"]
+        )
     report = {"benchmark": "store", "keys": n, "systems": results, "ratios": ratios}
     print("[bench store] ratios:")
     for key, value in ratios.items():

@@ -74,6 +74,12 @@ class StoreConf:
     #: partitions' state, read instead of RocksDB while a partition's state fits in what is left
     #: (:mod:`sparkstate.store.rocksdb.value_copy`); 0: none.
     value_copy_mb: int = 64
+    #: RocksDB provider: a partition restored from a snapshot whose SST files hold at least
+    #: ``lazy_restore_min_mb`` starts at once, reading the keys its batches ask for from the
+    #: snapshot's files on durable storage a block at a time, while the whole snapshot downloads
+    #: in the background (:mod:`sparkstate.store.rocksdb.lazy`); off, it downloads first.
+    lazy_restore: bool = True
+    lazy_restore_min_mb: int = 256
     #: Python workers an executor runs at once (its task slots); 0: the engine sets it.
     python_workers: int = 0
     lock_timeout_s: float = 120.0
@@ -132,7 +138,13 @@ class StoreConf:
         if self.home_timeout_s <= 0:
             msg = f"home_timeout_s must be > 0, got {self.home_timeout_s}"
             raise ConfigurationError(msg)
-        for name in ("memory_budget_mb", "python_workers", "value_copy_mb", "direct_batch_rows"):
+        for name in (
+            "memory_budget_mb",
+            "python_workers",
+            "value_copy_mb",
+            "direct_batch_rows",
+            "lazy_restore_min_mb",
+        ):
             if getattr(self, name) < 0:
                 msg = f"{name} must be >= 0, got {getattr(self, name)}"
                 raise ConfigurationError(msg)

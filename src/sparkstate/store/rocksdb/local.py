@@ -193,21 +193,25 @@ class LocalDB:
         if not create_if_missing and not os.path.exists(os.path.join(path, "CURRENT")):
             msg = f"local RocksDB {path}: cannot open: no CURRENT file (no database there)"
             raise MissingVersionError(msg)
+        self._db: rocksdict.Rdict | None = None
+        #: Committed versions pinned for live reads (:meth:`keep_view`), oldest first, and the
+        #: lock that keeps a read and :meth:`close` apart.
+        self._views: dict[int, tuple[Any, rocksdict.Snapshot]] = {}
+        self._views_lock = threading.Lock()
+        self._open_handle()
+
+    def _open_handle(self) -> None:
         try:
             # The options of the default column family are passed as well: otherwise rocksdict
             # reopens an existing DB with those of its OPTIONS file, which lose the bloom filter
             # (and the shared block cache), so every SST written after a reopen has no filter.
             mark_opened()
-            self._db: rocksdict.Rdict | None = rocksdict.Rdict(
-                path, self._opts, column_families={"default": self._opts}
+            self._db = rocksdict.Rdict(
+                self.path, self._opts, column_families={"default": self._opts}
             )
         except Exception as exc:
-            _raise_translated(exc, "open", path)
+            _raise_translated(exc, "open", self.path)
         self.resources.open_dbs.add(self)
-        #: Committed versions pinned for live reads (:meth:`keep_view`), oldest first, and the
-        #: lock that keeps a read and :meth:`close` apart.
-        self._views: dict[int, tuple[Any, rocksdict.Snapshot]] = {}
-        self._views_lock = threading.Lock()
 
     @classmethod
     def open_from_files(
@@ -226,6 +230,12 @@ class LocalDB:
 
     def __repr__(self) -> str:
         return f"LocalDB({self.path!r}, open={self._db is not None})"
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the database holds only part of its version's state (:mod:`.lazy`): not a
+        whole state to copy or to snapshot yet."""
+        return False
 
     @property
     def closed(self) -> bool:

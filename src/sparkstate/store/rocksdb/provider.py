@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -34,14 +36,17 @@ from sparkstate.exceptions import CorruptStateFileError, StateStoreError
 from sparkstate.files.durable import FileEntry
 from sparkstate.store.base import FOUND_METRICS, StoreConf, StoreId, default_local_dir
 from sparkstate.store.handoff import listener
+from sparkstate.store.rocksdb.lazy import LAZY_MARK, LazyDB, RemoteState
 from sparkstate.store.rocksdb.local import LocalDB, LocalDBConf, LocalStoreDir, local_key
 from sparkstate.store.rocksdb.snapshot import (
     SST_DIR,
+    RemoteSnapshot,
     SstMap,
     download_snapshot,
     read_manifest,
     upload_snapshot,
 )
+from sparkstate.store.rocksdb.sst_read import SstFormatError
 from sparkstate.store.rocksdb.store import STAT_NAMES, RocksDBStateStore
 from sparkstate.store.rocksdb.value_copy import ValueCopy
 from sparkstate.store.spark_metrics import ROCKSDB_METRICS, VersionPhases
@@ -89,6 +94,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
         #: count at which a copy last did not fit (none is tried again above half of it).
         self._copy: ValueCopy | None = None
         self._copy_refused_at: int | None = None
+        #: Snapshots whose lazy restore failed to download: restored whole from then on.
+        self._not_lazily: set[VersionRef] = set()
 
     def init(
         self,
@@ -116,6 +123,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "changelogsReplayed": 0,
             "restores": 0,
             "localOpens": 0,
+            "lazyRestores": 0,
         }
         #: Where the load of the version being opened went (handed to its store).
         self._phases = VersionPhases()
@@ -181,8 +189,10 @@ class RocksDBStateStoreProvider(VersionedProvider):
                 with contextlib.suppress(StateStoreError):
                     db.close()
             return None, None, 0
-        if not marker or "version" not in marker:
-            db.close()
+        if not marker or "version" not in marker or (marker.get(LAZY_MARK) and not db.lazy):
+            db.close()  # (a database left part way through a lazy restore: restored again)
+            return None, None, 0
+        if isinstance(db, LazyDB) and db.downloaded and not self._completed(db):
             return None, None, 0
         ref = (
             VersionRef(int(marker["version"]), str(marker["checkpoint_id"]))
@@ -244,13 +254,19 @@ class RocksDBStateStoreProvider(VersionedProvider):
             usable = None
         started = time.perf_counter()
         plan, restored = (
-            self.load(target, index, self._download, local=usable) if target else (None, None)
+            self.load(target, index, self._restore, local=usable) if target else (None, None)
         )
         if not (plan is not None and plan.from_local and db is not None):
             if db is not None:
                 self._db = None
                 db.close()
-            if restored is not None:
+            if isinstance(restored, _LazyStart):
+                self._db = self._lazy_db(restored)
+                num_keys = int(restored.manifest.get("num_keys", 0))
+                self._stats["restores"] += 1
+                self._stats["lazyRestores"] += 1
+                self._phases.load_from_snapshot_ms = (time.perf_counter() - started) * 1000
+            elif restored is not None:
                 manifest, files, scratch = restored
                 self._db = self._fresh_db(files, scratch)
                 SstMap(self._sst_map_path()).reset(manifest["sst"])
@@ -267,15 +283,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         # carries its version's marker, so a failure part way leaves the last one applied.
         started = time.perf_counter()
         for ref in plan.changelogs if plan is not None else []:
-            changelog = self.read_changelog(ref)
-            num_keys = int(changelog.header.get("num_keys", num_keys))
-            marker = {
-                "version": ref.version,
-                "checkpoint_id": ref.checkpoint_id,
-                "num_keys": num_keys,
-            }
-            db.apply_batch(changelog.rows(), marker, delete_ranges=changelog.delete_ranges)
-            self._stats["changelogsReplayed"] += 1
+            num_keys = self._replay(db, ref, num_keys)
             self._phases.changelogs_replayed += 1
         self._phases.replay_changelog_ms = (time.perf_counter() - started) * 1000
         copy = self._copy_at(db, target, num_keys, read_only=read_only)
@@ -287,6 +295,70 @@ class RocksDBStateStoreProvider(VersionedProvider):
             store.found = "caught_up" if from_local else "restored"
         store.gaps = self.gaps_at(target)
         return store
+
+    def _replay(self, db: LocalDB, ref: VersionRef, num_keys: int) -> int:
+        """Apply version ``ref``'s changelog to ``db`` with its marker; returns its key count."""
+        changelog = self.read_changelog(ref)
+        num_keys = int(changelog.header.get("num_keys", num_keys))
+        marker = {"version": ref.version, "checkpoint_id": ref.checkpoint_id, "num_keys": num_keys}
+        db.apply_batch(changelog.rows(), marker, delete_ranges=changelog.delete_ranges)
+        self._stats["changelogsReplayed"] += 1
+        return num_keys
+
+    # --- restoring, whole or lazily ---------------------------------------------------------------
+
+    def _restore(self, ref: VersionRef) -> tuple[dict[str, Any], list[str], str] | _LazyStart:
+        """Restore the snapshot ``ref``: lazily (:mod:`.lazy`) where it is large enough, else
+        downloaded whole. Either raises CorruptStateFileError for a damaged snapshot."""
+        conf = self.conf
+        if conf.lazy_restore and ref not in self._not_lazily:
+            manifest = read_manifest(self.dir, ref)
+            size = sum(int(e["size"]) for e in manifest["sst"].values())
+            if size >= conf.lazy_restore_min_mb << 20:
+                try:
+                    return _LazyStart(ref, manifest, RemoteSnapshot(self.dir, manifest))
+                except SstFormatError as exc:
+                    log.warning("%s: restoring %s whole, not lazily: %s", self.id, ref, exc)
+        return self._download(ref)
+
+    def _lazy_db(self, start: _LazyStart) -> LazyDB:
+        """A database over the snapshot ``start`` names, its files downloading meanwhile."""
+        self.local.wipe_db()
+        SstMap(self._sst_map_path()).reset()
+        ref, manifest = start.ref, start.manifest
+        snapshot_keys = int(manifest.get("num_keys", 0))
+        marker = {
+            "version": ref.version,
+            "checkpoint_id": ref.checkpoint_id,
+            "num_keys": snapshot_keys,
+        }
+
+        def download() -> tuple[str, list[str]]:
+            _, files, scratch = self._download(ref, f"lazy-{ref}-{uuid.uuid4().hex}")
+            return scratch, files
+
+        def replay(db: LocalDB, lineage: Sequence[VersionRef]) -> None:
+            SstMap(self._sst_map_path()).reset(manifest["sst"])
+            num_keys = snapshot_keys
+            for version in lineage:
+                num_keys = self._replay(db, version, num_keys)
+
+        return LazyDB(self.local.db_path, self.db_conf, start.remote, marker, download, replay)
+
+    def _completed(self, db: LocalDB) -> bool:
+        """Complete a lazy ``db`` whose download is down; False if that failed (the snapshot is
+        then restored whole, and the database is closed)."""
+        if not isinstance(db, LazyDB) or not db.lazy:
+            return True
+        try:
+            db.complete()
+        except StateStoreError as exc:
+            log.warning("%s: lazy restore failed, restoring whole: %s", self.id, exc)
+            self._not_lazily.add(db.snapshot)
+            with contextlib.suppress(StateStoreError):
+                db.close()
+            return False
+        return True
 
     # --- the copy in memory ------------------------------------------------------------------
 
@@ -301,7 +373,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             return copy
         self.drop_copy()
         refused = self._copy_refused_at
-        if not read_only and (refused is None or num_keys * 2 <= refused):
+        if not read_only and not db.lazy and (refused is None or num_keys * 2 <= refused):
             self._copy = self._read_copy(db, ref, num_keys)
         db.size_memtable(copied=self._copy is not None)
         return self._copy
@@ -340,9 +412,10 @@ class RocksDBStateStoreProvider(VersionedProvider):
     def _sst_map_path(self) -> str:
         return os.path.join(self.local.path, "sst_map.json")
 
-    def _download(self, ref: VersionRef) -> tuple[dict[str, Any], list[str], str]:
-        """Download a snapshot and check that RocksDB opens it (inside the snapshot-skip loop)."""
-        scratch = self.local.scratch_path(f"restore-{ref}")
+    def _download(self, ref: VersionRef, name: str = "") -> tuple[dict[str, Any], list[str], str]:
+        """Download a snapshot and check that RocksDB opens it (inside the snapshot-skip loop),
+        into the scratch directory ``name``."""
+        scratch = self.local.scratch_path(name or f"restore-{ref}")
         manifest, files, nbytes = download_snapshot(self.dir, ref, scratch)
         self._stats["bytesDownloaded"] += nbytes
         self._stats["filesDownloaded"] += len(manifest["sst"])
@@ -366,7 +439,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
     def after_commit(self, store: RocksDBStateStore, ref: VersionRef) -> None:
         """Take a local checkpoint when a snapshot is due, capture metrics, end the store's
         use."""
-        if self._snapshot_due(ref):
+        if self._snapshot_due(ref) and self._whole():
             flush_ms, checkpoint_ms = self._take_local_checkpoint(ref)
             store.phases.flush_ms, store.phases.checkpoint_ms = flush_ms, checkpoint_ms
         self._keep_view(ref)
@@ -403,7 +476,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         that version and no snapshot of it exists (stored or pending), then uploaded."""
         latest = self._last_ref
         with self._mutex:
-            if latest is None or self._db is None or self._in_use:
+            if latest is None or self._db is None or self._in_use or not self._whole():
                 return False
             marker = self._db.read_marker() or {}
             current = marker.get("version") == latest.version
@@ -415,6 +488,14 @@ class RocksDBStateStoreProvider(VersionedProvider):
         before = self._stats["filesUploaded"] + self._stats["filesReused"]
         self._maybe_snapshot(self.index())
         return self._stats["filesUploaded"] + self._stats["filesReused"] > before
+
+    def _whole(self) -> bool:
+        """Whether the database holds its whole state, to snapshot: a lazy one is completed
+        first if its download is down (a snapshot is not worth waiting for it)."""
+        db = self._db
+        if isinstance(db, LazyDB) and db.lazy:
+            return db.downloaded and self._completed(db)
+        return db is not None
 
     def _take_local_checkpoint(self, ref: VersionRef) -> tuple[float, float]:
         """A local checkpoint of the open database at ``ref``, for maintenance to upload: made
@@ -557,9 +638,19 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "changelogBytesWritten",
             "corruptSnapshotsSkipped",
             "localOpens",
+            "lazyRestores",
             *ROCKSDB_METRICS,
             *FOUND_METRICS.values(),
         ]
 
     def close(self) -> None:
         self.release()
+
+
+@dataclasses.dataclass(frozen=True)
+class _LazyStart:
+    """A snapshot to restore lazily: its manifest and its files read from durable storage."""
+
+    ref: VersionRef
+    manifest: dict[str, Any]
+    remote: RemoteState

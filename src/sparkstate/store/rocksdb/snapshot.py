@@ -15,14 +15,16 @@ import os
 import shutil
 import uuid
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 from sparkstate.exceptions import CorruptStateFileError
 from sparkstate.files.durable import DurableDir
 from sparkstate.store.frames import decode_frame, encode_frame
+from sparkstate.store.rocksdb.sst_read import SstFile, SstSet
 from sparkstate.store.versions.layout import VersionRef, file_name
 
-__all__ = ["SstMap", "download_snapshot", "read_manifest", "upload_snapshot"]
+__all__ = ["RemoteSnapshot", "SstMap", "download_snapshot", "read_manifest", "upload_snapshot"]
 
 MANIFEST_KIND = b"RSNP"
 SST_DIR = "sst"
@@ -164,3 +166,39 @@ def download_snapshot(
         with open(os.path.join(dest_dir, name), "wb") as f:
             f.write(base64.b64decode(data))
     return manifest, sorted(manifest["sst"]) + sorted(manifest["inline"]), nbytes
+
+
+class RemoteSnapshot:
+    """A snapshot's state read from its SST files on durable storage, a block at a time
+    (:mod:`.sst_read`), with no file downloaded: the remote view of a lazy restore.
+
+    Opening reads the end of each file; a damaged one raises CorruptStateFileError, a file
+    written with a feature the reader does not take :class:`~.sst_read.SstFormatError`."""
+
+    def __init__(self, store_dir: DurableDir, manifest: dict[str, Any]) -> None:
+        sst_dir = store_dir.child(SST_DIR)
+        files = []
+        for _, entry in sorted(manifest["sst"].items()):
+            ranged = sst_dir.open_ranged(entry["object"])
+            if ranged.size != int(entry["size"]):
+                msg = (
+                    f"corrupt state file {sst_dir.where(entry['object'])}: {ranged.size} bytes, "
+                    f"the snapshot's manifest says {entry['size']}"
+                )
+                raise CorruptStateFileError(msg)
+            files.append(SstFile(ranged.read, ranged.size, sst_dir.where(entry["object"])))
+        self._ssts = SstSet(files)
+
+    @property
+    def reads(self) -> int:
+        """Ranged reads made so far."""
+        return self._ssts.reads
+
+    @property
+    def bytes_read(self) -> int:
+        """The bytes those reads returned."""
+        return self._ssts.bytes_read
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` in the snapshot (None: absent)."""
+        return self._ssts.get_many(keys)
