@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -52,6 +53,10 @@ SESSION_CONF = {
     # A task whose worker, home or executor is killed more than once in a row still goes on.
     "spark.task.maxFailures": "8",
 }
+
+
+#: How often the driver notes the batches' restores.
+RESTORES_POLL_S = 0.5
 
 
 def _ts(seconds: float) -> str:
@@ -143,8 +148,45 @@ def run_queries(spark: SparkSession, work: Path, run: str, options: dict[str, st
             base, _, settings = state_location.partition("?")
             writer = writer.option("stateLocation", f"{base}/{run}/{query}?{settings}")
         handles.append(writer.start())
+    noted: set[tuple[int, int]] = set()
+    while any(h.isActive for h in handles):
+        _note_restores(handles, noted, work / run / "restores.jsonl")
+        time.sleep(RESTORES_POLL_S)
     for h in handles:
         h.awaitTermination()
+    _note_restores(handles, noted, work / run / "restores.jsonl")
+
+
+def _note_restores(handles: list[Any], noted: set[tuple[int, int]], path: Path) -> None:
+    """Append the restores (and lazy ones) of every batch not noted yet to ``path``: a line a
+    batch of a query, kept across the driver's restarts (a killed driver's last batches aside)."""
+    lines = []
+    for i, h in enumerate(handles):
+        for progress in h.recentProgress:
+            p = json.loads(progress.json)
+            if (i, p["batchId"]) in noted:
+                continue
+            noted.add((i, p["batchId"]))
+            metrics = [op.get("customMetrics", {}) for op in p.get("stateOperators", [])]
+            lines.append(
+                {
+                    "restores": sum(m.get("restores", 0) for m in metrics),
+                    "lazy": sum(m.get("lazyRestores", 0) for m in metrics),
+                }
+            )
+    if lines:
+        with path.open("a") as out:
+            out.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+def restores(work: Path, run: str) -> dict[str, int]:
+    """The restores the queries of ``run`` made, and how many of them were lazy."""
+    path = work / run / "restores.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return {
+        "restores": sum(x["restores"] for x in lines),
+        "lazy": sum(x["lazy"] for x in lines),
+    }
 
 
 def _rows(df: DataFrame) -> Counter[str]:

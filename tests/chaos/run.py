@@ -53,7 +53,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests import s3_server  # noqa: E402
-from tests.chaos.queries import QUERIES, write_input  # noqa: E402
+from tests.chaos.queries import QUERIES, restores, write_input  # noqa: E402
 from tests.cluster.conftest import Cluster  # noqa: E402
 from tests.s3_fault_proxy import FaultProxy  # noqa: E402
 
@@ -361,6 +361,7 @@ def _run(
         "s3_faults": dict(proxy.faults) if proxy is not None else {},
         "s3_requests": proxy.requests if proxy is not None else 0,
         "driver_starts": driver.starts,
+        "restores": restores(work, "faults"),
         "seconds": {"without_faults": round(reference_s), "with_faults": round(faults_s)},
         "compared": compared,
         "differences": sum(c["missing"] + c["extra"] for c in compared.values()),
@@ -384,6 +385,8 @@ def describe(summary: dict[str, Any]) -> str:
             else "state on the local disk (no S3 faults)"
         ),
         f"driver starts: {summary['driver_starts']} (restarts: {summary['driver_starts'] - 1})",
+        f"restores from the checkpoint: {summary['restores']['restores']} "
+        f"({summary['restores']['lazy']} lazy)",
         f"time: {summary['seconds']['without_faults']} s without faults, "
         f"{summary['seconds']['with_faults']} s with",
     ]

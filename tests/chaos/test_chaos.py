@@ -27,3 +27,6 @@ def test_a_short_chaos_run_loses_nothing_and_counts_nothing_twice(tmp_path: Path
     compared = summary["compared"]
     assert all(c["rows"] > 0 for c in compared.values()), describe(summary)
     assert summary["differences"] == 0, describe(summary)
+    # (restores from a snapshot are lazy here; with an executor killed and a disk lost, some
+    # partitions restored from one, and the lost disk's were killed part way through)
+    assert summary["restores"]["lazy"] > 0, describe(summary)
