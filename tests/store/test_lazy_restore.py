@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.store.base import StateStore, StateStoreProvider
+from sparkstate.store.rocksdb.lazy import MAX_LAZY_KEYS
 from sparkstate.store.rocksdb.provider import RocksDBStateStoreProvider
 from sparkstate.testing import ProviderFactory
 
@@ -122,6 +123,7 @@ def test_reads_and_commits_while_lazy_then_complete(
     assert metrics["filesDownloaded"] == 0
     keys = list(range(-5, N + 5))
     assert _read(store, keys) == model  # present, overwritten, deleted and removed keys
+    assert store.metrics().custom["lazyBytesRead"] > 0
 
     # A version committed while lazy, then read again while still lazy.
     puts = {k: f"new-{k}" for k in range(0, N, 97)}
@@ -135,9 +137,16 @@ def test_reads_and_commits_while_lazy_then_complete(
     assert _read(store, keys) == model
     assert gate.downloads == 1
 
-    # A scan needs every key: it waits for the download, then reads the completed database.
-    opened = threading.Timer(0.3, gate.open.set)
+    # Keys above every key the snapshot holds (new keys that grow, more of them than a lazy
+    # read takes) are not looked up: the read does not wait for the download.
+    opened = threading.Timer(2.0, gate.open.set)
     opened.start()
+    fetched = store.metrics().custom["lazyBytesRead"]
+    assert _read(store, list(range(N + 100, N + 100 + 2 * MAX_LAZY_KEYS))) == {}
+    assert store.metrics().custom["filesDownloaded"] == 0
+    assert store.metrics().custom["lazyBytesRead"] == fetched
+
+    # A scan needs every key: it waits for the download, then reads the completed database.
     assert {k[0]: v[0] for k, v in store.iterator()} == model
     store.abort()
 

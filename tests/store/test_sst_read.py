@@ -153,6 +153,42 @@ def test_lookups_answer_what_rocksdb_answers(
     assert all(db.get(k) is not None for k in hist.written_back)
 
 
+def _live_last_below(db: rocksdict.Rdict, end: bytes) -> bytes | None:
+    it = db.iter()
+    it.seek_for_prev(end)
+    while it.valid() and it.key() >= end:
+        it.prev()
+    return it.key() if it.valid() else None
+
+
+def test_the_last_key_below_a_bound_bounds_the_keys_stored(
+    database: tuple[str, rocksdict.Rdict, History, Path],
+) -> None:
+    """``last_below(end)`` is at least the largest key RocksDB holds below ``end`` (a key
+    deleted in a newer file may still have an entry, so it may be larger, never ``end`` or
+    above), and equal to it where no key near it was deleted."""
+    _, db, hist, where = database
+    ssts = open_set(where)
+    rng = random.Random(5)
+    ends = [key(rng.randrange(N)) for _ in range(300)] + [key(i) for i in (0, 1, 2, N, N + 5)]
+    ends += [b"", b"\x00", PREFIX, b"\xff" * 12, key(51_050), key(1200), key(120_550)]
+    touched = set(hist.deleted + hist.overwritten + hist.written_back)
+    for lo, hi in ((1000, 1500), (50_000, 52_000), (120_000, 121_000)):  # the ranges deleted
+        touched.update(key(i) for i in range(lo, hi))
+    exact = 0
+    for end in ends:
+        live = _live_last_below(db, end)
+        got = ssts.last_below(end)
+        if live is None:
+            assert got is None or got < end, end
+            continue
+        assert got is not None and live <= got < end, (end, live, got)
+        if not any(live <= k < end for k in touched):
+            assert got == live, (end, live, got)
+            exact += 1
+    assert exact > 200
+
+
 def test_the_database_spans_levels_blocks_and_partitions(
     database: tuple[str, rocksdict.Rdict, History, Path],
 ) -> None:

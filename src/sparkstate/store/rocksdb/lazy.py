@@ -50,6 +50,10 @@ class RemoteState(Protocol):
         """The values of ``keys`` (None: not in the snapshot)."""
         ...
 
+    def last_below(self, end: bytes) -> bytes | None:
+        """A bound of the snapshot's keys below ``end``: at least the largest of them."""
+        ...
+
     @property
     def reads(self) -> int:
         """Ranged reads made so far."""
@@ -98,6 +102,7 @@ class LazyDB(LocalDB):
         self._downloaded: tuple[str, list[str]] | BaseException | None = None
         self._done = threading.Event()
         self._cancelled = False
+        self._fetched = 0
         self._thread = threading.Thread(
             target=self._download, args=(download,), name=f"lazy-restore {path}", daemon=True
         )
@@ -114,10 +119,12 @@ class LazyDB(LocalDB):
         return self._done.is_set()
 
     @property
-    def remote_reads(self) -> tuple[int, int]:
-        """Ranged reads of the snapshot so far, and their bytes."""
+    def bytes_fetched(self) -> int:
+        """The bytes read from the snapshot's files in place so far."""
         remote = self._remote
-        return (0, 0) if remote is None else (remote.reads, remote.bytes_read)
+        if remote is not None:
+            self._fetched = remote.bytes_read
+        return self._fetched
 
     def _download(self, download: Download) -> None:
         try:
@@ -141,6 +148,7 @@ class LazyDB(LocalDB):
             raise got
         assert got is not None
         source, _ = got
+        self._fetched = self.bytes_fetched
         super().close()  # (the download is kept: it becomes the database)
         shutil.rmtree(self.path, ignore_errors=True)
         os.replace(source, self.path)
@@ -203,11 +211,16 @@ class LazyDB(LocalDB):
         return super().multi_get(keys, in_key_order=in_key_order)
 
     def last_key(self, start: bytes, end: bytes) -> bytes | None:
-        """While lazy, a bound no stored key of the range is above (its end), not the largest
-        key: the snapshot's are not all known."""
-        if self._remote is not None:
-            return min(end, RESERVED_PREFIX)
-        return super().last_key(start, end)
+        """While lazy, a bound of the range's keys rather than the largest: the largest of the
+        local ones and of the keys the snapshot's files hold below ``end`` (deleted ones too).
+        A store looks up no key above it (keys that grow, a window's end, a new key)."""
+        local = super().last_key(start, end)
+        if self._remote is None:
+            return local
+        remote = self._remote.last_below(min(end, RESERVED_PREFIX))
+        if remote is not None and remote < start:
+            remote = None
+        return max((k for k in (local, remote) if k is not None), default=None)
 
     def iterate(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         self.complete()

@@ -124,7 +124,10 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "restores": 0,
             "localOpens": 0,
             "lazyRestores": 0,
+            "lazyBytesRead": 0,
         }
+        #: The bytes the lazy database read in place that the counters hold.
+        self._lazy_counted = 0
         #: Where the load of the version being opened went (handed to its store).
         self._phases = VersionPhases()
 
@@ -343,6 +346,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             for version in lineage:
                 num_keys = self._replay(db, version, num_keys)
 
+        self._lazy_counted = 0
         return LazyDB(self.local.db_path, self.db_conf, start.remote, marker, download, replay)
 
     def _completed(self, db: LocalDB) -> bool:
@@ -619,6 +623,11 @@ class RocksDBStateStoreProvider(VersionedProvider):
         Each commit reports what happened since the previous one, so progress shows per-batch
         numbers; background maintenance work shows up in the next batch.
         """
+        db = self._db
+        if isinstance(db, LazyDB):
+            fetched = db.bytes_fetched
+            self._stats["lazyBytesRead"] += fetched - self._lazy_counted
+            self._lazy_counted = fetched
         delta = {k: float(v - self._reported.get(k, 0)) for k, v in self._stats.items()}
         if take:
             self._reported = dict(self._stats)
@@ -639,6 +648,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
             "corruptSnapshotsSkipped",
             "localOpens",
             "lazyRestores",
+            "lazyBytesRead",
             *ROCKSDB_METRICS,
             *FOUND_METRICS.values(),
         ]

@@ -202,3 +202,7 @@ class RemoteSnapshot:
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the snapshot (None: absent)."""
         return self._ssts.get_many(keys)
+
+    def last_below(self, end: bytes) -> bytes | None:
+        """A bound of the snapshot's keys below ``end`` (:meth:`.SstSet.last_below`)."""
+        return self._ssts.last_below(end)

@@ -149,6 +149,36 @@ class SstFile:
                 return Entry(seq, self._kind(kind, user_key), value)
             return None
 
+    def last_below(self, end: bytes) -> bytes | None:
+        """The largest user key below ``end`` that has an entry in this file (of any kind, a
+        deletion too: a bound of the keys stored), None if none has. Reads the data block
+        where ``end`` would be, and the one before it where that holds no lower key."""
+        with self._errors():
+            for index in self._indexes_before(end):
+                for at in range(self._first_at(index, end), -1, -1):
+                    below = None
+                    for key, _ in block_entries(self._data_block(index.handles[at])):
+                        user_key = split_internal_key(key)[0]
+                        if user_key >= end:
+                            break
+                        below = user_key
+                    if below is not None:
+                        return below
+            return None
+
+    def _indexes_before(self, end: bytes) -> Iterator[_Index]:
+        """The index blocks over data blocks from the one where ``end`` would be, backwards."""
+        if not self._two_level:
+            yield self._top
+            return
+        for at in range(self._first_at(self._top, end), -1, -1):
+            yield self._partition(self._top.handles[at])
+
+    @staticmethod
+    def _first_at(index: _Index, end: bytes) -> int:
+        """The position of the first separator at or after ``end`` (the last one if none)."""
+        return min(bisect.bisect_left(index.keys, (end, _SEEK_FIRST)), len(index.keys) - 1)
+
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         """Name this file in the errors raised within, and report a block that does not parse
@@ -298,6 +328,12 @@ class SstSet:
         """The values of ``user_keys``, looked up in key order (neighbours share blocks)."""
         found = {key: self.get(key) for key in sorted(set(user_keys))}
         return [found[key] for key in user_keys]
+
+    def last_below(self, end: bytes) -> bytes | None:
+        """A bound of the keys below ``end`` in the database: the largest user key below it
+        with an entry in any file (deleted ones counted), None if no file has one."""
+        found = [k for k in (f.last_below(end) for f in self.files) if k is not None]
+        return max(found, default=None)
 
     @property
     def reads(self) -> int:
