@@ -103,6 +103,15 @@ BENCH_OPTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
                 "help": "sparkstate's RocksDB memory per executor (default 1024)",
             },
         ),
+        (
+            "--store-option",
+            {
+                "action": "append",
+                "metavar": "NAME=VALUE",
+                "help": "a stateStore option of sparkstate's RocksDB system (repeatable), "
+                "e.g. lazy_restore=false",
+            },
+        ),
     ],
 }
 

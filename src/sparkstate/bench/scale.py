@@ -114,6 +114,13 @@ def params_for(args: argparse.Namespace) -> dict[str, Any]:
         params["time_budget_s"] = float(args.time_budget_min) * 60
     if getattr(args, "memory_budget_mb", None) is not None:
         params["jvm_memory_mb"] = params["worker_budget_mb"] = int(args.memory_budget_mb)
+    params["store_options"] = {}
+    for option in getattr(args, "store_option", None) or []:
+        name, sep, value = option.partition("=")
+        if not sep or not name:
+            msg = f"--store-option takes NAME=VALUE, got {option!r}"
+            raise ValueError(msg)
+        params["store_options"][name.removeprefix("stateStore.")] = value
     if params["rows_per_batch"] < 1 or params["target_rows"] < params["rows_per_batch"]:
         msg = (
             f"need 1 <= rows per batch <= target rows, got {params['rows_per_batch']:,} and "
@@ -124,15 +131,21 @@ def params_for(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def store_options(
-    system: str, local_dir: str, memory_mb: int, fields: Sequence[str]
+    system: str,
+    local_dir: str,
+    memory_mb: int,
+    fields: Sequence[str],
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The ``stateStore.*`` options of a sparkstate system: a RocksDB store's local copies in
-    ``local_dir``, and its memory budget where the store has that option (``fields``)."""
+    ``local_dir``, its memory budget where the store has that option (``fields``), and the
+    ``--store-option``s (``extra``)."""
     if system != "sparkstate-rocksdb":
         return {}
     options = {"stateStore.local_dir": local_dir}
     if MEMORY_OPTION in fields:
         options[f"stateStore.{MEMORY_OPTION}"] = str(memory_mb)
+    options.update({f"stateStore.{k}": v for k, v in (extra or {}).items()})
     return options
 
 
@@ -340,7 +353,13 @@ def measure(system: str, params: dict[str, Any]) -> dict[str, Any]:
     session = _Session(
         jvm_pid,
         RssSampler(jvm_pid).start(),
-        store_options(system, paths["local"], params["store_memory_mb"], fields),
+        store_options(
+            system,
+            paths["local"],
+            params["store_memory_mb"],
+            fields,
+            params.get("store_options"),
+        ),
     )
     spark_conf = recorded_conf(spark)
     try:
