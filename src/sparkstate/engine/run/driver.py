@@ -379,6 +379,7 @@ class BatchDriver:
             self._joined = JoinedHomes(
                 lambda: executors_listed(context), home_job(sc, conf), self.config.num_partitions
             )
+        started = time.monotonic()
         try:
             found = self._joined.find(self._placement)
         except Exception as exc:  # noqa: BLE001 - the batch's own tasks may find them
@@ -386,7 +387,11 @@ class BatchDriver:
             log.info("looking for the state homes of executors that joined failed: %s", exc)
             return
         if found:
-            log.info("found the state homes of %d executor(s) that joined", found)
+            log.info(
+                "found the state homes of %d executor(s) that joined in %.2f s",
+                found,
+                time.monotonic() - started,
+            )
 
     def _lineage(self, batch_id: int) -> dict[int, dict[int, str | None]]:
         """Checkpoint id of version ``batch_id`` per operator and partition (previous commit)."""
