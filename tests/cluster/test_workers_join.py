@@ -4,10 +4,12 @@ On the two-executor cluster (one core each), a query's four state partitions sta
 homes that hold them; left alone, they stay where batch 0's tasks happened to land. Before each
 batch the driver moves partitions from an executor that holds more than its share to one that
 holds less (:mod:`sparkstate.engine.run.placement`): from batch 2 on, the executors hold two
-partitions each. Then a third worker starts, and its executor holds a partition from the batch
-after the first one whose tasks Spark ran there (2 to 4 batches after it joined, in the runs
-measured). The output equals that of Spark's own aggregation over the same files throughout (a
-partition that moves restores its state from the checkpoint, fenced as any move). Live reads of
+partitions each. Then a third worker starts: before the next batch the driver sees Spark list
+an executor it knows no state home on and runs a small job to find it
+(:mod:`sparkstate.engine.run.joined_homes`), so the joined executor holds its share within
+three batches (in the runs measured: from the batch it joined at). The output equals that of
+Spark's own aggregation over the same files throughout (a partition that moves restores its
+state from the checkpoint, fenced as any move). Live reads of
 the state after each batch equal Spark's output so far, from the homes, and after the third
 worker is killed (its executor lost), from the checkpoint for the partitions it held.
 
@@ -137,10 +139,11 @@ def test_partitions_spread_over_executors_and_a_new_one_takes_its_share(
         print(f"  batch {b}: {dict(sorted(counts.items()))} {direct.get(b)}")
     for b in range(2, JOIN_AT):
         assert sorted(spread[b].values()) == [2, 2], spread
-    # The joined executor is known once a task of a batch through Spark ran there: in the
-    # first such batch, or, where Spark's scheduler placed none there, a later one.
-    after = [spread[b] for b in range(JOIN_AT, len(BATCHES))]
-    assert any(len(c) == 3 and sorted(c.values()) == [1, 1, 2] for c in after), spread
+    # The joined executor's home is looked for before the batch: it holds its share within
+    # three batches, and keeps it.
+    shared = [b for b in range(JOIN_AT, len(BATCHES)) if sorted(spread[b].values()) == [1, 1, 2]]
+    print(f"the joined executor holds its share from batch {min(shared, default=None)}")
+    assert shared and shared[0] <= JOIN_AT + 2, spread
     last = spread[len(BATCHES) - 1]
     assert len(last) == 3 and max(last.values()) - min(last.values()) <= 1, spread
     assert all(sources[b] == {"home"} for b in sources), sources

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 
+from sparkstate.engine.run import joined_homes
+from sparkstate.engine.run.joined_homes import JoinedHomes, job_tasks, unplaced
 from sparkstate.engine.run.placement import HomeSeen, Placement, balanced
 
 
@@ -66,3 +68,75 @@ def test_one_executor_or_none_known_changes_nothing() -> None:
     placement = Placement()
     placement.saw(homes(("a", 1, 1), ("b", 1, 1)).values())
     assert per_executor(placement.owners({0: owners})[0], placement.homes) == {"a": 1, "b": 1}
+
+
+class Cluster:
+    """Executors as Spark's status lists them, and a job of home reports that reaches those
+    named in ``reached`` (one round each) and always the executors known."""
+
+    def __init__(self, listed: int, reached: list[set[str]]) -> None:
+        self.listed: int | None = listed
+        self.reached = reached
+        self.jobs: list[tuple[int, frozenset[str]]] = []
+
+    def run_job(self, n: int, known: frozenset[str]) -> list[HomeSeen]:
+        self.jobs.append((n, known))
+        here = self.reached.pop(0) if self.reached else set()
+        return [HomeSeen(f"{e}-0", e, 1) for e in sorted(known | here)]
+
+
+def test_a_joined_executor_is_found_before_the_batch_and_gets_its_share_at_once() -> None:
+    placement = Placement()
+    placement.saw(homes(("a", 1, 1), ("b", 1, 1)).values())
+    cluster = Cluster(3, [set(), {"c"}])  # the first job's tasks miss it
+    search = JoinedHomes(lambda: cluster.listed, cluster.run_job, num_partitions=4)
+    assert search.find(placement) == 1
+    assert [n for n, _ in cluster.jobs] == [6, 6]  # two tasks a core of the three executors
+    assert cluster.jobs[0][1] == {"a", "b"}  # (whose tasks keep their slot a moment)
+    assert placement.executor_names() == {"a", "b", "c"}  # added to the batch's reports
+    owners = {0: "a-0", 1: "a-0", 2: "b-0", 3: "b-0"}
+    assert sorted(per_executor(placement.owners({0: owners})[0], placement.homes).values()) == [
+        1,
+        1,
+        2,
+    ]
+
+
+def test_no_job_while_every_executor_listed_is_known_or_the_status_cannot_be_read() -> None:
+    placement = Placement()
+    placement.saw(homes(("a", 1, 1), ("b", 1, 1)).values())
+    cluster = Cluster(2, [])
+    search = JoinedHomes(lambda: cluster.listed, cluster.run_job, num_partitions=4)
+    assert search.find(placement) == 0
+    cluster.listed = None
+    assert search.find(placement) == 0
+    cluster.listed = 5  # more executors than partitions: as many as hold one are enough
+    placement.saw(homes(("a", 1, 1), ("b", 1, 1), ("c", 1, 1), ("d", 1, 1)).values())
+    assert search.find(placement) == 0
+    assert cluster.jobs == []
+    assert search.find(Placement()) == 0  # no batch reported homes yet
+    assert cluster.jobs == []
+
+
+def test_a_search_is_bounded_and_given_up_until_the_executors_listed_change() -> None:
+    placement = Placement()
+    placement.saw(homes(("a", 1, 1), ("b", 1, 1)).values())
+    cluster = Cluster(3, [])  # never reached
+    search = JoinedHomes(lambda: cluster.listed, cluster.run_job, num_partitions=4, rounds=2)
+    for _ in range(joined_homes.SEARCHES):
+        assert search.find(placement) == 0
+    assert len(cluster.jobs) == 2 * joined_homes.SEARCHES
+    assert search.find(placement) == 0
+    assert len(cluster.jobs) == 2 * joined_homes.SEARCHES  # given up on
+    cluster.listed, cluster.reached = 4, [{"c", "d"}]  # another joins: looked for again
+    assert search.find(placement) == 2
+
+
+def test_unplaced_counts_the_executors_that_can_hold_a_partition() -> None:
+    assert unplaced(2, 3, num_partitions=4)
+    assert not unplaced(3, 3, num_partitions=4)
+    assert not unplaced(2, 3, num_partitions=2)
+    assert not unplaced(None, 3, num_partitions=4)
+    assert not unplaced(2, None, num_partitions=4)
+    assert job_tasks(homes(("a", 4, 1)), 3) == 24
+    assert job_tasks({}, 0) == 2

@@ -49,6 +49,7 @@ from sparkstate.engine.plan.stage import Stage
 from sparkstate.engine.run.batch_plan import RunPlan
 from sparkstate.engine.run.driver_config import DriverConfig
 from sparkstate.engine.run.executor import run_in_owner
+from sparkstate.engine.run.joined_homes import executors_listed, unplaced
 from sparkstate.engine.run.sinks import Sink
 from sparkstate.engine.spark.schema import arrow_schema, quote, session_time_zone
 from sparkstate.operators.arbitrary.user_types import in_session_zone
@@ -112,16 +113,16 @@ def wanted(
 
 def _executors_unplaced(plan: RunPlan, num_partitions: int) -> bool:
     """Whether the application has executors that hold no state home the driver knows of (one
-    joined): a batch through Spark's tasks reaches them, and the next batch spreads the
-    partitions over them too (:mod:`sparkstate.engine.run.placement`)."""
+    joined, that the driver's search before the batch did not find: :mod:`.joined_homes`): a
+    batch through Spark's tasks may reach them, and the next batch spreads the partitions over
+    them too (:mod:`sparkstate.engine.run.placement`)."""
     if plan.executors_placed is None or plan.spark_query is None:
         return False
     try:
-        tracker = plan.spark_query.sparkSession().sparkContext().statusTracker()
-        executors = len(tracker.getExecutorInfos()) - 1  # (the driver is one of them)
+        context = plan.spark_query.sparkSession().sparkContext()
     except Exception:  # noqa: BLE001 - a status that cannot be read: run as before
         return False
-    return plan.executors_placed < min(executors, num_partitions)
+    return unplaced(plan.executors_placed, executors_listed(context), num_partitions)
 
 
 def _rows_read(plan: RunPlan) -> int | None:

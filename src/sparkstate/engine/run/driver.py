@@ -30,6 +30,7 @@ from sparkstate.engine.run.attempts import CountedAttempts
 from sparkstate.engine.run.batch_job import engine_settings, run_stages, snapshot_at_stop
 from sparkstate.engine.run.batch_plan import RunPlan
 from sparkstate.engine.run.driver_config import DriverConfig
+from sparkstate.engine.run.joined_homes import JoinedHomes, executors_listed, home_job
 from sparkstate.engine.run.placement import HomeSeen, Placement
 from sparkstate.engine.run.sinks import Sink
 from sparkstate.engine.run.stopping import StopRequest, batch_jobs, hide_cancelled_from_py4j
@@ -94,6 +95,9 @@ class BatchDriver:
         self._owners: dict[int, dict[int, str]] = {}
         #: The homes the last batch's tasks reported, to spread the partitions over.
         self._placement = Placement()
+        #: Looks for the homes of executors that joined (made at the first batch; classic
+        #: sessions only).
+        self._joined: JoinedHomes | None = None
         #: Which task attempts Spark kept in a batch's job (made at the first batch; None under
         #: Spark Connect).
         self._counted: CountedAttempts | None = None
@@ -149,7 +153,7 @@ class BatchDriver:
         state = dict(self.__dict__)
         for name in ("_lock", "_stop", "_in_batch", "_started", "recent", "error"):
             del state[name]
-        for name in ("_counted", "_plan", "_spark_query"):  # made again at the first batch
+        for name in ("_counted", "_plan", "_spark_query", "_joined"):  # made at the first batch
             del state[name]
         state["_counted_made"] = False
         return state
@@ -164,6 +168,7 @@ class BatchDriver:
         self._counted = None
         self._plan = None
         self._spark_query = None
+        self._joined = None
         self._lock = threading.Lock()
         self._stop = None
         self._in_batch = threading.Event()
@@ -267,6 +272,7 @@ class BatchDriver:
         if self.log.read_commit(batch_id) is not None:
             self._replay_committed(df, batch_id)
             return
+        self._find_joined_homes(df)
         lineage = self._lineage(batch_id)
         if intent is None:
             previous = self.log.read_commit(batch_id - 1) if batch_id > 0 else None
@@ -358,6 +364,34 @@ class BatchDriver:
         _finish(self.sink, batch_id)
 
     # --- steps -----------------------------------------------------------------------------------
+
+    def _find_joined_homes(self, df: DataFrame) -> None:
+        """The homes of executors that joined since the last batch's reports, added to those
+        the placement spreads the partitions over (:mod:`sparkstate.engine.run.joined_homes`)."""
+        conf = self.config.store.conf
+        if not (conf.balance_homes and conf.state_home) or self._placement.executors() is None:
+            return
+        if self._joined is None:
+            if is_connect(df):
+                return
+            sc = df.sparkSession.sparkContext
+            context = sc._jsc.sc()
+            self._joined = JoinedHomes(
+                lambda: executors_listed(context), home_job(sc, conf), self.config.num_partitions
+            )
+        started = time.monotonic()
+        try:
+            found = self._joined.find(self._placement)
+        except Exception as exc:  # noqa: BLE001 - the batch's own tasks may find them
+            self._check_stop()
+            log.info("looking for the state homes of executors that joined failed: %s", exc)
+            return
+        if found:
+            log.info(
+                "found the state homes of %d executor(s) that joined in %.2f s",
+                found,
+                time.monotonic() - started,
+            )
 
     def _lineage(self, batch_id: int) -> dict[int, dict[int, str | None]]:
         """Checkpoint id of version ``batch_id`` per operator and partition (previous commit)."""

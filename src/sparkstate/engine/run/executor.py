@@ -36,6 +36,7 @@ from sparkstate.runtime.tasks import Attempt, TaskSpec, commit_untouched, run_ta
 
 __all__ = [
     "commit_untouched_task",
+    "own_home",
     "run_in_owner",
     "snapshot_in_owner",
     "task_function",
@@ -101,12 +102,12 @@ def _run(
         )
         raise QueryError(msg)
     try:
-        sock, own_home = _home(spec, partition)
+        sock, home_here = _home(spec, partition)
         if sock is None:
             yield from run_task(spec, partition, batches, reports, attempt)
         else:
-            if own_home is not None:
-                attempt = dataclasses.replace(attempt, homes_seen=(own_home,))
+            if home_here is not None:
+                attempt = dataclasses.replace(attempt, homes_seen=(home_here,))
             context = _task_context_fields()
             job = functools.partial(_task_in_home, spec, partition, reports, attempt, context)
             what = f"partition {partition} of operator {spec.op_id} in batch {spec.batch_id}"
@@ -226,7 +227,7 @@ def _home(spec: TaskSpec, partition: int) -> tuple[Channel | None, tuple[str, st
     if owner is not None and owner != home_client.local_address(executor, slot, credentials):
         sock = home_client.connect_owner(owner, credentials)
         if sock is not None:
-            return sock, _own_home(executor, slot, credentials)
+            return sock, own_home(executor, slot, credentials)
         log.warning(
             "partition %d of operator %d: its state home %s cannot be reached; the partition "
             "moves to this executor",
@@ -237,7 +238,7 @@ def _home(spec: TaskSpec, partition: int) -> tuple[Channel | None, tuple[str, st
     return home_client.connect(executor, slot, credentials), None
 
 
-def _own_home(
+def own_home(
     executor: ProcessRef, slot: int, credentials: Credentials
 ) -> tuple[str, str, int] | None:
     """This executor's home of ``slot`` (address, executor, cores), started if need be."""

@@ -15,7 +15,10 @@ The executors known are those whose homes the last batch's tasks reported: a hom
 task, and a home a task's worker keeps on its own executor while it sends the task to another
 (so that an executor that just joined is known after its first task, and holds its share from
 the batch after). An executor that no task reported in the last batch is left out: lost, its
-partitions moved already (a task whose owner cannot be reached takes the partition over).
+partitions moved already (a task whose owner cannot be reached takes the partition over). An
+executor that joined is looked for on purpose before the batch, where Spark's status lists more
+executors than homes are known (:mod:`.joined_homes`): its home is added to the reports, and it
+holds its share from that batch on.
 """
 
 from __future__ import annotations
@@ -85,6 +88,14 @@ class Placement:
         """The homes the last batch's tasks reported (those of earlier batches are forgotten:
         an executor no task reported may be gone)."""
         self.homes = {h.address: h for h in reported}
+
+    def also_saw(self, found: Iterable[HomeSeen]) -> None:
+        """Homes found besides the last batch's reports (an executor that joined): added."""
+        self.homes.update((h.address, h) for h in found)
+
+    def executor_names(self) -> frozenset[str]:
+        """The executors the homes known are on."""
+        return frozenset(h.executor for h in self.homes.values())
 
     def executors(self) -> int | None:
         """How many executors the homes known are on (None: no home known)."""
