@@ -79,7 +79,7 @@ class StoreConf:
     #: snapshot's files on durable storage a block at a time, while the whole snapshot downloads
     #: in the background (:mod:`sparkstate.store.rocksdb.lazy`); off, it downloads first.
     lazy_restore: bool = True
-    lazy_restore_min_mb: int = 256
+    lazy_restore_min_mb: int = 64
     #: Python workers an executor runs at once (its task slots); 0: the engine sets it.
     python_workers: int = 0
     lock_timeout_s: float = 120.0
