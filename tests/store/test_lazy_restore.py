@@ -185,12 +185,17 @@ def test_a_worker_that_dies_while_lazy_leaves_no_partial_version(
 
 
 @pytest.mark.parametrize("written", ["local"], indirect=True)
-def test_a_range_removal_while_lazy(
+def test_a_range_removal_while_lazy_and_stale_downloads(
     written: tuple[ProviderFactory, dict[int, str], int], gate: Gate
 ) -> None:
     factory, model, version = written
     provider = _fresh(factory)
+    # The download of a lazy restore whose process was killed goes with the next one.
+    stale = Path(provider.local.scratch_path("lazy-3_killed-0"))  # type: ignore[attr-defined]
+    stale.mkdir(parents=True)
+    (stale / "000009.sst").write_bytes(b"x" * 4096)
     store = provider.get_store(version)
+    assert not stale.exists()
     gate.open.set()
     codec = store.column_family().key_codec
     store.remove_range(codec.encode((2000,)), codec.encode((2500,)))

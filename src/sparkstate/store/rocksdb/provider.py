@@ -56,6 +56,8 @@ from sparkstate.store.versions.versioned import VersionedProvider
 __all__ = ["RocksDBStateStore", "RocksDBStateStoreProvider"]
 
 log = logging.getLogger("sparkstate.store")
+#: The scratch directories lazy restores download their snapshots into start so.
+_LAZY_DOWNLOAD = "lazy-"
 #: Providers that may hold a database open after their task, closed at exit (see below).
 _KEPT_OPEN: weakref.WeakSet[RocksDBStateStoreProvider] = weakref.WeakSet()
 
@@ -325,8 +327,16 @@ class RocksDBStateStoreProvider(VersionedProvider):
         return self._download(ref)
 
     def _lazy_db(self, start: _LazyStart) -> LazyDB:
-        """A database over the snapshot ``start`` names, its files downloading meanwhile."""
+        """A database over the snapshot ``start`` names, its files downloading meanwhile.
+        Downloads of lazy restores before it (a process killed part way, a database closed
+        before its download was down) are deleted: the partition's lock is held, so none is
+        still to be taken."""
         self.local.wipe_db()
+        scratch = os.path.dirname(self.local.scratch_path("x"))
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(scratch):
+                if name.startswith(_LAZY_DOWNLOAD):
+                    shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
         SstMap(self._sst_map_path()).reset()
         ref, manifest = start.ref, start.manifest
         snapshot_keys = int(manifest.get("num_keys", 0))
@@ -337,7 +347,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
         }
 
         def download() -> tuple[str, list[str]]:
-            _, files, scratch = self._download(ref, f"lazy-{ref}-{uuid.uuid4().hex}")
+            _, files, scratch = self._download(ref, f"{_LAZY_DOWNLOAD}{ref}-{uuid.uuid4().hex}")
             return scratch, files
 
         def replay(db: LocalDB, lineage: Sequence[VersionRef]) -> None:
