@@ -41,7 +41,8 @@ def _pip(*args: str) -> list[str]:
 
 
 def pack_environment(root: Path) -> tuple[Path, dict[str, float]]:
-    """``pyspark_venv.tar.gz`` under ``root``: sparkstate, pyarrow, pandas, numpy, rocksdict."""
+    """``pyspark_venv.tar.gz`` under ``root``: sparkstate, pyarrow, pandas, numpy, rocksdict,
+    xxhash (the checksums of the SST files a lazy restore reads in place)."""
     times: dict[str, float] = {}
     started = time.monotonic()
     # The wheel is built from a copy of the sources, so that the build leaves nothing in the repo.
@@ -61,7 +62,7 @@ def pack_environment(root: Path) -> tuple[Path, dict[str, float]]:
     venv = root / "pyspark_venv"
     python = str(venv / "bin" / "python")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    deps = ["pyarrow", "pandas", "numpy", "rocksdict"]
+    deps = ["pyarrow", "pandas", "numpy", "rocksdict", "xxhash"]
     constraints = str(REPO / "constraints.txt")
     subprocess.run(
         _pip("--python", python, "install", "--no-compile", "-c", constraints, *deps), check=True
