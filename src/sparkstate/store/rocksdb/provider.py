@@ -315,7 +315,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
     def _restore(self, ref: VersionRef) -> tuple[dict[str, Any], list[str], str] | _LazyStart:
         """Restore the snapshot ``ref``: lazily (:mod:`.lazy`) where it is large enough, else
         downloaded whole. Either raises CorruptStateFileError for a damaged snapshot."""
-        conf = self.conf
+        conf, manifest = self.conf, None
         if conf.lazy_restore and ref not in self._not_lazily:
             manifest = read_manifest(self.dir, ref)
             size = sum(int(e["size"]) for e in manifest["sst"].values())
@@ -324,7 +324,7 @@ class RocksDBStateStoreProvider(VersionedProvider):
                     return _LazyStart(ref, manifest, RemoteSnapshot(self.dir, manifest))
                 except SstFormatError as exc:
                     log.warning("%s: restoring %s whole, not lazily: %s", self.id, ref, exc)
-        return self._download(ref)
+        return self._download(ref, manifest=manifest)
 
     def _lazy_db(self, start: _LazyStart) -> LazyDB:
         """A database over the snapshot ``start`` names, its files downloading meanwhile.
@@ -347,7 +347,8 @@ class RocksDBStateStoreProvider(VersionedProvider):
         }
 
         def download() -> tuple[str, list[str]]:
-            _, files, scratch = self._download(ref, f"{_LAZY_DOWNLOAD}{ref}-{uuid.uuid4().hex}")
+            name = f"{_LAZY_DOWNLOAD}{ref}-{uuid.uuid4().hex}"
+            _, files, scratch = self._download(ref, name, manifest)
             return scratch, files
 
         def replay(db: LocalDB, lineage: Sequence[VersionRef]) -> None:
@@ -426,11 +427,13 @@ class RocksDBStateStoreProvider(VersionedProvider):
     def _sst_map_path(self) -> str:
         return os.path.join(self.local.path, "sst_map.json")
 
-    def _download(self, ref: VersionRef, name: str = "") -> tuple[dict[str, Any], list[str], str]:
+    def _download(
+        self, ref: VersionRef, name: str = "", manifest: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], list[str], str]:
         """Download a snapshot and check that RocksDB opens it (inside the snapshot-skip loop),
         into the scratch directory ``name``."""
         scratch = self.local.scratch_path(name or f"restore-{ref}")
-        manifest, files, nbytes = download_snapshot(self.dir, ref, scratch)
+        manifest, files, nbytes = download_snapshot(self.dir, ref, scratch, manifest)
         self._stats["bytesDownloaded"] += nbytes
         self._stats["filesDownloaded"] += len(manifest["sst"])
         try:

@@ -141,14 +141,19 @@ def read_manifest(store_dir: DurableDir, ref: VersionRef) -> dict[str, Any]:
 
 
 def download_snapshot(
-    store_dir: DurableDir, ref: VersionRef, dest_dir: str
+    store_dir: DurableDir,
+    ref: VersionRef,
+    dest_dir: str,
+    manifest: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str], int]:
-    """Download the snapshot of ``ref`` into the new directory ``dest_dir``, checking CRCs.
+    """Download the snapshot of ``ref`` into the new directory ``dest_dir``, checking CRCs
+    (``manifest``: its manifest, where the caller read it already).
 
     Returns (manifest, local file names, bytes downloaded). A damaged manifest or SST file raises
     :class:`CorruptStateFileError` naming it (the caller then falls back to an older snapshot).
     """
-    manifest = read_manifest(store_dir, ref)
+    if manifest is None:
+        manifest = read_manifest(store_dir, ref)
     shutil.rmtree(dest_dir, ignore_errors=True)
     os.makedirs(dest_dir)
     sst_dir = store_dir.child(SST_DIR)
