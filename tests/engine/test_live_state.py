@@ -22,6 +22,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 import sparkstate as ss
 from sparkstate import functions as SF
 from sparkstate.observe.key_lookup import plain
+from sparkstate.observe.live import LiveState
 from sparkstate.observe.reader import ReadRequest, StateReader
 
 from .conftest import PROVIDERS, FileFeed
@@ -93,6 +94,36 @@ def test_reads_equal_the_state_reader_while_the_query_runs_and_after(
     assert {f.key["k"]: f.value for f in found if f.found} == last
     assert [f.key["k"] for f in live.scan()] and {f.key["k"]: f.value for f in live.scan()} == last
     live.close()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_reader_of_the_checkpoint_restores_each_partition_once_and_follows_by_changelogs(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    """A reader that reaches no home follows a running query from its checkpoint: each batch's
+    answers equal the state reader's, and a partition is restored from the durable files
+    once, then brought to each later batch by that batch's changes, not restored again."""
+    chk = tmp_path / "chk"
+    q = start(spark, feed, tmp_path, provider)
+    try:
+        feed.add(BATCHES[0])
+        q.processAllAvailable()
+        with LiveState(str(chk), connector=lambda address: None) as live:
+            for b, rows in enumerate(BATCHES[1:], start=1):
+                feed.add(rows)
+                q.processAllAvailable()
+                assert live.refresh()
+                found = live.get_many(KEYS)
+                assert {f.source for f in found} == {"checkpoint"}
+                assert {f.batch_id for f in found} == {b}
+                assert {f.key["k"]: f.value for f in found if f.found} == offline(chk, b)
+            partitions = len({f.partition for f in found})
+            assert live.checkpoint_loads == {
+                "restored": partitions,
+                "caught_up": partitions * (len(BATCHES) - 2),
+            }
+    finally:
+        q.stop()
 
 
 def kill_homes(spark: SparkSession) -> None:

@@ -11,7 +11,10 @@ A key goes to the home that owns its partition: the partition is Spark's hash of
 engine shuffles the operator's input by (:mod:`.spark_hash`), the home the one the last commit
 names for it. Where no home holds the partition (the query stopped, its executor was lost, the
 state moved), the same read loads the partition's version from the checkpoint's durable files,
-once per batch, and answers from it. Nothing here writes to the checkpoint or to a home.
+once per batch, and answers from it. The partition's provider is kept from one batch to the
+next, so a reader that follows a running query from its checkpoint restores a partition once
+and reaches each later batch by its changelogs (``checkpoint_loads`` counts how each load was
+made). Nothing here writes to the checkpoint or to a home.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +36,7 @@ from sparkstate.runtime.home_channel import NO_CREDENTIALS, Credentials
 from sparkstate.runtime.home_client import connect_owner
 from sparkstate.runtime.home_reads import MAX_SCAN_LIMIT, HomeReader
 from sparkstate.runtime.home_wire import HomeLost
-from sparkstate.store.base import StateStore
+from sparkstate.store.base import StateStore, StateStoreProvider
 from sparkstate.store.capabilities import ReadsChanges
 from sparkstate.store.families import ColumnFamily, key_successor
 
@@ -128,8 +132,16 @@ class LiveState:
         self._shuffle = partition_columns(op.description, key_schema)
         self._connector = connector or _connector(credentials)
         self._readers: dict[str, HomeReader | None] = {}
+        #: The read stores of the batch read, aborted when it moves; the providers they load
+        #: from, kept across batches (closed with this reader).
         self._opened = contextlib.ExitStack()
         self._stores: dict[tuple[int, int], StateStore | None] = {}
+        self._kept = contextlib.ExitStack()
+        self._providers: dict[int, StateStoreProvider] = {}
+        #: How the partitions read from the checkpoint were loaded, by the provider's word for
+        #: it (``restored``: from the durable files; ``caught_up``: from the version loaded
+        #: before, by the changelogs since; ``open``: that version still).
+        self.checkpoint_loads: Counter[str] = Counter()
         self._checked = 0.0
         self._at(self._chk.last_batch())
 
@@ -374,10 +386,29 @@ class LiveState:
         checkpoint, loaded once per batch."""
         batch = self.batch_id if batch is None else batch
         if (p, batch) not in self._stores:
-            self._stores[(p, batch)] = self._opened.enter_context(
-                self._chk.read_store(self.operator.id, p, batch)
-            )
+            if batch == self.batch_id:
+                store = self._load(p)
+            else:  # (a scan begun at a batch the reader has moved on from)
+                store = self._opened.enter_context(self._chk.read_store(self.operator.id, p, batch))
+            self._stores[(p, batch)] = store
         return self._stores[(p, batch)]
+
+    def _load(self, p: int) -> StateStore | None:
+        """Partition ``p``'s state after the batch read, by the partition's kept provider."""
+        provider = self._providers.get(p)
+        if provider is None:
+            with contextlib.ExitStack() as opening:
+                provider = opening.enter_context(self._chk.provider_for(self.operator.id, p))
+                if provider is None:
+                    return None  # (no state yet: asked again at the next batch)
+                self._kept.push(opening.pop_all())
+            self._providers[p] = provider
+        checkpoint_id = self._chk.checkpoint_id(self.operator.id, p, self.batch_id)
+        store = provider.get_read_store(self.batch_id + 1, checkpoint_id)
+        self._opened.callback(store.abort)
+        if store.found is not None:
+            self.checkpoint_loads[store.found] += 1
+        return store
 
     def _close_stores(self) -> None:
         self._stores.clear()
@@ -391,6 +422,8 @@ class LiveState:
                 reader.close()
         self._readers.clear()
         self._close_stores()
+        self._providers.clear()
+        self._kept.close()
 
     def __enter__(self) -> LiveState:
         return self
