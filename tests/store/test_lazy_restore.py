@@ -219,3 +219,25 @@ def test_small_snapshots_and_the_switch_restore_whole(
         assert metrics["filesDownloaded"] > 0
         assert _read(store, list(range(N))) == model
         store.abort()
+
+
+@pytest.mark.parametrize("written", ["local"], indirect=True)
+def test_a_reader_kept_open_restores_lazily_once_and_catches_up(
+    written: tuple[ProviderFactory, dict[int, str], int], gate: Gate
+) -> None:
+    """A reader that follows later versions (a live reader of the checkpoint) keeps its
+    provider's local copy open: the next version is caught up on the lazy database by its
+    changelog, not restored again; with the copy closed between loads it is."""
+    factory, model, version = written
+    for keep_open, then in ((True, "caught_up"), (False, "restored")):
+        provider = _fresh(factory, keep_local_open=keep_open)
+        store = provider.get_read_store(version - 1)
+        assert store.found == "restored"
+        assert store.metrics().custom["lazyRestores"] == 1
+        store.abort()
+        store = provider.get_read_store(version)
+        assert store.found == then
+        assert _read(store, list(range(-5, N + 5))) == model
+        store.abort()
+        provider.close()
+    gate.open.set()

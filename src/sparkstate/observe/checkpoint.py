@@ -154,10 +154,14 @@ class StateCheckpoint:
         return None
 
     @contextlib.contextmanager
-    def provider_for(self, op_id: int, partition: int) -> Iterator[StateStoreProvider | None]:
+    def provider_for(
+        self, op_id: int, partition: int, *, keep_open: bool = False
+    ) -> Iterator[StateStoreProvider | None]:
         """A provider bound to the partition's durable files, with a scratch local directory
-        of its own (None when the partition has no store)."""
-        with provider_over_files(self.provider, StoreId(self.state_root, op_id, partition)) as p:
+        of its own (None when the partition has no store); ``keep_open``: see
+        :func:`~sparkstate.store.capabilities.provider_over_files`."""
+        store_id = StoreId(self.state_root, op_id, partition)
+        with provider_over_files(self.provider, store_id, keep_open=keep_open) as p:
             yield p
 
     @contextlib.contextmanager

@@ -398,7 +398,9 @@ class LiveState:
         provider = self._providers.get(p)
         if provider is None:
             with contextlib.ExitStack() as opening:
-                provider = opening.enter_context(self._chk.provider_for(self.operator.id, p))
+                provider = opening.enter_context(
+                    self._chk.provider_for(self.operator.id, p, keep_open=True)
+                )
                 if provider is None:
                     return None  # (no state yet: asked again at the next batch)
                 self._kept.push(opening.pop_all())

@@ -217,10 +217,14 @@ def shares_files(provider: str) -> bool:
 
 
 @contextlib.contextmanager
-def provider_over_files(provider: str, store_id: StoreId) -> Iterator[StateStoreProvider | None]:
+def provider_over_files(
+    provider: str, store_id: StoreId, *, keep_open: bool = False
+) -> Iterator[StateStoreProvider | None]:
     """A provider (by name or class path) bound to the durable files of ``store_id`` alone,
     with a scratch local directory of its own, for any partition count the store was written
-    for; None when the store has no ``_schema.json`` (it never ran)."""
+    for; None when the store has no ``_schema.json`` (it never ran). ``keep_open``: its local
+    copy stays open between loads (a reader that follows later versions catches up on it; a
+    lazy restore's copy, closed, is restored again)."""
     directory = DurableDir(store_id.checkpoint_root).child(store_id.relative_dir)
     if not directory.exists(SCHEMA_FILE):
         yield None
@@ -230,7 +234,7 @@ def provider_over_files(provider: str, store_id: StoreId) -> Iterator[StateStore
     scratch = tempfile.mkdtemp(prefix="sparkstate-reader-")
     conf = StoreConf(
         local_dir=scratch,
-        keep_local_open=False,
+        keep_local_open=keep_open,
         num_partitions=None,  # any count the store was written for: batches before a rescale
         block_cache_mb=32,
         write_buffer_mb=16,
