@@ -122,7 +122,8 @@ def _executors_unplaced(plan: RunPlan, num_partitions: int) -> bool:
         context = plan.spark_query.sparkSession().sparkContext()
     except Exception:  # noqa: BLE001 - a status that cannot be read: run as before
         return False
-    return unplaced(plan.executors_placed, executors_listed(context), num_partitions)
+    listed = executors_listed(context)
+    return listed is not None and unplaced(plan.executors_placed, len(listed), num_partitions)
 
 
 def _rows_read(plan: RunPlan) -> int | None:

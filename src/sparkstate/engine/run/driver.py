@@ -367,7 +367,8 @@ class BatchDriver:
 
     def _find_joined_homes(self, df: DataFrame) -> None:
         """The homes of executors that joined since the last batch's reports, added to those
-        the placement spreads the partitions over (:mod:`sparkstate.engine.run.joined_homes`)."""
+        the placement spreads the partitions over, and those of executors gone dropped
+        (:mod:`sparkstate.engine.run.joined_homes`)."""
         conf = self.config.store.conf
         if not (conf.balance_homes and conf.state_home) or self._placement.executors() is None:
             return
@@ -380,17 +381,20 @@ class BatchDriver:
                 lambda: executors_listed(context), home_job(sc, conf), self.config.num_partitions
             )
         started = time.monotonic()
+        known = self._placement.executor_names()
         try:
             found = self._joined.find(self._placement)
         except Exception as exc:  # noqa: BLE001 - the batch's own tasks may find them
             self._check_stop()
             log.info("looking for the state homes of executors that joined failed: %s", exc)
             return
-        if found:
+        gone = known - self._placement.executor_names()
+        if found or gone:
             log.info(
-                "found the state homes of %d executor(s) that joined in %.2f s",
+                "found the state homes of %d executor(s) that joined in %.2f s%s",
                 found,
                 time.monotonic() - started,
+                f"; those of {', '.join(sorted(gone))} are gone" if gone else "",
             )
 
     def _lineage(self, batch_id: int) -> dict[int, dict[int, str | None]]:

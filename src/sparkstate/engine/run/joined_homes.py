@@ -2,17 +2,30 @@
 
 The driver knows the executors whose homes the last batch's tasks reported (:mod:`.placement`);
 an executor that joined is known once Spark runs a task of a batch there, which its scheduler
-may not do for several batches. So while Spark's status tracker lists more executors than the
-driver knows homes on, the driver runs a small job before the batch: each task finds (or
-starts) its executor's state home of its slot and reports it, as a batch's task reports its
-own. A task on an executor the driver knows keeps its slot a moment, so that the job's other
-tasks go to the executors it does not; the job runs again (a few times, within a few seconds)
-until a home is known on every executor listed. The homes found are added to the last batch's
-reports, and the batch's placement moves partitions to them at once.
+may not do for several batches. So while Spark's status lists more executors than the driver
+knows homes on, the driver runs a small job before the batch: each task finds (or starts) its
+executor's state home of its slot and reports it, as a batch's task reports its own. A task on
+an executor the driver knows keeps its slot a moment, so that the job's other tasks go to the
+executors it does not; the job runs again (a few times, within a few seconds) until a home is
+known on every executor listed. The homes found are added to the last batch's reports, and the
+batch's placement moves partitions to them at once.
 
-No job runs while every executor listed has a known home (one question to the status tracker
-a batch), nor where the status cannot be read. The tasks reach their homes with the query's
-credentials (Spark's ``spark.authenticate``), as a batch's tasks do.
+An executor lost and replaced between two batches leaves as many listed, and the last batch's
+reports still name the lost one's home. So executors are told apart by their ids, which Spark
+never gives twice in an application (a host and port may come back: a replacement on the same
+host with a fixed block manager port), and where one listed when the driver last knew a home on
+each is listed no more, the job runs until its own tasks found a home on every executor listed.
+Where they did, their reports are the whole truth: the homes of executors they did not reach
+are dropped, and their partitions move to the executors below their share before the batch.
+A lost executor may stay listed a moment beside its replacement (until Spark hears of its end):
+the search for the one that joined ends once as many homes are known as executors listed, and
+the lost one's leaving the list starts the search that drops its home.
+
+No job runs while every executor listed has a known home and none listed before is gone (one
+question to Spark's status a batch), nor where the status cannot be read, and a search that
+cannot find them all runs at most ``SEARCHES`` times for the same executors listed. The tasks
+reach their homes with the query's credentials (Spark's ``spark.authenticate``), as a batch's
+tasks do.
 """
 
 from __future__ import annotations
@@ -42,18 +55,26 @@ HOLD_S = 0.3
 #: Tasks a job runs per core of the executors listed (taken as large as the largest known).
 TASKS_PER_CORE = 2
 MAX_TASKS = 256
+#: The driver's id among the executors Spark's status lists (``SparkContext.DRIVER_IDENTIFIER``).
+DRIVER_ID = "driver"
 
 #: A job of ``n`` tasks, told the executors whose homes are known: the homes its tasks report.
 HomeJob = Callable[[int, frozenset[str]], list[HomeSeen]]
 
 
-def executors_listed(context: Any) -> int | None:
-    """How many executors the application has, the driver not counted (the status tracker of
-    the JVM's ``SparkContext`` ``context``); None: the status cannot be read."""
+def executors_listed(context: Any) -> frozenset[str] | None:
+    """The ids of the executors the application has, the driver's left out (the status store
+    of the JVM's ``SparkContext`` ``context``, which Spark's status tracker reads); None: the
+    status cannot be read."""
     try:
-        return len(context.statusTracker().getExecutorInfos()) - 1
+        listed = context.statusStore().executorList(True).iterator()
+        ids = set()
+        while listed.hasNext():
+            ids.add(str(listed.next().id()))
     except Exception:  # noqa: BLE001 - a status that cannot be read: nothing to look for
         return None
+    ids.discard(DRIVER_ID)
+    return frozenset(ids)
 
 
 def unplaced(placed: int | None, listed: int | None, num_partitions: int) -> bool:
@@ -76,7 +97,7 @@ class JoinedHomes:
 
     def __init__(
         self,
-        listed: Callable[[], int | None],
+        listed: Callable[[], frozenset[str] | None],
         run_job: HomeJob,
         num_partitions: int,
         *,
@@ -88,36 +109,56 @@ class JoinedHomes:
         self._num_partitions = num_partitions
         self._rounds = rounds
         self._budget_s = budget_s
+        #: The executors listed when the driver last knew a home on each, or gave up looking:
+        #: one of them no longer listed starts a search that must find every executor listed.
+        self._covered: frozenset[str] | None = None
         #: The executors listed when a search last found a home on each, or that searches
-        #: ``SEARCHES`` times: no search again while as many are listed (an executor of few
+        #: ``SEARCHES`` times: no search again while they are listed (an executor of few
         #: cores may hold no partition, and then no batch reports its home).
-        self._settled: int | None = None
+        self._settled: frozenset[str] | None = None
         self._searches = 0
 
     def find(self, placement: Placement) -> int:
-        """Add to ``placement`` the homes of the executors listed that it knows none on; how
-        many executors were found."""
+        """Add to ``placement`` the homes of the executors listed that it knows none on, and
+        drop those of executors gone where a search found all; how many executors were found."""
         listed = self._listed()
-        if listed != self._settled:
-            self._settled = None
-        if listed is None or listed == self._settled:
+        if not listed or listed == self._settled:
             return 0
-        if not unplaced(placement.executors(), listed, self._num_partitions):
+        self._settled = None
+        changed = self._covered is not None and not self._covered <= listed  # one gone
+        if not changed and not unplaced(placement.executors(), len(listed), self._num_partitions):
+            self._covered, self._searches = listed, 0
+            return 0
+        before = placement.executor_names()
+        done = self._search(placement, len(listed), changed)
+        self._searches += 1
+        if done or self._searches >= SEARCHES:
+            self._settled = self._covered = listed
             self._searches = 0
-            return 0
-        before = placement.executors() or 0
+        return len(placement.executor_names() - before)
+
+    def _search(self, placement: Placement, listed: int, changed: bool) -> bool:
+        """Jobs until a home is known on each of ``listed`` executors (where one listed before
+        is gone, ``changed``: found by the jobs' tasks themselves, as the last batch's reports
+        may name the lost one's), within the rounds and the time of a search; whether that was
+        done."""
+        found: set[str] = set()
+
+        def done() -> bool:
+            if len(found) >= listed:
+                return True
+            return not changed and not unplaced(placement.executors(), listed, self._num_partitions)
+
         deadline = time.monotonic() + self._budget_s
         for _ in range(self._rounds):
-            missing = unplaced(placement.executors(), listed, self._num_partitions)
-            if not missing or time.monotonic() >= deadline:
+            if done() or time.monotonic() >= deadline:
                 break
-            n = job_tasks(placement.homes, listed)
-            placement.also_saw(self._run_job(n, placement.executor_names()))
-        self._searches += 1
-        found_all = not unplaced(placement.executors(), listed, self._num_partitions)
-        if found_all or self._searches >= SEARCHES:
-            self._settled, self._searches = listed, 0
-        return (placement.executors() or 0) - before
+            reports = self._run_job(job_tasks(placement.homes, listed), placement.executor_names())
+            found.update(h.executor for h in reports)
+            placement.also_saw(reports)
+        if len(found) >= listed:
+            placement.only_on(found)
+        return done()
 
 
 def home_job(sc: SparkContext, conf: StoreConf) -> HomeJob:
