@@ -215,19 +215,21 @@ def test_the_database_spans_levels_blocks_and_partitions(
 def test_a_lookup_reads_a_partition_and_a_block(
     database: tuple[str, rocksdict.Rdict, History, Path],
 ) -> None:
-    """Opening a file reads its end once; a lookup then reads one index partition (unless the
+    """Opening a file reads its end once, and the top level of its filter where that lies
+    before the end; a lookup then reads one filter partition, one index partition (unless the
     end held it) and one data block, and a second lookup of the same key reads nothing."""
     _, _, _, where = database
     path = max(where.glob("*.sst"), key=lambda p: p.stat().st_size)
     read, size = file_reader(path)
     sst = SstFile(read, size, path.name)
-    assert sst.reads == 1
+    opened = sst.reads
+    assert opened in (1, 2)
     assert sst.get(key(77_777)) is not None
-    assert sst.reads in (2, 3)
+    assert sst.reads - opened in (2, 3)
     reads = sst.reads
     assert sst.get(key(77_777)) is not None
     assert sst.reads == reads
-    assert sst.bytes_read < 64 * 1024 + 3 * 16 * 1024
+    assert sst.bytes_read < 64 * 1024 + 4 * 16 * 1024
 
 
 def test_the_block_cache_is_bounded(database: tuple[str, rocksdict.Rdict, History, Path]) -> None:

@@ -2,8 +2,9 @@
 
 A key of a snapshot on durable storage is found without downloading the snapshot: an
 :class:`SstFile` reads the end of its file once (footer, metaindex, properties, range
-deletions, the top level of the index), then for a lookup one index partition and one data
-block, each by a ranged read, and keeps both for the next lookup. An :class:`SstSet` answers
+deletions, the top levels of the index and of the filter), then for a lookup one filter
+partition and, unless the filter rules the key out, one index partition and one data block,
+each by a ranged read, and keeps them for the next lookup. An :class:`SstSet` answers
 for a whole database from the SST files of one of its checkpoints: sequence numbers are global
 in a database, so the newest entry of a key among the files wins and no MANIFEST is needed.
 
@@ -12,8 +13,10 @@ two-level index, the bytewise comparator, blocks uncompressed or compressed with
 ZSTD, Snappy, zlib or bzip2). A file or an entry it cannot read raises :class:`SstFormatError`
 (an unknown table, format or compression, a merge operand, a blob reference, user-defined
 timestamps) or :class:`~sparkstate.exceptions.CorruptStateFileError` (a short read, a failed
-checksum, a block that does not decode), never a wrong answer. Filters are not read: a lookup
-of an absent key reads the data block where it would be.
+checksum, a block that does not decode), never a wrong answer. The whole-key Bloom filter of
+format version 5 is read, partitioned or not (:mod:`.sst_filter`), so that a key absent from a
+file mostly costs no read of its data; a file with another filter, or none, reads the data
+block where an absent key would be.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sparkstate.exceptions import CorruptStateFileError
+from sparkstate.store.rocksdb.sst_filter import BloomFilter, find_filter
 from sparkstate.store.rocksdb.sst_format import (
     FOOTER_SIZE,
     TRAILER_SIZE,
@@ -93,13 +97,14 @@ class _Index:
 
 
 class SstFile:
-    """One SST file read by ranges: a lookup reads an index partition and a data block.
+    """One SST file read by ranges: a lookup reads a filter partition, and where the filter
+    does not rule its key out an index partition and a data block.
 
-    Index partitions are kept once read (they are a small part of a file); decompressed data
-    blocks are kept in an LRU of ``cache_bytes``. ``reads`` and ``bytes_read`` count the calls
-    to ``read`` and the bytes they returned; ``properties`` are the table's properties as
-    stored (numbers as varints); ``tombstones`` its range deletions as (begin, end, sequence
-    number), the end excluded.
+    Filter and index partitions are kept once read (they are a small part of a file);
+    decompressed data blocks are kept in an LRU of ``cache_bytes``. ``reads`` and
+    ``bytes_read`` count the calls to ``read`` and the bytes they returned; ``properties`` are
+    the table's properties as stored (numbers as varints); ``tombstones`` its range deletions
+    as (begin, end, sequence number), the end excluded.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class SstFile:
         self._cached_bytes = 0
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         self._partitions: dict[int, _Index] = {}
+        self._blooms: dict[int, BloomFilter | None] = {}
         with self._errors():
             self._tail_offset = max(0, size - max(tail_bytes, FOOTER_SIZE))
             self._tail = self._read_range(self._tail_offset, size - self._tail_offset)
@@ -130,16 +136,22 @@ class SstFile:
             self._delta_encoded = props.get(b"rocksdb.index.value.is.delta.encoded") == b"\x01"
             self._two_level = self._index_type(props) == _TWO_LEVEL_INDEX
             self._top = self._parse_index(self._block(self._footer.index))
+            self._filter = find_filter(meta, props)
+            self._filter_top: _Index | None = None
+            if self._filter is not None and self._filter.partitioned:
+                self._filter_top = self._parse_index(self._block(self._filter.handle))
             self.tombstones = self._range_deletions(meta.get(b"rocksdb.range_del"))
 
     def get(self, user_key: bytes) -> Entry | None:
         """The newest entry of ``user_key`` in this file, None if it has none."""
         with self._errors():
             handle = self._top.find(user_key)
-            if handle is not None and self._two_level:
-                handle = self._partition(handle).find(user_key)
-            if handle is None:
+            if handle is None or not self._may_contain(user_key):
                 return None
+            if self._two_level:
+                handle = self._partition(handle).find(user_key)
+                if handle is None:
+                    return None
             for key, value in block_entries(self._data_block(handle), user_key):
                 found, seq, kind = split_internal_key(key)
                 if found < user_key:
@@ -148,6 +160,12 @@ class SstFile:
                     return None
                 return Entry(seq, self._kind(kind, user_key), value)
             return None
+
+    def may_contain(self, user_key: bytes) -> bool:
+        """False if the file's filter rules ``user_key`` out (it has no entry of it), True if
+        it may have one or the file has no filter this reader reads."""
+        with self._errors():
+            return self._may_contain(user_key)
 
     def last_below(self, end: bytes) -> bytes | None:
         """The largest user key below ``end`` that has an entry in this file (of any kind, a
@@ -265,6 +283,25 @@ class SstFile:
             index = self._parse_index(self._block(handle))
             self._partitions[handle.offset] = index
         return index
+
+    def _may_contain(self, user_key: bytes) -> bool:
+        """:meth:`may_contain`: the filter partition where ``user_key`` would be, read once."""
+        if self._filter is None:
+            return True
+        handle = self._filter.handle
+        if self._filter_top is not None:
+            if not self._filter_top.handles:
+                return True
+            found = self._filter_top.find(user_key)
+            # Past the last partition's key, the last partition (as RocksDB looks it up).
+            handle = self._filter_top.handles[-1] if found is None else found
+        bloom = self._bloom(handle)
+        return bloom is None or bloom.may_contain(user_key)
+
+    def _bloom(self, handle: BlockHandle) -> BloomFilter | None:
+        if handle.offset not in self._blooms:
+            self._blooms[handle.offset] = BloomFilter.parse(self._block(handle))
+        return self._blooms[handle.offset]
 
     def _data_block(self, handle: BlockHandle) -> bytes:
         block = self._blocks.get(handle.offset)
