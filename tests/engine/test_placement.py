@@ -203,6 +203,30 @@ def test_a_lost_executor_still_listed_beside_its_replacement_is_searched_twice()
     assert len(cluster.jobs) == 2
 
 
+def test_a_search_drops_no_home_of_an_executor_still_listed() -> None:
+    """A search that reaches as many executors as are listed, one of them not listed yet
+    (Spark's status follows its scheduler) while it misses a listed one, keeps the listed one's
+    home: only the home of an executor neither reached nor listed is dropped."""
+    placement = Placement()
+    placement.saw(homes(("a", 1, 1), ("b", 1, 1), ("x", 1, 1)).values())
+    cluster = Cluster("abx", [])
+
+    def run_job(n: int, known: frozenset[str]) -> list[HomeSeen]:  # b's tasks do not run
+        return [h for h in cluster.run_job(n, known) if h.executor != "b"]
+
+    search = JoinedHomes(lambda: cluster.listed, run_job, num_partitions=4)
+    assert search.find(placement) == 0
+    cluster.listed, cluster.reached = frozenset("ab"), [{"n"}]  # x lost; n not listed yet
+    assert search.find(placement) == 1
+    assert placement.executor_names() == {"a", "b", "n"}
+    assert placement.lost == {"x-0"}
+
+
+def test_a_home_names_its_executor_by_host_and_spark_id() -> None:
+    assert joined_homes.executor_id("10.0.0.7/12") == "12"
+    assert joined_homes.executor_id("a") == "a"
+
+
 def test_a_lost_executor_not_replaced_has_its_home_dropped() -> None:
     placement = Placement()
     placement.saw(homes(("a", 1, 1), ("b", 1, 1)).values())

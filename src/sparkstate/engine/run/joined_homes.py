@@ -15,8 +15,9 @@ reports still name the lost one's home. So executors are told apart by their ids
 never gives twice in an application (a host and port may come back: a replacement on the same
 host with a fixed block manager port), and where one listed when the driver last knew a home on
 each is listed no more, the job runs until its own tasks found a home on every executor listed.
-Where they did, their reports are the whole truth: the homes of executors they did not reach
-are dropped, and their partitions move to the executors below their share before the batch.
+Where they did, the homes of executors they did not reach and Spark no longer lists (a home
+names its executor ``host/id``) are dropped, and their partitions move to the executors below
+their share before the batch.
 A lost executor may stay listed a moment beside its replacement (until Spark hears of its end):
 the search for the one that joined ends once as many homes are known as executors listed, and
 the lost one's leaving the list starts the search that drops its home.
@@ -42,7 +43,7 @@ from sparkstate.engine.run.placement import HomeSeen, Placement
 from sparkstate.runtime import home_client
 from sparkstate.store.conf import StoreConf
 
-__all__ = ["JoinedHomes", "executors_listed", "home_job", "job_tasks", "unplaced"]
+__all__ = ["JoinedHomes", "executor_id", "executors_listed", "home_job", "job_tasks", "unplaced"]
 
 #: Jobs a search runs at most, and the time after which it starts no other.
 ROUNDS = 4
@@ -130,18 +131,21 @@ class JoinedHomes:
             self._covered, self._searches = listed, 0
             return 0
         before = placement.executor_names()
-        done = self._search(placement, len(listed), changed)
+        done = self._search(placement, listed, changed)
         self._searches += 1
         if done or self._searches >= SEARCHES:
             self._settled = self._covered = listed
             self._searches = 0
         return len(placement.executor_names() - before)
 
-    def _search(self, placement: Placement, listed: int, changed: bool) -> bool:
-        """Jobs until a home is known on each of ``listed`` executors (where one listed before
+    def _search(self, placement: Placement, listed_ids: frozenset[str], changed: bool) -> bool:
+        """Jobs until a home is known on each of the executors listed (where one listed before
         is gone, ``changed``: found by the jobs' tasks themselves, as the last batch's reports
         may name the lost one's), within the rounds and the time of a search; whether that was
-        done."""
+        done. Where the tasks found as many executors as are listed, the homes of executors
+        neither found nor listed are dropped (one found may not be listed yet, for Spark's
+        status follows its scheduler, so a listed one missed keeps its home)."""
+        listed = len(listed_ids)
         found: set[str] = set()
 
         def done() -> bool:
@@ -157,8 +161,14 @@ class JoinedHomes:
             found.update(h.executor for h in reports)
             placement.also_saw(reports)
         if len(found) >= listed:
-            placement.only_on(found)
+            still = {e for e in placement.executor_names() if executor_id(e) in listed_ids}
+            placement.only_on(found | still)
         return done()
+
+
+def executor_id(name: str) -> str:
+    """Spark's id of the executor a home reported (its name is ``host/id``)."""
+    return name.rpartition("/")[2]
 
 
 def home_job(sc: SparkContext, conf: StoreConf) -> HomeJob:
