@@ -177,6 +177,10 @@ class RocksDBStateStore(StateStore):
             (top,) = tops.values()
             end = next(iter(self._families.values())).end_of_family()
             probe = [k for k in keys if k <= top or k >= end]  # (or of no family)
+        elif keys and family_of(min(keys)) == family_of(max(keys)):
+            # One family's keys (a family's keys are one range of bytes): one top for all.
+            family_top = tops.get(family_of(keys[0]))
+            probe = keys if family_top is None else [k for k in keys if k <= family_top]
         else:
             probe = [k for k in keys if k <= tops.get(family_of(k), k)]
         if len(probe) == len(keys):
