@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,13 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 import sparkstate as ss
 from sparkstate import functions as SF
+from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.key_lookup import plain
 from sparkstate.observe.live import LiveState
 from sparkstate.observe.reader import ReadRequest, StateReader
+from sparkstate.runtime.home_channel import NO_CREDENTIALS
+from sparkstate.runtime.home_client import connect_owner
+from sparkstate.runtime.home_reads import HomeReader
 
 from .conftest import PROVIDERS, FileFeed
 from .helpers import source
@@ -184,6 +189,80 @@ def test_a_read_during_batches_sees_one_committed_batch_whole_across_a_home_kill
     want = {b: offline(chk, b) for b in batches}
     assert all(values == want[b] for b, values, _ in seen)
     assert any(sources == {"home"} for _, _, sources in seen)
+
+
+class HeldReader:
+    """A home reader whose first request waits until let go, and which counts the keys of
+    each request it carries."""
+
+    def __init__(self, reader: HomeReader, let_go: threading.Event, sizes: list[int]) -> None:
+        self._reader, self._let_go, self._sizes = reader, let_go, sizes
+
+    def send(self, header: dict[str, Any], blobs: list[bytes | None]) -> int:
+        self._let_go.wait(timeout=60)
+        self._sizes.append(len(blobs))
+        return self._reader.send(header, blobs)
+
+    def receive(self) -> Any:
+        return self._reader.receive()
+
+    def request(self, header: dict[str, Any], blobs: list[bytes | None]) -> Any:
+        self.send(header, blobs)
+        return self.receive()
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def test_point_reads_from_many_threads_at_once_are_answered_together(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path
+) -> None:
+    """A reader shared by threads, as a web service's handlers share one: point reads asked
+    while another is in flight go to the homes together, one request a partition, and each
+    thread gets its own key's state; a key that does not fit fails in its own thread only."""
+    chk = tmp_path / "chk"
+    q = start(spark, feed, tmp_path, "rocksdb")
+    let_go, sizes = threading.Event(), []
+
+    def connect(address: str) -> HeldReader | None:
+        channel = connect_owner(address, NO_CREDENTIALS)
+        return None if channel is None else HeldReader(HomeReader(channel), let_go, sizes)
+
+    try:
+        for rows in BATCHES[:2]:
+            feed.add(rows)
+            q.processAllAvailable()
+        want = offline(chk, 1)
+        answers: dict[Any, Any] = {}
+        with LiveState(str(chk), connector=connect) as live:
+
+            def ask(key: Any) -> None:
+                try:
+                    answers[key] = live.get(key)
+                except ConfigurationError as exc:
+                    answers[key] = exc
+
+            first = threading.Thread(target=ask, args=(KEYS[0],))
+            first.start()
+            while not live._answering:  # the first read is in flight, held
+                time.sleep(0.01)
+            rest = [threading.Thread(target=ask, args=(k,)) for k in [*KEYS[1:], 13]]
+            for t in rest:
+                t.start()
+            deadline = time.monotonic() + 30
+            while len(live._waiting) < len(rest) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            let_go.set()
+            for t in [first, *rest]:
+                t.join(timeout=60)
+        assert isinstance(answers.pop(13), ConfigurationError)  # an int for a string key
+        assert {k: f.value for k, f in answers.items() if f.found} == want
+        assert {f.source for f in answers.values()} == {"home"}
+        assert {f.batch_id for f in answers.values()} == {1}
+        # The keys were asked for together, one request a partition: several in some.
+        assert max(sizes) > 1, sizes
+    finally:
+        q.stop()
 
 
 class Keeper(StatefulProcessor):  # type: ignore[misc]

@@ -15,12 +15,18 @@ once per batch, and answers from it. The partition's provider is kept from one b
 next, so a reader that follows a running query from its checkpoint restores a partition once
 and reaches each later batch by its changelogs (``checkpoint_loads`` counts how each load was
 made). Nothing here writes to the checkpoint or to a home.
+
+A reader may be shared by many threads (a web service's handlers): its reads take turns on its
+connections, and point reads asked for at once are answered together, as one ``get_many`` of
+their keys (each home asked once for all of them), where one at a time each would be a round
+trip of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,7 +37,7 @@ import pyarrow as pa
 from sparkstate.exceptions import ConfigurationError
 from sparkstate.observe.checkpoint import OperatorInfo, StateCheckpoint, open_checkpoint
 from sparkstate.observe.key_lookup import key_columns, partition_columns, plain, store_views
-from sparkstate.observe.spark_hash import spark_partitions
+from sparkstate.observe.spark_hash import spark_partition, spark_partitions
 from sparkstate.runtime.home_channel import NO_CREDENTIALS, Credentials
 from sparkstate.runtime.home_client import connect_owner
 from sparkstate.runtime.home_reads import MAX_SCAN_LIMIT, HomeReader
@@ -46,6 +52,8 @@ __all__ = ["Found", "LiveState"]
 REFRESH_S = 0.05
 #: Keys one request to a home carries, at most.
 _GET_CHUNK = 4096
+#: Bytes of requests a connection to a home carries before their answers are read, at most.
+_IN_FLIGHT = 32 << 10
 #: Pairs one scan request to a home asks for.
 _SCAN_PAGE = 4096
 
@@ -143,6 +151,12 @@ class LiveState:
         #: before, by the changelogs since; ``open``: that version still).
         self.checkpoint_loads: Counter[str] = Counter()
         self._checked = 0.0
+        #: Held by a read while it uses the connections, stores and batch read.
+        self._lock = threading.RLock()
+        #: Point reads waiting to be answered together, and whether a thread is answering.
+        self._asked = threading.Lock()
+        self._waiting: list[_PointRead] = []
+        self._answering = False
         self._at(self._chk.last_batch())
 
     # --- the batch read ----------------------------------------------------------------------
@@ -159,6 +173,10 @@ class LiveState:
     def refresh(self, *, force: bool = True) -> bool:
         """Move to the newest batch the query committed (at most every :data:`REFRESH_S`
         seconds unless ``force``); whether it moved."""
+        with self._lock:
+            return self._refresh(force)
+
+    def _refresh(self, force: bool) -> bool:
         now = time.monotonic()
         if not force and now - self._checked < REFRESH_S:
             return False
@@ -212,6 +230,9 @@ class LiveState:
             msg = f"a key does not fit the operator's key columns ({self._key_schema}): {exc}"
             raise ConfigurationError(msg) from exc
         encoded = self._family.key_codec.encode_many(table.select(schema.names))
+        if len(rows) == 1:  # (a point read: the scalar hash, without numpy's fixed cost)
+            scalars = [table.column(c)[0] for c in self._shuffle]
+            return encoded, [spark_partition(scalars, self._partitions)]
         hashed = spark_partitions([table.column(c) for c in self._shuffle], self._partitions)
         return encoded, [None] * len(rows) if hashed is None else hashed.tolist()
 
@@ -221,12 +242,65 @@ class LiveState:
     # --- reads ----------------------------------------------------------------------------------
 
     def get(self, key: Any) -> Found:
-        """The state of one key after the last batch the query committed."""
-        return self.get_many([key])[0]
+        """The state of one key after the last batch the query committed. Keys asked for by
+        several threads at once are read together (:meth:`get_many`)."""
+        self._key_row(key)  # (a key that does not fit fails in its caller's thread)
+        asked = _PointRead(key)
+        with self._asked:
+            leads = not self._answering
+            self._answering = True
+            if not leads:
+                self._waiting.append(asked)
+        if not leads:
+            asked.wait()  # (answered, or handed the lead)
+        if leads or asked.leads:
+            self._lead(asked)
+        if asked.error is not None:
+            raise asked.error
+        assert asked.found is not None
+        return asked.found
+
+    def _lead(self, asked: _PointRead) -> None:
+        """Answer ``asked`` and the reads waiting with it, then hand the lead to the first
+        read that came while they were answered (one thread woken, not every one waiting)."""
+        with self._asked:
+            together, self._waiting = [asked, *self._waiting], []
+        try:
+            self._answer(together)
+        finally:
+            for one in together[1:]:
+                if one.found is None and one.error is None:  # (an interrupt: said so)
+                    one.error = ConfigurationError("the read answering this one stopped")
+                one.wake()
+            with self._asked:
+                if self._waiting:
+                    self._waiting.pop(0).wake(lead=True)
+                else:
+                    self._answering = False
+
+    def _answer(self, asked: list[_PointRead]) -> None:
+        """Answer point reads together; where that fails, each half on its own, so that one
+        key's failure is its own."""
+        try:
+            founds = self.get_many([a.key for a in asked])
+        except Exception as exc:
+            if len(asked) == 1:
+                asked[0].error = exc
+                return
+            half = len(asked) // 2
+            self._answer(asked[:half])
+            self._answer(asked[half:])
+            return
+        for one, found in zip(asked, founds, strict=True):
+            one.found = found
 
     def get_many(self, keys: Sequence[Any]) -> list[Found]:
         """The state of many keys, all after the same committed batch, in their order."""
-        self.refresh(force=False)
+        with self._lock:
+            return self._get_many(keys)
+
+    def _get_many(self, keys: Sequence[Any]) -> list[Found]:
+        self._refresh(force=False)
         rows = [self._key_row(k) for k in keys]
         encoded, partitions = self._encode(rows) if rows else ([], [])
         prefix = self._family.prefix
@@ -235,23 +309,24 @@ class LiveState:
             by_partition.setdefault(partition, []).append(i)
         for _ in range(3):
             batch = self.batch_id
-            #: Per key: its value, the partition it was read in and from where.
-            got: list[tuple[bytes | None, int, str] | None] = [None] * len(rows)
-            moved = False
+            #: The partitions asked, each with its keys, and the keys' places in ``rows``.
+            asks: list[tuple[int, list[bytes]]] = []
+            places: list[list[int]] = []
             for partition, indexes in by_partition.items():
                 pkeys = [prefix + encoded[i] for i in indexes]
-                where = range(self._partitions) if partition is None else [partition]
-                for p in where:
-                    values, source, moved = self._get(p, pkeys)
-                    if moved:
-                        break
-                    for i, value in zip(indexes, values, strict=True):
-                        if got[i] is None or value is not None:
-                            got[i] = (value, p, source)
-                if moved:
-                    break
-            if not moved:
-                return self._founds(rows, encoded, got, batch)
+                for p in range(self._partitions) if partition is None else [partition]:
+                    asks.append((p, pkeys))
+                    places.append(indexes)
+            answers = self._get(asks)
+            if answers is None:
+                continue  # (the query committed a newer batch: read that)
+            #: Per key: its value, the partition it was read in and from where.
+            got: list[tuple[bytes | None, int, str] | None] = [None] * len(rows)
+            for (p, _), indexes, (values, source) in zip(asks, places, answers, strict=True):
+                for i, value in zip(indexes, values, strict=True):
+                    if got[i] is None or value is not None:
+                        got[i] = (value, p, source)
+            return self._founds(rows, encoded, got, batch)
         msg = "the query committed batches faster than a read could follow them three times"
         raise ConfigurationError(msg)
 
@@ -294,9 +369,16 @@ class LiveState:
             lo = fam.prefix + fam.key_codec.encode_prefix(tuple(values))
         hi = fam.end_of_family() if prefix is None else key_successor(lo)
         skip = len(fam.prefix)
-        batch = self.batch_id
-        for p in range(self._partitions):
-            for keys, values, source in self._scan(p, batch, lo, hi):
+        with self._lock:
+            batch, partitions = self.batch_id, self._partitions
+        for p in range(partitions):
+            pages = self._scan(p, batch, lo, hi)
+            while True:
+                with self._lock:  # (a page at a time: other threads read between pages)
+                    page = next(pages, None)
+                if page is None:
+                    break
+                keys, values, source = page
                 encoded = [k[skip:] for k in keys]
                 rows = self._view.rows(self._all, encoded, values)
                 key_rows = rows.column("key").to_pylist()
@@ -305,28 +387,90 @@ class LiveState:
                 ):
                     yield Found(plain(key_row), [plain(row)], batch, p, source)
 
-    def _get(self, p: int, pkeys: list[bytes]) -> tuple[list[bytes | None], str, bool]:
-        """The values of partition ``p``'s physical keys at the batch read, the source, and
-        whether the query committed a newer batch instead (then nothing was read)."""
+    def _get(
+        self, asks: list[tuple[int, list[bytes]]]
+    ) -> list[tuple[list[bytes | None], str]] | None:
+        """Per ask ``(partition, physical keys)``, the keys' values at the batch read and their
+        source; None if the query committed a newer batch instead (then nothing was read).
+
+        The homes are asked at once: each ask that fits one request is sent before any answer
+        is read, so that the partitions' homes answer together, not one round trip after
+        another. A connection carries at most :data:`_IN_FLIGHT` bytes of requests not yet
+        answered past its first: the kernel's buffers hold them while its home writes an
+        answer, so that neither side waits for the other to read."""
+        sent: dict[int, HomeReader] = {}
+        in_flight: Counter[int] = Counter()
+        for n, (p, pkeys) in enumerate(asks):
+            reader = self._reader(p)
+            if reader is None or len(pkeys) > _GET_CHUNK:
+                continue
+            size = sum(map(len, pkeys)) + 4 * len(pkeys) + 512  # (the request, about)
+            if in_flight[id(reader)] and in_flight[id(reader)] + size > _IN_FLIGHT:
+                continue
+            try:
+                in_flight[id(reader)] += reader.send(self._request("get", p), pkeys)
+            except (HomeLost, OSError):
+                self._lose(p, reader)
+                continue
+            sent[n] = reader
+        answers: dict[int, tuple[list[bytes | None], str]] = {}
+        moved = False
+        for n, reader in sent.items():  # (every answer read: the connections kept in step)
+            p, pkeys = asks[n]
+            values, newer = self._values(p, self._take(p, reader))
+            moved |= newer
+            answers[n] = (values, "home") if values is not None else ([], "")
+        if moved:
+            return None
+        out: list[tuple[list[bytes | None], str]] = []
+        for n, (p, pkeys) in enumerate(asks):
+            if n not in sent:
+                one = self._get_one(p, pkeys)
+                if one is None:
+                    return None
+                out.append(one)
+            elif answers[n][1] == "home":
+                out.append(answers[n])
+            else:  # (the home did not answer: its partition from the checkpoint)
+                out.append(self._from_checkpoint(p, pkeys))
+        return out
+
+    def _get_one(self, p: int, pkeys: list[bytes]) -> tuple[list[bytes | None], str] | None:
+        """Partition ``p``'s keys from its home, a request after another, or where it does not
+        answer, from the checkpoint; None if the query committed a newer batch."""
         reader = self._reader(p)
         if reader is not None:
             out: list[bytes | None] = []
             for i in range(0, len(pkeys), _GET_CHUNK):
                 header = self._request("get", p)
-                answered, reply, values = self._ask(reader, p, header, pkeys[i : i + _GET_CHUNK])
-                if not answered:
+                values, newer = self._values(
+                    p, self._ask(reader, p, header, pkeys[i : i + _GET_CHUNK])
+                )
+                if newer:
+                    return None
+                if values is None:
                     break
                 out += values
-                newer = max(reply.get("held") or [0]) > self.batch_id + 1
-                if newer and self.refresh(force=False):
-                    return [], "home", True
             else:
-                return out, "home", False
-            if self._stale(reply) and self.refresh():
-                return [], "home", True
+                return out, "home"
+        return self._from_checkpoint(p, pkeys)
+
+    def _values(
+        self, p: int, answer: tuple[bool, dict[str, Any], list[bytes | None]]
+    ) -> tuple[list[bytes | None] | None, bool]:
+        """A home's answer for partition ``p``: its values (None: it did not answer), and
+        whether the query committed a newer batch to read instead (the home holds a version
+        past the next, or only newer ones than the one asked)."""
+        answered, reply, values = answer
+        if answered:
+            newer = max(reply.get("held") or [0]) > self.batch_id + 1
+            return values, newer and self._refresh(False)
+        return None, self._stale(reply) and self._refresh(True)
+
+    def _from_checkpoint(self, p: int, pkeys: list[bytes]) -> tuple[list[bytes | None], str]:
         store = self._store(p)
         values = [None] * len(pkeys) if store is None else store.raw_get_many(pkeys)
-        return list(values), "checkpoint", False
+        return list(values), "checkpoint"
 
     def _scan(
         self, p: int, batch: int, lo: bytes, hi: bytes
@@ -369,9 +513,20 @@ class LiveState:
         try:
             return reader.request(header, blobs)
         except (HomeLost, OSError):
-            reader.close()
-            self._readers[self._owners[p]] = None
+            self._lose(p, reader)
             return False, {}, []
+
+    def _take(self, p: int, reader: HomeReader) -> tuple[bool, dict[str, Any], list[bytes | None]]:
+        """The answer to the oldest request sent to ``reader`` (a lost home: not answered)."""
+        try:
+            return reader.receive()
+        except (HomeLost, OSError):
+            self._lose(p, reader)
+            return False, {}, []
+
+    def _lose(self, p: int, reader: HomeReader) -> None:
+        reader.close()
+        self._readers[self._owners[p]] = None
 
     def _reader(self, p: int) -> HomeReader | None:
         owner = self._owners.get(p)
@@ -419,6 +574,10 @@ class LiveState:
 
     def close(self) -> None:
         """Close the connections to homes and the partitions loaded from the checkpoint."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         for reader in self._readers.values():
             if reader is not None:
                 reader.close()
@@ -432,6 +591,28 @@ class LiveState:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _PointRead:
+    """A point read waiting for its answer (the state found, or the error raised), or for the
+    lead: to answer it and those waiting with it."""
+
+    __slots__ = ("_asleep", "error", "found", "key", "leads")
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        self.found: Found | None = None
+        self.error: Exception | None = None
+        self.leads = False
+        self._asleep = threading.Lock()
+        self._asleep.acquire()
+
+    def wait(self) -> None:
+        self._asleep.acquire()
+
+    def wake(self, *, lead: bool = False) -> None:
+        self.leads = lead
+        self._asleep.release()
 
 
 def _connector(credentials: Credentials) -> Connector:

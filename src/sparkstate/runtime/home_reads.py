@@ -202,7 +202,18 @@ class HomeReader:
     ) -> tuple[bool, dict[str, Any], list[bytes | None]]:
         """``(answered, header, blobs)``: the home's VALUES, or its REFUSED (``answered``
         False); :class:`HomeLost` if the connection fails."""
-        self.channel.send(READ, encode_message(header, blobs))
+        self.send(header, blobs)
+        return self.receive()
+
+    def send(self, header: dict[str, Any], blobs: Sequence[bytes | None]) -> int:
+        """Send a request without waiting for its answer (:meth:`receive` takes the answers in
+        the order of their requests); the bytes sent."""
+        message = encode_message(header, blobs)
+        self.channel.send(READ, message)
+        return len(message)
+
+    def receive(self) -> tuple[bool, dict[str, Any], list[bytes | None]]:
+        """The answer to the oldest request sent and not yet answered, as :meth:`request`."""
         kind, payload = self.channel.read()
         if kind not in (VALUES, REFUSED):
             msg = f"a state home answered a read with a frame of kind {kind!r}"
