@@ -9,8 +9,12 @@ each:
 - ``point``: one reader process (a Python process of its own, as a web service would be) reads
   one random key at a time with ``ss.state(...).get(key)``, as fast as it can;
 - ``alone 2``: no reader;
+- ``threads``: the reader's :data:`THREADS` threads (a web service's handlers) share one
+  ``ss.state(...)`` and each reads one random key at a time with ``get``, as fast as it can:
+  the point reads asked at once are answered together;
+- ``alone 3``: no reader;
 - ``many``: the same reader reads 1,000 random keys at a time with ``get_many``;
-- ``alone 3``: no reader.
+- ``alone 4``: no reader.
 
 A reader's phase is compared with the phases alone on either side of it (their mean), so that
 a stream that still speeds up (its caches, RocksDB's compactions) does not count as the
@@ -36,6 +40,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -48,49 +53,71 @@ FULL = {"keys": 1_000_000, "rows_per_batch": 100_000, "phase_s": 60.0}
 QUICK = {"keys": 100_000, "rows_per_batch": 20_000, "phase_s": 15.0}
 #: Keys one ``get_many`` of the ``many`` reader asks for.
 MANY = 1000
-PHASES = ["alone", "point", "alone 2", "many", "alone 3"]
+#: Threads of the ``threads`` reader, each reading one key at a time.
+THREADS = 64
+PHASES = ["alone", "point", "alone 2", "threads", "alone 3", "many", "alone 4"]
 #: Each reader's phase and the phases alone it is compared with.
-COMPARED = {"point": ("alone", "alone 2"), "many": ("alone 2", "alone 3")}
+COMPARED = {
+    "point": ("alone", "alone 2"),
+    "threads": ("alone 2", "alone 3"),
+    "many": ("alone 3", "alone 4"),
+}
+READERS = tuple(COMPARED)
 
 
 def read_for(
     location: str, mode: str, seconds: float, keys: int, *, homes: bool = True
 ) -> dict[str, Any]:
-    """Read random keys of the query at ``location`` for ``seconds``: one at a time (``point``)
-    or :data:`MANY` at a time (``many``); the keys read a second and the latency of a call.
+    """Read random keys of the query at ``location`` for ``seconds``: one at a time (``point``),
+    one at a time from each of :data:`THREADS` threads sharing the reader (``threads``), or
+    :data:`MANY` at a time (``many``); the keys read a second and the latency of a call.
     ``homes`` False: from the checkpoint alone, as where no home holds the state."""
     from sparkstate.observe.live import LiveState
 
-    rng = random.Random(7)
-    took: list[float] = []
-    read = 0
-    sources: dict[str, int] = {}
-    batches: set[int] = set()
     connector = None if homes else (lambda address: None)
     with LiveState(location, connector=connector) as live:
+        #: Per thread, per call: its time, where its first key was read, the batch, the keys.
+        calls: list[list[tuple[float, str, int, int]]] = []
         started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            t0 = time.perf_counter()
-            if mode == "point":
-                found = [live.get(rng.randrange(keys))]
-            else:
-                found = live.get_many([rng.randrange(keys) for _ in range(MANY)])
-            took.append(time.perf_counter() - t0)
-            read += len(found)
-            batches.add(found[0].batch_id)
-            for f in found[:1]:
-                sources[f.source] = sources.get(f.source, 0) + 1
+
+        def reads(seed: int) -> None:
+            rng = random.Random(seed)
+            mine: list[tuple[float, str, int, int]] = []
+            calls.append(mine)
+            while time.perf_counter() - started < seconds:
+                t0 = time.perf_counter()
+                if mode == "many":
+                    found = live.get_many([rng.randrange(keys) for _ in range(MANY)])
+                else:
+                    found = [live.get(rng.randrange(keys))]
+                took = time.perf_counter() - t0
+                mine.append((took, found[0].source, found[0].batch_id, len(found)))
+
+        threads = [
+            threading.Thread(target=reads, args=(seed,))
+            for seed in range(THREADS if mode == "threads" else 1)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         elapsed = time.perf_counter() - started
-    took.sort()
+    every = [call for mine in calls for call in mine]
+    took = sorted(call[0] for call in every)
+    sources: dict[str, int] = {}
+    for call in every:
+        sources[call[1]] = sources.get(call[1], 0) + 1
+    read = sum(call[3] for call in every)
     return {
         "mode": mode,
+        "threads": len(threads),
         "keys_read": read,
         "reads_per_s": read / elapsed,
         "calls": len(took),
         "p50_ms": took[len(took) // 2] * 1000,
         "p99_ms": took[min(len(took) - 1, int(len(took) * 0.99))] * 1000,
         "sources": sources,
-        "batches_seen": len(batches),
+        "batches_seen": len({call[2] for call in every}),
     }
 
 
@@ -151,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         for phase in PHASES:
             since = _last_batch(query)
             reader = None
-            if phase in ("point", "many"):
+            if phase in READERS:
                 reader = _reader(location, phase, phase_s, keys)
                 out, _ = reader.communicate(timeout=phase_s + 300)
                 read = json.loads(out.strip().splitlines()[-1])
@@ -174,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     print("[bench live] the stream's throughput with a reader over its throughput alone:")
     for key, value in ratios.items():
         print(f"    {key}: {value:.3f}")
-    for m in ("point", "many"):
+    for m in READERS:
         r = results[m]
         print(
             f"[bench live] {m}: {r['reads_per_s']:,.0f} keys read a second, p50 {r['p50_ms']:.2f}"

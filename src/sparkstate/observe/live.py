@@ -244,8 +244,7 @@ class LiveState:
     def get(self, key: Any) -> Found:
         """The state of one key after the last batch the query committed. Keys asked for by
         several threads at once are read together (:meth:`get_many`)."""
-        self._key_row(key)  # (a key that does not fit fails in its caller's thread)
-        asked = _PointRead(key)
+        asked = _PointRead(self._key_row(key))  # (a key that does not fit: fails here)
         with self._asked:
             leads = not self._answering
             self._answering = True
@@ -282,7 +281,8 @@ class LiveState:
         """Answer point reads together; where that fails, each half on its own, so that one
         key's failure is its own."""
         try:
-            founds = self.get_many([a.key for a in asked])
+            with self._lock:
+                founds = self._read([a.row for a in asked])
         except Exception as exc:
             if len(asked) == 1:
                 asked[0].error = exc
@@ -296,12 +296,13 @@ class LiveState:
 
     def get_many(self, keys: Sequence[Any]) -> list[Found]:
         """The state of many keys, all after the same committed batch, in their order."""
-        with self._lock:
-            return self._get_many(keys)
-
-    def _get_many(self, keys: Sequence[Any]) -> list[Found]:
-        self._refresh(force=False)
         rows = [self._key_row(k) for k in keys]
+        with self._lock:
+            return self._read(rows)
+
+    def _read(self, rows: list[dict[str, Any]]) -> list[Found]:
+        """The state of keys given as rows of the store's key columns (:meth:`_key_row`)."""
+        self._refresh(force=False)
         encoded, partitions = self._encode(rows) if rows else ([], [])
         prefix = self._family.prefix
         by_partition: dict[int | None, list[int]] = {}
@@ -354,8 +355,9 @@ class LiveState:
         return out
 
     def _rows(self, encoded: list[bytes], values: list[bytes | None]) -> list[dict[str, Any]]:
-        table = self._view.rows(self._all, encoded, values)
-        return [plain(r) for r in table.drop_columns(["key"]).to_pylist()]
+        table = self._view.rows(self._all, encoded, values).drop_columns(["key"])
+        rows = table.to_pylist()
+        return [plain(r) for r in rows] if _holds_map(table.schema) else rows
 
     def scan(self, prefix: Any = None) -> Iterator[Found]:
         """Every key's state whose key starts with ``prefix`` (values of its first columns, as
@@ -593,14 +595,30 @@ class LiveState:
         self.close()
 
 
+def _holds_map(schema: pa.Schema) -> bool:
+    """Whether a column of ``schema`` is or holds a map (whose Python values :func:`plain`
+    makes plain)."""
+
+    def holds(typ: pa.DataType) -> bool:
+        if pa.types.is_map(typ):
+            return True
+        if pa.types.is_struct(typ):
+            return any(holds(typ.field(i).type) for i in range(typ.num_fields))
+        if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+            return holds(typ.value_type)
+        return False
+
+    return any(holds(field.type) for field in schema)
+
+
 class _PointRead:
     """A point read waiting for its answer (the state found, or the error raised), or for the
     lead: to answer it and those waiting with it."""
 
-    __slots__ = ("_asleep", "error", "found", "key", "leads")
+    __slots__ = ("_asleep", "error", "found", "leads", "row")
 
-    def __init__(self, key: Any) -> None:
-        self.key = key
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.row = row
         self.found: Found | None = None
         self.error: Exception | None = None
         self.leads = False
