@@ -157,6 +157,8 @@ class LiveState:
         self._asked = threading.Lock()
         self._waiting: list[_PointRead] = []
         self._answering = False
+        #: Whether the rows read hold a map, which :func:`plain` makes plain (None: not known).
+        self._plain: bool | None = None
         self._at(self._chk.last_batch())
 
     # --- the batch read ----------------------------------------------------------------------
@@ -357,7 +359,9 @@ class LiveState:
     def _rows(self, encoded: list[bytes], values: list[bytes | None]) -> list[dict[str, Any]]:
         table = self._view.rows(self._all, encoded, values).drop_columns(["key"])
         rows = table.to_pylist()
-        return [plain(r) for r in rows] if _holds_map(table.schema) else rows
+        if self._plain is None:
+            self._plain = _holds_map(table.schema)
+        return [plain(r) for r in rows] if self._plain else rows
 
     def scan(self, prefix: Any = None) -> Iterator[Found]:
         """Every key's state whose key starts with ``prefix`` (values of its first columns, as
