@@ -124,6 +124,11 @@ class StateStore(ABC):
         for k in keys:
             self.raw_delete(k)
 
+    def raw_note_stored(self, keys: Sequence[bytes], stored: bool) -> None:  # noqa: B027 - optional hook
+        """Note that ``keys``, about to be written, are (``stored``) or are not in the store as it
+        stands: a provider that counts its rows need not read them for the count. Default:
+        ignored."""
+
     def raw_delete_range(self, start: bytes, end: bytes, first: bytes) -> int:
         """Delete every key with ``start <= key < end``, pending writes included; no key is
         there below ``first`` (a range known to be empty). Returns the keys removed. This
@@ -310,9 +315,16 @@ class StateStore(ABC):
         return self.raw_get_many(pkeys)
 
     def put_encoded_many(
-        self, keys: Sequence[bytes], values: Sequence[bytes], cf: str = DEFAULT_CF
+        self,
+        keys: Sequence[bytes],
+        values: Sequence[bytes],
+        cf: str = DEFAULT_CF,
+        *,
+        stored: bool | None = None,
     ) -> None:
-        """Write encoded values under encoded keys, counted as updated rows like ``put_many``."""
+        """Write encoded values under encoded keys, counted as updated rows like ``put_many``.
+        ``stored``: whether the caller knows the keys to be (True) or not to be (False) in the
+        store as it stands, which spares reading them to count rows (None: not known)."""
         self._writable()
         if len(keys) != len(values):
             msg = f"{self.id}: put_encoded_many got {len(keys)} keys but {len(values)} values"
@@ -320,14 +332,20 @@ class StateStore(ABC):
         pkeys = self._keys_to_write(keys, cf)
         if cf in self.gaps:
             self._written_into_gaps(cf, pkeys)
+        if stored is not None:
+            self.raw_note_stored(pkeys, stored)
         self.raw_put_many(pkeys, values, family=self.column_family(cf).prefix)
         self._num_updated += len(keys)
 
-    def remove_encoded_many(self, keys: Sequence[bytes], cf: str = DEFAULT_CF) -> None:
+    def remove_encoded_many(
+        self, keys: Sequence[bytes], cf: str = DEFAULT_CF, *, stored: bool | None = None
+    ) -> None:
         """Delete encoded keys (absent ones included), counted as removed rows like
-        ``remove_many``."""
+        ``remove_many``; ``stored`` as for :meth:`put_encoded_many`."""
         self._writable()
         pkeys = self._keys_to_write(keys, cf)
+        if stored is not None:
+            self.raw_note_stored(pkeys, stored)
         self.raw_delete_many(pkeys, family=self.column_family(cf).prefix)
         self._num_removed += len(keys)
 

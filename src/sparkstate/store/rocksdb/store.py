@@ -119,7 +119,8 @@ class RocksDBStateStore(StateStore):
         #: Every pair of the database in memory, where the provider holds them (read instead).
         self._copy = copy
         self._pending: dict[bytes, bytes | None] = {}
-        #: Whether keys read from the database existed there, to count rows without extra reads.
+        #: Whether keys read from the database existed there, to count rows without extra reads
+        #: (also keys a writer said it knew, and, as gone, those of a range this version removed).
         self._existed: dict[bytes, bool] = {}
         #: Count rows (Spark's ``trackTotalNumberOfRows``): off, a write needs no read of its key
         #: and the row count is reported as -1.
@@ -253,6 +254,16 @@ class RocksDBStateStore(StateStore):
         self._counted = None
         self._pending.update(dict.fromkeys(keys))
 
+    def raw_note_stored(self, keys: Sequence[bytes], stored: bool) -> None:
+        """Whether keys not written yet in this version are stored is whether the database
+        has them: noted as if read, so the row count does not read them."""
+        if not self._track or self._read_only:
+            return
+        pending = self._pending
+        if pending and not pending.keys().isdisjoint(keys):
+            keys = [k for k in keys if k not in pending]
+        self._existed.update(dict.fromkeys(keys, stored))
+
     def raw_delete_range(self, start: bytes, end: bytes, first: bytes) -> int:
         """Keep the range, drop the overlay's writes in it, and note the stored keys it covers
         (one scan of keys, from ``first``): for reads, the row count and the copy in memory."""
@@ -271,6 +282,8 @@ class RocksDBStateStore(StateStore):
                     removed += 1 if written else -1
         self._ranges.append((start, end))
         self._ranged.update(stored)
+        if self._track and not self._read_only:  # counted as removed here, not as written
+            self._existed.update(dict.fromkeys(stored, False))
         return removed
 
     def raw_scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -327,11 +340,10 @@ class RocksDBStateStore(StateStore):
             return self._counted
         existed, ranged = self._existed, self._ranged
         # Every written key that was stored goes, every one that is not a delete comes back;
-        # the stored keys of the ranges removed go (a key written there since is not stored).
-        if existed or ranged:
+        # the stored keys of the ranges removed go (a key written there since is not stored:
+        # the range's removal noted its keys as not existing).
+        if existed:
             known = list(map(existed.get, keys))  # None: not read yet
-            if ranged:
-                known = [False if k in ranged else e for k, e in zip(keys, known, strict=True)]
             gone = known.count(True)
             unknown = list(itertools.compress(keys, map(operator.is_, known, _NONES)))
         else:
