@@ -7,8 +7,10 @@ Changes are buffered (``move``) and written in one batch (``flush``) so that the
 bulk calls per phase, never a call per key.
 
 An index given a count family keeps its number of entries there (one row, keyed by the index's
-family name), changed at each flush by the entries its writes add and remove (one multi-get of
-the keys written), so the entries are known without a scan. A version without the row (written
+family name), changed at each flush by the entries its writes add and remove, so the entries are
+known without a scan. A caller that knows whether entries are stored says so (``stored`` of
+``add_many`` / ``remove_many``: a session's old end was read from state, a new session's end is
+not indexed yet); the others are read back in one multi-get. A version without the row (written
 before the count was kept, or by a rescale, which does not move the count) is counted once by
 a scan.
 """
@@ -82,6 +84,9 @@ class TimestampIndex:
         self.count_cf = count_cf
         self._puts: set[tuple[int, bytes]] = set()
         self._deletes: set[tuple[int, bytes]] = set()
+        #: Entries known to be stored, or not, as the store stands until the flush.
+        self._stored: set[tuple[int, bytes]] = set()
+        self._absent: set[tuple[int, bytes]] = set()
 
     def move(self, kenc: bytes, old_ts: int, new_ts: int) -> None:
         """Re-index ``kenc`` from ``old_ts`` to ``new_ts`` (``NO_TS``: not indexed)."""
@@ -100,53 +105,100 @@ class TimestampIndex:
         self._puts.discard((ts, kenc))
         self._deletes.add((ts, kenc))
 
-    def add_many(self, kencs: Iterable[bytes], ts: Iterable[int]) -> None:
-        """``add`` of each ``(kenc, ts)`` pair."""
+    def add_many(
+        self, kencs: Iterable[bytes], ts: Iterable[int], *, stored: bool | None = None
+    ) -> None:
+        """``add`` of each ``(kenc, ts)`` pair. ``stored=False``: the caller knows these entries
+        are not stored, apart from those removed before as stored (an entry put back); None:
+        not known, read back at the flush where a count is kept."""
         entries = set(zip(ts, kencs, strict=True))
         self._deletes.difference_update(entries)
         self._puts.update(entries)
+        if stored is not None:
+            self._known(entries, stored)
 
-    def remove_many(self, kencs: Iterable[bytes], ts: Iterable[int]) -> None:
-        """``remove`` of each ``(kenc, ts)`` pair."""
+    def remove_many(
+        self, kencs: Iterable[bytes], ts: Iterable[int], *, stored: bool | None = None
+    ) -> None:
+        """``remove`` of each ``(kenc, ts)`` pair. ``stored=True``: the caller knows these
+        entries are stored (read from the state they index); None: not known."""
         entries = set(zip(ts, kencs, strict=True))
         self._puts.difference_update(entries)
         self._deletes.update(entries)
+        if stored is not None:
+            self._known(entries, stored)
+
+    def _known(self, entries: set[tuple[int, bytes]], stored: bool) -> None:
+        """Note what the caller knows of ``entries``. A "not stored" does not undo an earlier
+        "stored": an entry removed as stored and put back (a session written again at its old
+        end) is stored."""
+        if stored:
+            self._absent.difference_update(entries)
+            self._stored.update(entries)
+        else:
+            self._absent.update(entries.difference(self._stored) if self._stored else entries)
 
     @property
     def pending(self) -> int:
         return len(self._puts) + len(self._deletes)
 
     def flush(self, store: StateStore) -> None:
-        """Write the buffered changes in two bulk calls, and the count of entries where it is
-        kept (also with nothing buffered, if the version has no count yet)."""
+        """Write the buffered changes in a few bulk calls (entries known stored, known not
+        stored, and not known), and the count of entries where it is kept (also with nothing
+        buffered, if the version has no count yet)."""
         cf = self.cf_name
-        deletes = _entry_keys(self._deletes) if self._deletes else []
-        puts = _entry_keys(self._puts) if self._puts else []
+        deletes = self._by_knowledge(self._deletes)
+        puts = self._by_knowledge(self._puts)
         if self.count_cf is not None:
             self._count(store, deletes, puts)
-        if deletes:
-            store.remove_encoded_many(deletes, cf)
-        if puts:
-            store.put_encoded_many(puts, [MARKER] * len(puts), cf)
+        for stored, entries in deletes.items():
+            if entries:
+                store.remove_encoded_many(entries, cf, stored=stored)
+        for stored, entries in puts.items():
+            if entries:
+                store.put_encoded_many(entries, [MARKER] * len(entries), cf, stored=stored)
         self._puts.clear()
         self._deletes.clear()
+        self._stored.clear()
+        self._absent.clear()
 
-    def _count(self, store: StateStore, deletes: list[bytes], puts: list[bytes]) -> None:
+    def _by_knowledge(self, entries: set[tuple[int, bytes]]) -> dict[bool | None, list[bytes]]:
+        """The encoded keys of ``entries``, by whether they are known to be stored (None: not
+        known)."""
+        if not entries:
+            return {}
+        if not self._stored and not self._absent:
+            return {None: _entry_keys(entries)}
+        stored, absent = entries & self._stored, entries & self._absent
+        unknown = entries - stored - absent if len(stored) + len(absent) < len(entries) else set()
+        return {k: _entry_keys(e) for k, e in ((True, stored), (False, absent), (None, unknown))}
+
+    def _count(
+        self,
+        store: StateStore,
+        deletes: dict[bool | None, list[bytes]],
+        puts: dict[bool | None, list[bytes]],
+    ) -> None:
         """Write the entries there will be once ``deletes`` and ``puts`` are written: those
-        of the deletes that are stored go, those of the puts that are not come."""
+        of the deletes that are stored go, those of the puts that are not come (read back
+        where not known)."""
         assert self.count_cf is not None
         counted = store.get((self.cf_name,), self.count_cf)
+        written = any(deletes.values()) or any(puts.values())
         if counted is None:
             entries = self._scanned(store)
-            if not entries and not deletes and not puts:
+            if not entries and not written:
                 return  # no index: no count either (nothing to subtract from the rows)
         else:
             entries = int(counted[0])
-            if not deletes and not puts:
+            if not written:
                 return
-        found = store.get_encoded_many(deletes + puts, self.cf_name)
-        gone = len(deletes) - found[: len(deletes)].count(None)
-        come = found[len(deletes) :].count(None)
+        gone, come = len(deletes.get(True, ())), len(puts.get(False, ()))
+        unknown_deletes, unknown_puts = deletes.get(None, []), puts.get(None, [])
+        if unknown_deletes or unknown_puts:
+            found = store.get_encoded_many(unknown_deletes + unknown_puts, self.cf_name)
+            gone += len(unknown_deletes) - found[: len(unknown_deletes)].count(None)
+            come += found[len(unknown_deletes) :].count(None)
         store.put((self.cf_name,), (entries - gone + come,), self.count_cf)
 
     def due(self, store: StateStore, up_to: int) -> list[tuple[int, bytes]]:
@@ -206,6 +258,7 @@ class TimestampIndex:
         return None
 
     def extend_removals(self, entries: Iterable[tuple[int, bytes]]) -> None:
+        """Remove ``entries`` (as :meth:`due` gives them)."""
         entries = set(entries)
         self._puts.difference_update(entries)
         self._deletes.update(entries)

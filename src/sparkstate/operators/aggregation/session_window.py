@@ -389,7 +389,9 @@ class SessionWindowAggregate(StatefulOperator):
         members_changed = np.repeat(~untouched, sizes)
         gone = np.flatnonzero(from_state & members_changed)
         gone_pks = [state_pks[state_pk_sorted[i]] for i in gone.tolist()]
-        ends.remove_many(gone_pks, end[gone].tolist())
+        # The index has each stored session's end, and a session new to it is not stored (one
+        # stored with its key and start is in its group, removed first): nothing to read back.
+        ends.remove_many(gone_pks, end[gone].tolist(), stored=True)
         if gone_pks:
             store.remove_encoded_many(gone_pks)
         if len(changed):
@@ -402,8 +404,9 @@ class SessionWindowAggregate(StatefulOperator):
             new_values = pa.Table.from_arrays(
                 [new_end, *merged.take(pa.array(changed)).columns], schema=self.value_schema
             )
-            store.put_encoded_many(new_pks, fam.value_codec.encode_many(new_values))
-            ends.add_many(new_pks, group_end[changed].tolist())
+            fresh = ~from_state[firsts][changed]  # begun by the batch, so not stored
+            _put_sessions(store, new_pks, fam.value_codec.encode_many(new_values), fresh)
+            ends.add_many(new_pks, group_end[changed].tolist(), stored=False)
             ctx.metrics.num_rows_updated += len(new_pks)
         ctx.metrics.num_rows_removed += len(gone_pks)
         # Each touched key's starts: those of all its sessions, in order.
@@ -523,6 +526,20 @@ def _pack_starts(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[byt
     """Start lists as stored: ``starts[lo[i]:hi[i]]`` as packed little-endian int64."""
     data = starts.astype("<i8").tobytes()
     return [data[a * 8 : b * 8] for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+
+
+def _put_sessions(
+    store: StateStore, pks: list[bytes], values: list[bytes], fresh: np.ndarray
+) -> None:
+    """Write sessions; those ``fresh`` (begun by the batch) are not stored, the others were
+    read: the store counts its rows without reading them."""
+    if not fresh.any():
+        store.put_encoded_many(pks, values)
+        return
+    for stored, which in ((None, np.flatnonzero(~fresh)), (False, np.flatnonzero(fresh))):
+        rows = which.tolist()
+        if rows:
+            store.put_encoded_many([pks[i] for i in rows], [values[i] for i in rows], stored=stored)
 
 
 def _write_starts(store: StateStore, ukeys: list[bytes], packed: list[bytes]) -> None:

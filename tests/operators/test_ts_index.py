@@ -1,0 +1,80 @@
+"""The count of a timestamp index's entries, where callers say which entries are stored."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from sparkstate.operators.ts_index import (
+    COUNT_KEY_SCHEMA,
+    COUNT_SCHEMA,
+    MARKER_SCHEMA,
+    TimestampIndex,
+    index_key_schema,
+)
+from sparkstate.store import StateStoreProvider
+from sparkstate.store.base import StateStore
+from sparkstate.store.codec import KeyCodec
+from sparkstate.testing.factory import ProviderFactory
+
+from .conftest import PROVIDERS
+
+KEYS = pa.schema([pa.field("k", pa.int64(), nullable=False)])
+FAMILIES = {
+    "idx": (index_key_schema(KEYS), MARKER_SCHEMA),
+    "idx_count": (COUNT_KEY_SCHEMA, COUNT_SCHEMA),
+}
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStoreProvider]:
+    factory = ProviderFactory(
+        request.param, str(tmp_path / "ckpt"), str(tmp_path / "local"), column_families=FAMILIES
+    )
+    yield factory.open()
+    factory.close_all()
+
+
+def kenc(store: StateStore, k: int) -> bytes:
+    """An encoded grouping key, as the index's users give them."""
+    return KeyCodec(KEYS).encode((k,))
+
+
+def scanned(store: StateStore) -> int:
+    return sum(len(keys) for keys, _ in store.range_scan_encoded_chunks(cf="idx"))
+
+
+def test_count_with_known_and_unknown_entries_equals_a_scan(provider: StateStoreProvider) -> None:
+    store = provider.get_store(0)
+    index = TimestampIndex("idx", "idx_count")
+    index.add_many([kenc(store, k) for k in range(10)], list(range(10)))  # not known
+    index.flush(store)
+    assert index.size(store) == 10
+    version = store.commit()
+
+    store = provider.get_store(version, store.checkpoint_id)
+    index = TimestampIndex("idx", "idx_count")
+    k = [kenc(store, i) for i in range(20)]
+    index.remove_many(k[0:4], [0, 1, 2, 3], stored=True)  # four go
+    index.add_many(k[0:2], [0, 100], stored=False)  # (0, k0) put back; (100, k1) new
+    index.add_many(k[10:13], [10, 11, 12], stored=False)  # three new
+    index.remove_many(k[15:17], [15, 16])  # not stored, not known: read back
+    index.add_many(k[4:6], [4, 50])  # (4, k4) stored, (50, k5) new, not known: read back
+    index.move(k[6], 6, 60)  # not known
+    index.flush(store)
+    assert index.size(store) == scanned(store) == 10 - 4 + 1 + 1 + 3 + 1
+    version = store.commit()
+
+    # A version without the count (a rescale does not move it): counted once by a scan.
+    store = provider.get_store(version, store.checkpoint_id)
+    store.remove(("idx",), "idx_count")
+    index = TimestampIndex("idx", "idx_count")
+    index.remove_many([k[10], k[11]], [10, 11], stored=True)
+    index.add_many([k[10], k[19]], [10, 19], stored=False)
+    index.flush(store)
+    assert index.size(store) == scanned(store) == 12
+    store.commit()
+    assert store.metrics().num_keys == 13  # the entries and the count row
