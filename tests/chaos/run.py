@@ -279,15 +279,20 @@ def chaos(
     gap: tuple[float, float],
     work: Path,
     s3_rate: float = 0.0,
+    snapshot_deltas: int | None = None,
 ) -> dict[str, Any]:
     """The whole chaos run; its summary (printed as it goes). ``s3_rate``: the queries' state
-    on a loopback S3 server, that share of the run with faults' requests answered with faults."""
+    on a loopback S3 server, that share of the run with faults' requests answered with faults.
+    ``snapshot_deltas``: a snapshot after that many versions (default: :data:`OPTIONS`')."""
     work.mkdir(parents=True, exist_ok=True)
     rows = write_input(work, seed, batches)
     print(f"chaos run: seed {seed}, {batches} batches of 3 queries, {rows} input rows", flush=True)
+    options = dict(OPTIONS)
+    if snapshot_deltas is not None:
+        options["stateStore.min_deltas_for_snapshot"] = str(snapshot_deltas)
     with contextlib.ExitStack() as stack:
-        proxy = stack.enter_context(_state_on_s3(work, seed, s3_rate)) if s3_rate else None
-        summary = _run(work, batches, faults, seed, gap, proxy)
+        proxy = stack.enter_context(_state_on_s3(work, seed, s3_rate, options)) if s3_rate else None
+        summary = _run(work, batches, faults, seed, gap, proxy, options)
     summary["input_rows"] = rows
     (work / "summary.json").write_text(json.dumps(summary, indent=2))
     print(describe(summary), flush=True)
@@ -295,7 +300,9 @@ def chaos(
 
 
 @contextlib.contextmanager
-def _state_on_s3(work: Path, seed: int, rate: float) -> Iterator[FaultProxy]:
+def _state_on_s3(
+    work: Path, seed: int, rate: float, options: dict[str, str]
+) -> Iterator[FaultProxy]:
     """A loopback S3 server for the queries' state (``stateLocation``): the run without faults
     reaches it directly, the run with faults through a proxy that answers a share ``rate`` of
     requests with S3's faults (503, 500, delays, connections reset mid-upload and mid-download)."""
@@ -308,8 +315,8 @@ def _state_on_s3(work: Path, seed: int, rate: float) -> Iterator[FaultProxy]:
     proxy = FaultProxy((endpoint.host, endpoint.port), seed=seed, rate=rate)
     through_proxy = dataclasses.replace(endpoint, port=proxy.port)
     for run, via in (("reference", endpoint), ("faults", through_proxy)):
-        options = {**OPTIONS, "stateLocation": via.uri("state")}
-        (work / f"options-{run}.json").write_text(json.dumps(options))
+        on_s3 = {**options, "stateLocation": via.uri("state")}
+        (work / f"options-{run}.json").write_text(json.dumps(on_s3))
     try:
         yield proxy
     finally:
@@ -324,10 +331,11 @@ def _run(
     seed: int,
     gap: tuple[float, float],
     proxy: FaultProxy | None,
+    options: dict[str, str],
 ) -> dict[str, Any]:
     if proxy is None:
         for run in ("reference", "faults"):
-            (work / f"options-{run}.json").write_text(json.dumps(OPTIONS))
+            (work / f"options-{run}.json").write_text(json.dumps(options))
     cluster = Cluster(work / "cluster")
     cluster.start()
     try:
