@@ -419,13 +419,12 @@ class LiveState:
                 self._lose(p, reader)
                 continue
             sent[n] = reader
-        answers: dict[int, tuple[list[bytes | None], str]] = {}
+        #: The sent asks' values (None: the home did not answer).
+        answers: dict[int, list[bytes | None] | None] = {}
         moved = False
         for n, reader in sent.items():  # (every answer read: the connections kept in step)
-            p, pkeys = asks[n]
-            values, newer = self._values(p, self._take(p, reader))
+            answers[n], newer = self._values(asks[n][0], self._take(asks[n][0], reader))
             moved |= newer
-            answers[n] = (values, "home") if values is not None else ([], "")
         if moved:
             return None
         out: list[tuple[list[bytes | None], str]] = []
@@ -435,8 +434,8 @@ class LiveState:
                 if one is None:
                     return None
                 out.append(one)
-            elif answers[n][1] == "home":
-                out.append(answers[n])
+            elif (values := answers[n]) is not None:
+                out.append((values, "home"))
             else:  # (the home did not answer: its partition from the checkpoint)
                 out.append(self._from_checkpoint(p, pkeys))
         return out
