@@ -30,7 +30,7 @@ from sparkstate.runtime.home_channel import NO_CREDENTIALS
 from sparkstate.runtime.home_client import connect_owner
 from sparkstate.runtime.home_reads import HomeReader
 
-from .conftest import PROVIDERS, FileFeed
+from .conftest import PARTITIONS, PROVIDERS, FileFeed
 from .helpers import source
 from .test_state_home import homes, jvm_pid
 
@@ -129,6 +129,75 @@ def test_a_reader_of_the_checkpoint_restores_each_partition_once_and_follows_by_
             }
     finally:
         q.stop()
+
+
+#: The state partitions a rescale moves the module's queries to (the session has another count).
+RESCALED = 5
+
+
+def spark_partitions(spark: SparkSession, keys: list[str], n: int) -> dict[str, int]:
+    """Each key's partition among ``n`` by Spark's own hash, as its shuffle sends it."""
+    df = spark.createDataFrame([(k,) for k in keys], "k string")
+    return {r.k: r.p for r in df.select("k", F.expr(f"pmod(hash(k), {n}) AS p")).collect()}
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_reads_equal_the_state_reader_across_a_rescale(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str
+) -> None:
+    """A reader opened before a rescale (``ss.repartition`` of the stopped query), one that
+    reads the checkpoint alone and one opened after it: each reads the rescale's batch in the
+    new partitions, each key in the one Spark's hash sends it to, then the restarted query's
+    batches (from its homes, but the checkpoint's reader), equal to the state reader's."""
+    chk = tmp_path / "chk"
+    q = start(spark, feed, tmp_path, provider)
+    try:
+        for rows in BATCHES[:2]:
+            feed.add(rows)
+            q.processAllAvailable()
+        live = ss.state(q)
+        follower = LiveState(str(chk), connector=lambda address: None)
+        for reader in (live, follower):
+            found = reader.get_many(KEYS)
+            assert {f.batch_id for f in found} == {1}
+            assert {f.key["k"]: f.value for f in found if f.found} == offline(chk, 1)
+    finally:
+        q.stop()
+    rescale = ss.repartition(spark, str(chk), RESCALED)
+    assert rescale == 2
+    want = offline(chk, rescale)
+    assert want == offline(chk, 1)
+    routed = spark_partitions(spark, KEYS, RESCALED)
+    with ss.state(str(chk)) as fresh:
+        for reader in (live, follower, fresh):
+            found = reader.get_many(KEYS)
+            assert {f.batch_id for f in found} == {rescale}
+            assert {f.source for f in found} == {"checkpoint"}  # (its commit names no home)
+            assert {f.key["k"]: f.value for f in found if f.found} == want
+            assert {f.key["k"]: f.partition for f in found} == routed
+            assert {f.key["k"]: f.value for f in reader.scan()} == want
+        q = start(spark, feed, tmp_path, provider)  # the rescaled count kept: no rescale again
+        try:
+            for b, rows in enumerate(BATCHES[2:], start=rescale + 1):
+                feed.add(rows)
+                q.processAllAvailable()
+                for reader in (live, follower, fresh):
+                    found = reader.get_many(KEYS)
+                    assert {f.batch_id for f in found} == {b}
+                    where = "checkpoint" if reader is follower else "home"
+                    assert {f.source for f in found} == {where}
+                    assert {f.key["k"]: f.value for f in found if f.found} == offline(chk, b)
+                    assert {f.key["k"]: f.partition for f in found} == routed
+        finally:
+            q.stop()
+    # The reader of the checkpoint restored every new partition (those it kept from before the
+    # rescale too: their state moved), then followed each by its changes.
+    assert follower.checkpoint_loads == {
+        "restored": PARTITIONS + RESCALED,
+        "caught_up": RESCALED * (len(BATCHES) - 2),
+    }
+    live.close()
+    follower.close()
 
 
 def kill_homes(spark: SparkSession) -> None:
