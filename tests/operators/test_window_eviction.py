@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from sparkstate.operators.aggregation.aggregate import (
     EVENT_TIME_COLUMN,
@@ -23,6 +24,7 @@ from sparkstate.operators.aggregation.aggregate import (
     buffer_column,
 )
 from sparkstate.operators.aggregation.session_window import ENDS_CF, SessionWindowAggregate
+from sparkstate.store.base import DEFAULT_CF, StateStore
 from sparkstate.store.families import cf_prefix
 from sparkstate.store.versions.versioned import VersionedProvider
 
@@ -143,6 +145,36 @@ def test_sessions_merge_with_state_and_close_once(make_runner: Runner) -> None:
     assert out.num_rows == 0  # emitted once
     out, _ = runner.run([], "complete")
     assert [(r["session"]["start"], r["n"]) for r in out.to_pylist()] == [(at(60), 1)]
+
+
+def test_a_batch_reads_only_the_stored_sessions_it_may_merge_with(
+    make_runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's stored sessions that end before the batch's begin or start after they end are
+    not read, and stay: in the key's start list, so later rows still merge with them."""
+    read: list[int] = []
+    get = StateStore.get_encoded_many
+
+    def counting(self: StateStore, keys: Any, cf: str = DEFAULT_CF) -> list[bytes | None]:
+        if cf == DEFAULT_CF:
+            read.append(len(keys))
+        return get(self, keys, cf)
+
+    monkeypatch.setattr(StateStore, "get_encoded_many", counting)
+    runner = make_runner(session_op())
+    runner.run(session_rows([0, 20, 40], range(1)), "append")  # [0, 10) [20, 30) [40, 50)
+    for start in (22, 45, 5):  # each merges with one: [20, 32) [40, 55) [0, 15)
+        read.clear()
+        _, m = runner.run(session_rows([start], range(1)), "append")
+        assert sum(read) == 1  # the one session it merges with
+        assert m.num_rows_removed == 1 and m.num_rows_updated == 1 and m.num_rows_total == 3
+    out, _ = runner.run([], "complete")
+    sessions = [(r["session"]["start"], r["session"]["end"], r["n"]) for r in out.to_pylist()]
+    assert sorted(sessions) == [(at(0), at(15), 2), (at(20), at(32), 2), (at(40), at(55), 2)]
+    # A row bridging two of them reads both and merges the three.
+    read.clear()
+    out, m = runner.run(session_rows([14], range(1)), "append")
+    assert sum(read) == 2 and m.num_rows_removed == 2 and m.num_rows_total == 2
 
 
 def test_session_eviction_removes_the_index_entries_as_one_range(make_runner: Runner) -> None:

@@ -344,6 +344,13 @@ class SessionWindowAggregate(StatefulOperator):
             starts_fam.key_codec.encode_many(user_keys.take(pa.array(first_row))), STARTS_CF
         )
         state_key_idx, state_starts = _unpack_starts(decode_values(starts_fam, packed)[0])
+        batch_start = _np(_micros(batch.column(w.start)))
+        batch_end = _np(_micros(batch.column(w.end)))
+        # Only the stored sessions that can merge with the batch's are read; the others are
+        # left as they are, but for their starts, kept in their keys' lists.
+        near = _may_merge(state_key_idx, state_starts, key_of_row, batch_start, batch_end)
+        aside_key_idx, aside_starts = state_key_idx[~near], state_starts[~near]
+        state_key_idx, state_starts = state_key_idx[near], state_starts[near]
         n_batch, n_state = batch.num_rows, len(state_starts)
         columns = [n for n in self.value_schema.names if n != w.end]
         if n_state:
@@ -362,8 +369,8 @@ class SessionWindowAggregate(StatefulOperator):
             state_end = pa.array([], pa.int64())
         # All candidate sessions: the batch's then the state's, sorted by (key, start).
         key_idx = np.concatenate([key_of_row, state_key_idx])
-        start = np.concatenate([_np(_micros(batch.column(w.start))), state_starts])
-        end = np.concatenate([_np(_micros(batch.column(w.end))), _np(state_end)])
+        start = np.concatenate([batch_start, state_starts])
+        end = np.concatenate([batch_end, _np(state_end)])
         from_state = np.concatenate([np.zeros(n_batch, bool), np.ones(n_state, bool)])
         order = np.lexsort((~from_state, start, key_idx))  # a state session first on a tie
         key_idx, start, end, from_state = (
@@ -409,15 +416,20 @@ class SessionWindowAggregate(StatefulOperator):
             ends.add_many(new_pks, group_end[changed].tolist(), stored=False)
             ctx.metrics.num_rows_updated += len(new_pks)
         ctx.metrics.num_rows_removed += len(gone_pks)
-        # Each touched key's starts: those of all its sessions, in order.
+        # Each touched key's starts: those of all its sessions (the groups' and those left
+        # aside), in order.
         touched = np.unique(group_key[changed]) if len(changed) else group_key[:0]
         if len(touched):
+            list_key = np.concatenate([group_key, aside_key_idx])
+            list_start = np.concatenate([group_start, aside_starts])
+            in_order = np.lexsort((list_start, list_key))
+            list_key, list_start = list_key[in_order], list_start[in_order]
             lo, hi = (
-                np.searchsorted(group_key, touched, "left"),
-                np.searchsorted(group_key, touched, "right"),
+                np.searchsorted(list_key, touched, "left"),
+                np.searchsorted(list_key, touched, "right"),
             )
             keys_out = [uniq[k] for k in touched.tolist()]
-            _write_starts(store, keys_out, _pack_starts(group_start, lo, hi))
+            _write_starts(store, keys_out, _pack_starts(list_start, lo, hi))
 
     def _fold(
         self, buffers: pa.Table, groups: np.ndarray, firsts: np.ndarray, sizes: np.ndarray
@@ -520,6 +532,38 @@ def _unpack_starts(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     counts = np.asarray(pc.binary_length(col).fill_null(0), np.int64) // 8
     data = b"".join(b for b in col.to_pylist() if b)
     return np.repeat(np.arange(len(col)), counts), np.frombuffer(data, "<i8").astype(np.int64)
+
+
+def _may_merge(
+    state_key: np.ndarray,
+    state_start: np.ndarray,
+    batch_key: np.ndarray,
+    batch_start: np.ndarray,
+    batch_end: np.ndarray,
+) -> np.ndarray:
+    """Mask of the stored sessions (by key, in each key's start order) that may merge with the
+    batch's sessions of their key. Stored sessions do not overlap: each ends before the next
+    one of its key starts. So one that starts after every batch session of its key ends, or
+    whose next session starts before every batch session of its key starts, starts after the
+    batch's sessions end or ends before they begin, and no chain of merges reaches it."""
+    n = len(state_key)
+    if n == 0:
+        return np.zeros(0, bool)
+    if n > 1 and not np.all(
+        (state_key[1:] > state_key[:-1])
+        | ((state_key[1:] == state_key[:-1]) & (state_start[1:] > state_start[:-1]))
+    ):
+        return np.ones(n, bool)  # not in order (never written so): read every one
+    keys = int(max(state_key.max(), batch_key.max() if len(batch_key) else 0)) + 1
+    first = np.full(keys, np.iinfo(np.int64).max)
+    last = np.full(keys, np.iinfo(np.int64).min)
+    np.minimum.at(first, batch_key, batch_start)
+    np.maximum.at(last, batch_key, batch_end)
+    following = np.full(n, np.iinfo(np.int64).max)
+    same = state_key[1:] == state_key[:-1]
+    following[:-1][same] = state_start[1:][same]
+    near: np.ndarray = (state_start <= last[state_key]) & (following >= first[state_key])
+    return near
 
 
 def _pack_starts(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> list[bytes]:
