@@ -43,7 +43,9 @@ BATCHES: list[list[dict[str, Any]]] = [
 ]
 
 
-def start(spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str) -> Any:
+def start(
+    spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str, **options: str
+) -> Any:
     return (
         ss.stream(source(spark, feed, SCHEMA))
         .groupBy("k")
@@ -53,6 +55,7 @@ def start(spark: SparkSession, feed: FileFeed, tmp_path: Path, provider: str) ->
         .option("checkpointLocation", str(tmp_path / "chk"))
         .option("stateStore", provider)
         .option("stateStore.state_home", "true")
+        .options(**options)
         .start()
     )
 
@@ -133,6 +136,8 @@ def test_a_reader_of_the_checkpoint_restores_each_partition_once_and_follows_by_
 
 #: The state partitions a rescale moves the module's queries to (the session has another count).
 RESCALED = 5
+#: The partitions of a restart that rescales in place after it.
+IN_PLACE = 3
 
 
 def spark_partitions(spark: SparkSession, keys: list[str], n: int) -> dict[str, int]:
@@ -188,6 +193,20 @@ def test_reads_equal_the_state_reader_across_a_rescale(
                     assert {f.source for f in found} == {where}
                     assert {f.key["k"]: f.value for f in found if f.found} == offline(chk, b)
                     assert {f.key["k"]: f.partition for f in found} == routed
+        finally:
+            q.stop()
+        # The follower has counted its loads (below); the others read on across a restart
+        # that rescales in place: the last batch, rewritten, is read in its new partitions.
+        last = rescale + len(BATCHES) - 2
+        q = start(spark, feed, tmp_path, provider, numPartitions=str(IN_PLACE))
+        try:
+            for reader in (live, fresh):
+                found = reader.get_many(KEYS)
+                assert {f.batch_id for f in found} == {last}
+                assert {f.key["k"]: f.value for f in found if f.found} == offline(chk, last)
+                assert {f.key["k"]: f.partition for f in found} == spark_partitions(
+                    spark, KEYS, IN_PLACE
+                )
         finally:
             q.stop()
     # The reader of the checkpoint restored every new partition (those it kept from before the

@@ -186,10 +186,16 @@ class LiveState:
         newest = self.batch_id
         while self._chk.log.read_commit(newest + 1) is not None:
             newest += 1
-        if newest == self.batch_id:
+        if newest == self.batch_id and not self._rewritten():
             return False
         self._at(newest)
         return True
+
+    def _rewritten(self) -> bool:
+        """Whether the batch read was rescaled in place (a restart with another partition
+        count rewrites the last commit): its state is then in other partitions."""
+        commit = self._chk.log.read_commit(self.batch_id)
+        return commit is not None and commit.lineage().get(self.operator.id, {}) != self._attempts
 
     def _families(self) -> dict[str, ColumnFamily]:
         for p in range(self._chk.num_partitions):
