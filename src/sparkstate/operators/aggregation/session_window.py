@@ -593,10 +593,20 @@ def _write_starts(store: StateStore, ukeys: list[bytes], packed: list[bytes]) ->
 
 
 def _pairs_in(a: np.ndarray, b: np.ndarray, a2: np.ndarray, b2: np.ndarray) -> np.ndarray:
-    """Mask of the pairs ``(a[i], b[i])`` found among the pairs ``(a2[j], b2[j])``."""
-    import pandas as pd
-
-    return np.asarray(pd.MultiIndex.from_arrays([a, b]).isin(pd.MultiIndex.from_arrays([a2, b2])))
+    """Mask of the pairs ``(a[i], b[i])`` found among the pairs ``(a2[j], b2[j])``: both sets
+    sorted together, a pair is found where its run of equal pairs holds one of the second."""
+    n = len(a)
+    firsts = np.r_[np.ones(n, bool), np.zeros(len(a2), bool)]
+    aa, bb = np.concatenate([a, a2]), np.concatenate([b, b2])
+    order = np.lexsort((bb, aa))
+    aa, bb, firsts = aa[order], bb[order], firsts[order]
+    new_run = np.r_[True, (aa[1:] != aa[:-1]) | (bb[1:] != bb[:-1])]
+    run = np.cumsum(new_run) - 1
+    seconds_in = np.zeros(int(run[-1]) + 1 if len(run) else 0, bool)
+    seconds_in[run[~firsts]] = True
+    found = np.zeros(n, bool)
+    found[order[firsts]] = seconds_in[run[firsts]]
+    return found
 
 
 def _session_groups(key_idx: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
