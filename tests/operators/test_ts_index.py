@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -13,6 +14,8 @@ from sparkstate.operators.ts_index import (
     COUNT_SCHEMA,
     MARKER_SCHEMA,
     TimestampIndex,
+    decode_ts_many,
+    encode_ts_many,
     index_key_schema,
 )
 from sparkstate.store import StateStoreProvider
@@ -78,3 +81,16 @@ def test_count_with_known_and_unknown_entries_equals_a_scan(provider: StateStore
     assert index.size(store) == scanned(store) == 12
     store.commit()
     assert store.metrics().num_keys == 13  # the entries and the count row
+
+
+def test_timestamps_encode_and_decode_as_the_codec_does() -> None:
+    """The index's own encoding of timestamps is the key codec's, byte for byte, and sorts as
+    the numbers do."""
+    codec = KeyCodec(pa.schema([pa.field("ts_ms", pa.int64(), nullable=False)]))
+    ts = np.array([-(2**63), -(2**40) - 7, -1, 0, 1, 1_704_067_200_000, 2**63 - 1], np.int64)
+    encoded = encode_ts_many(ts)
+    assert encoded == [codec.encode((int(t),)) for t in ts]
+    assert sorted(encoded) == encoded
+    keyed = [e + b"key" for e in encoded]
+    assert decode_ts_many(keyed).tolist() == ts.tolist()
+    assert encode_ts_many(ts[:0]) == [] and decode_ts_many([]).tolist() == []

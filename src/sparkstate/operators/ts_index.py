@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
+import numpy as np
 import pyarrow as pa
 
 from sparkstate.store.base import StateStore
@@ -207,8 +208,7 @@ class TimestampIndex:
         out: list[tuple[int, bytes]] = []
         start = store.scan_start(None, self.cf_name)
         for keys, _ in store.range_scan_encoded_chunks(start, end, self.cf_name):
-            times = _TS_CODEC.decode_many_arrow([k[:_TS_WIDTH] for k in keys])
-            ts = times.column(0).to_pylist()
+            ts = decode_ts_many(keys).tolist()
             out += zip(ts, [k[_TS_WIDTH:] for k in keys], strict=True)
         return out
 
@@ -267,6 +267,27 @@ class TimestampIndex:
 def _entry_keys(entries: set[tuple[int, bytes]]) -> list[bytes]:
     """Encoded index keys of ``(ts, encoded key)`` entries, the timestamps encoded at once."""
     listed = list(entries)
-    ts = pa.array(map(operator.itemgetter(0), listed), pa.int64(), size=len(listed))
-    encoded = _TS_CODEC.encode_many(pa.table({"ts_ms": ts}, TS_SCHEMA))
-    return list(map(operator.add, encoded, map(operator.itemgetter(1), listed)))
+    stamps = encode_ts_many(np.fromiter(map(operator.itemgetter(0), listed), np.int64, len(listed)))
+    return list(map(operator.add, stamps, map(operator.itemgetter(1), listed)))
+
+
+#: A timestamp's encoding (``_TS_CODEC``'s): a byte that says it is not null, then the int64
+#: with its sign bit flipped, big-endian, so that the bytes sort as the numbers do.
+_NOT_NULL, _SIGN = 1, np.uint64(1 << 63)
+
+
+def encode_ts_many(ts: np.ndarray) -> list[bytes]:
+    """:func:`encode_ts` of each of ``ts`` (int64), in numpy."""
+    n = len(ts)
+    rows = np.empty((n, _TS_WIDTH), np.uint8)
+    rows[:, 0] = _NOT_NULL
+    rows[:, 1:] = (ts.view(np.uint64) ^ _SIGN).astype(">u8").view(np.uint8).reshape(n, 8)
+    blob = rows.tobytes()
+    return [blob[i : i + _TS_WIDTH] for i in range(0, n * _TS_WIDTH, _TS_WIDTH)]
+
+
+def decode_ts_many(keys: list[bytes]) -> np.ndarray:
+    """The timestamps that index keys ``keys`` begin with (none null), in numpy."""
+    raw = np.frombuffer(b"".join([k[1:_TS_WIDTH] for k in keys]), ">u8").astype(np.uint64)
+    ts: np.ndarray = (raw ^ _SIGN).view(np.int64)
+    return ts
