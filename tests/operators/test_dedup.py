@@ -10,7 +10,9 @@ import pyarrow as pa
 import pytest
 
 from sparkstate.exceptions import ConfigurationError
-from sparkstate.operators.dedup import Deduplicate, DeduplicateWithinWatermark
+from sparkstate.operators.dedup import EXPIRY_CF, Deduplicate, DeduplicateWithinWatermark
+from sparkstate.store.families import cf_prefix
+from sparkstate.store.versions.versioned import VersionedProvider
 
 from .conftest import OperatorRunner, at, ms
 
@@ -142,3 +144,22 @@ def test_within_watermark_drops_a_key_until_its_first_row_expires(
     assert [(r["id"], r["v"]) for r in out.to_pylist()] == [(KEPT, "again"), (KEPT + 1, "again")]
     out, m = runner.run(timed(range(1), 25, "late"), "append", watermark_ms=ms(30))
     assert out.num_rows == 0 and m.num_rows_dropped_by_watermark == 1
+
+
+def test_expiry_removes_the_index_entries_as_one_range(make_runner: Runner) -> None:
+    """The keys' entries in the index by expiry go in one range deletion: the version's
+    changelog holds one range for the index and no row of it, and the keys left are kept."""
+    op = DeduplicateWithinWatermark(TIMED, ["id"], event_time="ts", delay_ms=10_000)
+    runner = make_runner(op)
+    runner.run(timed(range(50), 100, "a") + timed(range(50, 80), 20, "a"), "append")
+    _, m = runner.run([], "append", watermark_ms=ms(30))
+    assert m.num_rows_removed == 30
+    provider = runner.provider
+    assert isinstance(provider, VersionedProvider)
+    log = provider.read_changelog(provider.index().resolve(2, None, provider.delta_ext, "test"))
+    expiry = cf_prefix(EXPIRY_CF)
+    assert [lo for lo, _ in log.delete_ranges] == [expiry]
+    assert not [k for chunk, _ in log.chunks() for k in chunk if k.startswith(expiry)]
+    out, m = runner.run(timed(range(45, 55), 101, "b"), "append", watermark_ms=ms(30))
+    assert sorted(r["id"] for r in out.to_pylist()) == list(range(50, 55))  # expired: new again
+    assert m.num_rows_total == 55

@@ -274,13 +274,14 @@ class DeduplicateWithinWatermark(Deduplicate):
         """Remove the keys whose expiry is at or below the watermark (Spark's
         ``watermark >= expiresAtMicros``)."""
         index = TimestampIndex(EXPIRY_CF)
-        due = index.due(store, ctx.watermark_ms * 1000)
+        up_to = ctx.watermark_ms * 1000
+        due = index.due_keys(store, up_to)
         if due:
-            store.remove_encoded_many([k for _, k in due])
-            index.extend_removals(due)
-            index.flush(store)
+            store.remove_encoded_many(due)
+            index.remove_due(store, up_to)  # the index's entries: one range deletion
             ctx.metrics.num_rows_removed += len(due)
-        index.removed_due(store, ctx.watermark_ms * 1000)
+        else:
+            index.removed_due(store, up_to)
 
 
 def _first_rows(keys: list[bytes]) -> tuple[list[bytes], np.ndarray]:

@@ -212,6 +212,16 @@ class TimestampIndex:
             out += zip(ts, [k[_TS_WIDTH:] for k in keys], strict=True)
         return out
 
+    def due_keys(self, store: StateStore, up_to: int) -> list[bytes]:
+        """The encoded keys of the entries with ``ts <= up_to``, in order (flush first):
+        :meth:`due` without the timestamps."""
+        end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
+        out: list[bytes] = []
+        start = store.scan_start(None, self.cf_name)
+        for keys, _ in store.range_scan_encoded_chunks(start, end, self.cf_name):
+            out += [k[_TS_WIDTH:] for k in keys]
+        return out
+
     def removed_due(self, store: StateStore, up_to: int) -> None:
         """Say that every entry with ``ts <= up_to`` was removed (flushed): the next versions'
         :meth:`due` start past them."""

@@ -480,12 +480,11 @@ class SessionWindowAggregate(StatefulOperator):
     ) -> Iterator[pa.RecordBatch]:
         """Emit and remove the sessions whose end is at or below the watermark."""
         started = time.perf_counter()
-        due = ends.due(store, ctx.watermark_ms * 1000)
-        if not due:
+        pks = ends.due_keys(store, ctx.watermark_ms * 1000)
+        if not pks:
             ends.removed_due(store, ctx.watermark_ms * 1000)
             return
         fam = store.column_family()
-        pks = [pk for _, pk in due]
         values, _ = decode_values(fam, store.get_encoded_many(pks, fam.name))
         keys = decode_keys(fam, pks)
         out = self._finish(keys, values)
@@ -495,7 +494,7 @@ class SessionWindowAggregate(StatefulOperator):
         width = self._start_width
         slot: dict[bytes, int] = {}
         owner_of_due = np.fromiter(
-            (slot.setdefault(pk[:-width], len(slot)) for _, pk in due), np.int64, len(due)
+            (slot.setdefault(pk[:-width], len(slot)) for pk in pks), np.int64, len(pks)
         )
         ukeys = list(slot)
         starts_fam = store.column_family(STARTS_CF)
