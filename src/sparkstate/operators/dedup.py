@@ -185,13 +185,7 @@ class Deduplicate(StatefulOperator):
         if not self.expires:
             return
         end = store.column_family().key_codec.encode_prefix((ctx.watermark_ms * 1000 + 1,))
-        doomed: list[bytes] = []
-        for kencs, _ in store.range_scan_encoded_chunks(store.scan_start(b"\x01"), end):
-            doomed += kencs
-        if doomed:
-            store.remove_encoded_many(doomed)
-            ctx.metrics.num_rows_removed += len(doomed)
-        store.mark_removed(b"\x01", end)
+        ctx.metrics.num_rows_removed += store.remove_range(b"\x01", end)  # one range deletion
 
 
 class DeduplicateWithinWatermark(Deduplicate):
