@@ -18,7 +18,7 @@ a scan.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -204,10 +204,8 @@ class TimestampIndex:
 
     def due(self, store: StateStore, up_to: int) -> list[tuple[int, bytes]]:
         """Entries with ``ts <= up_to`` as ``(ts, encoded key)``, in order (flush first)."""
-        end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
         out: list[tuple[int, bytes]] = []
-        start = store.scan_start(None, self.cf_name)
-        for keys, _ in store.range_scan_encoded_chunks(start, end, self.cf_name):
+        for keys in self._due_chunks(store, up_to):
             ts = decode_ts_many(keys).tolist()
             out += zip(ts, [k[_TS_WIDTH:] for k in keys], strict=True)
         return out
@@ -215,12 +213,18 @@ class TimestampIndex:
     def due_keys(self, store: StateStore, up_to: int) -> list[bytes]:
         """The encoded keys of the entries with ``ts <= up_to``, in order (flush first):
         :meth:`due` without the timestamps."""
-        end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
         out: list[bytes] = []
-        start = store.scan_start(None, self.cf_name)
-        for keys, _ in store.range_scan_encoded_chunks(start, end, self.cf_name):
+        for keys in self._due_chunks(store, up_to):
             out += [k[_TS_WIDTH:] for k in keys]
         return out
+
+    def _due_chunks(self, store: StateStore, up_to: int) -> Iterator[list[bytes]]:
+        """The index keys with ``ts <= up_to``, a chunk at a time, from past the removals
+        before."""
+        end = encode_ts(up_to + 1) if up_to < _INT64_MAX else None
+        start = store.scan_start(None, self.cf_name)
+        for keys, _ in store.range_scan_encoded_chunks(start, end, self.cf_name):
+            yield keys
 
     def removed_due(self, store: StateStore, up_to: int) -> None:
         """Say that every entry with ``ts <= up_to`` was removed (flushed): the next versions'
