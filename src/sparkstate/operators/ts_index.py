@@ -17,11 +17,12 @@ a scan.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Iterator
+from itertools import chain
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sparkstate.store.base import StateStore
 from sparkstate.store.codec import KeyCodec, ValueCodec
@@ -76,18 +77,32 @@ def encode_ts(ts: int) -> bytes:
     return _TS_CODEC.encode((ts,))
 
 
+class _Writes:
+    """A run of buffered writes of one kind (puts or deletes), with what the caller knows of
+    whether their entries are stored (None: not known)."""
+
+    __slots__ = ("kencs", "put", "stored", "ts")
+
+    def __init__(self, put: bool, stored: bool | None, ts: list[int], kencs: list[bytes]) -> None:
+        if len(ts) != len(kencs):
+            msg = f"{len(kencs)} keys and {len(ts)} timestamps"
+            raise ValueError(msg)
+        self.put, self.stored, self.ts, self.kencs = put, stored, ts, kencs
+
+
 class TimestampIndex:
     """Buffered writes to, and range scans of, one ``(ts, key)`` index column family; with
-    ``count_cf``, its number of entries kept there."""
+    ``count_cf``, its number of entries kept there.
+
+    The writes are buffered as they come, a run of them per bulk call (the single calls of a
+    kind share one), and resolved at the flush: each entry as the last write to it left it."""
 
     def __init__(self, cf_name: str, count_cf: str | None = None) -> None:
         self.cf_name = cf_name
         self.count_cf = count_cf
-        self._puts: set[tuple[int, bytes]] = set()
-        self._deletes: set[tuple[int, bytes]] = set()
-        #: Entries known to be stored, or not, as the store stands until the flush.
-        self._stored: set[tuple[int, bytes]] = set()
-        self._absent: set[tuple[int, bytes]] = set()
+        self._writes: list[_Writes] = []
+        #: The run the single calls append to (a bulk call's run is the caller's and stays so).
+        self._open: _Writes | None = None
 
     def move(self, kenc: bytes, old_ts: int, new_ts: int) -> None:
         """Re-index ``kenc`` from ``old_ts`` to ``new_ts`` (``NO_TS``: not indexed)."""
@@ -99,12 +114,18 @@ class TimestampIndex:
             self.add(kenc, new_ts)
 
     def add(self, kenc: bytes, ts: int) -> None:
-        self._deletes.discard((ts, kenc))
-        self._puts.add((ts, kenc))
+        self._one(True, kenc, ts)
 
     def remove(self, kenc: bytes, ts: int) -> None:
-        self._puts.discard((ts, kenc))
-        self._deletes.add((ts, kenc))
+        self._one(False, kenc, ts)
+
+    def _one(self, put: bool, kenc: bytes, ts: int) -> None:
+        run = self._open
+        if run is None or run.put is not put:
+            run = self._open = _Writes(put, None, [], [])
+            self._writes.append(run)
+        run.ts.append(ts)
+        run.kencs.append(kenc)
 
     def add_many(
         self, kencs: Iterable[bytes], ts: Iterable[int], *, stored: bool | None = None
@@ -112,44 +133,29 @@ class TimestampIndex:
         """``add`` of each ``(kenc, ts)`` pair. ``stored=False``: the caller knows these entries
         are not stored, apart from those removed before as stored (an entry put back); None:
         not known, read back at the flush where a count is kept."""
-        entries = set(zip(ts, kencs, strict=True))
-        self._deletes.difference_update(entries)
-        self._puts.update(entries)
-        if stored is not None:
-            self._known(entries, stored)
+        self._many(True, kencs, ts, stored)
 
     def remove_many(
         self, kencs: Iterable[bytes], ts: Iterable[int], *, stored: bool | None = None
     ) -> None:
         """``remove`` of each ``(kenc, ts)`` pair. ``stored=True``: the caller knows these
         entries are stored (read from the state they index); None: not known."""
-        entries = set(zip(ts, kencs, strict=True))
-        self._puts.difference_update(entries)
-        self._deletes.update(entries)
-        if stored is not None:
-            self._known(entries, stored)
+        self._many(False, kencs, ts, stored)
 
-    def _known(self, entries: set[tuple[int, bytes]], stored: bool) -> None:
-        """Note what the caller knows of ``entries``. A "not stored" does not undo an earlier
-        "stored": an entry removed as stored and put back (a session written again at its old
-        end) is stored."""
-        if stored:
-            self._absent.difference_update(entries)
-            self._stored.update(entries)
-        else:
-            self._absent.update(entries.difference(self._stored) if self._stored else entries)
-
-    @property
-    def pending(self) -> int:
-        return len(self._puts) + len(self._deletes)
+    def _many(
+        self, put: bool, kencs: Iterable[bytes], ts: Iterable[int], stored: bool | None
+    ) -> None:
+        run = _Writes(put, stored, list(ts), list(kencs))
+        if run.kencs:
+            self._writes.append(run)
+            self._open = None
 
     def flush(self, store: StateStore) -> None:
         """Write the buffered changes in a few bulk calls (entries known stored, known not
         stored, and not known), and the count of entries where it is kept (also with nothing
         buffered, if the version has no count yet)."""
         cf = self.cf_name
-        deletes = self._by_knowledge(self._deletes)
-        puts = self._by_knowledge(self._puts)
+        deletes, puts = self._resolved()
         if self.count_cf is not None:
             self._count(store, deletes, puts)
         for stored, entries in deletes.items():
@@ -158,21 +164,42 @@ class TimestampIndex:
         for stored, entries in puts.items():
             if entries:
                 store.put_encoded_many(entries, [MARKER] * len(entries), cf, stored=stored)
-        self._puts.clear()
-        self._deletes.clear()
-        self._stored.clear()
-        self._absent.clear()
+        self._writes.clear()
+        self._open = None
 
-    def _by_knowledge(self, entries: set[tuple[int, bytes]]) -> dict[bool | None, list[bytes]]:
-        """The encoded keys of ``entries``, by whether they are known to be stored (None: not
-        known)."""
-        if not entries:
-            return {}
-        if not self._stored and not self._absent:
-            return {None: _entry_keys(entries)}
-        stored, absent = entries & self._stored, entries & self._absent
-        unknown = entries - stored - absent if len(stored) + len(absent) < len(entries) else set()
-        return {k: _entry_keys(e) for k, e in ((True, stored), (False, absent), (None, unknown))}
+    def _resolved(self) -> tuple[dict[bool | None, list[bytes]], dict[bool | None, list[bytes]]]:
+        """The index keys to delete and to put, each once, as the last write to its entry left
+        it; by whether the entry is known to be stored (None: not known). What the callers
+        said of an entry holds whatever the order: "stored" over "not stored" (an entry
+        removed as stored and put back, a session written again at its old end, is stored)."""
+        runs = self._writes
+        if not runs:
+            return {}, {}
+        sizes = [len(run.kencs) for run in runs]
+        if sum(sizes) < _IN_ARRAYS_FROM:
+            return _resolved_one_by_one(runs)
+        ts = np.asarray(list(chain.from_iterable(run.ts for run in runs)), np.int64)
+        keys = _entry_keys(
+            ts, pa.array(list(chain.from_iterable(run.kencs for run in runs)), pa.binary())
+        )
+        put = np.repeat([run.put for run in runs], sizes)
+        said = np.repeat([_SAID[run.stored] for run in runs], sizes).astype(np.int8)
+        if len(runs) > 1 and _repeats(ts, keys):
+            # an entry written more than once: its last write, and the most said of it
+            last = (
+                pa.table({"k": keys, "i": np.arange(len(keys)), "s": said})
+                .group_by("k", use_threads=False)
+                .aggregate([("i", "max"), ("s", "max")])
+            )
+            keys, said = last.column("k"), np.asarray(last.column("s_max"), np.int8)
+            put = put[np.asarray(last.column("i_max"))]
+        out: tuple[dict[bool | None, list[bytes]], ...] = ({}, {})
+        for p in (False, True):
+            for stored, code in _SAID.items():
+                mask = (put == p) & (said == code)
+                if mask.any():
+                    out[p][stored] = keys.filter(pa.array(mask)).to_pylist()
+        return out[0], out[1]
 
     def _count(
         self,
@@ -273,31 +300,78 @@ class TimestampIndex:
 
     def extend_removals(self, entries: Iterable[tuple[int, bytes]]) -> None:
         """Remove ``entries`` (as :meth:`due` gives them)."""
-        entries = set(entries)
-        self._puts.difference_update(entries)
-        self._deletes.update(entries)
+        listed = list(entries)
+        self.remove_many([k for _, k in listed], [ts for ts, _ in listed])
 
 
-def _entry_keys(entries: set[tuple[int, bytes]]) -> list[bytes]:
-    """Encoded index keys of ``(ts, encoded key)`` entries, the timestamps encoded at once."""
-    listed = list(entries)
-    stamps = encode_ts_many(np.fromiter(map(operator.itemgetter(0), listed), np.int64, len(listed)))
-    return list(map(operator.add, stamps, map(operator.itemgetter(1), listed)))
+def _resolved_one_by_one(
+    runs: list[_Writes],
+) -> tuple[dict[bool | None, list[bytes]], dict[bool | None, list[bytes]]]:
+    """``TimestampIndex._resolved`` of a few writes, entry by entry."""
+    last: dict[bytes, bool] = {}
+    said: dict[bytes, int] = {}
+    for run in runs:
+        code = _SAID[run.stored]
+        for ts, kenc in zip(run.ts, run.kencs, strict=True):
+            key = _TS_PREFIX + (ts + _SIGN_BIT).to_bytes(8, "big") + kenc
+            last[key] = run.put
+            if code > said.get(key, 0):
+                said[key] = code
+    out: tuple[dict[bool | None, list[bytes]], ...] = ({}, {})
+    for key, put in last.items():
+        out[put].setdefault(_STORED[said.get(key, 0)], []).append(key)
+    return out[0], out[1]
+
+
+def _repeats(ts: np.ndarray, keys: pa.Array) -> bool:
+    """Whether an entry (of timestamps ``ts`` and index keys ``keys``) is written more than
+    once. Only entries of one timestamp can be the same: their keys alone are compared."""
+    order = np.argsort(ts)
+    sorted_ts = ts[order]
+    tied = np.flatnonzero(sorted_ts[1:] == sorted_ts[:-1])
+    if not len(tied):
+        return False
+    in_tie = np.zeros(len(ts), bool)
+    in_tie[tied] = in_tie[tied + 1] = True
+    some = keys.take(pa.array(order[in_tie])).to_pylist()
+    return len(set(some)) < len(some)
+
+
+def _entry_keys(ts: np.ndarray, kencs: pa.Array) -> pa.Array:
+    """Encoded index keys of the entries ``zip(ts, kencs)`` (int64, binary), as one array."""
+    n = len(ts)
+    stamps = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(_TS_WIDTH), n, [None, pa.py_buffer(_ts_rows(ts))]
+    )
+    return pc.binary_join_element_wise(stamps.cast(pa.binary()), kencs, b"")
 
 
 #: A timestamp's encoding (``_TS_CODEC``'s): a byte that says it is not null, then the int64
 #: with its sign bit flipped, big-endian, so that the bytes sort as the numbers do.
 _NOT_NULL, _SIGN = 1, np.uint64(1 << 63)
+#: The same, one timestamp at a time: the first byte, and what flips the sign bit (an int64
+#: plus 2^63 is its bits, the sign flipped, as an unsigned number).
+_TS_PREFIX, _SIGN_BIT = bytes([_NOT_NULL]), 1 << 63
+#: What a caller said of entries (``stored``), as codes ordered as they prevail, and back.
+_SAID: dict[bool | None, int] = {None: 0, False: 1, True: 2}
+_STORED: dict[int, bool | None] = {code: said for said, code in _SAID.items()}
+#: Writes resolved in arrays from this many on (one by one below: a few writes, a few calls).
+_IN_ARRAYS_FROM = 2048
 
 
 def encode_ts_many(ts: np.ndarray) -> list[bytes]:
     """:func:`encode_ts` of each of ``ts`` (int64), in numpy."""
+    blob = _ts_rows(ts).tobytes()
+    return [blob[i : i + _TS_WIDTH] for i in range(0, len(ts) * _TS_WIDTH, _TS_WIDTH)]
+
+
+def _ts_rows(ts: np.ndarray) -> np.ndarray:
+    """The encodings of ``ts`` (int64) as the rows of a byte matrix."""
     n = len(ts)
     rows = np.empty((n, _TS_WIDTH), np.uint8)
     rows[:, 0] = _NOT_NULL
     rows[:, 1:] = (ts.view(np.uint64) ^ _SIGN).astype(">u8").view(np.uint8).reshape(n, 8)
-    blob = rows.tobytes()
-    return [blob[i : i + _TS_WIDTH] for i in range(0, n * _TS_WIDTH, _TS_WIDTH)]
+    return rows
 
 
 def decode_ts_many(keys: list[bytes]) -> np.ndarray:

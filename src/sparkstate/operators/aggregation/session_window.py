@@ -338,7 +338,8 @@ class SessionWindowAggregate(StatefulOperator):
             (slot.setdefault(k, len(slot)) for k in ukeys), np.int64, len(ukeys)
         )
         uniq = list(slot)
-        first_row = np.unique(key_of_row, return_index=True)[1]  # ids number first appearances
+        # ids number first appearances: a row whose id is above every one before it is first
+        first_row = np.flatnonzero(np.diff(np.maximum.accumulate(key_of_row), prepend=-1) > 0)
         # The state's sessions of these keys: their starts, then the sessions themselves.
         packed = store.get_encoded_many(
             starts_fam.key_codec.encode_many(user_keys.take(pa.array(first_row))), STARTS_CF
@@ -398,7 +399,15 @@ class SessionWindowAggregate(StatefulOperator):
         gone_pks = [state_pks[state_pk_sorted[i]] for i in gone.tolist()]
         # The index has each stored session's end, and a session new to it is not stored (one
         # stored with its key and start is in its group, removed first): nothing to read back.
-        ends.remove_many(gone_pks, end[gone].tolist(), stored=True)
+        # A changed session with its stored first member's start and end keeps that entry.
+        leads = firsts[changed]
+        keeps_entry = from_state[leads] & (end[leads] == group_end[changed])
+        moved_out = gone[~np.isin(gone, leads[keeps_entry])]
+        ends.remove_many(
+            [state_pks[state_pk_sorted[i]] for i in moved_out.tolist()],
+            end[moved_out].tolist(),
+            stored=True,
+        )
         if gone_pks:
             store.remove_encoded_many(gone_pks)
         if len(changed):
@@ -413,12 +422,18 @@ class SessionWindowAggregate(StatefulOperator):
             )
             fresh = ~from_state[firsts][changed]  # begun by the batch, so not stored
             _put_sessions(store, new_pks, fam.value_codec.encode_many(new_values), fresh)
-            ends.add_many(new_pks, group_end[changed].tolist(), stored=False)
+            moved_in = np.flatnonzero(~keeps_entry)
+            ends.add_many(
+                [new_pks[i] for i in moved_in.tolist()],
+                group_end[changed[moved_in]].tolist(),
+                stored=False,
+            )
             ctx.metrics.num_rows_updated += len(new_pks)
         ctx.metrics.num_rows_removed += len(gone_pks)
         # Each touched key's starts: those of all its sessions (the groups' and those left
         # aside), in order.
-        touched = np.unique(group_key[changed]) if len(changed) else group_key[:0]
+        touched = group_key[changed]  # in key order (the groups are)
+        touched = touched[np.r_[True, touched[1:] != touched[:-1]]] if len(touched) else touched
         if len(touched):
             list_key = np.concatenate([group_key, aside_key_idx])
             list_start = np.concatenate([group_start, aside_starts])
