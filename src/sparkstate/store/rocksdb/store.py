@@ -119,6 +119,10 @@ class RocksDBStateStore(StateStore):
         #: Every pair of the database in memory, where the provider holds them (read instead).
         self._copy = copy
         self._pending: dict[bytes, bytes | None] = {}
+        #: The lowest and highest key of each family written in this version (a bound: keys
+        #: a range deletion dropped from the overlay stay in it), so that a scan of a range no
+        #: write reaches skips a pass over every write; None: a write of keys of no one family.
+        self._written: dict[bytes, tuple[bytes, bytes]] | None = {}
         #: Whether keys read from the database existed there, to count rows without extra reads
         #: (also keys a writer said it knew, and, as gone, those of a range this version removed).
         self._existed: dict[bytes, bool] = {}
@@ -239,20 +243,49 @@ class RocksDBStateStore(StateStore):
     def raw_put(self, key: bytes, value: bytes) -> None:
         self._counted = None
         self._pending[key] = value
+        self._widen(family_of(key), key, key)
 
     def raw_put_many(
         self, keys: Sequence[bytes], values: Sequence[bytes], *, family: bytes | None = None
     ) -> None:
         self._counted = None
         self._pending.update(zip(keys, values, strict=True))
+        self._wrote(keys, family)
 
     def raw_delete(self, key: bytes) -> None:
         self._counted = None
         self._pending[key] = None
+        self._widen(family_of(key), key, key)
 
     def raw_delete_many(self, keys: Sequence[bytes], *, family: bytes | None = None) -> None:
         self._counted = None
         self._pending.update(dict.fromkeys(keys))
+        self._wrote(keys, family)
+
+    def _wrote(self, keys: Sequence[bytes], family: bytes | None) -> None:
+        if not keys:
+            return
+        if family is None:
+            self._written = None  # (no caller of the store's own writes leaves it out)
+        else:
+            self._widen(family, min(keys), max(keys))
+
+    def _widen(self, family: bytes, low: bytes, high: bytes) -> None:
+        written = self._written
+        if written is None:
+            return
+        was = written.get(family)
+        written[family] = (low, high) if was is None else (min(was[0], low), max(was[1], high))
+
+    def _written_in(self, start: bytes, end: bytes) -> bool:
+        """Whether a write of this version is in ``[start, end)``: first by the written
+        families' bounds, then, where one meets the range, by the writes themselves."""
+        written = self._written
+        if written is not None and not any(
+            low < end and start <= high for low, high in written.values()
+        ):
+            return False
+        return any(start <= k < end for k in self._pending)
 
     def raw_note_stored(self, keys: Sequence[bytes], stored: bool) -> None:
         """Whether keys not written yet in this version are stored is whether the database
@@ -269,7 +302,7 @@ class RocksDBStateStore(StateStore):
         (one scan of keys, from ``first``): for reads, the row count and the copy in memory."""
         self._counted = None
         pending = self._pending
-        inside = [k for k in pending if start <= k < end]
+        inside = [k for k in pending if start <= k < end] if self._written_in(start, end) else []
         if any(k < first for k in inside):  # deletes of stored keys the empty range counts
             first = start
         stored = [k for k in self._db.keys_in(first, end) if k not in self._ranged]
@@ -301,7 +334,7 @@ class RocksDBStateStore(StateStore):
     def raw_scan_chunks(
         self, start: bytes, end: bytes, skip: int, chunk: int
     ) -> Iterator[tuple[list[bytes], list[bytes]]]:
-        if any(start <= k < end for k in self._pending) or self._removed_in(start, end):
+        if self._written_in(start, end) or self._removed_in(start, end):
             yield from super().raw_scan_chunks(start, end, skip, chunk)
             return
         # No write of this version in the range: the database's rows, a chunk per step.
@@ -315,7 +348,11 @@ class RocksDBStateStore(StateStore):
         """Stored pairs and pending writes (None: a delete) with ``start <= key < end``, in
         key order, a pending write in place of the stored pair of its key."""
         pending, ranged = self._pending, self._ranged
-        overlay = sorted((k, v) for k, v in pending.items() if start <= k < end)
+        overlay = (
+            sorted((k, v) for k, v in pending.items() if start <= k < end)
+            if self._written_in(start, end)
+            else []
+        )
         stored: Iterator[tuple[bytes, bytes | None]] = (
             (k, v) for k, v in self._db.iterate(start, end) if k not in pending
         )
@@ -405,6 +442,7 @@ class RocksDBStateStore(StateStore):
 
     def _abort(self) -> None:
         self._pending.clear()
+        self._written = {}
         self._ranges.clear()
         self._ranged = set()
         self._counted = None
