@@ -266,7 +266,7 @@ class RocksDBStateStore(StateStore):
         if not keys:
             return
         if family is None:
-            self._written = None  # (no caller of the store's own writes leaves it out)
+            self._written = None  # (keys of any family: every scan passes over the writes)
         else:
             self._widen(family, min(keys), max(keys))
 
