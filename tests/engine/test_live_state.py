@@ -4,6 +4,7 @@ batch, equal to what the state reader reads from the checkpoint for that batch."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -291,6 +292,9 @@ class HeldReader:
         self._sizes.append(len(blobs))
         return self._reader.send(header, blobs)
 
+    def send_many(self, requests: list[tuple[dict[str, Any], list[bytes | None]]]) -> int:
+        return sum(self.send(header, blobs) for header, blobs in requests)
+
     def receive(self) -> Any:
         return self._reader.receive()
 
@@ -349,8 +353,47 @@ def test_point_reads_from_many_threads_at_once_are_answered_together(
         assert {f.batch_id for f in answers.values()} == {1}
         # The keys were asked for together, one request a partition: several in some.
         assert max(sizes) > 1, sizes
+
+        # The same from asyncio tasks sharing the reader (``aget``), the loop never blocked.
+        let_go, sizes = threading.Event(), []
+        with LiveState(str(chk), connector=connect) as live:
+            got, ticks = asyncio.run(awaited_reads(live, let_go))
+        assert isinstance(got.pop(13), ConfigurationError)
+        assert isinstance(got.pop(KEYS[1]), asyncio.CancelledError)  # cancelled while waiting
+        want.pop(KEYS[1], None)
+        assert {k: f.value for k, f in got.items() if f.found} == want
+        assert {f.source for f in got.values()} == {"home"}
+        assert {f.batch_id for f in got.values()} == {1}
+        assert max(sizes) > 1, sizes
+        assert ticks >= 10, ticks  # the loop ran on while the first read was held
     finally:
         q.stop()
+
+
+async def awaited_reads(live: LiveState, let_go: threading.Event) -> tuple[dict[Any, Any], int]:
+    """Point reads awaited by tasks of one loop: the first held in flight, the rest awaited
+    meanwhile (one of them cancelled); each task's answer, and how often a task of the loop ran
+    while the first read was held."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while not let_go.is_set():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.ensure_future(tick())
+    first = asyncio.ensure_future(live.aget(KEYS[0]))
+    await asyncio.sleep(0.3)  # the first read is in flight, held
+    asked = [KEYS[0], *KEYS[1:], 13]
+    rest = [asyncio.ensure_future(live.aget(k)) for k in asked[1:]]
+    await asyncio.sleep(0.1)
+    rest[0].cancel()
+    await asyncio.sleep(0.1)
+    let_go.set()
+    answers = await asyncio.gather(first, *rest, return_exceptions=True)
+    await ticker
+    return dict(zip(asked, answers, strict=True)), ticks
 
 
 class Keeper(StatefulProcessor):  # type: ignore[misc]

@@ -24,7 +24,9 @@ from tests.runtime.home_processes import (
 from sparkstate.exceptions import ConfigurationError, StateFileError
 from sparkstate.files.private import PrivateDirError, private_dir, write_private
 from sparkstate.runtime import home_client, home_secret
-from sparkstate.runtime.home_channel import NO_CREDENTIALS, Credentials
+from sparkstate.runtime.home_channel import NO_CREDENTIALS, Channel, Credentials, _Seal
+from sparkstate.runtime.home_reads import READ
+from sparkstate.runtime.home_wire import MAX_FRAME
 from sparkstate.runtime.process_ref import ProcessRef
 from sparkstate.store.local_dir import LocalStoreDir
 
@@ -215,3 +217,22 @@ def test_a_store_refuses_the_default_root_if_others_can_write_it(
     monkeypatch.setenv("SPARKSTATE_LOCAL_DIR", str(root))
     with pytest.raises(StateFileError, match="can be written by other users"):
         LocalStoreDir(str(root), "k").acquire(1.0)
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_frames_sent_together_arrive_whole_and_in_order(sealed: bool) -> None:
+    """A reader's requests to a home go in one send (``send_many``): each arrives as its own
+    frame, in order, sealed or not; a frame too long for the home is refused before anything
+    is sent."""
+    left, right = socket.socketpair()
+    one, two = os.urandom(32), os.urandom(32)
+    a = Channel(left, _Seal(one, two) if sealed else None)
+    b = Channel(right, _Seal(two, one) if sealed else None)
+    with a, b:
+        a.send_many(READ, [b"first", b"", b"x" * 100_000])
+        a.send(READ, b"after")
+        with pytest.raises(ValueError, match="longer than"):
+            a.send_many(READ, [b"kept out", b"y" * (MAX_FRAME + 1)])
+        a.send_many(READ, [b"last"])
+        got = [b.read(silence_s=5) for _ in range(5)]
+    assert got == [(READ, p) for p in (b"first", b"", b"x" * 100_000, b"after", b"last")]

@@ -14,7 +14,11 @@ each:
   the point reads asked at once are answered together;
 - ``alone 3``: no reader;
 - ``many``: the same reader reads 1,000 random keys at a time with ``get_many``;
-- ``alone 4``: no reader.
+- ``alone 4``: no reader;
+- ``async``: the reader's :data:`TASKS` asyncio tasks (an async web service's handlers) share
+  one ``ss.state(...)`` and each awaits ``aget`` of one random key at a time, as fast as it
+  can: the reads awaited at once are answered together;
+- ``alone 5``: no reader.
 
 A reader's phase is compared with the phases alone on either side of it (their mean), so that
 a stream that still speeds up (its caches, RocksDB's compactions) does not count as the
@@ -34,6 +38,7 @@ stream's throughput with each reader over its throughput alone.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -55,12 +60,15 @@ QUICK = {"keys": 100_000, "rows_per_batch": 20_000, "phase_s": 15.0}
 MANY = 1000
 #: Threads of the ``threads`` reader, each reading one key at a time.
 THREADS = 64
-PHASES = ["alone", "point", "alone 2", "threads", "alone 3", "many", "alone 4"]
+#: Tasks of the ``async`` reader, each awaiting one key at a time.
+TASKS = 256
+PHASES = ["alone", "point", "alone 2", "threads", "alone 3", "many", "alone 4", "async", "alone 5"]
 #: Each reader's phase and the phases alone it is compared with.
 COMPARED = {
     "point": ("alone", "alone 2"),
     "threads": ("alone 2", "alone 3"),
     "many": ("alone 3", "alone 4"),
+    "async": ("alone 4", "alone 5"),
 }
 READERS = tuple(COMPARED)
 
@@ -69,8 +77,9 @@ def read_for(
     location: str, mode: str, seconds: float, keys: int, *, homes: bool = True
 ) -> dict[str, Any]:
     """Read random keys of the query at ``location`` for ``seconds``: one at a time (``point``),
-    one at a time from each of :data:`THREADS` threads sharing the reader (``threads``), or
-    :data:`MANY` at a time (``many``); the keys read a second and the latency of a call.
+    one at a time from each of :data:`THREADS` threads sharing the reader (``threads``),
+    :data:`MANY` at a time (``many``), or one at a time from each of :data:`TASKS` asyncio tasks
+    sharing the reader (``async``); the keys read a second and the latency of a call.
     ``homes`` False: from the checkpoint alone, as where no home holds the state."""
     from sparkstate.observe.live import LiveState
 
@@ -93,10 +102,24 @@ def read_for(
                 took = time.perf_counter() - t0
                 mine.append((took, found[0].source, found[0].batch_id, len(found)))
 
+        async def awaits(seed: int) -> None:
+            rng = random.Random(seed)
+            mine: list[tuple[float, str, int, int]] = []
+            calls.append(mine)
+            while time.perf_counter() - started < seconds:
+                t0 = time.perf_counter()
+                found = await live.aget(rng.randrange(keys))
+                mine.append((time.perf_counter() - t0, found.source, found.batch_id, 1))
+
+        async def tasks() -> None:
+            await asyncio.gather(*(awaits(seed) for seed in range(TASKS)))
+
         threads = [
             threading.Thread(target=reads, args=(seed,))
             for seed in range(THREADS if mode == "threads" else 1)
         ]
+        if mode == "async":
+            threads = [threading.Thread(target=asyncio.run, args=(tasks(),))]
         for t in threads:
             t.start()
         for t in threads:
@@ -111,6 +134,7 @@ def read_for(
     return {
         "mode": mode,
         "threads": len(threads),
+        "tasks": TASKS if mode == "async" else 0,
         "keys_read": read,
         "reads_per_s": read / elapsed,
         "calls": len(took),

@@ -19,15 +19,19 @@ made). Nothing here writes to the checkpoint or to a home.
 A reader may be shared by many threads (a web service's handlers): its reads take turns on its
 connections, and point reads asked for at once are answered together, as one ``get_many`` of
 their keys (each home asked once for all of them), where one at a time each would be a round
-trip of its own.
+trip of its own. In an asyncio program, ``await reader.aget(key)`` does the same for the reads
+its tasks await at once, without a thread each: they are answered together on a thread of the
+event loop's executor while the loop runs on, and the reads awaited meanwhile go together next.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -56,6 +60,9 @@ _GET_CHUNK = 4096
 _IN_FLIGHT = 32 << 10
 #: Pairs one scan request to a home asks for.
 _SCAN_PAGE = 4096
+
+#: The types of a key given as one value that :meth:`LiveState._key_row` takes as it is.
+_PLAIN = frozenset({int, str, float, bool, bytes})
 
 #: Opens a reader's connection to a home at an address (``host:port/token``); None if it
 #: cannot be reached.
@@ -136,6 +143,10 @@ class LiveState:
         self._family: ColumnFamily = self._all[self._view.family]
         key_schema = schemas[self._view.family][0]
         self._columns = key_columns(op.description, key_schema)
+        #: A one-column key's store column (a key given as one plain value needs no more);
+        #: whether every key column shows under its store name (a key's row is then shown).
+        self._one = self._columns[0].store_column if len(self._columns) == 1 else None
+        self._same_names = all(c.name == c.store_column for c in self._columns)
         self._key_schema = key_schema
         self._shuffle = partition_columns(op.description, key_schema)
         self._connector = connector or _connector(credentials)
@@ -157,6 +168,10 @@ class LiveState:
         self._asked = threading.Lock()
         self._waiting: list[_PointRead] = []
         self._answering = False
+        #: Point reads awaited in each event loop (:meth:`aget`), answered together.
+        self._awaited: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Awaited] = (
+            weakref.WeakKeyDictionary()
+        )
         #: Whether the rows read hold a map, which :func:`plain` makes plain (None: not known).
         self._plain: bool | None = None
         self._at(self._chk.last_batch())
@@ -210,6 +225,8 @@ class LiveState:
     def _key_row(self, key: Any) -> dict[str, Any]:
         """A key given as a mapping of its shown columns (a window as ``{"window": {"start":
         ..., "end": ...}}`` or as ``window.start``), a sequence in key order, or one value."""
+        if self._one is not None and type(key) in _PLAIN:
+            return {self._one: key}
         columns = self._columns
         if isinstance(key, Mapping):
             given = _flat(key, {})
@@ -245,6 +262,8 @@ class LiveState:
         return encoded, [None] * len(rows) if hashed is None else hashed.tolist()
 
     def _shown(self, row: dict[str, Any]) -> dict[str, Any]:
+        if self._same_names:
+            return row  # (a row of the reader's own, made by _key_row)
         return {c.name: row[c.store_column] for c in self._columns}
 
     # --- reads ----------------------------------------------------------------------------------
@@ -285,7 +304,7 @@ class LiveState:
                 else:
                     self._answering = False
 
-    def _answer(self, asked: list[_PointRead]) -> None:
+    def _answer(self, asked: Sequence[_Asked]) -> None:
         """Answer point reads together; where that fails, each half on its own, so that one
         key's failure is its own."""
         try:
@@ -301,6 +320,46 @@ class LiveState:
             return
         for one, found in zip(asked, founds, strict=True):
             one.found = found
+
+    async def aget(self, key: Any) -> Found:
+        """:meth:`get` for asyncio: the state of one key, awaited. The reads a loop's tasks
+        await at once are answered together, on a thread of the loop's default executor (the
+        loop is not blocked); the reads awaited while they are answered go together next."""
+        loop = asyncio.get_running_loop()
+        asked = _Asked(self._key_row(key))  # (a key that does not fit: fails here)
+        awaited = self._awaited.get(loop)
+        if awaited is None:
+            awaited = self._awaited[loop] = _Awaited()
+        future: asyncio.Future[None] = loop.create_future()
+        awaited.waiting.append((asked, future))
+        if not awaited.answering:
+            awaited.answering = True
+            loop.call_soon(self._answer_awaited, loop, awaited)
+        await future
+        if asked.error is not None:
+            raise asked.error
+        assert asked.found is not None
+        return asked.found
+
+    def _answer_awaited(self, loop: asyncio.AbstractEventLoop, awaited: _Awaited) -> None:
+        """Answer the reads awaited in ``loop`` so far on an executor thread; when they are
+        answered, wake their tasks and answer those awaited meanwhile."""
+        together, awaited.waiting = awaited.waiting, []
+        if not together:
+            awaited.answering = False
+            return
+        done = loop.run_in_executor(None, self._answer, [asked for asked, _ in together])
+
+        def answered(outcome: asyncio.Future[None]) -> None:
+            failed = None if outcome.cancelled() else outcome.exception()
+            for asked, future in together:
+                if asked.found is None and asked.error is None:  # (the executor failed)
+                    asked.error = ConfigurationError(f"the read was not answered: {failed!r}")
+                if not future.done():  # (a task cancelled: its future is done)
+                    future.set_result(None)
+            self._answer_awaited(loop, awaited)
+
+        done.add_done_callback(answered)
 
     def get_many(self, keys: Sequence[Any]) -> list[Found]:
         """The state of many keys, all after the same committed batch, in their order."""
@@ -410,21 +469,26 @@ class LiveState:
         another. A connection carries at most :data:`_IN_FLIGHT` bytes of requests not yet
         answered past its first: the kernel's buffers hold them while its home writes an
         answer, so that neither side waits for the other to read."""
-        sent: dict[int, HomeReader] = {}
-        in_flight: Counter[int] = Counter()
+        #: Per connection (by its id): the reader, the asks it carries, their bytes about.
+        going: dict[int, tuple[HomeReader, list[int], int]] = {}
         for n, (p, pkeys) in enumerate(asks):
             reader = self._reader(p)
             if reader is None or len(pkeys) > _GET_CHUNK:
                 continue
             size = sum(map(len, pkeys)) + 4 * len(pkeys) + 512  # (the request, about)
-            if in_flight[id(reader)] and in_flight[id(reader)] + size > _IN_FLIGHT:
+            _, carried, in_flight = going.get(id(reader), (reader, [], 0))
+            if carried and in_flight + size > _IN_FLIGHT:
                 continue
+            going[id(reader)] = (reader, [*carried, n], in_flight + size)
+        sent: dict[int, HomeReader] = {}
+        for reader, carried, _ in going.values():  # (a connection's requests sent at once)
             try:
-                in_flight[id(reader)] += reader.send(self._request("get", p), pkeys)
+                reader.send_many([(self._request("get", asks[n][0]), asks[n][1]) for n in carried])
             except (HomeLost, OSError):
-                self._lose(p, reader)
+                self._lose(asks[carried[0]][0], reader)
                 continue
-            sent[n] = reader
+            sent.update((n, reader) for n in carried)
+        sent = dict(sorted(sent.items()))
         #: The sent asks' values (None: the home did not answer).
         answers: dict[int, list[bytes | None] | None] = {}
         moved = False
@@ -620,16 +684,36 @@ def _holds_map(schema: pa.Schema) -> bool:
     return any(holds(field.type) for field in schema)
 
 
-class _PointRead:
-    """A point read waiting for its answer (the state found, or the error raised), or for the
-    lead: to answer it and those waiting with it."""
+class _Asked:
+    """A point read to answer: its key's row, then the state found or the error raised."""
 
-    __slots__ = ("_asleep", "error", "found", "leads", "row")
+    __slots__ = ("error", "found", "row")
 
     def __init__(self, row: dict[str, Any]) -> None:
         self.row = row
         self.found: Found | None = None
         self.error: Exception | None = None
+
+
+class _Awaited:
+    """The point reads awaited in one event loop and not yet being answered, and whether
+    some are being answered (the next go when they are)."""
+
+    __slots__ = ("answering", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[_Asked, asyncio.Future[None]]] = []
+        self.answering = False
+
+
+class _PointRead(_Asked):
+    """A point read waiting for its answer, or for the lead: to answer it and those waiting
+    with it."""
+
+    __slots__ = ("_asleep", "leads")
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__(row)
         self.leads = False
         self._asleep = threading.Lock()
         self._asleep.acquire()

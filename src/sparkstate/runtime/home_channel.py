@@ -56,6 +56,7 @@ from sparkstate.runtime.home_wire import (
     FrameRefused,
     read_frame,
     send_frame,
+    send_frames,
 )
 
 __all__ = [
@@ -142,6 +143,20 @@ class Channel:
             else:
                 sealed = self._seal.seal(kind, payload)
                 send_frame(self.sock, kind, sealed, MAX_FRAME + _TAG)
+
+    def send_many(self, kind: bytes, payloads: list[bytes]) -> None:
+        """Frames of one kind, sent together (:func:`~.home_wire.send_frames`); none if one
+        is too long (:class:`ValueError`)."""
+        with self._sending:
+            if self._seal is None:
+                send_frames(self.sock, [(kind, p) for p in payloads])
+            else:
+                longest = max(map(len, payloads), default=0)
+                if longest > MAX_FRAME:  # (before any is sealed: the frame count stays in step)
+                    msg = f"a frame of {longest} bytes is longer than the {MAX_FRAME} a home takes"
+                    raise ValueError(msg)
+                sealed = [(kind, self._seal.seal(kind, p)) for p in payloads]
+                send_frames(self.sock, sealed, MAX_FRAME + _TAG)
 
     def read(
         self, silence_s: float | None = None, max_size: int = MAX_FRAME
