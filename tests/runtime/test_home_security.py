@@ -229,10 +229,15 @@ def test_frames_sent_together_arrive_whole_and_in_order(sealed: bool) -> None:
     a = Channel(left, _Seal(one, two) if sealed else None)
     b = Channel(right, _Seal(two, one) if sealed else None)
     with a, b:
-        a.send_many(READ, [b"first", b"", b"x" * 100_000])
+        a.send_many([(READ, b"first"), (READ, b""), (READ, b"x" * 100_000)])
         a.send(READ, b"after")
         with pytest.raises(ValueError, match="longer than"):
-            a.send_many(READ, [b"kept out", b"y" * (MAX_FRAME + 1)])
-        a.send_many(READ, [b"last"])
-        got = [b.read(silence_s=5) for _ in range(5)]
+            a.send_many([(READ, b"kept out"), (READ, b"y" * (MAX_FRAME + 1))])
+        a.send_many([(READ, b"last")])
+        b.read_ahead()
+        got = [b.read()]
+        held = [b.holds_frame()]
+        got += [b.read() for _ in range(4)]
+        held.append(b.holds_frame())
     assert got == [(READ, p) for p in (b"first", b"", b"x" * 100_000, b"after", b"last")]
+    assert held == [True, False]  # the frames sent together were read ahead

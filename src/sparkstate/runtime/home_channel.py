@@ -52,6 +52,7 @@ import pyarrow as pa
 
 from sparkstate.runtime.home_wire import (
     AUTH,
+    FRAME_HEADER,
     MAX_FRAME,
     FrameRefused,
     read_frame,
@@ -79,6 +80,8 @@ HANDSHAKE_FRAME_MAX = 256
 _VERSION = 1
 _NONCE = 32
 _TAG = 16
+#: Bytes a channel read ahead reads a system call, at most.
+_CHUNK = 256 << 10
 _SECRET, _ENCRYPT = 1, 2
 
 
@@ -131,6 +134,19 @@ class Channel:
         self.sock = sock
         self._seal = seal
         self._sending = threading.Lock()
+        #: The socket read ahead (:meth:`read_ahead`), or None: read as each frame asks.
+        self._ahead: ReadAhead | None = None
+
+    def read_ahead(self) -> None:
+        """Read the socket ahead from now on, a chunk a system call, so that frames sent
+        together are read with one call and :meth:`holds_frame` sees them. Only for reads
+        that wait as long as it takes (``read`` without a silence limit): bytes read ahead
+        are not seen by a wait for the socket to be readable."""
+        self._ahead = ReadAhead(self.sock)
+
+    def holds_frame(self) -> bool:
+        """Whether a whole frame has been read ahead (:meth:`read` returns it at once)."""
+        return self._ahead is not None and self._ahead.holds_frame()
 
     @property
     def encrypted(self) -> bool:
@@ -144,27 +160,33 @@ class Channel:
                 sealed = self._seal.seal(kind, payload)
                 send_frame(self.sock, kind, sealed, MAX_FRAME + _TAG)
 
-    def send_many(self, kind: bytes, payloads: list[bytes]) -> None:
-        """Frames of one kind, sent together (:func:`~.home_wire.send_frames`); none if one
-        is too long (:class:`ValueError`)."""
+    def send_many(self, frames: list[tuple[bytes, bytes]]) -> None:
+        """Frames ``(kind, payload)`` sent together (:func:`~.home_wire.send_frames`); none
+        if one is too long (:class:`ValueError`)."""
         with self._sending:
             if self._seal is None:
-                send_frames(self.sock, [(kind, p) for p in payloads])
+                send_frames(self.sock, frames)
             else:
-                longest = max(map(len, payloads), default=0)
+                longest = max((len(p) for _, p in frames), default=0)
                 if longest > MAX_FRAME:  # (before any is sealed: the frame count stays in step)
                     msg = f"a frame of {longest} bytes is longer than the {MAX_FRAME} a home takes"
                     raise ValueError(msg)
-                sealed = [(kind, self._seal.seal(kind, p)) for p in payloads]
+                sealed = [(kind, self._seal.seal(kind, p)) for kind, p in frames]
                 send_frames(self.sock, sealed, MAX_FRAME + _TAG)
 
     def read(
         self, silence_s: float | None = None, max_size: int = MAX_FRAME
     ) -> tuple[bytes, bytes | bytearray]:
         """The next frame (:func:`~.home_wire.read_frame`), opened if sealed."""
+        source: Any = self.sock
+        if self._ahead is not None:
+            if silence_s is not None:
+                msg = "a channel read ahead waits for its frames as long as it takes"
+                raise ValueError(msg)
+            source = self._ahead
         if self._seal is None:
-            return read_frame(self.sock, silence_s, max_size)
-        kind, sealed = read_frame(self.sock, silence_s, max_size + _TAG)
+            return read_frame(source, silence_s, max_size)
+        kind, sealed = read_frame(source, silence_s, max_size + _TAG)
         return kind, self._seal.open(kind, sealed)
 
     def shutdown(self) -> None:
@@ -180,6 +202,34 @@ class Channel:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ReadAhead:
+    """A socket's bytes read a chunk at a time, handed out as :func:`~.home_wire.read_frame`
+    asks for them (a read longer than a chunk, with nothing held, goes to the socket)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._held = bytearray()
+
+    def recv_into(self, view: memoryview, size: int) -> int:
+        if not self._held:
+            if size >= _CHUNK:
+                return self._sock.recv_into(view, size)
+            chunk = self._sock.recv(_CHUNK)
+            if not chunk:
+                return 0
+            self._held += chunk
+        n = min(size, len(self._held))
+        view[:n] = self._held[:n]
+        del self._held[:n]
+        return n
+
+    def holds_frame(self) -> bool:
+        if len(self._held) < FRAME_HEADER.size:
+            return False
+        size: int = FRAME_HEADER.unpack_from(self._held)[1]
+        return len(self._held) >= FRAME_HEADER.size + size
 
 
 class _Seal:

@@ -170,23 +170,40 @@ def answer(
 def serve_reads(channel: Channel, payload: bytes | bytearray) -> None:
     """Answer the reader at the end of ``channel``, ``payload`` its first request, until it
     goes or sends anything but a request. A malformed request is refused; the connection
-    stays."""
+    stays.
+
+    The requests a reader sent together are read with one system call and answered with one
+    (the channel reads ahead): each call gives up the GIL, which the thread of a task running
+    in this home may then hold for up to a switch interval, so that a call saved is a wait
+    saved."""
+    channel.read_ahead()
     kind = READ
     while kind == READ:
+        replies = [_reply(payload)]
         try:
-            header, blobs = decode_message(payload)
-            reply = answer(header, blobs)
-        except BadRequest as exc:
-            reply = REFUSED, encode_message({"why": f"bad request: {exc}", "held": []})
-        except Exception as exc:  # noqa: BLE001 - a read that failed (a store closing): refused
-            log.warning("state home %d: a live read failed: %r", os.getpid(), exc)
-            reply = REFUSED, encode_message({"why": f"failed: {exc!r}", "held": []})
-        try:
-            channel.send(*reply)
-            kind, payload = channel.read()
+            while channel.holds_frame():
+                kind, payload = channel.read()
+                if kind != READ:
+                    break
+                replies.append(_reply(payload))
+            channel.send_many(replies)
+            if kind == READ:
+                kind, payload = channel.read()
         except (HomeLost, OSError):
             return
     log.debug("state home %d: a reader sent a frame of kind %r: closed", os.getpid(), kind)
+
+
+def _reply(payload: bytes | bytearray) -> tuple[bytes, bytes]:
+    """The reply to one request (a malformed or failed one: refused, and why)."""
+    try:
+        header, blobs = decode_message(payload)
+        return answer(header, blobs)
+    except BadRequest as exc:
+        return REFUSED, encode_message({"why": f"bad request: {exc}", "held": []})
+    except Exception as exc:  # noqa: BLE001 - a read that failed (a store closing): refused
+        log.warning("state home %d: a live read failed: %r", os.getpid(), exc)
+        return REFUSED, encode_message({"why": f"failed: {exc!r}", "held": []})
 
 
 class HomeReader:
@@ -196,6 +213,7 @@ class HomeReader:
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
+        channel.read_ahead()  # (the answers to requests sent together come together)
 
     def request(
         self, header: dict[str, Any], blobs: Sequence[bytes | None]
@@ -216,7 +234,7 @@ class HomeReader:
         """Send requests together, without waiting for their answers (one system call); the
         bytes sent."""
         messages = [encode_message(header, blobs) for header, blobs in requests]
-        self.channel.send_many(READ, messages)
+        self.channel.send_many([(READ, m) for m in messages])
         return sum(map(len, messages))
 
     def receive(self) -> tuple[bool, dict[str, Any], list[bytes | None]]:

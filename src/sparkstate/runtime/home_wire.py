@@ -41,6 +41,7 @@ __all__ = [
     "CONSUMED",
     "END",
     "ERROR",
+    "FRAME_HEADER",
     "MAX_FRAME",
     "FINISHED",
     "HEARTBEAT",
@@ -63,7 +64,7 @@ JOB, BATCH, END, CONSUMED, FINISHED, RESULT, ERROR = b"J", b"B", b"E", b"C", b"F
 #: (:mod:`.home_channel`, where the application's secret is asked for too).
 AUTH = b"A"
 HEARTBEAT = b"H"
-_HEADER = struct.Struct("!cQ")
+FRAME_HEADER = struct.Struct("!cQ")
 #: The longest frame a reader takes (2 GiB less the 16 bytes of a sealed frame's tag: the most
 #: AES-GCM seals in one call, and Spark's own bound on an Arrow batch).
 MAX_FRAME = 2**31 - 1 - 16
@@ -103,7 +104,7 @@ def send_frame(
             "(an Arrow batch that large: lower spark.sql.execution.arrow.maxRecordsPerBatch)"
         )
         raise ValueError(msg)
-    header = _HEADER.pack(kind, view.nbytes)
+    header = FRAME_HEADER.pack(kind, view.nbytes)
     if view.nbytes <= _ONE_SEND:  # one system call, one wake-up of the reader
         sock.sendall(header + view)
     else:
@@ -125,7 +126,7 @@ def send_frames(
         if size > max_size:
             msg = f"a frame of {size} bytes is longer than the {max_size} a state home takes"
             raise ValueError(msg)
-        parts += (_HEADER.pack(kind, size), payload)
+        parts += (FRAME_HEADER.pack(kind, size), payload)
     sock.sendall(b"".join(parts))
 
 
@@ -135,8 +136,8 @@ def read_frame(
     """The next frame; :class:`HomeLost` if the peer closed the connection, :class:`HomeSilent`
     if it sent nothing for ``silence_s`` seconds (None: wait as long as it takes),
     :class:`FrameRefused` if its length is more than ``max_size`` (its payload left unread)."""
-    header = _read_exact(sock, _HEADER.size, silence_s)
-    kind, size = _HEADER.unpack(header)
+    header = _read_exact(sock, FRAME_HEADER.size, silence_s)
+    kind, size = FRAME_HEADER.unpack(header)
     if size > max_size:
         msg = f"a frame {kind!r} of {size} bytes, more than the {max_size} taken here"
         raise FrameRefused(msg)
