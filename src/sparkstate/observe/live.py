@@ -326,7 +326,7 @@ class LiveState:
         await at once are answered together, on a thread of the loop's default executor (the
         loop is not blocked); the reads awaited while they are answered go together next."""
         loop = asyncio.get_running_loop()
-        asked = _Asked(self._key_row(key))  # (a key that does not fit: fails here)
+        asked = _Asked(self._key_row(key))  # (a key of the wrong shape: fails here)
         awaited = self._awaited.get(loop)
         if awaited is None:
             awaited = self._awaited[loop] = _Awaited()
@@ -488,7 +488,7 @@ class LiveState:
                 self._lose(asks[carried[0]][0], reader)
                 continue
             sent.update((n, reader) for n in carried)
-        sent = dict(sorted(sent.items()))
+        sent = dict(sorted(sent.items()))  # (a connection's answers come in its asks' order)
         #: The sent asks' values (None: the home did not answer).
         answers: dict[int, list[bytes | None] | None] = {}
         moved = False
