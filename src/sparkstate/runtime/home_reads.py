@@ -77,32 +77,35 @@ def encode_message(header: dict[str, Any], blobs: Sequence[bytes | None] = ()) -
 def decode_message(payload: bytes | bytearray) -> tuple[dict[str, Any], list[bytes | None]]:
     """The header and byte strings of :func:`encode_message`; :class:`BadRequest` for anything
     else (a truncated payload, lengths past its end, a header that is no JSON object)."""
-    view = memoryview(payload)
-    size = len(view)
+    data = bytes(payload)  # (one copy: each byte string is then a slice of it)
+    size = len(data)
+    unpack = _U32.unpack_from
     try:
-        (head_len,) = _U32.unpack_from(view, 0)
+        (head_len,) = unpack(data, 0)
         pos = 4 + head_len
         if pos + 4 > size:
             msg = "the header runs past the end of the message"
             raise BadRequest(msg)
-        header = json.loads(bytes(view[4:pos]))
-        (count,) = _U32.unpack_from(view, pos)
+        header = json.loads(data[4:pos])
+        (count,) = unpack(data, pos)
         pos += 4
         if count > (size - pos) // 4:
             msg = f"{count} values announced in {size - pos} bytes"
             raise BadRequest(msg)
         blobs: list[bytes | None] = []
+        append = blobs.append
         for _ in range(count):
-            (n,) = _U32.unpack_from(view, pos)
+            (n,) = unpack(data, pos)
             pos += 4
             if n == _ABSENT:
-                blobs.append(None)
+                append(None)
                 continue
-            if pos + n > size:
+            end = pos + n
+            if end > size:
                 msg = "a value runs past the end of the message"
                 raise BadRequest(msg)
-            blobs.append(bytes(view[pos : pos + n]))
-            pos += n
+            append(data[pos:end])
+            pos = end
     except (struct.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
         msg = f"the message does not parse: {exc}"
         raise BadRequest(msg) from exc
